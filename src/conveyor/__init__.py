@@ -1,0 +1,66 @@
+"""conveyor: a durable task system for Python.
+
+Tasks are stored in a database, claimed by workers under a lease that a
+heartbeat keeps alive, fenced by that lease, retried by policy and logged
+attempt by attempt. See docs/guarantees.md for what is and is not promised.
+"""
+
+from conveyor.app import App
+from conveyor.context import TaskContext
+from conveyor.errors import (
+    AttemptTimeoutError,
+    BackendError,
+    CancelledByRequest,
+    ConfigurationError,
+    ConveyorError,
+    DuplicateTaskError,
+    Fatal,
+    InvalidTransitionError,
+    LeaseLostError,
+    PayloadError,
+    PayloadTooLargeError,
+    ResultTimeoutError,
+    StopAttempt,
+    TaskFailedError,
+    TaskNotFoundError,
+    UnknownTaskError,
+    WorkerShutdown,
+)
+from conveyor.handle import TaskHandle
+from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
+from conveyor.task import TaskDef
+from conveyor.worker import Worker, WorkerConfig
+
+__all__ = [
+    "App",
+    "Attempt",
+    "AttemptTimeoutError",
+    "BackendError",
+    "CancelledByRequest",
+    "ConfigurationError",
+    "ConveyorError",
+    "DuplicateTaskError",
+    "Fatal",
+    "InvalidTransitionError",
+    "LeaseLostError",
+    "LeaseToken",
+    "Outcome",
+    "PayloadError",
+    "PayloadTooLargeError",
+    "ResultTimeoutError",
+    "RetryPolicy",
+    "StopAttempt",
+    "Task",
+    "TaskContext",
+    "TaskDef",
+    "TaskFailedError",
+    "TaskHandle",
+    "TaskNotFoundError",
+    "TaskState",
+    "UnknownTaskError",
+    "Worker",
+    "WorkerConfig",
+    "WorkerShutdown",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,369 @@
+"""The App: the registry of tasks and the entry to enqueue, inspect and run them.
+
+Every operation has a sync form (``enqueue``) and an async form
+(``enqueue_async``). Async calls use a backend bound to the calling event
+loop; sync calls go through a private loop thread (:mod:`conveyor.portal`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar, overload
+
+from conveyor.backends import Backend, backend_from_url, resolve_url
+from conveyor.backends.protocol import EnqueueParams, NewTask, TaskFilter, WorkerInfo
+from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskError
+from conveyor.handle import TaskHandle
+from conveyor.model import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_QUEUE,
+    DEFAULT_RETRY,
+    RetryPolicy,
+    Task,
+    TaskState,
+)
+from conveyor.portal import Portal
+from conveyor.task import Executor, TaskDef, TaskOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
+SCHEMA_ENV = "CONVEYOR_SCHEMA"
+
+
+class App:
+    """Registry of tasks bound to one backend URL.
+
+    ``url`` is a backend URL (``postgresql://…``); None reads ``CONVEYOR_URL``.
+    ``schema`` names the PostgreSQL schema (default ``conveyor``).
+    ``max_payload_bytes`` caps encoded payloads (default 1 MiB).
+    ``allow_unregistered`` lets ``enqueue`` take names this app has no
+    handler for (a producer-only app); otherwise they raise UnknownTaskError.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        schema: str | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        allow_unregistered: bool = False,
+        pool_size: int | None = None,
+    ) -> None:
+        self.url = resolve_url(url)
+        schema = schema if schema is not None else os.environ.get(SCHEMA_ENV) or None
+        self.max_payload_bytes = max_payload_bytes
+        self.allow_unregistered = allow_unregistered
+        self._backend_options: dict[str, Any] = {}
+        if schema is not None:
+            self._backend_options["schema"] = schema
+        if pool_size is not None:
+            self._backend_options["pool_size"] = pool_size
+        self.tasks: dict[str, TaskDef] = {}
+        self.portal = Portal()
+        self._backends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+        # Validates the URL and schema now; runs sync enqueues on callers' connections.
+        self._statements: Backend = backend_from_url(self.url, **self._backend_options)
+
+    # -- registration ------------------------------------------------------
+
+    @overload
+    def task(self, fn: F, /) -> TaskDef: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        timeout: float | None = None,
+        lease: float | None = None,
+        process: bool = False,
+    ) -> Callable[[F], TaskDef]: ...
+
+    def task(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        timeout: float | None = None,
+        lease: float | None = None,
+        process: bool = False,
+    ) -> TaskDef | Callable[[F], TaskDef]:
+        """Register a handler: ``async def`` runs on the worker's loop, plain
+        ``def`` in a thread, and ``process=True`` in a child process (for
+        CPU-bound work; the handler must be importable by module and name).
+
+        Raises DuplicateTaskError if the name is taken.
+        """
+        options = TaskOptions(
+            queue=queue, priority=priority, retry=retry, timeout=timeout, lease=lease
+        )
+
+        def register(handler: F) -> TaskDef:
+            task_name = name or handler.__name__
+            if task_name in self.tasks:
+                raise DuplicateTaskError(f"task name {task_name!r} is already registered")
+            executor: Executor
+            if process:
+                executor = "process"
+            elif asyncio.iscoroutinefunction(handler):
+                executor = "async"
+            else:
+                executor = "thread"
+            definition = TaskDef(self, handler, task_name, options, executor)
+            self.tasks[task_name] = definition
+            return definition
+
+        return register(fn) if fn is not None else register
+
+    def _definition(self, task: str | TaskDef) -> TaskDef:
+        if isinstance(task, TaskDef):
+            return task
+        found = self.tasks.get(task)
+        if found is not None:
+            return found
+        if not self.allow_unregistered:
+            raise UnknownTaskError(
+                f"no task named {task!r} is registered on this app "
+                "(App(allow_unregistered=True) enqueues names handled elsewhere)"
+            )
+        return TaskDef(self, _unregistered, task, TaskOptions(), "async")
+
+    # -- backends ------------------------------------------------------------
+
+    def make_backend(self, **overrides: Any) -> Backend:
+        """A new, unopened backend for this app's URL."""
+        return backend_from_url(self.url, **{**self._backend_options, **overrides})
+
+    async def backend(self) -> Backend:
+        """The open backend bound to the running event loop."""
+        loop = asyncio.get_running_loop()
+        found = self._backends.get(loop)
+        if found is not None:
+            return found
+        lock = self._opening.setdefault(loop, asyncio.Lock())
+        async with lock:
+            found = self._backends.get(loop)
+            if found is None:
+                found = self.make_backend()
+                await found.open()
+                self._backends[loop] = found
+        return found
+
+    async def aclose(self) -> None:
+        """Close the backend of the running loop."""
+        found = self._backends.pop(asyncio.get_running_loop(), None)
+        if found is not None:
+            await found.close()
+
+    def close(self) -> None:
+        """Close the sync API's backend and its loop thread."""
+        loop = self.portal._loop
+        if loop is not None:
+            self.portal.run(self.aclose())
+        self.portal.close()
+
+    async def __aenter__(self) -> App:
+        await self.backend()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- enqueue -------------------------------------------------------------
+
+    def _new_tasks(
+        self,
+        task: str | TaskDef,
+        many: Iterable[Mapping[str, Any] | None],
+        options: Mapping[str, Any],
+    ) -> list[NewTask]:
+        definition = self._definition(task)
+        return [definition.new_task(args, self.max_payload_bytes, **options) for args in many]
+
+    async def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[TaskHandle]:
+        backend = await self.backend()
+        ids = await backend.enqueue(EnqueueParams(tasks=tasks), connection)
+        return [TaskHandle(self, task_id) for task_id in ids]
+
+    def enqueue(
+        self,
+        task: str | TaskDef,
+        args: Mapping[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+        connection: Any = None,
+    ) -> TaskHandle:
+        """Store one task; return its handle once it is durable.
+
+        With ``connection`` (a psycopg ``Connection``), the insert runs inside
+        the caller's transaction and exists only if that transaction commits.
+        Raises PayloadError, UnknownTaskError or ConfigurationError before
+        any I/O.
+        """
+        options = dict(
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            retry=retry,
+            timeout=timeout,
+            lease=lease,
+        )
+        return self.enqueue_many(task, [args], connection=connection, **options)[0]
+
+    async def enqueue_async(
+        self,
+        task: str | TaskDef,
+        args: Mapping[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+        connection: Any = None,
+    ) -> TaskHandle:
+        """Async form of :meth:`enqueue` (``connection``: a psycopg ``AsyncConnection``)."""
+        options = dict(
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            retry=retry,
+            timeout=timeout,
+            lease=lease,
+        )
+        handles = await self.enqueue_many_async(task, [args], connection=connection, **options)
+        return handles[0]
+
+    def enqueue_many(
+        self,
+        task: str | TaskDef,
+        many: Iterable[Mapping[str, Any] | None],
+        *,
+        connection: Any = None,
+        **options: Any,
+    ) -> list[TaskHandle]:
+        """Store many tasks of one kind in one round trip; handles in order."""
+        tasks = self._new_tasks(task, many, options)
+        if connection is not None:
+            ids = self._statements.enqueue_sync(EnqueueParams(tasks=tasks), connection)
+            return [TaskHandle(self, task_id) for task_id in ids]
+        return self.portal.run(self._insert(tasks, None))
+
+    async def enqueue_many_async(
+        self,
+        task: str | TaskDef,
+        many: Iterable[Mapping[str, Any] | None],
+        *,
+        connection: Any = None,
+        **options: Any,
+    ) -> list[TaskHandle]:
+        """Async form of :meth:`enqueue_many`."""
+        tasks = self._new_tasks(task, many, options)
+        return await self._insert(tasks, connection)
+
+    # -- inspect and control ---------------------------------------------------
+
+    async def get_async(self, task_id: int) -> Task | None:
+        """The task with its attempt log, or None."""
+        return await (await self.backend()).get_task(task_id)
+
+    def get(self, task_id: int) -> Task | None:
+        return self.portal.run(self.get_async(task_id))
+
+    async def list_tasks_async(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ) -> list[Task]:
+        """Tasks newest first, filtered by state, name and queue."""
+        wanted = TaskState(state) if state is not None else None
+        task_filter = TaskFilter(state=wanted, name=name, queue=queue, limit=limit)
+        return await (await self.backend()).list_tasks(task_filter)
+
+    def list_tasks(self, **filters: Any) -> list[Task]:
+        return self.portal.run(self.list_tasks_async(**filters))
+
+    async def cancel_async(self, task_id: int) -> TaskState:
+        """Cancel a task. Pending/waiting ones end ``cancelled`` now; a running one
+        is stopped by its worker within one heartbeat interval (and this
+        returns ``in_progress``). Raises TaskNotFoundError, InvalidTransitionError.
+        """
+        return await (await self.backend()).cancel(task_id)
+
+    def cancel(self, task_id: int) -> TaskState:
+        return self.portal.run(self.cancel_async(task_id))
+
+    async def retry_async(self, task_id: int) -> TaskState:
+        """Run a failed or cancelled task again, with a fresh attempt budget."""
+        return await (await self.backend()).retry(task_id)
+
+    def retry(self, task_id: int) -> TaskState:
+        return self.portal.run(self.retry_async(task_id))
+
+    async def list_workers_async(self) -> list[WorkerInfo]:
+        """Workers known to the backend, with their last heartbeat."""
+        return await (await self.backend()).list_workers()
+
+    def list_workers(self) -> list[WorkerInfo]:
+        return self.portal.run(self.list_workers_async())
+
+    async def migrate_async(self) -> list[int]:
+        return await (await self.backend()).migrate()
+
+    def migrate(self) -> list[int]:
+        """Create or upgrade the schema; returns the migration versions applied."""
+        return self.portal.run(self.migrate_async())
+
+    # -- workers ---------------------------------------------------------------
+
+    def worker(self, **config: Any) -> Any:
+        """A :class:`~conveyor.worker.Worker` for this app (see WorkerConfig)."""
+        from conveyor.worker import Worker, WorkerConfig
+
+        return Worker(self, WorkerConfig(**config))
+
+    def run_worker(self, **config: Any) -> None:
+        """Run a worker in this thread until SIGTERM/SIGINT (or, with
+        ``burst=True``, until no task is due or running)."""
+        worker = self.worker(**config)
+        asyncio.run(worker.run())
+
+
+def _unregistered(**_: Any) -> None:
+    raise ConfigurationError("this task is handled by another app")  # pragma: no cover

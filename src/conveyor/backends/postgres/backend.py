@@ -1,0 +1,510 @@
+"""The PostgreSQL backend: psycopg 3, an async connection pool, LISTEN/NOTIFY.
+
+Guarantees (see docs/guarantees.md): every statement that changes a task is
+one statement, fenced by the lease token and a live lease; claims use
+``FOR UPDATE SKIP LOCKED`` so concurrent workers never block on each other;
+the database clock rules lease expiry. Limits: a wake-up notification is a
+hint only (workers also poll), and results are stored as jsonb.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, sql
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor import payload as codec
+from conveyor.backends.postgres import queries
+from conveyor.backends.postgres.migrate import apply_migrations
+from conveyor.backends.protocol import (
+    Capability,
+    ClaimedTask,
+    ClaimParams,
+    Completion,
+    EnqueueParams,
+    FinishParams,
+    FinishResult,
+    HeartbeatParams,
+    HeartbeatResult,
+    TaskFilter,
+    WorkerInfo,
+    WorkFilter,
+)
+from conveyor.errors import (
+    BackendError,
+    ConfigurationError,
+    InvalidTransitionError,
+    TaskNotFoundError,
+)
+from conveyor.model import (
+    Attempt,
+    LeaseToken,
+    Outcome,
+    RetryPolicy,
+    Task,
+    TaskState,
+)
+
+log = logging.getLogger("conveyor.postgres")
+
+DEFAULT_SCHEMA = "conveyor"
+DEFAULT_POOL_SIZE = 10
+RECONNECT_MIN_DELAY = 0.1
+RECONNECT_MAX_DELAY = 5.0
+
+
+def enqueue_args(params: EnqueueParams) -> dict[str, Any]:
+    """Column arrays for the ``enqueue`` statement."""
+    tasks = params.tasks
+    return {
+        "now": params.now,
+        "names": [t.name for t in tasks],
+        "queues": [t.queue for t in tasks],
+        "payloads": [t.payload for t in tasks],
+        "priorities": [t.priority for t in tasks],
+        "run_ats": [t.run_at for t in tasks],
+        "delays": [t.delay for t in tasks],
+        "max_attempts": [t.max_attempts for t in tasks],
+        "retry_policies": [codec.encode(t.retry.to_json()) for t in tasks],
+        "timeouts": [t.timeout for t in tasks],
+        "leases": [t.lease for t in tasks],
+    }
+
+
+def finish_args(
+    worker_id: str, completions: Sequence[Completion], now: datetime | None
+) -> dict[str, Any]:
+    """Column arrays for the ``finish`` statement."""
+    return {
+        "now": now,
+        "worker_id": worker_id,
+        "ids": [c.token.task_id for c in completions],
+        "attempts": [c.token.attempt for c in completions],
+        "states": [c.next_state.value for c in completions],
+        "outcomes": [c.outcome.value for c in completions],
+        "delays": [c.retry_delay for c in completions],
+        "results": [c.result for c in completions],
+        "error_types": [c.error.type if c.error else None for c in completions],
+        "error_messages": [c.error.message if c.error else None for c in completions],
+        "tracebacks": [c.error.traceback if c.error else None for c in completions],
+    }
+
+
+def _ordered_ids(rows: list[tuple[Any, ...]]) -> list[int]:
+    # Identity values are drawn in insertion order within one statement, so
+    # ascending ids are the input order.
+    return sorted(int(row[0]) for row in rows)
+
+
+class PostgresTransaction:
+    """An attempt's own transaction on a pooled connection (see protocol)."""
+
+    def __init__(
+        self, backend: PostgresBackend, conn: AsyncConnection[Any], worker_id: str
+    ) -> None:
+        self._backend = backend
+        self._conn = conn
+        self._worker_id = worker_id
+        self._done = False
+
+    @property
+    def connection(self) -> AsyncConnection[Any]:
+        return self._conn
+
+    async def commit_success(self, completion: Completion) -> bool:
+        if self._done:
+            raise BackendError("the attempt transaction is already closed")
+        try:
+            cursor = await self._conn.execute(
+                self._backend.sql["finish"],
+                finish_args(self._worker_id, [completion], None),
+            )
+            applied = await cursor.fetchall()
+            await self._conn.execute("commit" if applied else "rollback")
+            return bool(applied)
+        except BaseException:
+            await self._close_quietly()
+            raise
+        finally:
+            await self._release()
+
+    async def rollback(self) -> None:
+        if self._done:
+            return
+        try:
+            await self._conn.execute("rollback")
+        finally:
+            await self._release()
+
+    async def _close_quietly(self) -> None:
+        with contextlib.suppress(psycopg.Error):
+            await self._conn.execute("rollback")
+
+    async def _release(self) -> None:
+        if not self._done:
+            self._done = True
+            await self._backend.pool.putconn(self._conn)
+
+
+class PostgresBackend:
+    """Tasks in PostgreSQL tables of one schema (default ``conveyor``)."""
+
+    capabilities = frozenset(
+        {
+            Capability.TRANSACTIONAL_ENQUEUE,
+            Capability.ATTEMPT_TRANSACTION,
+            Capability.NOTIFICATIONS,
+        }
+    )
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        migrate: bool = True,
+    ) -> None:
+        self.url = url
+        self.schema = queries.validate_schema(schema)
+        self.sql: Mapping[str, bytes] = queries.load(self.schema)
+        self.channel = f"conveyor_{self.schema}"
+        self._auto_migrate = migrate
+        if pool_size < 1:
+            raise ConfigurationError("pool_size must be at least 1")
+        self._pool_size = pool_size
+        self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+
+    @property
+    def pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        if self._pool is None:
+            raise BackendError("the backend is not open")
+        return self._pool
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self._pool_size,
+            kwargs={"autocommit": True},
+            open=False,
+            name=f"conveyor-{self.schema}",
+        )
+        try:
+            await pool.open(wait=True, timeout=30)
+        except psycopg.Error as exc:
+            raise BackendError(f"cannot connect to PostgreSQL: {exc}") from exc
+        self._pool = pool
+        if self._auto_migrate:
+            await self.migrate()
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    async def migrate(self) -> list[int]:
+        async with self.pool.connection() as conn:
+            return await apply_migrations(conn, self.schema)
+
+    async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(self.sql[name], args)
+            return await cursor.fetchall()
+
+    # -- enqueue ---------------------------------------------------------
+
+    async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
+        if not params.tasks:
+            return []
+        args = enqueue_args(params)
+        if connection is None:
+            return _ordered_ids(await self._fetchall("enqueue", args))
+        if not isinstance(connection, AsyncConnection):
+            raise ConfigurationError(
+                "the async API takes a psycopg AsyncConnection; "
+                "pass a sync psycopg Connection to the sync API"
+            )
+        cursor = await connection.execute(self.sql["enqueue"], args)
+        return _ordered_ids(await cursor.fetchall())
+
+    def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
+        if not isinstance(connection, psycopg.Connection):
+            raise ConfigurationError(
+                "the sync API takes a psycopg Connection; pass an AsyncConnection to the async API"
+            )
+        if not params.tasks:
+            return []
+        cursor = connection.execute(self.sql["enqueue"], enqueue_args(params))
+        return _ordered_ids(cursor.fetchall())
+
+    # -- claim, heartbeat, finish ---------------------------------------
+
+    async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+        if params.limit <= 0 or not params.names or not params.queues:
+            return []
+        rows = await self._fetchall(
+            "claim",
+            {
+                "now": params.now,
+                "worker_id": params.worker_id,
+                "names": list(params.names),
+                "queues": list(params.queues),
+                "limit": params.limit,
+                "lease": params.lease,
+            },
+        )
+        return [_claimed(row, params.worker_id) for row in rows]
+
+    async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
+        tokens = list(params.tokens)
+        rows = await self._fetchall(
+            "heartbeat",
+            {
+                "now": params.now,
+                "worker_id": params.worker_id,
+                "ids": [t.task_id for t in tokens],
+                "attempts": [t.attempt for t in tokens],
+                "lease": params.lease,
+            },
+        )
+        renewed = {(int(r[0]), int(r[1])): bool(r[2]) for r in rows}
+        ok = frozenset(t for t in tokens if (t.task_id, t.attempt) in renewed)
+        return HeartbeatResult(
+            renewed=ok,
+            lost=frozenset(tokens) - ok,
+            cancel_requested=frozenset(t for t in ok if renewed[(t.task_id, t.attempt)]),
+        )
+
+    async def finish(self, params: FinishParams) -> FinishResult:
+        completions = list(params.completions)
+        if not completions:
+            return FinishResult(frozenset(), frozenset())
+        rows = await self._fetchall(
+            "finish", finish_args(params.worker_id, completions, params.now)
+        )
+        done = {(int(r[0]), int(r[1])) for r in rows}
+        tokens = [c.token for c in completions]
+        applied = frozenset(t for t in tokens if (t.task_id, t.attempt) in done)
+        return FinishResult(applied=applied, rejected=frozenset(tokens) - applied)
+
+    async def begin_attempt_transaction(self, worker_id: str) -> PostgresTransaction:
+        conn = await self.pool.getconn()
+        try:
+            await conn.execute("begin")
+        except BaseException:
+            await self.pool.putconn(conn)
+            raise
+        return PostgresTransaction(self, conn, worker_id)
+
+    # -- control ---------------------------------------------------------
+
+    async def _transition(
+        self, name: str, task_id: int, now: datetime | None, what: str
+    ) -> TaskState:
+        rows = await self._fetchall(name, {"id": task_id, "now": now})
+        if rows:
+            return TaskState(rows[0][0])
+        current = await self._fetchall("task_state", {"id": task_id})
+        if not current:
+            raise TaskNotFoundError(f"no task with id {task_id}")
+        raise InvalidTransitionError(f"cannot {what} task {task_id}: it is {current[0][0]}")
+
+    async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
+        return await self._transition("cancel", task_id, now, "cancel")
+
+    async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
+        return await self._transition("retry", task_id, now, "retry")
+
+    # -- reads -----------------------------------------------------------
+
+    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(self.sql["get_task"], {"id": task_id})
+            row = await cursor.fetchone()
+            if row is None:
+                return None
+            attempts: tuple[Attempt, ...] = ()
+            if with_attempts:
+                cursor = await conn.execute(self.sql["get_attempts"], {"id": task_id})
+                attempts = tuple(_attempt(r) for r in await cursor.fetchall())
+        return _task(row, attempts)
+
+    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
+        rows = await self._fetchall(
+            "list_tasks",
+            {
+                "state": task_filter.state.value if task_filter.state else None,
+                "name": task_filter.name,
+                "queue": task_filter.queue,
+                "limit": task_filter.limit,
+            },
+        )
+        return [_task(row, ()) for row in rows]
+
+    async def count_unfinished(self, work: WorkFilter) -> int:
+        rows = await self._fetchall(
+            "count_unfinished",
+            {"names": list(work.names), "queues": list(work.queues), "now": work.now},
+        )
+        return int(rows[0][0])
+
+    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
+        rows = await self._fetchall("next_run_at", {"queues": list(queues)})
+        value = rows[0][0] if rows else None
+        return value if isinstance(value, datetime) else None
+
+    # -- workers ---------------------------------------------------------
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                self.sql["register_worker"],
+                {
+                    "id": info.id,
+                    "host": info.host,
+                    "pid": info.pid,
+                    "queues": list(info.queues),
+                    "concurrency": info.concurrency,
+                },
+            )
+
+    async def stop_worker(self, worker_id: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(self.sql["stop_worker"], {"id": worker_id})
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        rows = await self._fetchall("list_workers", {})
+        return [
+            WorkerInfo(
+                id=r[0],
+                host=r[1],
+                pid=r[2],
+                queues=tuple(r[3]),
+                concurrency=r[4],
+                started_at=r[5],
+                last_seen_at=r[6],
+                stopped_at=r[7],
+            )
+            for r in rows
+        ]
+
+    # -- wake-ups --------------------------------------------------------
+
+    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
+        wanted = set(queues)
+        listen = sql.SQL("listen {}").format(sql.Identifier(self.channel))
+        delay = RECONNECT_MIN_DELAY
+        while True:
+            try:
+                conn = await AsyncConnection.connect(self.url, autocommit=True)
+                async with conn:
+                    await conn.execute(listen)
+                    delay = RECONNECT_MIN_DELAY
+                    # Anything enqueued while we were not listening is due now.
+                    for queue in queues:
+                        yield queue
+                    async for note in conn.notifies():
+                        if note.payload in wanted:
+                            yield note.payload
+            except psycopg.Error as exc:
+                log.warning(
+                    "wake-up listener lost its connection (%s); retrying in %.1fs", exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_DELAY)
+
+
+def _claimed(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
+    (
+        task_id,
+        attempt,
+        name,
+        queue,
+        payload,
+        spent,
+        max_attempts,
+        retry,
+        timeout,
+        lease,
+        expires,
+    ) = row
+    return ClaimedTask(
+        token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
+        name=name,
+        queue=queue,
+        payload=payload,
+        spent=spent,
+        max_attempts=max_attempts,
+        retry=RetryPolicy.from_json(codec.decode(retry)),
+        timeout=timeout,
+        lease=lease,
+        lease_expires_at=expires,
+    )
+
+
+def _attempt(row: tuple[Any, ...]) -> Attempt:
+    return Attempt(
+        task_id=row[0],
+        number=row[1],
+        worker_id=row[2],
+        outcome=Outcome(row[3]),
+        started_at=row[4],
+        finished_at=row[5],
+        error_type=row[6],
+        error_message=row[7],
+        traceback=row[8],
+    )
+
+
+def _task(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
+    (
+        task_id,
+        name,
+        queue,
+        payload,
+        state,
+        priority,
+        run_at,
+        attempt,
+        max_attempts,
+        retry,
+        timeout,
+        lease,
+        result,
+        created_at,
+        finished_at,
+        worker_id,
+        lease_expires_at,
+        cancel_requested,
+    ) = row
+    return Task(
+        id=task_id,
+        name=name,
+        queue=queue,
+        payload=codec.decode(payload),
+        state=TaskState(state),
+        priority=priority,
+        run_at=run_at,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        retry=RetryPolicy.from_json(codec.decode(retry)),
+        timeout=timeout,
+        lease=lease,
+        result=codec.decode(result) if result is not None else None,
+        created_at=created_at,
+        finished_at=finished_at,
+        worker_id=worker_id,
+        lease_expires_at=lease_expires_at,
+        cancel_requested=cancel_requested,
+        attempts=attempts,
+    )

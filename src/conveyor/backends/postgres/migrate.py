@@ -1,0 +1,54 @@
+"""Apply the numbered migrations of the PostgreSQL schema, once each.
+
+Every migration runs in its own transaction together with its record in
+``{schema}.migrations``, under a transaction-scoped advisory lock keyed by the
+schema name, so workers starting at once apply each migration exactly once
+and a failed migration leaves nothing half-done. Re-running is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from psycopg import AsyncConnection, sql
+
+from conveyor.backends.postgres.queries import compose, migrations
+
+log = logging.getLogger("conveyor.migrate")
+
+_PREPARE = (
+    "create schema if not exists {schema}",
+    """create table if not exists {schema}.migrations (
+        version integer primary key,
+        name text not null,
+        applied_at timestamptz not null default now())""",
+)
+
+
+async def apply_migrations(conn: AsyncConnection[object], schema: str) -> list[int]:
+    """Bring ``schema`` up to date on ``conn`` (autocommit); return versions applied."""
+    applied: list[int] = []
+    lock_key = f"conveyor.migrate.{schema}"
+    for version, name, text in migrations():
+        async with conn.transaction():
+            await conn.execute("select pg_advisory_xact_lock(hashtext(%s))", (lock_key,))
+            for statement in _PREPARE:
+                await conn.execute(compose(statement, schema))
+            done = await conn.execute(
+                sql.SQL("select 1 from {} where version = %s").format(
+                    sql.Identifier(schema, "migrations")
+                ),
+                (version,),
+            )
+            if await done.fetchone():
+                continue
+            await conn.execute(compose(text, schema))
+            await conn.execute(
+                sql.SQL("insert into {} (version, name) values (%s, %s)").format(
+                    sql.Identifier(schema, "migrations")
+                ),
+                (version, name),
+            )
+            log.info("applied migration %s to schema %s", name, schema)
+            applied.append(version)
+    return applied

@@ -1,0 +1,273 @@
+-- Every statement of the PostgreSQL backend, as named blocks.
+--
+-- {schema} is the validated schema identifier, composed in once at load.
+-- %(now)s is NULL in production: the database clock is the only authority on
+-- lease expiry; tests pass a time to move the clock without sleeping. The
+-- clock is statement_timestamp(), not now(): inside a long transaction (an
+-- attempt's own transaction) now() would be the stale transaction start.
+
+-- name: enqueue
+-- Insert many tasks in one statement. Ids come back in insertion order.
+insert into {schema}.tasks
+    (name, queue, payload, priority, run_at, max_attempts, retry_policy,
+     timeout_seconds, lease_seconds)
+select i.name, i.queue, i.payload::jsonb, i.priority,
+       coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
+       i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds
+from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
+            %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
+            %(max_attempts)s::int[], %(retry_policies)s::text[],
+            %(timeouts)s::float8[], %(leases)s::float8[])
+    as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
+         timeout_seconds, lease_seconds)
+returning id;
+
+-- name: claim
+-- Claim up to %(limit)s tasks in one statement: due pending tasks of the
+-- worker's queues and names, plus in-progress tasks whose lease expired.
+-- Both candidate sets sit behind MATERIALIZED CTEs: an optimisation fence,
+-- without which the planner may lock more rows than the LIMIT asks for.
+-- An expired task whose attempts are spent (the crash budget) or whose
+-- cancellation was requested is finished here instead of being run again;
+-- the attempt it lost is closed as lease_lost in the same statement.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+due as materialized (
+    select p.id, p.priority, p.run_at
+    from unnest(%(queues)s::text[]) as q(name)
+    cross join lateral (
+        select t.id, t.priority, t.run_at
+        from {schema}.tasks t, clock
+        where t.state = 'pending'
+          and t.queue = q.name
+          and t.run_at <= clock.now
+          and t.name = any(%(names)s::text[])
+        order by t.priority desc, t.run_at, t.id
+        limit %(limit)s
+        for update of t skip locked
+    ) as p
+),
+expired as materialized (
+    select t.id, t.priority, t.run_at, t.attempt, t.spent, t.max_attempts, t.cancel_requested
+    from {schema}.tasks t, clock
+    where t.state = 'in_progress'
+      and t.lease_expires_at <= clock.now
+      and t.queue = any(%(queues)s::text[])
+      and t.name = any(%(names)s::text[])
+    order by t.lease_expires_at
+    limit %(limit)s
+    for update of t skip locked
+),
+ended as (
+    update {schema}.tasks t
+    set state = case when e.cancel_requested then 'cancelled' else 'failed' end,
+        worker_id = null,
+        lease_expires_at = null,
+        finished_at = clock.now
+    from expired e, clock
+    where t.id = e.id and (e.cancel_requested or e.spent >= e.max_attempts)
+    returning t.id, t.state
+),
+chosen as (
+    select id from (
+        select id, priority, run_at from due
+        union all
+        select id, priority, run_at from expired
+        where not cancel_requested and spent < max_attempts
+    ) as c
+    order by priority desc, run_at, id
+    limit %(limit)s
+),
+claimed as (
+    update {schema}.tasks t
+    set state = 'in_progress',
+        attempt = t.attempt + 1,
+        spent = t.spent + 1,
+        worker_id = %(worker_id)s,
+        lease_expires_at = clock.now
+            + make_interval(secs => coalesce(t.lease_seconds, %(lease)s))
+    from chosen c, clock
+    where t.id = c.id
+    returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
+              t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
+              t.lease_seconds, t.lease_expires_at
+),
+lost as (
+    update {schema}.attempts a
+    set outcome = 'lease_lost',
+        finished_at = clock.now,
+        error_type = 'LeaseExpired',
+        error_message = case
+            when en.state = 'cancelled' then 'lease expired; the task was cancelled meanwhile'
+            when en.state = 'failed' then 'lease expired and the crash budget is spent ('
+                 || e.spent || ' of ' || e.max_attempts || ' attempts): the worker '
+                 || 'stopped heartbeating (crash, kill or stall)'
+            else 'lease expired: the worker stopped heartbeating (crash, kill or stall)'
+        end
+    from expired e
+    cross join clock
+    left join ended en on en.id = e.id
+    where a.task_id = e.id and a.number = e.attempt and a.outcome = 'in_progress'
+      and (en.id is not null or e.id in (select id from claimed))
+),
+logged as (
+    insert into {schema}.attempts (task_id, number, worker_id, started_at)
+    select c.id, c.attempt, %(worker_id)s, clock.now from claimed c, clock
+)
+select * from claimed;
+
+-- name: heartbeat
+-- Renew every lease the worker still holds, fenced by the lease token, and
+-- mark the worker alive. Leases missing from the result are lost. A lease
+-- that already expired is not renewed: it may have been reclaimed.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+seen as (
+    update {schema}.workers set last_seen_at = clock.now
+    from clock where id = %(worker_id)s
+)
+update {schema}.tasks t
+set lease_expires_at = clock.now + make_interval(secs => coalesce(t.lease_seconds, %(lease)s))
+from unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt), clock
+where t.id = l.id
+  and t.attempt = l.attempt
+  and t.worker_id = %(worker_id)s
+  and t.state = 'in_progress'
+  and t.lease_expires_at > clock.now
+returning t.id, t.attempt, t.cancel_requested;
+
+-- name: finish
+-- Record many attempt endings in one statement, each fenced by its lease
+-- token and a live lease; a late write from a lost lease changes nothing
+-- and is simply missing from the result. The caller decides each next
+-- state (retry or not) from the task's retry policy.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+input as (
+    select *
+    from unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[],
+                %(outcomes)s::text[], %(delays)s::float8[], %(results)s::text[],
+                %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[])
+        as i(id, attempt, state, outcome, delay, result, error_type, error_message,
+             traceback)
+),
+finished as (
+    update {schema}.tasks t
+    set state = i.state,
+        result = case when i.state = 'succeeded' then i.result::jsonb else t.result end,
+        run_at = case when i.state = 'pending'
+                      then clock.now + make_interval(secs => coalesce(i.delay, 0))
+                      else t.run_at end,
+        spent = t.spent - (i.outcome = 'interrupted')::int,
+        worker_id = null,
+        lease_expires_at = null,
+        finished_at = case when i.state in ('succeeded', 'failed', 'cancelled')
+                           then clock.now end
+    from input i, clock
+    where t.id = i.id
+      and t.attempt = i.attempt
+      and t.worker_id = %(worker_id)s
+      and t.state = 'in_progress'
+      and t.lease_expires_at > clock.now
+    returning t.id, t.attempt
+),
+logged as (
+    update {schema}.attempts a
+    set outcome = i.outcome,
+        finished_at = clock.now,
+        error_type = i.error_type,
+        error_message = i.error_message,
+        traceback = i.traceback
+    from finished f
+    join input i on i.id = f.id and i.attempt = f.attempt
+    cross join clock
+    where a.task_id = f.id and a.number = f.attempt
+)
+select id, attempt from finished;
+
+-- name: cancel
+-- Cancel a task: pending and waiting ones at once; a running one is flagged
+-- and its worker stops it at the next heartbeat. Returns the state after.
+update {schema}.tasks
+set state = case when state = 'in_progress' then state else 'cancelled' end,
+    cancel_requested = (state = 'in_progress'),
+    finished_at = case when state = 'in_progress' then null
+                       else coalesce(%(now)s::timestamptz, statement_timestamp()) end
+where id = %(id)s and state in ('pending', 'waiting', 'in_progress')
+returning state;
+
+-- name: retry
+-- Run a failed or cancelled task again now, with a fresh attempt budget.
+-- Attempt numbers keep growing: the log keeps every earlier attempt.
+update {schema}.tasks
+set state = 'pending',
+    spent = 0,
+    run_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+    cancel_requested = false,
+    result = null,
+    finished_at = null
+where id = %(id)s and state in ('failed', 'cancelled')
+returning state;
+
+-- name: task_state
+select state from {schema}.tasks where id = %(id)s;
+
+-- name: get_task
+select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
+       max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
+       result::text as result, created_at, finished_at, worker_id, lease_expires_at,
+       cancel_requested
+from {schema}.tasks
+where id = %(id)s;
+
+-- name: get_attempts
+select task_id, number, worker_id, outcome, started_at, finished_at, error_type,
+       error_message, traceback
+from {schema}.attempts
+where task_id = %(id)s
+order by number;
+
+-- name: list_tasks
+-- Newest first, each filter optional.
+select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
+       max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
+       result::text as result, created_at, finished_at, worker_id, lease_expires_at,
+       cancel_requested
+from {schema}.tasks
+where (%(state)s::text is null or state = %(state)s::text)
+  and (%(name)s::text is null or name = %(name)s::text)
+  and (%(queue)s::text is null or queue = %(queue)s::text)
+order by id desc
+limit %(limit)s;
+
+-- name: count_unfinished
+-- Tasks a burst worker would still have to wait for: due pending or running.
+select count(*) from {schema}.tasks
+where queue = any(%(queues)s::text[])
+  and name = any(%(names)s::text[])
+  and (state = 'in_progress'
+       or (state = 'pending' and run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())));
+
+-- name: next_run_at
+-- The earliest time a pending task of these queues becomes due.
+select min(run_at) from {schema}.tasks
+where state = 'pending' and queue = any(%(queues)s::text[]);
+
+-- name: register_worker
+insert into {schema}.workers (id, host, pid, queues, concurrency)
+values (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s)
+on conflict (id) do update
+set last_seen_at = statement_timestamp(), stopped_at = null;
+
+-- name: stop_worker
+update {schema}.workers
+set stopped_at = statement_timestamp(), last_seen_at = statement_timestamp()
+where id = %(id)s;
+
+-- name: list_workers
+select id, host, pid, queues, concurrency, started_at, last_seen_at, stopped_at
+from {schema}.workers
+order by started_at desc;

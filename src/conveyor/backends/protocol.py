@@ -1,0 +1,242 @@
+"""The backend protocol: the one contract every storage engine implements.
+
+Each operation takes one frozen params object and returns domain objects.
+Guarantees every implementation keeps (the conformance suite checks them):
+
+- ``claim`` is atomic: a task is handed to at most one worker per lease, the
+  attempt row exists as soon as the claim returns, and an expired lease is
+  reclaimed (its attempt closed as ``lease_lost``) or, when its crash budget
+  is spent, the task ends ``failed``.
+- ``heartbeat`` and ``finish`` are fenced by the lease token *and* a live
+  lease: a write for a lease that expired or moved on changes nothing and is
+  reported back (missing from ``renewed`` / ``applied``), never raised.
+- Times come from the backend's clock; ``now`` on a params object overrides
+  it for tests only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from conveyor.model import LeaseToken, Outcome, RetryPolicy, Task, TaskState
+
+
+class Capability(enum.Enum):
+    """What a backend can offer beyond the common contract."""
+
+    TRANSACTIONAL_ENQUEUE = "transactional_enqueue"
+    """Enqueue inside the caller's own database transaction."""
+    ATTEMPT_TRANSACTION = "attempt_transaction"
+    """A handler's writes commit atomically with the task's success."""
+    NOTIFICATIONS = "notifications"
+    """Push wake-ups for idle workers (otherwise they poll)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """One task to insert; ``payload`` is already-encoded strict JSON."""
+
+    name: str
+    queue: str
+    payload: str
+    priority: int
+    max_attempts: int
+    retry: RetryPolicy
+    run_at: datetime | None = None
+    delay: float = 0.0
+    timeout: float | None = None
+    lease: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueParams:
+    tasks: Sequence[NewTask]
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimParams:
+    worker_id: str
+    names: Sequence[str]
+    queues: Sequence[str]
+    limit: int
+    lease: float
+    """Lease seconds for tasks that do not set their own."""
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    """A task handed to a worker under a fresh lease."""
+
+    token: LeaseToken
+    name: str
+    queue: str
+    payload: str
+    """The stored JSON text, decoded by the worker (a corrupt one fails the attempt)."""
+    spent: int
+    max_attempts: int
+    retry: RetryPolicy
+    timeout: float | None
+    lease: float | None
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatParams:
+    worker_id: str
+    tokens: Sequence[LeaseToken]
+    lease: float
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    renewed: frozenset[LeaseToken]
+    lost: frozenset[LeaseToken]
+    cancel_requested: frozenset[LeaseToken]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    type: str
+    message: str
+    traceback: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """How one attempt ended and the state its task moves to.
+
+    ``next_state`` is ``succeeded``, ``failed``, ``cancelled`` or ``pending``
+    (a retry after ``retry_delay`` seconds, or a release after an
+    ``interrupted`` attempt, which gives the attempt back to the budget).
+    """
+
+    token: LeaseToken
+    outcome: Outcome
+    next_state: TaskState
+    result: str | None = None
+    error: ErrorInfo | None = None
+    retry_delay: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishParams:
+    worker_id: str
+    completions: Sequence[Completion]
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishResult:
+    applied: frozenset[LeaseToken]
+    rejected: frozenset[LeaseToken]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    state: TaskState | None = None
+    name: str | None = None
+    queue: str | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    started_at: datetime | None = None
+    last_seen_at: datetime | None = None
+    stopped_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkFilter:
+    names: Sequence[str]
+    queues: Sequence[str]
+    now: datetime | None = None
+
+
+class AttemptTransaction(Protocol):
+    """A database transaction opened for one attempt (SQL backends only).
+
+    ``connection`` is the backend's native connection, inside the transaction.
+    ``commit_success`` writes the task's success on it, fenced by the lease,
+    and commits; if the lease was lost it rolls everything back and returns
+    False. ``rollback`` discards the handler's writes.
+    """
+
+    @property
+    def connection(self) -> Any: ...
+
+    async def commit_success(self, completion: Completion) -> bool: ...
+
+    async def rollback(self) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A storage engine for tasks, attempts and workers."""
+
+    capabilities: frozenset[Capability]
+
+    async def open(self) -> None:
+        """Connect; apply pending migrations unless told not to."""
+
+    async def close(self) -> None: ...
+
+    async def migrate(self) -> list[int]:
+        """Apply pending schema migrations; return the versions applied now."""
+
+    async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
+        """Insert tasks, returning their ids in order; with ``connection``, inside
+        the caller's transaction (needs ``TRANSACTIONAL_ENQUEUE``)."""
+
+    def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
+        """Insert tasks on the caller's own synchronous connection, uncommitted."""
+
+    async def claim(self, params: ClaimParams) -> list[ClaimedTask]: ...
+
+    async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult: ...
+
+    async def finish(self, params: FinishParams) -> FinishResult: ...
+
+    async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction: ...
+
+    async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
+        """Cancel a task; returns its state afterwards (``in_progress`` while its
+        worker is being told). Raises TaskNotFoundError or InvalidTransitionError."""
+
+    async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
+        """Make a failed or cancelled task pending again with a fresh budget."""
+
+    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None: ...
+
+    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]: ...
+
+    async def count_unfinished(self, work: WorkFilter) -> int:
+        """Due pending plus in-progress tasks matching ``work``."""
+
+    async def next_due_at(self, queues: Sequence[str]) -> datetime | None: ...
+
+    async def register_worker(self, info: WorkerInfo) -> None: ...
+
+    async def stop_worker(self, worker_id: str) -> None: ...
+
+    async def list_workers(self) -> list[WorkerInfo]: ...
+
+    def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
+        """Yield a queue name whenever work may have become due there.
+
+        Reconnects on its own; ends only when the consumer stops iterating.
+        Backends without ``NOTIFICATIONS`` yield nothing and never end.
+        """
+        ...

@@ -1,0 +1,372 @@
+"""The ``conveyor`` command: rich output for people, ``--json`` for scripts.
+
+Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
+(default ``CONVEYOR_SCHEMA``, then ``conveyor``). Errors print one line to
+stderr and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from conveyor.app import App
+from conveyor.errors import ConveyorError
+from conveyor.logs import configure_logging
+from conveyor.model import Attempt, Task
+
+F = TypeVar("F", bound=Callable[..., Any])
+console = Console()
+EXIT_ERROR = 1
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def task_json(task: Task, with_attempts: bool) -> dict[str, Any]:
+    """The documented JSON shape of a task (``show``, ``tasks``)."""
+    data: dict[str, Any] = {
+        "id": task.id,
+        "name": task.name,
+        "queue": task.queue,
+        "state": task.state.value,
+        "priority": task.priority,
+        "run_at": _iso(task.run_at),
+        "result": task.result,
+        "payload": task.payload,
+        "attempt": task.attempt,
+        "max_attempts": task.max_attempts,
+        "created_at": _iso(task.created_at),
+        "finished_at": _iso(task.finished_at),
+        "worker_id": task.worker_id,
+        "lease_expires_at": _iso(task.lease_expires_at),
+        "cancel_requested": task.cancel_requested,
+    }
+    if with_attempts:
+        data["attempts"] = [attempt_json(a) for a in task.attempts]
+    return data
+
+
+def attempt_json(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "number": attempt.number,
+        "worker_id": attempt.worker_id,
+        "outcome": attempt.outcome.value,
+        "error_type": attempt.error_type,
+        "error_message": attempt.error_message,
+        "traceback": attempt.traceback,
+        "started_at": _iso(attempt.started_at),
+        "finished_at": _iso(attempt.finished_at),
+    }
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE:ATTR`` and return the App it names."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise click.BadParameter(f"expected MODULE:ATTR, got {spec!r}")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{spec!r} is not a conveyor.App")
+    return app
+
+
+def backend_options(fn: F) -> F:
+    fn = click.option("--schema", envvar="CONVEYOR_SCHEMA", help="PostgreSQL schema.")(fn)
+    fn = click.option("--url", envvar="CONVEYOR_URL", help="Backend URL (CONVEYOR_URL).")(fn)
+    return fn
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)
+
+
+def _client(url: str | None, schema: str | None, app_spec: str | None = None) -> App:
+    if app_spec:
+        return load_app(app_spec)
+    return App(url, schema=schema, allow_unregistered=True)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_ERROR)
+
+
+@click.group()
+@click.version_option(package_name="conveyor")
+def main() -> None:
+    """conveyor: a durable task system."""
+
+
+@main.command()
+@backend_options
+def migrate(url: str | None, schema: str | None) -> None:
+    """Create or upgrade the schema (idempotent)."""
+    try:
+        with _client(url, schema) as app:
+            applied = app.migrate()
+    except ConveyorError as exc:
+        _fail(str(exc))
+    click.echo(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:ATTR")
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--queues", "-q", help="Comma-separated queues (default: the app's).")
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0.5),
+    default=30.0,
+    show_default=True,
+    help="Lease seconds for tasks that set none.",
+)
+@click.option("--poll-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to drain on SIGTERM before releasing running tasks.",
+)
+@click.option("--burst", is_flag=True, help="Exit 0 once no task is due or running.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@click.option("--log-level", default="INFO", show_default=True)
+def worker(
+    app_spec: str,
+    concurrency: int,
+    queues: str | None,
+    lease: float,
+    poll_interval: float,
+    grace: float,
+    burst: bool,
+    log_format: str,
+    log_level: str,
+) -> None:
+    """Run a worker for the App at MODULE:ATTR."""
+    configure_logging(log_format, log_level)
+    app = load_app(app_spec)
+    queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+    try:
+        app.run_worker(
+            concurrency=concurrency,
+            queues=queue_list,
+            lease=lease,
+            poll_interval=poll_interval,
+            grace=grace,
+            burst=burst,
+        )
+    except ConveyorError as exc:
+        _fail(str(exc))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--args", "args_json", default="{}", help="Payload: a JSON object.")
+@click.option("--queue")
+@click.option("--priority", type=int)
+@click.option("--delay", type=click.FloatRange(min=0), help="Seconds before it is due.")
+@click.option("--max-attempts", type=click.IntRange(min=1))
+@click.option("--app", "app_spec", help="MODULE:ATTR to check the name and payload against.")
+@backend_options
+@json_option
+def enqueue(
+    name: str,
+    args_json: str,
+    queue: str | None,
+    priority: int | None,
+    delay: float | None,
+    max_attempts: int | None,
+    app_spec: str | None,
+    url: str | None,
+    schema: str | None,
+    as_json: bool,
+) -> None:
+    """Enqueue task NAME; prints the new task id."""
+    from conveyor.model import RetryPolicy
+
+    try:
+        args = json.loads(args_json)
+    except json.JSONDecodeError as exc:
+        _fail(f"--args is not JSON: {exc}")
+    if not isinstance(args, dict):
+        _fail("--args must be a JSON object")
+    retry = RetryPolicy(max_attempts=max_attempts) if max_attempts else None
+    try:
+        with _client(url, schema, app_spec) as app:
+            handle = app.enqueue(
+                name, args, queue=queue, priority=priority, delay=delay, retry=retry
+            )
+    except ConveyorError as exc:
+        _fail(str(exc))
+    click.echo(json.dumps({"id": handle.id}) if as_json else str(handle.id))
+
+
+@main.command()
+@click.option("--state")
+@click.option("--name")
+@click.option("--queue")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@backend_options
+@json_option
+def tasks(
+    state: str | None,
+    name: str | None,
+    queue: str | None,
+    limit: int,
+    url: str | None,
+    schema: str | None,
+    as_json: bool,
+) -> None:
+    """List tasks, newest first."""
+    try:
+        with _client(url, schema) as app:
+            found = app.list_tasks(state=state, name=name, queue=queue, limit=limit)
+    except (ConveyorError, ValueError) as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps([task_json(t, with_attempts=False) for t in found]))
+        return
+    table = Table("id", "name", "queue", "state", "priority", "attempt", "run_at")
+    for t in found:
+        table.add_row(
+            str(t.id),
+            t.name,
+            t.queue,
+            t.state.value,
+            str(t.priority),
+            f"{t.attempt}/{t.max_attempts}",
+            _iso(t.run_at) or "",
+        )
+    console.print(table)
+
+
+@main.command()
+@click.argument("task_id", type=int)
+@backend_options
+@json_option
+def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> None:
+    """Show a task with its attempt history."""
+    try:
+        with _client(url, schema) as app:
+            task = app.get(task_id)
+    except ConveyorError as exc:
+        _fail(str(exc))
+    if task is None:
+        _fail(f"no task with id {task_id}")
+        return
+    if as_json:
+        click.echo(json.dumps(task_json(task, with_attempts=True)))
+        return
+    console.print(
+        f"[bold]task {task.id}[/bold] {task.name} on {task.queue}: "
+        f"[bold]{task.state.value}[/bold] (priority {task.priority})"
+    )
+    console.print(f"payload: {json.dumps(task.payload)}")
+    if task.result is not None:
+        console.print(f"result: {json.dumps(task.result)}")
+    table = Table("#", "worker", "outcome", "started", "finished", "error")
+    for a in task.attempts:
+        error = f"{a.error_type}: {a.error_message}" if a.error_type else ""
+        table.add_row(
+            str(a.number),
+            a.worker_id,
+            a.outcome.value,
+            _iso(a.started_at) or "",
+            _iso(a.finished_at) or "",
+            error,
+        )
+    console.print(table)
+    last = task.last_attempt
+    if last is not None and last.traceback:
+        console.print(last.traceback, markup=False, highlight=False)
+
+
+def _transition(action: str, task_id: int, url: str | None, schema: str | None) -> None:
+    try:
+        with _client(url, schema) as app:
+            state = app.cancel(task_id) if action == "cancel" else app.retry(task_id)
+    except ConveyorError as exc:
+        _fail(str(exc))
+    click.echo(f"task {task_id}: {state.value}")
+
+
+@main.command()
+@click.argument("task_id", type=int)
+@backend_options
+def cancel(task_id: int, url: str | None, schema: str | None) -> None:
+    """Cancel a task (a running one stops within one heartbeat)."""
+    _transition("cancel", task_id, url, schema)
+
+
+@main.command()
+@click.argument("task_id", type=int)
+@backend_options
+def retry(task_id: int, url: str | None, schema: str | None) -> None:
+    """Run a failed or cancelled task again."""
+    _transition("retry", task_id, url, schema)
+
+
+@main.command()
+@backend_options
+@json_option
+def workers(url: str | None, schema: str | None, as_json: bool) -> None:
+    """List workers with their last heartbeat."""
+    try:
+        with _client(url, schema) as app:
+            found = app.list_workers()
+    except ConveyorError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "id": w.id,
+                        "host": w.host,
+                        "pid": w.pid,
+                        "queues": list(w.queues),
+                        "concurrency": w.concurrency,
+                        "started_at": _iso(w.started_at),
+                        "last_seen_at": _iso(w.last_seen_at),
+                        "stopped_at": _iso(w.stopped_at),
+                    }
+                    for w in found
+                ]
+            )
+        )
+        return
+    table = Table("id", "host", "pid", "queues", "slots", "last seen", "stopped")
+    for w in found:
+        table.add_row(
+            w.id,
+            w.host,
+            str(w.pid),
+            ",".join(w.queues),
+            str(w.concurrency),
+            _iso(w.last_seen_at) or "",
+            _iso(w.stopped_at) or "",
+        )
+    console.print(table)
+
+
+logging.getLogger("conveyor").addHandler(logging.NullHandler())
+
+if __name__ == "__main__":
+    main()

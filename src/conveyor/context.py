@@ -1,0 +1,96 @@
+"""What a running handler knows about its attempt: :class:`TaskContext`.
+
+A handler receives it by declaring a parameter annotated ``TaskContext``
+(any name)::
+
+    @app.task()
+    async def charge(ctx: TaskContext, order_id: int) -> None:
+        conn = await ctx.transaction()      # commits with the task's success
+        await conn.execute("insert into charges ...", (order_id,))
+
+Process handlers get no context (it cannot cross the process boundary).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.errors import ConfigurationError, StopAttempt
+from conveyor.model import LeaseToken
+
+
+@dataclass(eq=False)
+class TaskContext:
+    """The running attempt: ids, lease token and the order to stop.
+
+    ``should_stop`` turns true when the worker lost the lease, the task was
+    cancelled, its timeout passed or the worker is shutting down. Async
+    handlers are cancelled then; thread handlers must look: ``check()``
+    raises the reason (a :class:`~conveyor.errors.StopAttempt`, which
+    ``except Exception`` does not catch) so a loop that calls it stops.
+    """
+
+    task_id: int
+    name: str
+    queue: str
+    attempt: int
+    worker_id: str
+    payload: dict[str, Any]
+    _open_transaction: Callable[[], Awaitable[Any]] | None = field(default=None, repr=False)
+    _stop_reason: StopAttempt | None = field(default=None, repr=False)
+    _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
+    _transaction: Any = field(default=None, repr=False)
+
+    @property
+    def lease_token(self) -> LeaseToken:
+        return LeaseToken(self.task_id, self.attempt, self.worker_id)
+
+    @property
+    def should_stop(self) -> bool:
+        return self._stopped.is_set()
+
+    @property
+    def lease_lost(self) -> bool:
+        from conveyor.errors import LeaseLostError
+
+        return isinstance(self._stop_reason, LeaseLostError)
+
+    @property
+    def stop_reason(self) -> StopAttempt | None:
+        return self._stop_reason
+
+    def check(self) -> None:
+        """Raise the stop reason if this attempt must stop; else return."""
+        if self._stop_reason is not None:
+            raise self._stop_reason
+
+    def wait_for_stop(self, timeout: float | None = None) -> bool:
+        """Block (a thread handler) until told to stop or ``timeout``; True if told."""
+        return self._stopped.wait(timeout)
+
+    async def transaction(self) -> Any:
+        """The attempt's own database transaction (SQL backends).
+
+        Returns the backend's native connection (psycopg ``AsyncConnection``)
+        inside an open transaction. Everything written on it commits in the
+        same transaction that records the task's success, and rolls back if
+        the handler fails or the lease was lost. Do not commit it yourself.
+        Calling it again returns the same connection.
+        """
+        self.check()
+        if self._transaction is None:
+            if self._open_transaction is None:
+                raise ConfigurationError(
+                    "this backend or handler kind offers no attempt transaction "
+                    "(it needs an async handler on a SQL backend)"
+                )
+            self._transaction = await self._open_transaction()
+        return self._transaction.connection
+
+    def _request_stop(self, reason: StopAttempt) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            self._stopped.set()

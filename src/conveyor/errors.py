@@ -1,0 +1,108 @@
+"""Every exception conveyor raises on purpose.
+
+The tree::
+
+    ConveyorError
+    ├── ConfigurationError          bad URL, schema name, option or registration
+    │   └── DuplicateTaskError      a task name registered twice
+    ├── PayloadError                a payload or result is not strict JSON
+    │   └── PayloadTooLargeError    the encoded payload exceeds the cap
+    ├── UnknownTaskError            enqueue of a name the app has not registered
+    ├── TaskNotFoundError           no task with that id
+    ├── InvalidTransitionError      cancel/retry of a task in a state that forbids it
+    ├── ResultTimeoutError          ``handle.result(timeout=…)`` ran out of time
+    ├── TaskFailedError             ``handle.result()`` of a task that failed or was cancelled
+    ├── BackendError                the backend failed in a way the caller must see
+    └── StopAttempt                 raised inside a handler whose attempt must stop
+        ├── LeaseLostError          the worker no longer holds the lease
+        ├── CancelledByRequest      someone cancelled the task while it ran
+        ├── AttemptTimeoutError     the attempt ran past its timeout
+        └── WorkerShutdown          the worker is shutting down
+
+    Fatal                           raise it (or a subclass) from a handler to fail
+                                    the task at once, skipping the retry policy
+
+``StopAttempt`` derives from ``BaseException`` on purpose: a handler's broad
+``except Exception`` must not swallow the order to stop.
+"""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Base class of the errors conveyor raises to its callers."""
+
+
+class ConfigurationError(ConveyorError):
+    """A URL, schema name, option or registration is invalid."""
+
+
+class DuplicateTaskError(ConfigurationError):
+    """A task name was registered twice on one app."""
+
+
+class PayloadError(ConveyorError, ValueError):
+    """A payload or result is not strict JSON (NaN, NUL, lone surrogate, ...)."""
+
+
+class PayloadTooLargeError(PayloadError):
+    """The encoded payload is larger than the configured cap."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"payload is {size} bytes encoded; the limit is {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class UnknownTaskError(ConveyorError, LookupError):
+    """Enqueue named a task the app has not registered."""
+
+
+class TaskNotFoundError(ConveyorError, LookupError):
+    """No task has the given id."""
+
+
+class InvalidTransitionError(ConveyorError):
+    """The task's current state forbids the requested change."""
+
+
+class ResultTimeoutError(ConveyorError, TimeoutError):
+    """The task did not reach a terminal state in time."""
+
+
+class TaskFailedError(ConveyorError):
+    """The awaited task ended ``failed`` or ``cancelled`` instead of succeeding."""
+
+    def __init__(self, task_id: int, state: str, message: str | None) -> None:
+        detail = f": {message}" if message else ""
+        super().__init__(f"task {task_id} ended {state}{detail}")
+        self.task_id = task_id
+        self.state = state
+
+
+class BackendError(ConveyorError):
+    """The backend failed; the operation may or may not have been applied."""
+
+
+class StopAttempt(BaseException):
+    """The running attempt must stop now; nothing it does will be recorded."""
+
+
+class LeaseLostError(StopAttempt):
+    """The worker lost the lease on this attempt (expired or taken over)."""
+
+
+class CancelledByRequest(StopAttempt):
+    """The task was cancelled while this attempt ran."""
+
+
+class AttemptTimeoutError(StopAttempt):
+    """The attempt ran past the task's timeout."""
+
+
+class WorkerShutdown(StopAttempt):
+    """The worker is shutting down; the task will be released, not failed."""
+
+
+class Fatal(Exception):
+    """Raise from a handler to fail the task now, skipping remaining retries."""

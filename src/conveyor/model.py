@@ -1,0 +1,190 @@
+"""The pure core: task states, attempt outcomes, leases and the retry policy.
+
+Nothing here does I/O or knows a backend; every other module speaks these
+types. Times are timezone-aware UTC datetimes taken from the backend's clock
+(the only authority on lease expiry).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from conveyor.errors import ConfigurationError
+
+
+class TaskState(enum.StrEnum):
+    """Where a task is in its life cycle.
+
+    ``succeeded``, ``failed`` and ``cancelled`` are terminal: nothing moves a
+    task out of them except an explicit manual retry (failed, cancelled).
+    """
+
+    PENDING = "pending"
+    IN_PROGRESS = "in_progress"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+
+
+class Outcome(enum.StrEnum):
+    """How one attempt ended (``in_progress`` while it runs)."""
+
+    IN_PROGRESS = "in_progress"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LEASE_LOST = "lease_lost"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+# Defaults shared by the decorator, the worker and the backends.
+DEFAULT_QUEUE = "default"
+DEFAULT_LEASE_SECONDS = 30.0
+MIN_LEASE_SECONDS = 0.5
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """When to retry a failed attempt.
+
+    The delay before attempt ``n + 1`` (after ``n`` failed attempts) is
+    ``min(max_interval, initial_interval * backoff_coefficient ** (n - 1))``,
+    then spread by ``±jitter`` (a fraction of the delay). ``max_attempts``
+    counts every attempt, the first included, and reclaims after a crash.
+    """
+
+    max_attempts: int = 5
+    initial_interval: float = 1.0
+    max_interval: float = 60.0
+    backoff_coefficient: float = 2.0
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigurationError("RetryPolicy.max_attempts must be at least 1")
+        for name in ("initial_interval", "max_interval", "backoff_coefficient", "jitter"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigurationError(f"RetryPolicy.{name} must be a finite number >= 0")
+        if self.backoff_coefficient < 1:
+            raise ConfigurationError("RetryPolicy.backoff_coefficient must be at least 1")
+        if self.jitter > 1:
+            raise ConfigurationError("RetryPolicy.jitter is a fraction between 0 and 1")
+
+    def delay(self, failed_attempts: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before the next attempt after ``failed_attempts`` failures."""
+        exponent = max(failed_attempts - 1, 0)
+        try:
+            base = self.initial_interval * self.backoff_coefficient**exponent
+        except OverflowError:
+            base = self.max_interval
+        base = min(base, self.max_interval)
+        if self.jitter and base:
+            spread = base * self.jitter
+            base += (rng or random).uniform(-spread, spread)
+        return max(base, 0.0)
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "max_attempts": self.max_attempts,
+            "initial_interval": self.initial_interval,
+            "max_interval": self.max_interval,
+            "backoff_coefficient": self.backoff_coefficient,
+            "jitter": self.jitter,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RetryPolicy:
+        return cls(
+            max_attempts=int(data["max_attempts"]),
+            initial_interval=float(data["initial_interval"]),
+            max_interval=float(data["max_interval"]),
+            backoff_coefficient=float(data["backoff_coefficient"]),
+            jitter=float(data.get("jitter", 0.0)),
+        )
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def check_duration(name: str, value: float | None, minimum: float = 0.0) -> float | None:
+    """Validate an optional duration in seconds; return it as a float."""
+    if value is None:
+        return None
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < minimum:
+        raise ConfigurationError(f"{name} must be a finite number of seconds >= {minimum}")
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseToken:
+    """Identifies one lease: the worker that holds it and the attempt number.
+
+    Attempt numbers grow by one at every claim of a task, so a token is never
+    reused; every write a worker makes about a task is conditioned on it.
+    """
+
+    task_id: int
+    attempt: int
+    worker_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One row of the attempt log: one claim of a task by a worker."""
+
+    task_id: int
+    number: int
+    worker_id: str
+    outcome: Outcome
+    started_at: datetime
+    finished_at: datetime | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A task as stored, with its state and (when asked for) its attempts."""
+
+    id: int
+    name: str
+    queue: str
+    payload: Any
+    state: TaskState
+    priority: int
+    run_at: datetime
+    attempt: int
+    max_attempts: int
+    retry: RetryPolicy
+    timeout: float | None
+    lease: float | None
+    result: Any
+    created_at: datetime
+    finished_at: datetime | None
+    worker_id: str | None
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+    attempts: tuple[Attempt, ...] = field(default=())
+
+    @property
+    def last_attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None

@@ -1,0 +1,88 @@
+"""The strict JSON codec for payloads, results and messages.
+
+Guarantees: what ``encode`` accepts, every backend stores and ``decode``
+returns unchanged. It rejects, with :class:`~conveyor.errors.PayloadError`
+and before any I/O: NaN and ±Infinity, the NUL character (PostgreSQL's jsonb
+cannot hold it), lone surrogates (not valid UTF-8), non-string object keys,
+values that are not JSON types, nesting deeper than ``MAX_DEPTH``; and with
+:class:`~conveyor.errors.PayloadTooLargeError` an encoding larger than the cap.
+
+Dataclass instances and pydantic models are converted to plain JSON first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from conveyor.errors import PayloadError, PayloadTooLargeError
+
+MAX_DEPTH = 64
+
+_encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def to_plain(value: Any) -> Any:
+    """Turn dataclass instances and pydantic models into plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump) and not isinstance(value, type):
+        return model_dump(mode="json")
+    return value
+
+
+def _check(value: Any, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise PayloadError(f"nesting is deeper than {MAX_DEPTH} levels")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise PayloadError("strings must not contain the NUL character")
+        return
+    if value is None or isinstance(value, bool | int | float):
+        return  # NaN/Infinity are caught by the encoder (allow_nan=False)
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PayloadError(f"object keys must be strings, not {type(key).__name__}")
+            _check(key, depth + 1)
+            _check(item, depth + 1)
+        return
+    if isinstance(value, list | tuple):
+        for item in value:
+            _check(item, depth + 1)
+        return
+    raise PayloadError(f"{type(value).__name__} is not a JSON type")
+
+
+def encode(value: Any, max_bytes: int | None = None) -> str:
+    """Encode ``value`` as compact strict JSON text, enforcing the size cap."""
+    value = to_plain(value)
+    if isinstance(value, Mapping):
+        value = {key: to_plain(item) for key, item in value.items()}
+    _check(value, 0)
+    try:
+        text = _encoder.encode(value)
+    except ValueError as exc:  # NaN or Infinity
+        raise PayloadError(f"not strict JSON: {exc}") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise PayloadError("strings must be valid Unicode (lone surrogate found)") from None
+    if max_bytes is not None and size > max_bytes:
+        raise PayloadTooLargeError(size, max_bytes)
+    return text
+
+
+def decode(text: str | bytes) -> Any:
+    """Decode stored JSON; a corrupt document raises :class:`PayloadError`."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, TypeError) as exc:
+        raise PayloadError(f"stored JSON does not decode: {exc}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise PayloadError(f"{name} is not strict JSON")

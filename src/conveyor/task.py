@@ -1,0 +1,198 @@
+"""A registered task: its handler, its default options, and payload binding.
+
+Binding is strict and happens before any I/O: the payload must be a JSON
+object whose keys match the handler's parameters (``inspect.Signature.bind``),
+and must pass the strict codec. At run time, parameters annotated with a
+dataclass or a pydantic model are rebuilt from their JSON form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from conveyor import payload as codec
+from conveyor.backends.protocol import NewTask
+from conveyor.context import TaskContext
+from conveyor.errors import ConfigurationError, PayloadError
+from conveyor.model import (
+    DEFAULT_QUEUE,
+    DEFAULT_RETRY,
+    MIN_LEASE_SECONDS,
+    RetryPolicy,
+    check_duration,
+)
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.handle import TaskHandle
+
+Executor = Literal["async", "thread", "process"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """Options of a task; per-enqueue options override the task's."""
+
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    retry: RetryPolicy = DEFAULT_RETRY
+    timeout: float | None = None
+    lease: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.queue or not isinstance(self.queue, str):
+            raise ConfigurationError("queue must be a non-empty string")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ConfigurationError("priority must be an integer")
+        if not -(2**31) <= self.priority < 2**31:
+            raise ConfigurationError("priority must fit in 32 bits")
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigurationError("retry must be a conveyor.RetryPolicy")
+        check_duration("timeout", self.timeout, minimum=0.001)
+        check_duration("lease", self.lease, minimum=MIN_LEASE_SECONDS)
+
+    def merge(self, **overrides: Any) -> TaskOptions:
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+def run_at_from(
+    delay: float | timedelta | None, run_at: datetime | None
+) -> tuple[datetime | None, float]:
+    """Validate ``delay`` / ``run_at`` (at most one) and return (run_at, delay)."""
+    if delay is not None and run_at is not None:
+        raise ConfigurationError("give delay or run_at, not both")
+    if run_at is not None:
+        if run_at.tzinfo is None:
+            raise ConfigurationError("run_at must be timezone-aware")
+        return run_at, 0.0
+    if isinstance(delay, timedelta):
+        delay = delay.total_seconds()
+    return None, check_duration("delay", delay) or 0.0
+
+
+class TaskDef:
+    """A handler registered on an :class:`~conveyor.App` under a stable name.
+
+    Calling it calls the handler directly (no queue involved). ``enqueue``
+    (and ``enqueue_async``) store a task for a worker to run.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        fn: Callable[..., Any],
+        name: str,
+        options: TaskOptions,
+        executor: Executor,
+    ) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.options = options
+        self.executor = executor
+        self.signature = inspect.signature(fn)
+        self._hints = _type_hints(fn)
+        self.context_parameter = _context_parameter(self.signature, self._hints)
+        if executor == "process" and self.context_parameter:
+            raise ConfigurationError(f"task {name!r}: process handlers cannot take a TaskContext")
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<TaskDef {self.name} ({self.executor})>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    # -- payloads ----------------------------------------------------------
+
+    def encode_args(self, args: Mapping[str, Any] | None, max_bytes: int) -> str:
+        """Check ``args`` against the handler and encode them (no I/O)."""
+        args = dict(args or {})
+        if self.context_parameter and self.context_parameter in args:
+            raise PayloadError(f"{self.context_parameter!r} is the handler's context, not data")
+        plain = {key: codec.to_plain(value) for key, value in args.items()}
+        try:
+            self._bind(plain)
+        except TypeError as exc:
+            raise PayloadError(f"payload does not fit task {self.name!r}: {exc}") from None
+        return codec.encode(plain, max_bytes)
+
+    def _bind(self, args: Mapping[str, Any]) -> None:
+        parameters = list(self.signature.parameters.values())
+        if self.context_parameter:
+            parameters = [p for p in parameters if p.name != self.context_parameter]
+        self.signature.replace(parameters=parameters).bind(**args)
+
+    def build_kwargs(self, args: Mapping[str, Any], ctx: TaskContext | None) -> dict[str, Any]:
+        """Handler keyword arguments from a decoded payload (and the context)."""
+        kwargs = {key: _rebuild(self._hints.get(key), value) for key, value in args.items()}
+        if self.context_parameter:
+            kwargs[self.context_parameter] = ctx
+        return kwargs
+
+    # -- enqueue -----------------------------------------------------------
+
+    def new_task(
+        self,
+        args: Mapping[str, Any] | None,
+        max_bytes: int,
+        *,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        **overrides: Any,
+    ) -> NewTask:
+        options = self.options.merge(**overrides)
+        when, seconds = run_at_from(delay, run_at)
+        return NewTask(
+            name=self.name,
+            queue=options.queue,
+            payload=self.encode_args(args, max_bytes),
+            priority=options.priority,
+            max_attempts=options.retry.max_attempts,
+            retry=options.retry,
+            run_at=when,
+            delay=seconds,
+            timeout=options.timeout,
+            lease=options.lease,
+        )
+
+    def enqueue(self, **args: Any) -> TaskHandle:
+        """Enqueue with the task's default options (sync)."""
+        return self.app.enqueue(self, args)
+
+    async def enqueue_async(self, **args: Any) -> TaskHandle:
+        """Enqueue with the task's default options (async)."""
+        return await self.app.enqueue_async(self, args)
+
+
+def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:
+        return {}
+
+
+def _context_parameter(signature: inspect.Signature, hints: Mapping[str, Any]) -> str | None:
+    for parameter in signature.parameters.values():
+        if hints.get(parameter.name) is TaskContext:
+            return parameter.name
+    return None
+
+
+def _rebuild(annotation: Any, value: Any) -> Any:
+    if not isinstance(annotation, type) or not isinstance(value, dict):
+        return value
+    validate = getattr(annotation, "model_validate", None)
+    if callable(validate):
+        return validate(value)
+    if dataclasses.is_dataclass(annotation):
+        return annotation(**value)
+    return value

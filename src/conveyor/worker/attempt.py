@@ -1,0 +1,172 @@
+"""One attempt, from a claimed task to the completion that records it.
+
+The attempt decodes the payload, starts the handler in its executor, waits
+for it under the task's timeout, and turns what happened into a completion.
+Whatever the handler does (raise anything, return garbage, ignore orders) the
+attempt ends in a completion or, when the lease was lost, in nothing at all:
+a worker that lost its lease writes nothing about the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor import payload as codec
+from conveyor.backends.protocol import AttemptTransaction, ClaimedTask, Completion
+from conveyor.context import TaskContext
+from conveyor.errors import (
+    AttemptTimeoutError,
+    CancelledByRequest,
+    LeaseLostError,
+    PayloadError,
+    StopAttempt,
+    WorkerShutdown,
+)
+from conveyor.model import Outcome
+from conveyor.task import TaskDef
+from conveyor.worker import outcomes
+from conveyor.worker.executors import (
+    AsyncExecution,
+    Execution,
+    HandlerExit,
+    ProcessExecution,
+    ThreadExecution,
+    guard,
+)
+
+log = logging.getLogger("conveyor.worker")
+
+
+@dataclass(eq=False)
+class RunningAttempt:
+    """A claimed task being run, and the means to stop it."""
+
+    task: ClaimedTask
+    definition: TaskDef
+    ctx: TaskContext
+    max_result_bytes: int
+    execution: Execution | None = None
+    abandoned: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def stop(self, reason: StopAttempt) -> None:
+        """Order the handler to stop for ``reason`` (the first reason wins)."""
+        self.ctx._request_stop(reason)
+        if self.execution is not None:
+            self.execution.stop()
+
+    def abandon(self) -> None:
+        """Stop waiting for a thread handler that ignores the order to stop."""
+        self.abandoned.set()
+
+    async def run(self) -> Completion | None:
+        """Run the handler; the completion to record, or None if the lease was lost."""
+        try:
+            kwargs = self._arguments()
+        except PayloadError as exc:
+            return outcomes.failed(self.task, exc)
+        if self.ctx.stop_reason is not None:
+            return self._stopped_before_start()
+        self.execution = self._start(kwargs)
+        value, error = await self._wait()
+        transaction: AttemptTransaction | None = self.ctx._transaction
+        completion = self._completion(value, error)
+        if transaction is not None:
+            return await self._settle_transaction(transaction, completion)
+        return completion
+
+    def _arguments(self) -> dict[str, Any]:
+        args = codec.decode(self.task.payload)
+        if not isinstance(args, dict):
+            raise PayloadError("the stored payload is not a JSON object")
+        try:
+            return self.definition.build_kwargs(args, self.ctx)
+        except Exception as exc:
+            raise PayloadError(f"payload does not fit the handler: {exc}") from exc
+
+    def _start(self, kwargs: dict[str, Any]) -> Execution:
+        fn = self.definition.fn
+        label = f"conveyor:{self.task.name}:{self.task.token.task_id}"
+        if self.definition.executor == "async":
+            return AsyncExecution(guard(fn(**kwargs)), label)
+        if self.definition.executor == "thread":
+            return ThreadExecution(lambda: fn(**kwargs), label)
+        return ProcessExecution(fn.__module__, fn.__qualname__, self.task.payload, label)
+
+    async def _wait(self) -> tuple[Any, BaseException | None]:
+        assert self.execution is not None
+        waiter = asyncio.ensure_future(self.execution.wait())
+        abandoned = asyncio.ensure_future(self.abandoned.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {waiter, abandoned}, timeout=self.task.timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                self.stop(AttemptTimeoutError(f"timed out after {self.task.timeout}s"))
+                # The slot stays taken until the handler has really stopped.
+                done, _ = await asyncio.wait(
+                    {waiter, abandoned}, return_when=asyncio.FIRST_COMPLETED
+                )
+            if waiter not in done:
+                return None, self.ctx.stop_reason
+            try:
+                return waiter.result(), None
+            except BaseException as exc:
+                return None, exc
+        finally:
+            abandoned.cancel()
+            if not waiter.done():
+                waiter.cancel()
+
+    def _completion(self, value: Any, error: BaseException | None) -> Completion | None:
+        reason = self.ctx.stop_reason
+        if isinstance(reason, LeaseLostError):
+            return None
+        if isinstance(reason, AttemptTimeoutError):
+            return outcomes.failed(self.task, reason, Outcome.TIMED_OUT)
+        if error is None:
+            try:
+                return outcomes.succeeded(self.task, codec.encode(value, self.max_result_bytes))
+            except PayloadError as exc:
+                return outcomes.failed(self.task, PayloadError(f"the result is not stored: {exc}"))
+        if isinstance(reason, CancelledByRequest):
+            return outcomes.cancelled(self.task)
+        if isinstance(reason, WorkerShutdown):
+            return outcomes.interrupted(self.task)
+        if isinstance(error, HandlerExit):
+            return outcomes.failed(self.task, error.original)
+        return outcomes.failed(self.task, error)
+
+    def _stopped_before_start(self) -> Completion | None:
+        reason = self.ctx.stop_reason
+        if isinstance(reason, CancelledByRequest):
+            return outcomes.cancelled(self.task)
+        if isinstance(reason, WorkerShutdown):
+            return outcomes.interrupted(self.task)
+        return None
+
+    async def _settle_transaction(
+        self, transaction: AttemptTransaction, completion: Completion | None
+    ) -> Completion | None:
+        """Commit the handler's writes with its success, or roll them back."""
+        if completion is None or completion.outcome is not Outcome.SUCCEEDED:
+            await transaction.rollback()
+            return completion
+        if not await transaction.commit_success(completion):
+            log.warning(
+                "lease lost before commit: the handler's writes were rolled back",
+                extra={"task_id": self.task.token.task_id, "attempt": self.task.token.attempt},
+            )
+        return None  # recorded (or rejected) already, inside the transaction
+
+
+def transaction_opener(
+    open_transaction: Callable[[str], Awaitable[AttemptTransaction]], worker_id: str
+) -> Callable[[], Awaitable[AttemptTransaction]]:
+    async def opener() -> AttemptTransaction:
+        return await open_transaction(worker_id)
+
+    return opener

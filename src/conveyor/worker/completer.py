@@ -1,0 +1,95 @@
+"""Batched completions: many fenced attempt endings in one statement.
+
+Handlers that finish together are recorded together: while one flush is in
+flight, new completions queue up and go in the next one, so batches grow with
+load and latency stays one round trip when idle. A failed flush is retried
+until the heartbeat stops trusting the lease (then the task will be
+reclaimed and the completion is dropped, as a lost lease's write must be).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from conveyor.backends.protocol import Backend, Completion, FinishParams
+from conveyor.model import LeaseToken
+
+log = logging.getLogger("conveyor.worker.completer")
+
+RETRY_MIN_DELAY = 0.05
+RETRY_MAX_DELAY = 2.0
+
+
+class Completer:
+    """Start/stop component; ``flush_once`` writes what is queued (for tests)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        worker_id: str,
+        still_held: Callable[[LeaseToken], bool],
+    ) -> None:
+        self._backend = backend
+        self._worker_id = worker_id
+        self._still_held = still_held
+        self._queue: list[tuple[Completion, asyncio.Future[bool]]] = []
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.flushes = 0
+
+    def submit(self, completion: Completion) -> asyncio.Future[bool]:
+        """Queue a completion; the future says whether it was applied."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((completion, future))
+        self._ready.set()
+        return future
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="conveyor-completer")
+
+    async def stop(self) -> None:
+        """Flush everything queued, then stop."""
+        self._stopping = True
+        self._ready.set()
+        if self._task is not None:
+            await self._task
+
+    async def flush_once(self) -> None:
+        batch, self._queue = self._queue, []
+        self._ready.clear()
+        delay = RETRY_MIN_DELAY
+        while batch:
+            try:
+                result = await self._backend.finish(
+                    FinishParams(worker_id=self._worker_id, completions=[c for c, _ in batch])
+                )
+            except Exception as exc:
+                log.warning("recording %d completions failed: %s", len(batch), exc)
+                kept = []
+                for completion, future in batch:
+                    if self._still_held(completion.token):
+                        kept.append((completion, future))
+                    elif not future.done():
+                        future.set_result(False)
+                batch = kept
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_DELAY)
+                continue
+            self.flushes += 1
+            for completion, future in batch:
+                if not future.done():
+                    future.set_result(completion.token in result.applied)
+            return
+
+    async def _run(self) -> None:
+        while True:
+            if self._queue:
+                await self.flush_once()
+            elif self._stopping:
+                return
+            else:
+                self._ready.clear()
+                await self._ready.wait()

@@ -1,0 +1,51 @@
+"""Worker settings, with their documented defaults as named constants."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from conveyor.errors import ConfigurationError
+from conveyor.model import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS
+
+DEFAULT_CONCURRENCY = 10
+DEFAULT_POLL_INTERVAL = 1.0
+"""Seconds between claims when no wake-up arrives (delayed tasks, reclaims)."""
+DEFAULT_GRACE = 30.0
+"""Seconds a shutdown waits for running handlers before releasing them."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How one worker process runs.
+
+    ``queues`` None serves every queue the app's tasks use. ``lease`` is the
+    lease of tasks that set none; the heartbeat renews every
+    ``heartbeat_interval`` seconds (default: the shortest held lease / 3).
+    ``burst`` exits once no task of its queues is due or running.
+    """
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    queues: Sequence[str] | None = None
+    lease: float = DEFAULT_LEASE_SECONDS
+    heartbeat_interval: float | None = None
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    grace: float = DEFAULT_GRACE
+    burst: bool = False
+    handle_signals: bool = True
+    worker_id: str | None = None
+    pool_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigurationError("concurrency must be at least 1")
+        if self.lease < MIN_LEASE_SECONDS:
+            raise ConfigurationError(f"lease must be at least {MIN_LEASE_SECONDS} seconds")
+        if self.heartbeat_interval is not None and not 0 < self.heartbeat_interval < self.lease:
+            raise ConfigurationError(
+                "heartbeat_interval must be positive and shorter than the lease"
+            )
+        if self.poll_interval <= 0:
+            raise ConfigurationError("poll_interval must be positive")
+        if self.grace < 0:
+            raise ConfigurationError("grace must be >= 0")

@@ -1,0 +1,218 @@
+"""Where a handler runs: on the worker's loop, in a thread, or in a process.
+
+Each execution exposes ``wait()`` (the handler's return value, or its
+exception) and ``stop()``, the order to stop:
+
+- async handlers are cancelled (``asyncio.Task.cancel``);
+- thread handlers cannot be interrupted by Python: they see the order through
+  their :class:`~conveyor.context.TaskContext` (``ctx.check()``), and
+  ``wait()`` returns only when the thread has really returned;
+- process handlers are terminated (SIGTERM, then SIGKILL after a grace).
+
+Thread handlers run in daemon threads, so a handler that ignores every order
+to stop cannot keep a stopped worker process alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import multiprocessing
+import os
+import threading
+import traceback
+from collections.abc import Callable, Coroutine
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
+
+PROCESS_KILL_GRACE = 2.0
+
+
+class HandlerExit(Exception):
+    """A handler raised SystemExit or KeyboardInterrupt; it fails the attempt
+    like any error instead of stopping the worker's event loop."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"the handler raised {type(original).__name__}")
+        self.original = original
+
+
+async def guard(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a handler coroutine; SystemExit/KeyboardInterrupt become HandlerExit."""
+    try:
+        return await coro
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise HandlerExit(exc) from exc
+
+
+class Execution(Protocol):
+    async def wait(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+
+class AsyncExecution:
+    """An ``async def`` handler as an asyncio task on the worker's loop."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        self._task = asyncio.get_running_loop().create_task(coro, name=name)
+
+    async def wait(self) -> Any:
+        # shield: cancelling the waiter must not cancel the handler behind
+        # the worker's back; stop() is the only way to stop it.
+        return await asyncio.shield(self._task)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+class ThreadExecution:
+    """A plain ``def`` handler in its own daemon thread."""
+
+    def __init__(self, fn: Callable[[], Any], name: str) -> None:
+        loop = asyncio.get_running_loop()
+        self._future: asyncio.Future[Any] = loop.create_future()
+
+        def deliver(ok: bool, value: Any) -> None:
+            if self._future.done():
+                return
+            if ok:
+                self._future.set_result(value)
+            else:
+                self._future.set_exception(value)
+
+        def run() -> None:
+            try:
+                value = fn()
+            except (SystemExit, KeyboardInterrupt) as exc:
+                outcome: tuple[bool, Any] = (False, HandlerExit(exc))
+            except BaseException as exc:
+                outcome = (False, exc)
+            else:
+                outcome = (True, value)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: worker gone
+                loop.call_soon_threadsafe(deliver, *outcome)
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    async def wait(self) -> Any:
+        return await asyncio.shield(self._future)
+
+    def stop(self) -> None:
+        """Nothing to force: the handler sees the order through its context."""
+
+
+class ProcessCrashedError(Exception):
+    """The handler's process ended without reporting a result."""
+
+
+class RemoteError(Exception):
+    """An exception raised by a handler in a child process."""
+
+    def __init__(self, type_name: str, message: str, tb: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.remote_traceback = tb
+
+
+_context: Any = None
+
+
+def _mp_context() -> Any:
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+    return _context
+
+
+class ProcessExecution:
+    """A handler in a fresh child process (forkserver), for CPU-bound work.
+
+    The child imports the handler by module and qualified name, runs it, and
+    sends back JSON over a pipe; nothing is pickled but those strings.
+    """
+
+    def __init__(self, module: str, qualname: str, payload: str, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        receiver, sender = _mp_context().Pipe(duplex=False)
+        self._receiver: Connection = receiver
+        self._process = _mp_context().Process(
+            target=_child_main, args=(module, qualname, payload, sender), name=name, daemon=True
+        )
+        self._process.start()
+        sender.close()
+        self._future: asyncio.Future[bytes | None] = loop.create_future()
+        self._loop = loop
+        loop.add_reader(receiver.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        self._loop.remove_reader(self._receiver.fileno())
+        try:
+            data: bytes | None = self._receiver.recv_bytes()
+        except (EOFError, OSError):
+            data = None
+        if not self._future.done():
+            self._future.set_result(data)
+
+    async def wait(self) -> Any:
+        data = await asyncio.shield(self._future)
+        await asyncio.to_thread(self._process.join)
+        self._receiver.close()
+        if data is None:
+            raise ProcessCrashedError(
+                f"the handler's process exited with code {self._process.exitcode} "
+                "without reporting a result"
+            )
+        message = json.loads(data)
+        if "error" in message:
+            error = message["error"]
+            raise RemoteError(error["type"], error["message"], error["traceback"])
+        return message["result"]
+
+    def stop(self) -> None:
+        if self._process.is_alive():
+            self._process.terminate()
+            timer = threading.Timer(PROCESS_KILL_GRACE, self._kill)
+            timer.daemon = True
+            timer.start()
+
+    def _kill(self) -> None:
+        if self._process.is_alive():
+            self._process.kill()
+
+
+def _child_main(module: str, qualname: str, payload: str, sender: Connection) -> None:
+    """Entry point of the child process: import, run, report as JSON."""
+    try:
+        target: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        fn = getattr(target, "fn", target)
+        build = getattr(target, "build_kwargs", None)
+        args = json.loads(payload)
+        kwargs = build(args, None) if build else args
+        value = fn(**kwargs)
+        if asyncio.iscoroutine(value):
+            value = asyncio.run(value)
+        sender.send_bytes(json.dumps({"result": value}, allow_nan=False).encode())
+    except BaseException as exc:
+        error = {
+            "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "message": _safe_str(exc),
+            "traceback": traceback.format_exc(),
+        }
+        with contextlib.suppress(Exception):
+            sender.send_bytes(json.dumps({"error": error}).encode())
+    finally:
+        sender.close()
+        os._exit(0)
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: str() failed>"

@@ -1,0 +1,189 @@
+"""The heartbeat: renews every lease a worker holds, on its own thread.
+
+It runs its own event loop and its own backend connection in a dedicated
+thread, so nothing a handler does on the worker's loop (a busy ``async def``,
+a full pool) can starve it. Each beat is one batched, fenced statement.
+
+Self-fencing: every lease has a local trust deadline measured with
+``time.monotonic()`` from the moment the claim or renewal *was sent*, so it
+always ends before the database's ``lease_expires_at``. When renewals fail
+(database down, network cut) and a lease's deadline comes near, the lease is
+reported lost, and the worker stops its handler before anyone can reclaim it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from conveyor.backends.protocol import Backend, HeartbeatParams, HeartbeatResult
+from conveyor.model import LeaseToken
+
+log = logging.getLogger("conveyor.worker.heartbeat")
+
+HEARTBEATS_PER_LEASE = 3
+RETRY_DELAY = 0.2
+WAKE_SLICE = 0.25
+
+
+@dataclass(slots=True)
+class HeldLease:
+    seconds: float
+    trusted_until: float
+    """``time.monotonic()`` after which we no longer trust the lease."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatConfig:
+    worker_id: str
+    lease: float
+    """Lease seconds of tasks that do not set their own."""
+    interval: float | None = None
+    """Seconds between beats; default: the shortest held lease / 3."""
+
+
+class Heartbeat:
+    """Start/stop component; ``run_once`` does one beat (for tests)."""
+
+    def __init__(
+        self,
+        config: HeartbeatConfig,
+        make_backend: Callable[[], Backend],
+        on_result: Callable[[HeartbeatResult], None],
+    ) -> None:
+        self.config = config
+        self._make_backend = make_backend
+        self._on_result = on_result
+        self._leases: dict[LeaseToken, HeldLease] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self.beats = 0
+
+    # -- leases ------------------------------------------------------------
+
+    def hold(self, token: LeaseToken, seconds: float, sent_at: float) -> None:
+        """Start renewing ``token``; ``sent_at`` is when the claim was sent."""
+        with self._lock:
+            self._leases[token] = HeldLease(seconds, sent_at + seconds)
+
+    def release(self, token: LeaseToken) -> None:
+        with self._lock:
+            self._leases.pop(token, None)
+
+    def held(self) -> list[LeaseToken]:
+        with self._lock:
+            return list(self._leases)
+
+    def interval(self) -> float:
+        if self.config.interval is not None:
+            return self.config.interval
+        with self._lock:
+            shortest = min((h.seconds for h in self._leases.values()), default=self.config.lease)
+        return max(min(shortest, self.config.lease) / HEARTBEATS_PER_LEASE, 0.05)
+
+    # -- one beat --------------------------------------------------------------
+
+    async def run_once(self, backend: Backend) -> HeartbeatResult | None:
+        """Renew every held lease; report the result (or the self-fenced leases)."""
+        with self._lock:
+            tokens = list(self._leases)
+        sent_at = time.monotonic()
+        try:
+            result = await backend.heartbeat(
+                HeartbeatParams(
+                    worker_id=self.config.worker_id, tokens=tokens, lease=self.config.lease
+                )
+            )
+        except Exception as exc:
+            log.warning("heartbeat failed: %s", exc)
+            fenced = self._untrusted(time.monotonic())
+            if fenced:
+                self._report(HeartbeatResult(frozenset(), fenced, frozenset()))
+            return None
+        self.beats += 1
+        with self._lock:
+            for token in result.renewed:
+                held = self._leases.get(token)
+                if held is not None:
+                    held.trusted_until = sent_at + held.seconds
+            for token in result.lost:
+                self._leases.pop(token, None)
+        if result.lost or result.cancel_requested:
+            self._report(result)
+        return result
+
+    def _untrusted(self, now: float) -> frozenset[LeaseToken]:
+        margin = self.interval()
+        with self._lock:
+            gone = [t for t, h in self._leases.items() if now >= h.trusted_until - margin]
+            for token in gone:
+                del self._leases[token]
+        return frozenset(gone)
+
+    def _report(self, result: HeartbeatResult) -> None:
+        try:
+            self._on_result(result)
+        except Exception:
+            log.exception("heartbeat result handler failed")
+
+    # -- thread ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._main()), name="conveyor-heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(wake.set)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        backend: Backend | None = None
+        try:
+            while not self._stopping.is_set():
+                if backend is None:
+                    backend = await self._connect()
+                if backend is None:
+                    await self._sleep(RETRY_DELAY)
+                    continue
+                last = time.monotonic()
+                await self.run_once(backend)
+                # Wake in short slices: a newly held shorter lease shortens the wait.
+                while not self._stopping.is_set() and time.monotonic() - last < self.interval():
+                    await self._sleep(min(WAKE_SLICE, self.interval()))
+        finally:
+            if backend is not None:
+                await backend.close()
+
+    async def _sleep(self, seconds: float) -> None:
+        assert self._wake is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    async def _connect(self) -> Backend | None:
+        backend = self._make_backend()
+        try:
+            await backend.open()
+        except Exception as exc:
+            log.warning("heartbeat cannot connect: %s", exc)
+            fenced = self._untrusted(time.monotonic())
+            if fenced:
+                self._report(HeartbeatResult(frozenset(), fenced, frozenset()))
+            return None
+        return backend

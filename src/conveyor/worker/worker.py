@@ -1,0 +1,335 @@
+"""The worker: claims tasks, runs them, keeps their leases, records endings.
+
+Pieces (each a small start/stop component): the claim loop (here), the
+heartbeat thread (:mod:`.heartbeat`), batched completions (:mod:`.completer`)
+and the wake-up listener. Shutdown (SIGTERM/SIGINT or :meth:`request_stop`)
+stops claiming, keeps heartbeating while running handlers drain for up to
+``grace`` seconds, then stops what is left and releases it as
+``interrupted`` (pending again at once, no attempt burned). A second signal
+skips the grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from conveyor.backends.protocol import (
+    Backend,
+    Capability,
+    ClaimedTask,
+    ClaimParams,
+    HeartbeatResult,
+    WorkerInfo,
+    WorkFilter,
+)
+from conveyor.context import TaskContext
+from conveyor.errors import CancelledByRequest, LeaseLostError, WorkerShutdown
+from conveyor.model import LeaseToken
+from conveyor.worker.attempt import RunningAttempt, transaction_opener
+from conveyor.worker.completer import Completer
+from conveyor.worker.config import WorkerConfig
+from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+
+log = logging.getLogger("conveyor.worker")
+
+CLAIM_RETRY_MIN = 0.1
+CLAIM_RETRY_MAX = 5.0
+
+
+class Worker:
+    """Runs the app's tasks; ``await run()`` until stopped."""
+
+    def __init__(self, app: App, config: WorkerConfig | None = None) -> None:
+        self.app = app
+        self.config = config or WorkerConfig()
+        self.id = (
+            self.config.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+        self.names = sorted(app.tasks)
+        self.queues: Sequence[str] = tuple(
+            self.config.queues or sorted({t.options.queue for t in app.tasks.values()})
+        )
+        self._running: dict[LeaseToken, RunningAttempt] = {}
+        self._runners: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._immediate = False
+        self._stop_event: asyncio.Event | None = None
+        self._work_hint: asyncio.Event | None = None
+        self._slot_freed: asyncio.Event | None = None
+        self.backend: Backend | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.completer: Completer | None = None
+        self.claimed_count = 0
+
+    # -- control -------------------------------------------------------------
+
+    def request_stop(self, immediate: bool = False) -> None:
+        """Stop claiming and shut down (after the grace, unless ``immediate``)."""
+        if self._stopping:
+            immediate = True
+        self._stopping = True
+        self._immediate = self._immediate or immediate
+        for event in (self._stop_event, self._work_hint, self._slot_freed):
+            if event is not None:
+                event.set()
+
+    @property
+    def running(self) -> list[LeaseToken]:
+        return list(self._running)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until stopped (or, in burst mode, until nothing is due)."""
+        if not self.names:
+            log.warning("the app registers no tasks: nothing to run")
+        self._stop_event = asyncio.Event()
+        self._work_hint = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        options = {"pool_size": self.config.pool_size} if self.config.pool_size else {}
+        backend = self.backend = self.app.make_backend(**options)
+        await backend.open()
+        await backend.register_worker(
+            WorkerInfo(
+                id=self.id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=tuple(self.queues),
+                concurrency=self.config.concurrency,
+            )
+        )
+        self.heartbeat = Heartbeat(
+            HeartbeatConfig(self.id, self.config.lease, self.config.heartbeat_interval),
+            lambda: self.app.make_backend(pool_size=1, migrate=False),
+            lambda result: self._post(loop, result),
+        )
+        self.heartbeat.start()
+        self.completer = Completer(backend, self.id, lambda t: t in self.heartbeat_held())
+        self.completer.start()
+        listener = None
+        if Capability.NOTIFICATIONS in backend.capabilities:
+            listener = loop.create_task(self._listen(backend), name="conveyor-listener")
+        self._install_signals(loop)
+        log.info(
+            "worker %s serving queues %s with %d slots",
+            self.id,
+            ",".join(self.queues),
+            self.config.concurrency,
+        )
+        try:
+            await self._claim_loop(backend)
+        finally:
+            await self._shutdown(backend, listener)
+            self._remove_signals(loop)
+
+    def heartbeat_held(self) -> set[LeaseToken]:
+        return set(self.heartbeat.held()) if self.heartbeat else set()
+
+    def _post(self, loop: asyncio.AbstractEventLoop, result: HeartbeatResult) -> None:
+        with contextlib.suppress(RuntimeError):  # loop closed: the worker is gone
+            loop.call_soon_threadsafe(self._on_heartbeat, result)
+
+    def _on_heartbeat(self, result: HeartbeatResult) -> None:
+        for token in result.lost:
+            running = self._running.get(token)
+            if running is not None:
+                log.warning(
+                    "lease lost; stopping the handler",
+                    extra={"task_id": token.task_id, "attempt": token.attempt},
+                )
+                running.stop(
+                    LeaseLostError(f"lease on task {token.task_id} attempt {token.attempt} lost")
+                )
+        for token in result.cancel_requested:
+            running = self._running.get(token)
+            if running is not None:
+                running.stop(CancelledByRequest(f"task {token.task_id} was cancelled"))
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.config.handle_signals:
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self.request_stop)
+
+    def _remove_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.config.handle_signals:
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+
+    async def _listen(self, backend: Backend) -> None:
+        assert self._work_hint is not None
+        async for _queue in backend.wakeups(self.queues):
+            self._work_hint.set()
+
+    # -- claiming ------------------------------------------------------------
+
+    async def _claim_loop(self, backend: Backend) -> None:
+        assert self._work_hint is not None
+        assert self._slot_freed is not None
+        retry_delay = CLAIM_RETRY_MIN
+        while not self._stopping:
+            self._work_hint.clear()
+            self._slot_freed.clear()
+            free = self.config.concurrency - len(self._running)
+            claimed: list[ClaimedTask] = []
+            if free > 0 and self.names:
+                sent_at = time.monotonic()
+                try:
+                    claimed = await backend.claim(
+                        ClaimParams(
+                            worker_id=self.id,
+                            names=self.names,
+                            queues=self.queues,
+                            limit=free,
+                            lease=self.config.lease,
+                        )
+                    )
+                except Exception as exc:
+                    log.warning("claim failed: %s; retrying in %.1fs", exc, retry_delay)
+                    await self._sleep(retry_delay)
+                    retry_delay = min(retry_delay * 2, CLAIM_RETRY_MAX)
+                    continue
+                retry_delay = CLAIM_RETRY_MIN
+                for task in claimed:
+                    self._start(task, sent_at, backend)
+            if claimed and len(claimed) == free:
+                continue
+            if (
+                self.config.burst
+                and not claimed
+                and not self._running
+                and await self._nothing_due(backend)
+            ):
+                log.info("burst: nothing due or running; stopping")
+                return
+            if self.config.concurrency - len(self._running) <= 0:
+                await self._slot_freed.wait()
+            else:
+                await self._wait_for_hint(self.config.poll_interval)
+
+    async def _nothing_due(self, backend: Backend) -> bool:
+        try:
+            left = await backend.count_unfinished(WorkFilter(names=self.names, queues=self.queues))
+        except Exception as exc:
+            log.warning("cannot count unfinished tasks: %s", exc)
+            return False
+        return left == 0
+
+    async def _wait_for_hint(self, timeout: float) -> None:
+        assert self._work_hint is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._work_hint.wait(), timeout)
+
+    async def _sleep(self, seconds: float) -> None:
+        assert self._stop_event is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_event.wait(), seconds)
+
+    def _start(self, task: ClaimedTask, sent_at: float, backend: Backend) -> None:
+        assert self.heartbeat is not None
+        definition = self.app.tasks[task.name]
+        self.claimed_count += 1
+        self.heartbeat.hold(task.token, task.lease or self.config.lease, sent_at)
+        opener = None
+        if (
+            definition.executor == "async"
+            and Capability.ATTEMPT_TRANSACTION in backend.capabilities
+        ):
+            opener = transaction_opener(backend.begin_attempt_transaction, self.id)
+        ctx = TaskContext(
+            task_id=task.token.task_id,
+            name=task.name,
+            queue=task.queue,
+            attempt=task.token.attempt,
+            worker_id=self.id,
+            payload={},
+            _open_transaction=opener,
+        )
+        running = RunningAttempt(task, definition, ctx, self.app.max_payload_bytes)
+        self._running[task.token] = running
+        runner = asyncio.get_running_loop().create_task(self._run_attempt(running))
+        self._runners.add(runner)
+        runner.add_done_callback(self._runners.discard)
+
+    async def _run_attempt(self, running: RunningAttempt) -> None:
+        assert self.heartbeat is not None
+        assert self.completer is not None
+        token = running.task.token
+        try:
+            try:
+                completion = await running.run()
+            except Exception:  # a bug of ours must not lose the slot or the worker
+                log.exception("attempt crashed in the worker", extra={"task_id": token.task_id})
+                completion = None
+            finally:
+                self._running.pop(token, None)
+                if self._slot_freed is not None:
+                    self._slot_freed.set()
+            if completion is not None:
+                applied = await self.completer.submit(completion)
+                if not applied:
+                    log.warning(
+                        "completion rejected: the lease was lost",
+                        extra={"task_id": token.task_id, "attempt": token.attempt},
+                    )
+        finally:
+            self.heartbeat.release(token)
+
+    # -- shutdown ------------------------------------------------------------
+
+    async def _shutdown(self, backend: Backend, listener: asyncio.Task[None] | None) -> None:
+        if self._runners and not self._immediate:
+            log.info(
+                "draining %d running attempts (grace %.0fs)", len(self._runners), self.config.grace
+            )
+            await self._drain(self.config.grace)
+        if self._running:
+            log.info("releasing %d attempts still running", len(self._running))
+            for running in list(self._running.values()):
+                running.stop(WorkerShutdown("the worker is shutting down"))
+                if running.definition.executor == "thread":
+                    running.abandon()
+        if self._runners:
+            await asyncio.wait(set(self._runners))
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+        if self.completer is not None:
+            await self.completer.stop()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        with contextlib.suppress(Exception):
+            await backend.stop_worker(self.id)
+        await backend.close()
+        log.info("worker %s stopped", self.id)
+
+    async def _drain(self, grace: float) -> None:
+        assert self._stop_event is not None
+        deadline = asyncio.get_running_loop().time() + grace
+        while self._runners and not self._immediate:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return
+            self._stop_event.clear()
+            stop_wait = asyncio.ensure_future(self._stop_event.wait())
+            await asyncio.wait(
+                {*self._runners, stop_wait}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            stop_wait.cancel()

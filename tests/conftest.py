@@ -1,0 +1,46 @@
+"""Shared fixtures: a real PostgreSQL, one fresh schema per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+
+import conveyor
+from conveyor.backends.postgres import PostgresBackend
+
+PG_URL = os.environ.get("CONVEYOR_TEST_URL", "postgresql://127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def pg_url() -> str:
+    return PG_URL
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    """A schema of its own for each test, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL("drop schema if exists {} cascade").format(psycopg.sql.Identifier(name))
+        )
+
+
+@pytest.fixture
+def app(schema: str) -> Iterator[conveyor.App]:
+    application = conveyor.App(PG_URL, schema=schema)
+    yield application
+    application.close()
+
+
+@pytest.fixture
+async def backend(schema: str) -> AsyncIterator[PostgresBackend]:
+    instance = PostgresBackend(PG_URL, schema=schema)
+    await instance.open()
+    yield instance
+    await instance.close()

@@ -1,0 +1,98 @@
+"""The strict JSON codec: what it accepts round-trips, what it rejects is typed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conveyor import payload as codec
+from conveyor.errors import PayloadError, PayloadTooLargeError
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text().filter(
+        lambda s: "\x00" not in s and not any(0xD800 <= ord(c) <= 0xDFFF for c in s)
+    ),
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.dictionaries(
+            st.text(max_size=10).filter(
+                lambda s: "\x00" not in s and not any(0xD800 <= ord(c) <= 0xDFFF for c in s)
+            ),
+            children,
+            max_size=5,
+        )
+    ),
+    max_leaves=30,
+)
+
+
+@given(json_values)
+def test_accepted_values_round_trip(value: object) -> None:
+    assert codec.decode(codec.encode(value)) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ({"x": math.nan}, "not strict JSON"),
+        ({"x": math.inf}, "not strict JSON"),
+        ({"x": -math.inf}, "not strict JSON"),
+        ({"x": "a\x00b"}, "NUL"),
+        ({"x": "\ud800"}, "surrogate"),
+        ({1: "a"}, "keys must be strings"),
+        ({"x": {1, 2}}, "not a JSON type"),
+        ({"x": b"bytes"}, "not a JSON type"),
+    ],
+)
+def test_rejects_what_is_not_strict_json(value: object, fragment: str) -> None:
+    with pytest.raises(PayloadError, match=fragment):
+        codec.encode(value)
+
+
+def test_rejects_deep_nesting() -> None:
+    value: object = 1
+    for _ in range(codec.MAX_DEPTH + 2):
+        value = [value]
+    with pytest.raises(PayloadError, match="nesting"):
+        codec.encode(value)
+
+
+def test_size_cap_is_exact() -> None:
+    text = codec.encode({"s": ""})
+    room = 100 - len(text)
+    at_cap = {"s": "x" * room}
+    assert len(codec.encode(at_cap, 100).encode()) == 100
+    with pytest.raises(PayloadTooLargeError) as info:
+        codec.encode({"s": "x" * (room + 1)}, 100)
+    assert info.value.size == 101
+    assert info.value.limit == 100
+
+
+def test_size_counts_utf8_bytes() -> None:
+    with pytest.raises(PayloadTooLargeError):
+        codec.encode({"s": "é" * 60}, 100)  # 120 bytes of UTF-8, 60 characters
+
+
+def test_dataclasses_become_objects() -> None:
+    @dataclasses.dataclass
+    class Point:
+        x: int
+        y: int
+
+    assert codec.decode(codec.encode({"p": Point(1, 2)})) == {"p": {"x": 1, "y": 2}}
+    assert codec.decode(codec.encode(Point(3, 4))) == {"x": 3, "y": 4}
+
+
+def test_corrupt_stored_json_is_a_payload_error() -> None:
+    with pytest.raises(PayloadError):
+        codec.decode("{not json")
+    with pytest.raises(PayloadError):
+        codec.decode('{"x": NaN}')

@@ -1,0 +1,49 @@
+"""The public API is a reviewed artefact: this pins it."""
+
+from __future__ import annotations
+
+import conveyor
+
+EXPECTED = [
+    "App",
+    "Attempt",
+    "AttemptTimeoutError",
+    "BackendError",
+    "CancelledByRequest",
+    "ConfigurationError",
+    "ConveyorError",
+    "DuplicateTaskError",
+    "Fatal",
+    "InvalidTransitionError",
+    "LeaseLostError",
+    "LeaseToken",
+    "Outcome",
+    "PayloadError",
+    "PayloadTooLargeError",
+    "ResultTimeoutError",
+    "RetryPolicy",
+    "StopAttempt",
+    "Task",
+    "TaskContext",
+    "TaskDef",
+    "TaskFailedError",
+    "TaskHandle",
+    "TaskNotFoundError",
+    "TaskState",
+    "UnknownTaskError",
+    "Worker",
+    "WorkerConfig",
+    "WorkerShutdown",
+]
+
+
+def test_exported_members() -> None:
+    assert conveyor.__all__ == sorted(conveyor.__all__)
+    assert conveyor.__all__ == EXPECTED
+    for name in conveyor.__all__:
+        assert getattr(conveyor, name) is not None
+
+
+def test_stop_orders_escape_broad_except() -> None:
+    assert not issubclass(conveyor.StopAttempt, Exception)
+    assert issubclass(conveyor.LeaseLostError, conveyor.StopAttempt)
