@@ -1,0 +1,31 @@
+"""The App the benchmark's worker runs: one no-op ``async def`` task.
+
+``throughput.py`` starts ``python -m conveyor.cli worker benchmarks.bench_app:app``
+with ``CONVEYOR_URL`` and ``CONVEYOR_SCHEMA`` set, so the worker process imports
+``app`` from here; the benchmark itself builds its own App with :func:`make_app`
+(same task, explicit URL and schema) to enqueue.
+"""
+
+from __future__ import annotations
+
+import os
+
+from conveyor import App
+
+DEFAULT_URL = "postgresql://127.0.0.1:5432/test"
+TASK_NAME = "bench_noop"
+
+
+def make_app(url: str | None = None, schema: str | None = None) -> App:
+    """An App with the no-op task; None reads CONVEYOR_URL / CONVEYOR_SCHEMA."""
+    application = App(url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL, schema=schema)
+
+    @application.task(name=TASK_NAME)
+    async def bench_noop(i: int = 0) -> None:
+        """Do nothing: the benchmark measures conveyor, not the handler."""
+        return None
+
+    return application
+
+
+app = make_app()

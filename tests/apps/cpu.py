@@ -1,0 +1,35 @@
+"""Handlers the process executor imports by module and name in its child."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import conveyor
+
+app = conveyor.App(os.environ.get("CONVEYOR_URL", "postgresql://127.0.0.1:5432/test"))
+
+
+def _spin(seconds: float) -> int:
+    deadline = time.monotonic() + seconds
+    count = 0
+    while time.monotonic() < deadline:
+        count += 1
+    return count
+
+
+@app.task(process=True)
+def spin_in_process(seconds: float) -> str:
+    _spin(seconds)
+    return f"spun {seconds}s in {os.getpid()}"
+
+
+@app.task()
+def spin_in_thread(seconds: float) -> str:
+    _spin(seconds)
+    return f"spun {seconds}s"
+
+
+@app.task(process=True)
+def crash_process() -> None:
+    os._exit(3)

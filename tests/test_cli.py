@@ -1,0 +1,218 @@
+"""The ``conveyor`` command, run for real in subprocesses against PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = "tests.apps.cli_app:app"
+TASK_KEYS = {"id", "name", "queue", "state", "priority", "run_at", "result", "attempts"}
+ATTEMPT_KEYS = {
+    "number",
+    "worker_id",
+    "outcome",
+    "error_type",
+    "error_message",
+    "started_at",
+    "finished_at",
+}
+
+
+class Cli:
+    """Runs ``python -m conveyor.cli`` with the test's URL and schema."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        self.env = {**os.environ, "CONVEYOR_URL": url, "CONVEYOR_SCHEMA": schema}
+
+    def run(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "conveyor.cli", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def ok(self, *args: str, timeout: float = 30) -> str:
+        done = self.run(*args, timeout=timeout)
+        assert done.returncode == 0, f"{args} exited {done.returncode}: {done.stderr}"
+        return done.stdout
+
+    def fails(self, *args: str) -> str:
+        """Run a command that must fail; return its one-line error."""
+        done = self.run(*args)
+        assert done.returncode != 0, f"{args} should fail; printed {done.stdout!r}"
+        assert done.stdout == ""
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, f"expected a one-line error, got {done.stderr!r}"
+        assert lines[0].startswith("error: ")
+        return lines[0]
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.ok(*args, "--json"))
+
+    def enqueue(self, name: str, args: dict[str, Any] | None = None, *options: str) -> int:
+        data = self.json("enqueue", name, "--args", json.dumps(args or {}), *options)
+        assert set(data) == {"id"}
+        assert isinstance(data["id"], int)
+        return int(data["id"])
+
+    def show(self, task_id: int) -> dict[str, Any]:
+        data = self.json("show", str(task_id))
+        assert isinstance(data, dict)
+        return data
+
+
+@pytest.fixture
+def cli(pg_url: str, schema: str) -> Cli:
+    return Cli(pg_url, schema)
+
+
+def test_migrate_twice_is_idempotent(cli: Cli) -> None:
+    cli.ok("migrate")
+    assert cli.ok("migrate").strip() == "schema is up to date"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="App.migrate opens a backend that auto-migrates first, so it reports nothing applied",
+)
+def test_first_migrate_reports_what_it_applied(cli: Cli) -> None:
+    assert cli.ok("migrate").strip() == "applied 1 migration(s)"
+
+
+def test_enqueue_prints_the_id_and_show_returns_the_documented_shape(cli: Cli) -> None:
+    first = cli.enqueue("send_mail", {"to": "ada@example.com", "n": 3})
+    second = cli.enqueue("send_mail", {}, "--queue", "mail", "--priority", "7")
+    assert second > first
+
+    task = cli.show(first)
+    assert set(task) >= TASK_KEYS
+    assert task["id"] == first
+    assert task["name"] == "send_mail"
+    assert task["queue"] == "default"
+    assert task["state"] == "pending"
+    assert task["priority"] == 0
+    assert task["run_at"] is not None
+    assert task["result"] is None
+    assert task["attempts"] == []
+    assert task["payload"] == {"to": "ada@example.com", "n": 3}
+
+    other = cli.show(second)
+    assert (other["queue"], other["priority"]) == ("mail", 7)
+
+    plain = cli.ok("enqueue", "send_mail")
+    assert int(plain.strip()) == second + 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("{not json", "--args is not JSON"),
+        ("[1, 2]", "--args must be a JSON object"),
+        ('"text"', "--args must be a JSON object"),
+        ("null", "--args must be a JSON object"),
+    ],
+)
+def test_enqueue_rejects_bad_args_with_one_line(cli: Cli, args: str, message: str) -> None:
+    line = cli.fails("enqueue", "send_mail", "--args", args, "--json")
+    assert message in line
+
+
+def test_enqueue_checks_names_against_an_app(cli: Cli) -> None:
+    assert "no task named 'nope'" in cli.fails("enqueue", "nope", "--app", APP)
+    assert "does not fit" in cli.fails("enqueue", "add", "--args", '{"a": 1}', "--app", APP)
+    task_id = cli.enqueue("add", {"a": 1, "b": 2}, "--app", APP)
+    assert cli.show(task_id)["payload"] == {"a": 1, "b": 2}
+
+
+def test_tasks_filters_by_state_and_limit(cli: Cli) -> None:
+    ids = [cli.enqueue("job", {"i": i}) for i in range(4)]
+    cli.ok("cancel", str(ids[1]))
+
+    pending = cli.json("tasks", "--state", "pending")
+    assert [t["id"] for t in pending] == [ids[3], ids[2], ids[0]]
+    assert all(t["state"] == "pending" for t in pending)
+    assert all(TASK_KEYS - {"attempts"} <= set(t) for t in pending)
+
+    limited = cli.json("tasks", "--state", "pending", "--limit", "2")
+    assert [t["id"] for t in limited] == [ids[3], ids[2]]
+
+    cancelled = cli.json("tasks", "--state", "cancelled", "--limit", "5")
+    assert [(t["id"], t["state"]) for t in cancelled] == [(ids[1], "cancelled")]
+
+    assert [t["id"] for t in cli.json("tasks")] == ids[::-1]
+    assert cli.json("tasks", "--state", "succeeded") == []
+    assert "nonsense" in cli.fails("tasks", "--state", "nonsense")
+
+
+def test_cancel_twice_then_retry(cli: Cli) -> None:
+    task_id = cli.enqueue("job")
+    assert cli.ok("cancel", str(task_id)).strip() == f"task {task_id}: cancelled"
+    assert cli.show(task_id)["state"] == "cancelled"
+
+    line = cli.fails("cancel", str(task_id))
+    assert f"task {task_id}" in line
+    assert "cancelled" in line
+
+    assert cli.ok("retry", str(task_id)).strip() == f"task {task_id}: pending"
+    assert cli.show(task_id)["state"] == "pending"
+
+    line = cli.fails("retry", str(task_id))
+    assert "pending" in line
+
+
+def test_unknown_ids_fail(cli: Cli) -> None:
+    cli.ok("migrate")
+    assert "999999" in cli.fails("show", "999999")
+    assert "999999" in cli.fails("show", "999999", "--json")
+    assert "999999" in cli.fails("cancel", "999999")
+    assert "999999" in cli.fails("retry", "999999")
+
+
+def test_burst_worker_runs_tasks_to_completion(cli: Cli) -> None:
+    good = cli.enqueue("add", {"a": 2, "b": 3})
+    bad = cli.enqueue("explode", {"message": "boom"}, "--max-attempts", "1")
+    cli.ok("worker", APP, "--burst", "--poll-interval", "0.1", timeout=30)
+
+    task = cli.show(good)
+    assert task["state"] == "succeeded"
+    assert task["result"] == 5
+    [attempt] = task["attempts"]
+    assert set(attempt) >= ATTEMPT_KEYS
+    assert attempt["number"] == 1
+    assert attempt["outcome"] == "succeeded"
+    assert attempt["worker_id"]
+    assert attempt["error_type"] is None
+    assert attempt["error_message"] is None
+    assert attempt["started_at"] is not None
+    assert attempt["finished_at"] >= attempt["started_at"]
+
+    task = cli.show(bad)
+    assert task["state"] == "failed"
+    assert task["result"] is None
+    [attempt] = task["attempts"]
+    assert set(attempt) >= ATTEMPT_KEYS
+    assert attempt["outcome"] == "failed"
+    assert attempt["error_type"] == "ValueError"
+    assert attempt["error_message"] == "boom"
+    assert attempt["finished_at"] is not None
+    assert "Traceback (most recent call last)" in attempt["traceback"]
+    assert "in explode" in attempt["traceback"]
+    assert "ValueError: boom" in attempt["traceback"]
+
+    assert [t["id"] for t in cli.json("tasks", "--state", "succeeded")] == [good]
+    assert [t["id"] for t in cli.json("tasks", "--state", "failed")] == [bad]
+
+    text = cli.ok("show", str(bad))
+    assert "failed" in text
+    assert "ValueError: boom" in text

@@ -1,0 +1,414 @@
+"""The worker in this process against real PostgreSQL: outcomes, stops, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import psycopg
+import pytest
+
+import conveyor
+from conveyor import Outcome, RetryPolicy, TaskContext, TaskState
+from conveyor.backends.protocol import ClaimParams, Completion, FinishParams
+from conveyor.worker import outcomes
+from tests.apps import cpu
+from tests.worker.helpers import RunningWorker, run_all, wait_for, wait_terminal
+
+FAST = RetryPolicy(max_attempts=3, initial_interval=0.01, max_interval=0.01, jitter=0)
+
+
+async def test_async_handler_result_is_stored(app: conveyor.App) -> None:
+    @app.task()
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    async with app:
+        handle = await add.enqueue_async(a=2, b=3)
+        [task] = await run_all(app, [handle])
+        assert await handle.result_async(timeout=1) == 5
+    assert task.state is TaskState.SUCCEEDED
+    assert [(a.number, a.outcome) for a in task.attempts] == [(1, Outcome.SUCCEEDED)]
+    assert task.attempts[0].finished_at is not None
+
+
+async def test_sync_handler_runs_in_a_thread(app: conveyor.App) -> None:
+    seen: list[str] = []
+
+    @app.task()
+    def where() -> str:
+        seen.append(threading.current_thread().name)
+        return "done"
+
+    async with app:
+        [task] = await run_all(app, [await where.enqueue_async()])
+    assert task.result == "done"
+    assert seen and seen[0] != threading.main_thread().name
+
+
+async def test_failures_retry_by_policy_then_fail_with_traceback(app: conveyor.App) -> None:
+    calls: list[int] = []
+
+    @app.task(retry=FAST)
+    async def flaky(ctx: TaskContext) -> None:
+        calls.append(ctx.attempt)
+        raise ValueError(f"bad attempt {ctx.attempt}")
+
+    async with app:
+        [task] = await run_all(app, [await flaky.enqueue_async()])
+    assert calls == [1, 2, 3]
+    assert task.state is TaskState.FAILED
+    assert [a.outcome for a in task.attempts] == [Outcome.FAILED] * 3
+    last = task.attempts[-1]
+    assert last.error_type == "ValueError"
+    assert last.error_message == "bad attempt 3"
+    assert last.traceback is not None and "in flaky" in last.traceback
+
+
+async def test_retry_then_success(app: conveyor.App) -> None:
+    @app.task(retry=FAST)
+    async def second_time(ctx: TaskContext) -> int:
+        if ctx.attempt < 2:
+            raise RuntimeError("not yet")
+        return ctx.attempt
+
+    async with app:
+        [task] = await run_all(app, [await second_time.enqueue_async()])
+    assert task.result == 2
+    assert [a.outcome for a in task.attempts] == [Outcome.FAILED, Outcome.SUCCEEDED]
+
+
+async def test_fatal_skips_retries(app: conveyor.App) -> None:
+    @app.task(retry=FAST)
+    async def doomed() -> None:
+        raise conveyor.Fatal("never works")
+
+    async with app:
+        [task] = await run_all(app, [await doomed.enqueue_async()])
+    assert task.state is TaskState.FAILED
+    assert len(task.attempts) == 1
+
+
+async def test_async_timeout_stops_the_handler(app: conveyor.App) -> None:
+    cancelled = asyncio.Event()
+
+    @app.task(timeout=0.2, retry=RetryPolicy(max_attempts=1))
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with app:
+        [task] = await run_all(app, [await slow.enqueue_async()])
+    assert cancelled.is_set()
+    assert task.state is TaskState.FAILED
+    assert task.attempts[0].outcome is Outcome.TIMED_OUT
+
+
+async def test_thread_timeout_holds_the_slot_until_the_handler_stops(app: conveyor.App) -> None:
+    stopped_at: list[float] = []
+
+    @app.task(timeout=0.2, retry=RetryPolicy(max_attempts=1))
+    def cooperative(ctx: TaskContext) -> None:
+        ctx.wait_for_stop(30)
+        time.sleep(0.3)  # cleaning up after the order to stop
+        stopped_at.append(time.monotonic())
+        ctx.check()
+
+    async with app:
+        handle = await cooperative.enqueue_async()
+        async with RunningWorker(app, concurrency=1) as worker:
+            [task] = await wait_terminal(app, [handle.id])
+            assert worker.running == []
+    assert stopped_at, "the handler saw the order to stop"
+    assert task.attempts[0].outcome is Outcome.TIMED_OUT
+    # Recorded only once the thread had really returned.
+    assert task.attempts[0].finished_at is not None
+
+
+async def test_cancel_a_running_task(app: conveyor.App) -> None:
+    started = asyncio.Event()
+    stopped = asyncio.Event()
+
+    @app.task()
+    async def forever() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            stopped.set()
+
+    async with app:
+        handle = await forever.enqueue_async()
+        async with RunningWorker(app, lease=1.0):
+            await asyncio.wait_for(started.wait(), 10)
+            assert await app.cancel_async(handle.id) is TaskState.IN_PROGRESS
+            [task] = await wait_terminal(app, [handle.id], timeout=5)
+    assert stopped.is_set()
+    assert task.state is TaskState.CANCELLED
+    assert task.attempts[0].outcome is Outcome.CANCELLED
+
+
+async def test_cancel_pending_task_never_runs(app: conveyor.App) -> None:
+    ran: list[int] = []
+
+    @app.task()
+    async def never() -> None:
+        ran.append(1)
+
+    async with app:
+        handle = await never.enqueue_async()
+        assert await app.cancel_async(handle.id) is TaskState.CANCELLED
+        async with RunningWorker(app):
+            await asyncio.sleep(0.3)
+        task = await handle.get_async()
+    assert ran == []
+    assert task.state is TaskState.CANCELLED
+    with pytest.raises(conveyor.TaskFailedError):
+        await handle.result_async(timeout=1)
+
+
+async def _steal(app: conveyor.App, task_id: int, thief: str) -> Completion | None:
+    """Expire the lease in the database and claim the task as another worker."""
+    backend = await app.backend()
+    async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
+        await conn.execute(
+            psycopg.sql.SQL(
+                "update {} set lease_expires_at = statement_timestamp() - interval '1 second'"
+                " where id = %s"
+            ).format(psycopg.sql.Identifier(backend.schema, "tasks")),  # type: ignore[attr-defined]
+            (task_id,),
+        )
+    [claimed] = await backend.claim(
+        ClaimParams(worker_id=thief, names=list(app.tasks), queues=["default"], limit=1, lease=30)
+    )
+    assert claimed.token.task_id == task_id
+    return outcomes.succeeded(claimed, '"thief"')
+
+
+async def test_lost_lease_stops_the_handler_and_its_late_write_changes_nothing(
+    app: conveyor.App,
+) -> None:
+    started = asyncio.Event()
+    stopped = asyncio.Event()
+
+    @app.task()
+    async def victim() -> str:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            stopped.set()
+        return "victim"
+
+    async with app:
+        handle = await victim.enqueue_async()
+        async with RunningWorker(app, lease=1.0):
+            await asyncio.wait_for(started.wait(), 10)
+            completion = await _steal(app, handle.id, "thief")
+            await asyncio.wait_for(stopped.wait(), 5)
+        backend = await app.backend()
+        assert completion is not None
+        done = await backend.finish(FinishParams("thief", [completion]))
+        assert done.applied == {completion.token}
+        task = await handle.get_async()
+    assert task.state is TaskState.SUCCEEDED
+    assert task.result == "thief"
+    assert [(a.number, a.outcome) for a in task.attempts] == [
+        (1, Outcome.LEASE_LOST),
+        (2, Outcome.SUCCEEDED),
+    ]
+    assert task.attempts[1].worker_id == "thief"
+
+
+async def test_transactional_handler_commits_with_success(app: conveyor.App, schema: str) -> None:
+    table = psycopg.sql.Identifier(schema, "effects")
+
+    @app.task()
+    async def charge(ctx: TaskContext, order: int) -> str:
+        conn = await ctx.transaction()
+        await conn.execute(psycopg.sql.SQL("insert into {} values (%s)").format(table), (order,))
+        return "charged"
+
+    async with app:
+        backend = await app.backend()
+        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
+            await conn.execute(psycopg.sql.SQL("create table {} (order_id int)").format(table))
+        [task] = await run_all(app, [await charge.enqueue_async(order=7)])
+        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
+            rows = await (
+                await conn.execute(psycopg.sql.SQL("select order_id from {}").format(table))
+            ).fetchall()
+    assert task.state is TaskState.SUCCEEDED
+    assert rows == [(7,)]
+
+
+async def test_transactional_handler_writes_roll_back_when_the_lease_is_lost(
+    app: conveyor.App, schema: str
+) -> None:
+    table = psycopg.sql.Identifier(schema, "effects")
+    wrote = asyncio.Event()
+    release = asyncio.Event()
+
+    @app.task()
+    async def charge(ctx: TaskContext, order: int) -> str:
+        conn = await ctx.transaction()
+        await conn.execute(psycopg.sql.SQL("insert into {} values (%s)").format(table), (order,))
+        wrote.set()
+        await release.wait()  # shielded from nothing: the worker will cancel us
+        return "charged"
+
+    async with app:
+        backend = await app.backend()
+        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
+            await conn.execute(psycopg.sql.SQL("create table {} (order_id int)").format(table))
+        handle = await charge.enqueue_async(order=7)
+        async with RunningWorker(app, lease=1.0) as worker:
+            await asyncio.wait_for(wrote.wait(), 10)
+            await _steal(app, handle.id, "thief")
+            await wait_for(lambda: _no_running(worker), timeout=5)
+        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
+            rows = await (
+                await conn.execute(psycopg.sql.SQL("select order_id from {}").format(table))
+            ).fetchall()
+        task = await handle.get_async()
+    assert rows == []
+    assert task.worker_id == "thief"
+    assert task.attempts[0].outcome is Outcome.LEASE_LOST
+
+
+async def _no_running(worker: conveyor.Worker) -> bool:
+    return worker.running == []
+
+
+async def test_transactional_enqueue_exists_only_if_committed(
+    app: conveyor.App, pg_url: str
+) -> None:
+    @app.task()
+    async def noop() -> None:
+        return None
+
+    async with app:
+        await app.backend()  # migrate
+        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+            rolled_back = await app.enqueue_async(noop, connection=conn)
+            await conn.rollback()
+            committed = await app.enqueue_async(noop, connection=conn)
+            await conn.commit()
+        assert await app.get_async(rolled_back.id) is None
+        assert await app.get_async(committed.id) is not None
+
+    with psycopg.connect(pg_url) as sync_conn:
+        gone = app.enqueue(noop, connection=sync_conn)
+        sync_conn.rollback()
+        kept = app.enqueue(noop, connection=sync_conn)
+        sync_conn.commit()
+    assert app.get(gone.id) is None
+    assert app.get(kept.id) is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "task_def", [cpu.spin_in_thread, cpu.spin_in_process], ids=["thread", "process"]
+)
+async def test_cpu_bound_handler_for_three_leases_is_not_reclaimed(
+    app: conveyor.App, task_def: conveyor.TaskDef
+) -> None:
+    registered = app.task(name=task_def.name, process=task_def.executor == "process", lease=1.0)(
+        task_def.fn
+    )
+    async with app:
+        handle = await registered.enqueue_async(seconds=3.0)
+        [task] = await run_all(app, [handle], lease=1.0)
+    assert task.state is TaskState.SUCCEEDED, task.attempts
+    assert [a.outcome for a in task.attempts] == [Outcome.SUCCEEDED]
+
+
+async def test_process_handler_that_dies_fails_the_attempt(app: conveyor.App) -> None:
+    registered = app.task(name="crash_process", process=True, retry=RetryPolicy(max_attempts=1))(
+        cpu.crash_process.fn
+    )
+    async with app:
+        [task] = await run_all(app, [await registered.enqueue_async()])
+    assert task.state is TaskState.FAILED
+    assert "exited with code 3" in (task.attempts[0].error_message or "")
+
+
+async def test_bad_handlers_never_kill_the_worker(app: conveyor.App) -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    once = RetryPolicy(max_attempts=1)
+
+    @app.task(retry=once)
+    async def exits() -> None:
+        raise SystemExit(3)
+
+    @app.task(retry=once)
+    def interrupts() -> None:
+        raise KeyboardInterrupt
+
+    @app.task(retry=once)
+    async def unprintable() -> None:
+        raise Unprintable
+
+    @app.task(retry=once)
+    async def not_json() -> object:
+        return {1, 2}
+
+    @app.task(retry=once)
+    async def huge_error() -> None:
+        raise ValueError("x" * 10_000_000)
+
+    @app.task()
+    async def fine() -> str:
+        return "fine"
+
+    async with app:
+        handles = [
+            await t.enqueue_async()
+            for t in (exits, interrupts, unprintable, not_json, huge_error, fine)
+        ]
+        tasks = await run_all(app, handles)
+    *bad, good = tasks
+    assert good.result == "fine"
+    assert all(t.state is TaskState.FAILED for t in bad)
+    types = [t.attempts[0].error_type for t in bad]
+    assert types[:2] == ["SystemExit", "KeyboardInterrupt"]
+    assert "Unprintable" in (bad[2].attempts[0].error_message or "")
+    assert "not a JSON type" in (bad[3].attempts[0].error_message or "")
+    assert len(bad[4].attempts[0].error_message or "") <= 4_000
+
+
+async def test_enqueue_rejects_bad_input_before_any_io(app: conveyor.App) -> None:
+    @app.task()
+    async def typed(a: int) -> None:
+        return None
+
+    with pytest.raises(conveyor.PayloadError, match="does not fit"):
+        await typed.enqueue_async(b=1)
+    with pytest.raises(conveyor.PayloadError):
+        await typed.enqueue_async(a=float("nan"))
+    with pytest.raises(conveyor.PayloadTooLargeError):
+        await typed.enqueue_async(a="x" * (1024 * 1024))
+    with pytest.raises(conveyor.UnknownTaskError):
+        await app.enqueue_async("nope", {})
+    with pytest.raises(conveyor.DuplicateTaskError):
+        app.task(name="typed")(lambda: None)
+    assert not app._backends  # no backend was ever opened
+
+
+async def test_sync_api_from_plain_code(app: conveyor.App) -> None:
+    @app.task()
+    async def mul(a: int, b: int) -> int:
+        return a * b
+
+    handle = await asyncio.to_thread(mul.enqueue, a=6, b=7)
+    async with app:
+        await run_all(app, [handle])
+    assert await asyncio.to_thread(handle.result, 5) == 42
+    assert (await asyncio.to_thread(app.get, handle.id)).state is TaskState.SUCCEEDED  # type: ignore[union-attr]
