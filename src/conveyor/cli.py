@@ -366,6 +366,24 @@ def workers(url: str | None, schema: str | None, as_json: bool) -> None:
     console.print(table)
 
 
+@main.command()
+@click.option("--url", envvar="CONVEYOR_URL", help="Backend URL (CONVEYOR_URL).")
+def demo(url: str | None) -> None:
+    """Run a worker on a few example tasks and show what happened.
+
+    Uses a throwaway schema of its own, dropped at the end.
+    """
+    import asyncio
+
+    from conveyor.demo import print_report, run_demo
+
+    try:
+        finished = asyncio.run(run_demo(url, console))
+    except ConveyorError as exc:
+        _fail(str(exc))
+    print_report(finished, console)
+
+
 logging.getLogger("conveyor").addHandler(logging.NullHandler())
 
 if __name__ == "__main__":

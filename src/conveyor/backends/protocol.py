@@ -196,6 +196,9 @@ class Backend(Protocol):
     async def migrate(self) -> list[int]:
         """Apply pending schema migrations; return the versions applied now."""
 
+    async def destroy(self) -> None:
+        """Delete everything this backend stores (tables, schema). Irreversible."""
+
     async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
         """Insert tasks, returning their ids in order; with ``connection``, inside
         the caller's transaction (needs ``TRANSACTIONAL_ENQUEUE``)."""

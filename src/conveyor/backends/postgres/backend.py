@@ -216,6 +216,12 @@ class PostgresBackend:
         async with self.pool.connection() as conn:
             return await apply_migrations(conn, self.schema)
 
+    async def destroy(self) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                queries.compose("drop schema if exists {schema} cascade", self.schema)
+            )
+
     async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         async with self.pool.connection() as conn:
             cursor = await conn.execute(self.sql[name], args)
