@@ -40,6 +40,7 @@ class TaskContext:
     worker_id: str
     payload: dict[str, Any]
     _open_transaction: Callable[[], Awaitable[Any]] | None = field(default=None, repr=False)
+    _open_transaction_sync: Callable[[], Any] | None = field(default=None, repr=False)
     _stop_reason: StopAttempt | None = field(default=None, repr=False)
     _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
     _transaction: Any = field(default=None, repr=False)
@@ -88,6 +89,24 @@ class TaskContext:
                     "(it needs an async handler on a SQL backend)"
                 )
             self._transaction = await self._open_transaction()
+        return self._transaction.connection
+
+    def transaction_sync(self) -> Any:
+        """The attempt's own transaction for a plain ``def`` handler (SQL backends).
+
+        Returns a synchronous native connection (psycopg ``Connection``)
+        inside an open transaction, with the same guarantees as
+        :meth:`transaction`: its writes commit with the task's success and
+        roll back on failure or a lost lease. Do not commit it yourself.
+        """
+        self.check()
+        if self._transaction is None:
+            if self._open_transaction_sync is None:
+                raise ConfigurationError(
+                    "this backend or handler kind offers no synchronous attempt transaction "
+                    "(it needs a plain def handler, not a process one, on a SQL backend)"
+                )
+            self._transaction = self._open_transaction_sync()
         return self._transaction.connection
 
     def _request_stop(self, reason: StopAttempt) -> None:

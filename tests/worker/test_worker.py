@@ -412,3 +412,32 @@ async def test_sync_api_from_plain_code(app: conveyor.App) -> None:
         await run_all(app, [handle])
     assert await asyncio.to_thread(handle.result, 5) == 42
     assert (await asyncio.to_thread(app.get, handle.id)).state is TaskState.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_sync_handler_transaction_commits_on_success_and_rolls_back_on_failure(
+    app: conveyor.App, schema: str
+) -> None:
+    table = psycopg.sql.Identifier(schema, "effects")
+
+    @app.task(retry=RetryPolicy(max_attempts=1))
+    def record(ctx: TaskContext, order: int, fail: bool) -> int:
+        conn = ctx.transaction_sync()
+        conn.execute(psycopg.sql.SQL("insert into {} values (%s)").format(table), (order,))
+        if fail:
+            raise RuntimeError("after writing")
+        return order
+
+    async with app:
+        backend = await app.backend()
+        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
+            await conn.execute(psycopg.sql.SQL("create table {} (order_id int)").format(table))
+        ok = await record.enqueue_async(order=1, fail=False)
+        bad = await record.enqueue_async(order=2, fail=True)
+        done, failed = await run_all(app, [ok, bad])
+        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
+            rows = await (
+                await conn.execute(psycopg.sql.SQL("select order_id from {}").format(table))
+            ).fetchall()
+    assert done.state is TaskState.SUCCEEDED
+    assert failed.state is TaskState.FAILED
+    assert rows == [(1,)]

@@ -212,7 +212,15 @@ class Backend(Protocol):
 
     async def finish(self, params: FinishParams) -> FinishResult: ...
 
-    async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction: ...
+    async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction:
+        """Open an attempt's transaction on an async connection."""
+
+    def begin_attempt_transaction_sync(self, worker_id: str) -> AttemptTransaction:
+        """Open an attempt's transaction on a sync connection, from a handler's thread.
+
+        ``connection`` is then a synchronous native connection; ``commit_success``
+        and ``rollback`` stay awaitable (the worker runs them off its loop).
+        """
 
     async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
         """Cancel a task; returns its state afterwards (``in_progress`` while its

@@ -82,6 +82,7 @@ class RunningAttempt:
         args = codec.decode(self.task.payload)
         if not isinstance(args, dict):
             raise PayloadError("the stored payload is not a JSON object")
+        self.ctx.payload = args
         try:
             return self.definition.build_kwargs(args, self.ctx)
         except Exception as exc:

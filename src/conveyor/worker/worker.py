@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -246,12 +247,12 @@ class Worker:
         definition = self.app.tasks[task.name]
         self.claimed_count += 1
         self.heartbeat.hold(task.token, task.lease or self.config.lease, sent_at)
-        opener = None
-        if (
-            definition.executor == "async"
-            and Capability.ATTEMPT_TRANSACTION in backend.capabilities
-        ):
-            opener = transaction_opener(backend.begin_attempt_transaction, self.id)
+        opener = sync_opener = None
+        if Capability.ATTEMPT_TRANSACTION in backend.capabilities:
+            if definition.executor == "async":
+                opener = transaction_opener(backend.begin_attempt_transaction, self.id)
+            elif definition.executor == "thread":
+                sync_opener = functools.partial(backend.begin_attempt_transaction_sync, self.id)
         ctx = TaskContext(
             task_id=task.token.task_id,
             name=task.name,
@@ -260,6 +261,7 @@ class Worker:
             worker_id=self.id,
             payload={},
             _open_transaction=opener,
+            _open_transaction_sync=sync_opener,
         )
         running = RunningAttempt(task, definition, ctx, self.app.max_payload_bytes)
         self._running[task.token] = running

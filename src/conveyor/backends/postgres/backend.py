@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import AsyncConnection, sql
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from conveyor import payload as codec
 from conveyor.backends.postgres import queries
@@ -153,6 +154,51 @@ class PostgresTransaction:
             await self._backend.pool.putconn(self._conn)
 
 
+class PostgresSyncTransaction:
+    """An attempt's transaction on a synchronous connection (thread handlers)."""
+
+    def __init__(
+        self, backend: PostgresBackend, conn: psycopg.Connection[Any], worker_id: str
+    ) -> None:
+        self._backend = backend
+        self._conn = conn
+        self._worker_id = worker_id
+        self._done = False
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        return self._conn
+
+    async def commit_success(self, completion: Completion) -> bool:
+        return await asyncio.to_thread(self._commit_success, completion)
+
+    async def rollback(self) -> None:
+        await asyncio.to_thread(self._finish, "rollback")
+
+    def _commit_success(self, completion: Completion) -> bool:
+        if self._done:
+            raise BackendError("the attempt transaction is already closed")
+        try:
+            cursor = self._conn.execute(
+                self._backend.sql["finish"], finish_args(self._worker_id, [completion], None)
+            )
+            applied = bool(cursor.fetchall())
+        except BaseException:
+            self._finish("rollback")
+            raise
+        self._finish("commit" if applied else "rollback")
+        return applied
+
+    def _finish(self, statement: LiteralString) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._conn.execute(statement)
+        finally:
+            self._backend.sync_pool.putconn(self._conn)
+
+
 class PostgresBackend:
     """Tasks in PostgreSQL tables of one schema (default ``conveyor``)."""
 
@@ -181,12 +227,31 @@ class PostgresBackend:
             raise ConfigurationError("pool_size must be at least 1")
         self._pool_size = pool_size
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._sync_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._sync_lock = threading.Lock()
 
     @property
     def pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         if self._pool is None:
             raise BackendError("the backend is not open")
         return self._pool
+
+    @property
+    def sync_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        """A synchronous pool, opened on first use (thread handlers' transactions)."""
+        with self._sync_lock:
+            if self._sync_pool is None:
+                pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+                    self.url,
+                    min_size=0,
+                    max_size=self._pool_size,
+                    kwargs={"autocommit": True},
+                    open=False,
+                    name=f"conveyor-{self.schema}-sync",
+                )
+                pool.open()
+                self._sync_pool = pool
+            return self._sync_pool
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -211,6 +276,10 @@ class PostgresBackend:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+        with self._sync_lock:
+            sync_pool, self._sync_pool = self._sync_pool, None
+        if sync_pool is not None:
+            await asyncio.to_thread(sync_pool.close)
 
     async def migrate(self) -> list[int]:
         async with self.pool.connection() as conn:
@@ -311,6 +380,15 @@ class PostgresBackend:
             await self.pool.putconn(conn)
             raise
         return PostgresTransaction(self, conn, worker_id)
+
+    def begin_attempt_transaction_sync(self, worker_id: str) -> PostgresSyncTransaction:
+        conn = self.sync_pool.getconn()
+        try:
+            conn.execute("begin")
+        except BaseException:
+            self.sync_pool.putconn(conn)
+            raise
+        return PostgresSyncTransaction(self, conn, worker_id)
 
     # -- control ---------------------------------------------------------
 
