@@ -82,10 +82,6 @@ def test_migrate_twice_is_idempotent(cli: Cli) -> None:
     assert cli.ok("migrate").strip() == "schema is up to date"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="App.migrate opens a backend that auto-migrates first, so it reports nothing applied",
-)
 def test_first_migrate_reports_what_it_applied(cli: Cli) -> None:
     assert cli.ok("migrate").strip() == "applied 1 migration(s)"
 

@@ -344,7 +344,13 @@ class App:
         return self.portal.run(self.list_workers_async())
 
     async def migrate_async(self) -> list[int]:
-        return await (await self.backend()).migrate()
+        """Async form of :meth:`migrate`."""
+        backend = self.make_backend(migrate=False)
+        await backend.open()
+        try:
+            return await backend.migrate()
+        finally:
+            await backend.close()
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied."""

@@ -1,8 +1,9 @@
 """The ``conveyor`` command: rich output for people, ``--json`` for scripts.
 
 Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
-(default ``CONVEYOR_SCHEMA``, then ``conveyor``). Errors print one line to
-stderr and exit non-zero.
+(default ``CONVEYOR_SCHEMA``, then ``conveyor``). A failed operation prints
+one line (``error: ...``) to stderr and exits 1; a malformed command line
+gets click's usage message and exit code 2.
 """
 
 from __future__ import annotations

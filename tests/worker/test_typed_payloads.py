@@ -33,12 +33,15 @@ async def test_dataclass_and_model_arguments_round_trip(app: conveyor.App) -> No
         return f"{order.id} to {to.city}"
 
     async with app:
-        handle = await ship.enqueue_async(order=Order(id=7, amount=9.5, tags=["gift"]),
-                                          to=Address("Main St", "Lyon"))
+        handle = await ship.enqueue_async(
+            order=Order(id=7, amount=9.5, tags=["gift"]), to=Address("Main St", "Lyon")
+        )
         [task] = await run_all(app, [handle])
     assert task.state is TaskState.SUCCEEDED
-    assert task.payload == {"order": {"id": 7, "amount": 9.5, "tags": ["gift"]},
-                            "to": {"street": "Main St", "city": "Lyon"}}
+    assert task.payload == {
+        "order": {"id": 7, "amount": 9.5, "tags": ["gift"]},
+        "to": {"street": "Main St", "city": "Lyon"},
+    }
     assert seen == [Order(id=7, amount=9.5, tags=["gift"]), Address("Main St", "Lyon"), ""]
     assert task.result == "7 to Lyon"
 

@@ -1,0 +1,226 @@
+"""Real worker processes: killed, drained, released, and crashing on every attempt."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import conveyor
+from conveyor import Outcome, RetryPolicy, Task, TaskState
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.apps.lifecycle:app"
+FAST = ("--poll-interval", "0.1")
+
+
+class Workers:
+    """Starts ``conveyor worker`` processes and kills whatever is left at the end."""
+
+    def __init__(self, url: str, schema: str, logs: Path) -> None:
+        self.env = {**os.environ, "CONVEYOR_URL": url, "CONVEYOR_SCHEMA": schema}
+        self.logs = logs
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        log = self.logs / f"worker-{len(self.started)}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "conveyor.cli", "worker", APP, *FAST, *args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.started.append(proc)
+        return proc
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        path = self.logs / f"worker-{self.started.index(proc)}.log"
+        return path.read_text(errors="replace")
+
+    def wait(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"worker still running after {timeout}s:\n{self.log(proc)}")
+
+    def kill_all(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.fixture
+def workers(pg_url: str, schema: str, tmp_path: Path) -> Iterator[Workers]:
+    group = Workers(pg_url, schema, tmp_path)
+    try:
+        yield group
+    finally:
+        group.kill_all()
+
+
+@pytest.fixture
+def client(pg_url: str, schema: str) -> Iterator[conveyor.App]:
+    application = conveyor.App(pg_url, schema=schema, allow_unregistered=True)
+    yield application
+    application.close()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def get(client: conveyor.App, task_id: int) -> Task:
+    task = client.get(task_id)
+    assert task is not None
+    return task
+
+
+def outcomes(task: Task) -> list[Outcome]:
+    return [a.outcome for a in task.attempts]
+
+
+def marks(marker: Path) -> list[int]:
+    """The attempt numbers whose handler started (see tests/apps/lifecycle.py)."""
+    return [int(line) for line in marker.read_text().split()] if marker.exists() else []
+
+
+def spent(pg_url: str, schema: str, task_id: int) -> int:
+    query = sql.SQL("select spent from {}.tasks where id = %s").format(sql.Identifier(schema))
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute(query, (task_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def running_attempt_one(client: conveyor.App, task_id: int, marker: Path) -> bool:
+    task = get(client, task_id)
+    return (
+        marks(marker) == [1]
+        and task.state is TaskState.IN_PROGRESS
+        and outcomes(task) == [Outcome.IN_PROGRESS]
+    )
+
+
+def test_sigkill_mid_task_is_reclaimed_and_completed_once(
+    client: conveyor.App, workers: Workers, tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    task_id = client.enqueue("hang_first", {"marker": str(marker)}).id
+    first = workers.start("--lease", "1")
+    wait_until(lambda: running_attempt_one(client, task_id, marker), 15, "attempt 1 to run")
+
+    os.kill(first.pid, signal.SIGKILL)
+    assert workers.wait(first, 10) == -signal.SIGKILL
+
+    second = workers.start("--lease", "1")
+    task = wait_until(
+        lambda: (t := get(client, task_id)).state.is_terminal and t, 15, "the task to finish"
+    )
+    assert task.state is TaskState.SUCCEEDED, workers.log(second)
+    assert task.result == 2
+    assert outcomes(task) == [Outcome.LEASE_LOST, Outcome.SUCCEEDED]
+    assert outcomes(task).count(Outcome.SUCCEEDED) == 1
+    lost, won = task.attempts
+    assert lost.error_type == "LeaseExpired"
+    assert lost.finished_at is not None
+    assert won.worker_id != lost.worker_id
+    assert marks(marker) == [1, 2]
+
+    second.send_signal(signal.SIGTERM)
+    assert workers.wait(second, 10) == 0
+
+
+def test_sigterm_drains_a_running_task(
+    client: conveyor.App, workers: Workers, tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    task_id = client.enqueue("nap", {"marker": str(marker), "seconds": 1.0}).id
+    proc = workers.start("--grace", "5")
+    wait_until(lambda: running_attempt_one(client, task_id, marker), 15, "the task to run")
+
+    proc.send_signal(signal.SIGTERM)
+    assert workers.wait(proc, 10) == 0, workers.log(proc)
+
+    task = get(client, task_id)
+    assert task.state is TaskState.SUCCEEDED
+    assert task.result == "rested"
+    assert outcomes(task) == [Outcome.SUCCEEDED]
+    [info] = client.list_workers()
+    assert info.pid == proc.pid
+    assert info.stopped_at is not None
+
+
+def test_sigterm_past_the_grace_releases_without_burning_an_attempt(
+    pg_url: str, schema: str, client: conveyor.App, workers: Workers, tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    task_id = client.enqueue("long_nap", {"marker": str(marker), "seconds": 30.0}).id
+    proc = workers.start("--grace", "0.5")
+    wait_until(lambda: running_attempt_one(client, task_id, marker), 15, "the task to run")
+
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert workers.wait(proc, 10) == 0, workers.log(proc)
+    assert time.monotonic() - signalled < 5
+
+    task = get(client, task_id)
+    assert task.state is TaskState.PENDING
+    assert task.worker_id is None
+    assert outcomes(task) == [Outcome.INTERRUPTED]
+    assert task.attempts[0].error_type == "Interrupted"
+    assert spent(pg_url, schema, task_id) == 0
+
+    again = workers.start("--burst")
+    assert workers.wait(again, 20) == 0, workers.log(again)
+    task = get(client, task_id)
+    assert task.state is TaskState.SUCCEEDED
+    assert task.result == "resumed"
+    assert outcomes(task) == [Outcome.INTERRUPTED, Outcome.SUCCEEDED]
+    assert spent(pg_url, schema, task_id) == 1
+    assert marks(marker) == [1, 2]
+
+
+def test_a_task_that_kills_every_worker_fails_on_its_crash_budget(
+    client: conveyor.App, workers: Workers, tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    task_id = client.enqueue("crash", {"marker": str(marker)}, retry=RetryPolicy(max_attempts=2)).id
+    exit_codes = []
+    for _ in range(6):
+        proc = workers.start("--burst", "--lease", "1")
+        exit_codes.append(workers.wait(proc, 20))
+        if get(client, task_id).state.is_terminal:
+            break
+
+    task = get(client, task_id)
+    assert task.state is TaskState.FAILED
+    assert exit_codes == [1, 1, 0]
+    assert marks(marker) == [1, 2]
+    assert outcomes(task) == [Outcome.LEASE_LOST, Outcome.LEASE_LOST]
+    assert all(a.finished_at is not None for a in task.attempts)
+    last = task.attempts[-1]
+    assert last.error_message is not None
+    assert "crash budget" in last.error_message
+    assert "2 of 2" in last.error_message
+    assert task.finished_at is not None
