@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.errors import ConfigurationError, StopAttempt
+from conveyor.errors import ConfigurationError, LeaseLostError, StopAttempt
 from conveyor.model import LeaseToken
 
+_EVENT_LOCK = threading.Lock()
 
-@dataclass(eq=False)
+
 class TaskContext:
     """The running attempt: ids, lease token and the order to stop.
 
@@ -33,17 +33,46 @@ class TaskContext:
     ``except Exception`` does not catch) so a loop that calls it stops.
     """
 
-    task_id: int
-    name: str
-    queue: str
-    attempt: int
-    worker_id: str
-    payload: dict[str, Any]
-    _open_transaction: Callable[[], Awaitable[Any]] | None = field(default=None, repr=False)
-    _open_transaction_sync: Callable[[], Any] | None = field(default=None, repr=False)
-    _stop_reason: StopAttempt | None = field(default=None, repr=False)
-    _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
-    _transaction: Any = field(default=None, repr=False)
+    __slots__ = (
+        "_open_transaction",
+        "_open_transaction_sync",
+        "_stop_event",
+        "_stop_reason",
+        "_transaction",
+        "attempt",
+        "name",
+        "payload",
+        "queue",
+        "task_id",
+        "worker_id",
+    )
+
+    def __init__(
+        self,
+        task_id: int,
+        name: str,
+        queue: str,
+        attempt: int,
+        worker_id: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        open_transaction: Callable[[], Awaitable[Any]] | None = None,
+        open_transaction_sync: Callable[[], Any] | None = None,
+    ) -> None:
+        self.task_id = task_id
+        self.name = name
+        self.queue = queue
+        self.attempt = attempt
+        self.worker_id = worker_id
+        self.payload: dict[str, Any] = payload if payload is not None else {}
+        self._open_transaction = open_transaction
+        self._open_transaction_sync = open_transaction_sync
+        self._stop_reason: StopAttempt | None = None
+        self._stop_event: threading.Event | None = None
+        self._transaction: Any = None
+
+    def __repr__(self) -> str:
+        return f"<TaskContext task {self.task_id} {self.name} attempt {self.attempt}>"
 
     @property
     def lease_token(self) -> LeaseToken:
@@ -51,12 +80,10 @@ class TaskContext:
 
     @property
     def should_stop(self) -> bool:
-        return self._stopped.is_set()
+        return self._stop_reason is not None
 
     @property
     def lease_lost(self) -> bool:
-        from conveyor.errors import LeaseLostError
-
         return isinstance(self._stop_reason, LeaseLostError)
 
     @property
@@ -70,10 +97,16 @@ class TaskContext:
 
     def wait_for_stop(self, timeout: float | None = None) -> bool:
         """Block (a thread handler) until told to stop or ``timeout``; True if told."""
-        return self._stopped.wait(timeout)
+        with _EVENT_LOCK:
+            if self._stop_event is None:
+                self._stop_event = threading.Event()
+                if self._stop_reason is not None:
+                    self._stop_event.set()
+            event = self._stop_event
+        return event.wait(timeout)
 
     async def transaction(self) -> Any:
-        """The attempt's own database transaction (SQL backends).
+        """The attempt's own database transaction (SQL backends, async handlers).
 
         Returns the backend's native connection (psycopg ``AsyncConnection``)
         inside an open transaction. Everything written on it commits in the
@@ -109,7 +142,12 @@ class TaskContext:
             self._transaction = self._open_transaction_sync()
         return self._transaction.connection
 
-    def _request_stop(self, reason: StopAttempt) -> None:
-        if self._stop_reason is None:
+    def _request_stop(self, reason: StopAttempt) -> bool:
+        """Record the first reason to stop; True if this call recorded it."""
+        with _EVENT_LOCK:
+            if self._stop_reason is not None:
+                return False
             self._stop_reason = reason
-            self._stopped.set()
+            if self._stop_event is not None:
+                self._stop_event.set()
+        return True

@@ -172,7 +172,11 @@ async def test_cancel_pending_task_never_runs(app: conveyor.App) -> None:
 
 
 async def _steal(app: conveyor.App, task_id: int, thief: str) -> Completion | None:
-    """Expire the lease in the database and claim the task as another worker."""
+    """Expire the lease in the database and claim the task as another worker.
+
+    The victim's worker must run with a long poll interval, or its own claim
+    loop may reclaim the expired task first.
+    """
     backend = await app.backend()
     async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
         await conn.execute(
@@ -206,7 +210,7 @@ async def test_lost_lease_stops_the_handler_and_its_late_write_changes_nothing(
 
     async with app:
         handle = await victim.enqueue_async()
-        async with RunningWorker(app, lease=1.0):
+        async with RunningWorker(app, lease=1.0, poll_interval=30):
             await asyncio.wait_for(started.wait(), 10)
             completion = await _steal(app, handle.id, "thief")
             await asyncio.wait_for(stopped.wait(), 5)
@@ -266,7 +270,7 @@ async def test_transactional_handler_writes_roll_back_when_the_lease_is_lost(
         async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
             await conn.execute(psycopg.sql.SQL("create table {} (order_id int)").format(table))
         handle = await charge.enqueue_async(order=7)
-        async with RunningWorker(app, lease=1.0) as worker:
+        async with RunningWorker(app, lease=1.0, poll_interval=30) as worker:
             await asyncio.wait_for(wrote.wait(), 10)
             await _steal(app, handle.id, "thief")
             await wait_for(lambda: _no_running(worker), timeout=5)
@@ -441,3 +445,23 @@ async def test_sync_handler_transaction_commits_on_success_and_rolls_back_on_fai
     assert done.state is TaskState.SUCCEEDED
     assert failed.state is TaskState.FAILED
     assert rows == [(1,)]
+
+
+async def test_idle_worker_wakes_on_enqueue_without_polling(app: conveyor.App) -> None:
+    @app.task()
+    async def ping() -> str:
+        return "pong"
+
+    async with app:
+        await app.backend()
+        async with RunningWorker(app, poll_interval=120) as worker:
+            await wait_for(lambda: _listening(worker), timeout=10)
+            handle = await ping.enqueue_async()
+            # Far less than the poll interval: only a notification can explain it.
+            [task] = await wait_terminal(app, [handle.id], timeout=30)
+    assert task.state is TaskState.SUCCEEDED
+
+
+async def _listening(worker: conveyor.Worker) -> bool:
+    # The first claim happens once the listener is connected and asks for one.
+    return worker.claims_attempted >= 2

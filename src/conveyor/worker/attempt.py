@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor import payload as codec
@@ -30,40 +28,42 @@ from conveyor.model import Outcome
 from conveyor.task import TaskDef
 from conveyor.worker import outcomes
 from conveyor.worker.executors import (
-    AsyncExecution,
     Execution,
     HandlerExit,
+    InlineExecution,
     ProcessExecution,
     ThreadExecution,
-    guard,
 )
 
 log = logging.getLogger("conveyor.worker")
 
 
-@dataclass(eq=False)
 class RunningAttempt:
     """A claimed task being run, and the means to stop it."""
 
-    task: ClaimedTask
-    definition: TaskDef
-    ctx: TaskContext
-    max_result_bytes: int
-    execution: Execution | None = None
-    abandoned: asyncio.Event = field(default_factory=asyncio.Event)
+    __slots__ = ("ctx", "definition", "execution", "max_result_bytes", "task")
+
+    def __init__(
+        self, task: ClaimedTask, definition: TaskDef, ctx: TaskContext, max_result_bytes: int
+    ) -> None:
+        self.task = task
+        self.definition = definition
+        self.ctx = ctx
+        self.max_result_bytes = max_result_bytes
+        self.execution: Execution | None = None
 
     def stop(self, reason: StopAttempt) -> None:
         """Order the handler to stop for ``reason`` (the first reason wins)."""
-        self.ctx._request_stop(reason)
-        if self.execution is not None:
+        if self.ctx._request_stop(reason) and self.execution is not None:
             self.execution.stop()
 
     def abandon(self) -> None:
         """Stop waiting for a thread handler that ignores the order to stop."""
-        self.abandoned.set()
+        if self.execution is not None:
+            self.execution.abandon()
 
     async def run(self) -> Completion | None:
-        """Run the handler; the completion to record, or None if the lease was lost."""
+        """Run the handler; the completion to record, or None if nothing is left to record."""
         try:
             kwargs = self._arguments()
         except PayloadError as exc:
@@ -71,9 +71,9 @@ class RunningAttempt:
         if self.ctx.stop_reason is not None:
             return self._stopped_before_start()
         self.execution = self._start(kwargs)
-        value, error = await self._wait()
-        transaction: AttemptTransaction | None = self.ctx._transaction
+        value, error = await self._wait(self.execution)
         completion = self._completion(value, error)
+        transaction: AttemptTransaction | None = self.ctx._transaction
         if transaction is not None:
             return await self._settle_transaction(transaction, completion)
         return completion
@@ -90,37 +90,28 @@ class RunningAttempt:
 
     def _start(self, kwargs: dict[str, Any]) -> Execution:
         fn = self.definition.fn
-        label = f"conveyor:{self.task.name}:{self.task.token.task_id}"
         if self.definition.executor == "async":
-            return AsyncExecution(guard(fn(**kwargs)), label)
+            return InlineExecution(fn(**kwargs))
+        label = f"conveyor:{self.task.name}:{self.task.token.task_id}"
         if self.definition.executor == "thread":
             return ThreadExecution(lambda: fn(**kwargs), label)
         return ProcessExecution(fn.__module__, fn.__qualname__, self.task.payload, label)
 
-    async def _wait(self) -> tuple[Any, BaseException | None]:
-        assert self.execution is not None
-        waiter = asyncio.ensure_future(self.execution.wait())
-        abandoned = asyncio.ensure_future(self.abandoned.wait())
+    async def _wait(self, execution: Execution) -> tuple[Any, BaseException | None]:
+        timer = None
+        if self.task.timeout is not None:
+            timer = asyncio.get_running_loop().call_later(self.task.timeout, self._time_out)
         try:
-            done, _ = await asyncio.wait(
-                {waiter, abandoned}, timeout=self.task.timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
-                self.stop(AttemptTimeoutError(f"timed out after {self.task.timeout}s"))
-                # The slot stays taken until the handler has really stopped.
-                done, _ = await asyncio.wait(
-                    {waiter, abandoned}, return_when=asyncio.FIRST_COMPLETED
-                )
-            if waiter not in done:
-                return None, self.ctx.stop_reason
-            try:
-                return waiter.result(), None
-            except BaseException as exc:
-                return None, exc
+            # A timed-out handler keeps its slot until it has really stopped.
+            return await execution.wait(), None
+        except BaseException as exc:
+            return None, exc
         finally:
-            abandoned.cancel()
-            if not waiter.done():
-                waiter.cancel()
+            if timer is not None:
+                timer.cancel()
+
+    def _time_out(self) -> None:
+        self.stop(AttemptTimeoutError(f"timed out after {self.task.timeout}s"))
 
     def _completion(self, value: Any, error: BaseException | None) -> Completion | None:
         reason = self.ctx.stop_reason
@@ -162,12 +153,3 @@ class RunningAttempt:
                 extra={"task_id": self.task.token.task_id, "attempt": self.task.token.attempt},
             )
         return None  # recorded (or rejected) already, inside the transaction
-
-
-def transaction_opener(
-    open_transaction: Callable[[str], Awaitable[AttemptTransaction]], worker_id: str
-) -> Callable[[], Awaitable[AttemptTransaction]]:
-    async def opener() -> AttemptTransaction:
-        return await open_transaction(worker_id)
-
-    return opener

@@ -30,22 +30,22 @@ class Completer:
         backend: Backend,
         worker_id: str,
         still_held: Callable[[LeaseToken], bool],
+        on_recorded: Callable[[Completion, bool], None],
     ) -> None:
         self._backend = backend
         self._worker_id = worker_id
         self._still_held = still_held
-        self._queue: list[tuple[Completion, asyncio.Future[bool]]] = []
+        self._on_recorded = on_recorded
+        self._queue: list[Completion] = []
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.flushes = 0
 
-    def submit(self, completion: Completion) -> asyncio.Future[bool]:
-        """Queue a completion; the future says whether it was applied."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.append((completion, future))
+    def submit(self, completion: Completion) -> None:
+        """Queue a completion; ``on_recorded(completion, applied)`` follows its write."""
+        self._queue.append(completion)
         self._ready.set()
-        return future
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="conveyor-completer")
@@ -64,25 +64,30 @@ class Completer:
         while batch:
             try:
                 result = await self._backend.finish(
-                    FinishParams(worker_id=self._worker_id, completions=[c for c, _ in batch])
+                    FinishParams(worker_id=self._worker_id, completions=batch)
                 )
-            except Exception as exc:
+            except Exception as exc:  # retried while the leases are trusted
                 log.warning("recording %d completions failed: %s", len(batch), exc)
                 kept = []
-                for completion, future in batch:
+                for completion in batch:
                     if self._still_held(completion.token):
-                        kept.append((completion, future))
-                    elif not future.done():
-                        future.set_result(False)
+                        kept.append(completion)
+                    else:
+                        self._report(completion, False)
                 batch = kept
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_DELAY)
                 continue
             self.flushes += 1
-            for completion, future in batch:
-                if not future.done():
-                    future.set_result(completion.token in result.applied)
+            for completion in batch:
+                self._report(completion, completion.token in result.applied)
             return
+
+    def _report(self, completion: Completion, applied: bool) -> None:
+        try:
+            self._on_recorded(completion, applied)
+        except Exception:  # a callback must not stop the flushing
+            log.exception("completion callback failed")
 
     async def _run(self) -> None:
         while True:

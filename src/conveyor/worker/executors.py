@@ -3,7 +3,7 @@
 Each execution exposes ``wait()`` (the handler's return value, or its
 exception) and ``stop()``, the order to stop:
 
-- async handlers are cancelled (``asyncio.Task.cancel``);
+- async handlers run inline in the attempt's task and are cancelled;
 - thread handlers cannot be interrupted by Python: they see the order through
   their :class:`~conveyor.context.TaskContext` (``ctx.check()``), and
   ``wait()`` returns only when the thread has really returned;
@@ -27,6 +27,8 @@ from collections.abc import Callable, Coroutine
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from conveyor.errors import WorkerShutdown
+
 PROCESS_KILL_GRACE = 2.0
 
 
@@ -39,33 +41,48 @@ class HandlerExit(Exception):
         self.original = original
 
 
-async def guard(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run a handler coroutine; SystemExit/KeyboardInterrupt become HandlerExit."""
-    try:
-        return await coro
-    except (SystemExit, KeyboardInterrupt) as exc:
-        raise HandlerExit(exc) from exc
-
-
 class Execution(Protocol):
-    async def wait(self) -> Any: ...
-
-    def stop(self) -> None: ...
-
-
-class AsyncExecution:
-    """An ``async def`` handler as an asyncio task on the worker's loop."""
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
-        self._task = asyncio.get_running_loop().create_task(coro, name=name)
-
     async def wait(self) -> Any:
-        # shield: cancelling the waiter must not cancel the handler behind
-        # the worker's back; stop() is the only way to stop it.
-        return await asyncio.shield(self._task)
+        """The handler's return value; raises what it raised."""
 
     def stop(self) -> None:
-        self._task.cancel()
+        """Order the handler to stop (see the module docstring per kind)."""
+
+    def abandon(self) -> None:
+        """Stop waiting for the handler: ``wait`` raises WorkerShutdown now."""
+
+
+class InlineExecution:
+    """An ``async def`` handler, awaited inside the attempt's own asyncio task.
+
+    No task of its own: ``stop()`` cancels the attempt's task, but only while
+    it is inside the handler, so the worker's bookkeeping after the handler
+    returns can never be cancelled.
+    """
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._coro = coro
+        self._task: asyncio.Task[Any] | None = None
+
+    async def wait(self) -> Any:
+        self._task = asyncio.current_task()
+        try:
+            return await self._coro
+        except (SystemExit, KeyboardInterrupt) as exc:
+            raise HandlerExit(exc) from exc
+        except asyncio.CancelledError:
+            if self._task is not None and self._task.cancelling():
+                self._task.uncancel()
+            raise
+        finally:
+            self._task = None
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def abandon(self) -> None:
+        """Cancellation already stops it."""
 
 
 class ThreadExecution:
@@ -103,6 +120,10 @@ class ThreadExecution:
 
     def stop(self) -> None:
         """Nothing to force: the handler sees the order through its context."""
+
+    def abandon(self) -> None:
+        if not self._future.done():
+            self._future.set_exception(WorkerShutdown("abandoned at shutdown; still running"))
 
 
 class ProcessCrashedError(Exception):
@@ -178,6 +199,9 @@ class ProcessExecution:
             timer = threading.Timer(PROCESS_KILL_GRACE, self._kill)
             timer.daemon = True
             timer.start()
+
+    def abandon(self) -> None:
+        """Termination already stops it."""
 
     def _kill(self) -> None:
         if self._process.is_alive():

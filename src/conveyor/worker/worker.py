@@ -20,14 +20,16 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from conveyor.backends.protocol import (
+    AttemptTransaction,
     Backend,
     Capability,
     ClaimedTask,
     ClaimParams,
+    Completion,
     HeartbeatResult,
     WorkerInfo,
     WorkFilter,
@@ -35,7 +37,7 @@ from conveyor.backends.protocol import (
 from conveyor.context import TaskContext
 from conveyor.errors import CancelledByRequest, LeaseLostError, WorkerShutdown
 from conveyor.model import LeaseToken
-from conveyor.worker.attempt import RunningAttempt, transaction_opener
+from conveyor.worker.attempt import RunningAttempt
 from conveyor.worker.completer import Completer
 from conveyor.worker.config import WorkerConfig
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
@@ -73,6 +75,10 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         self.completer: Completer | None = None
         self.claimed_count = 0
+        self.claims_attempted = 0
+        self._transactions = False
+        self._open_transaction: Callable[[], Awaitable[AttemptTransaction]] | None = None
+        self._open_transaction_sync: Callable[[], AttemptTransaction] | None = None
 
     # -- control -------------------------------------------------------------
 
@@ -118,7 +124,14 @@ class Worker:
             lambda result: self._post(loop, result),
         )
         self.heartbeat.start()
-        self.completer = Completer(backend, self.id, lambda t: t in self.heartbeat_held())
+        self.completer = Completer(
+            backend, self.id, lambda t: t in self.heartbeat_held(), self._recorded
+        )
+        self._transactions = Capability.ATTEMPT_TRANSACTION in backend.capabilities
+        self._open_transaction = functools.partial(backend.begin_attempt_transaction, self.id)
+        self._open_transaction_sync = functools.partial(
+            backend.begin_attempt_transaction_sync, self.id
+        )
         self.completer.start()
         listener = None
         if Capability.NOTIFICATIONS in backend.capabilities:
@@ -191,6 +204,7 @@ class Worker:
             claimed: list[ClaimedTask] = []
             if free > 0 and self.names:
                 sent_at = time.monotonic()
+                self.claims_attempted += 1
                 try:
                     claimed = await backend.claim(
                         ClaimParams(
@@ -221,6 +235,9 @@ class Worker:
                 return
             if self.config.concurrency - len(self._running) <= 0:
                 await self._slot_freed.wait()
+            elif self.config.burst and self._running:
+                # Re-check as soon as a running attempt ends: it may be the last.
+                await self._wait_for_either(self.config.poll_interval)
             else:
                 await self._wait_for_hint(self.config.poll_interval)
 
@@ -237,6 +254,19 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._work_hint.wait(), timeout)
 
+    async def _wait_for_either(self, timeout: float) -> None:
+        assert self._work_hint is not None
+        assert self._slot_freed is not None
+        waits = {
+            asyncio.ensure_future(self._work_hint.wait()),
+            asyncio.ensure_future(self._slot_freed.wait()),
+        }
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+
     async def _sleep(self, seconds: float) -> None:
         assert self._stop_event is not None
         with contextlib.suppress(TimeoutError):
@@ -248,20 +278,19 @@ class Worker:
         self.claimed_count += 1
         self.heartbeat.hold(task.token, task.lease or self.config.lease, sent_at)
         opener = sync_opener = None
-        if Capability.ATTEMPT_TRANSACTION in backend.capabilities:
+        if self._transactions:
             if definition.executor == "async":
-                opener = transaction_opener(backend.begin_attempt_transaction, self.id)
+                opener = self._open_transaction
             elif definition.executor == "thread":
-                sync_opener = functools.partial(backend.begin_attempt_transaction_sync, self.id)
+                sync_opener = self._open_transaction_sync
         ctx = TaskContext(
-            task_id=task.token.task_id,
-            name=task.name,
-            queue=task.queue,
-            attempt=task.token.attempt,
-            worker_id=self.id,
-            payload={},
-            _open_transaction=opener,
-            _open_transaction_sync=sync_opener,
+            task.token.task_id,
+            task.name,
+            task.queue,
+            task.token.attempt,
+            self.id,
+            open_transaction=opener,
+            open_transaction_sync=sync_opener,
         )
         running = RunningAttempt(task, definition, ctx, self.app.max_payload_bytes)
         self._running[task.token] = running
@@ -274,24 +303,29 @@ class Worker:
         assert self.completer is not None
         token = running.task.token
         try:
-            try:
-                completion = await running.run()
-            except Exception:  # a bug of ours must not lose the slot or the worker
-                log.exception("attempt crashed in the worker", extra={"task_id": token.task_id})
-                completion = None
-            finally:
-                self._running.pop(token, None)
-                if self._slot_freed is not None:
-                    self._slot_freed.set()
-            if completion is not None:
-                applied = await self.completer.submit(completion)
-                if not applied:
-                    log.warning(
-                        "completion rejected: the lease was lost",
-                        extra={"task_id": token.task_id, "attempt": token.attempt},
-                    )
+            completion = await running.run()
+        except Exception:  # a bug of ours must not lose the slot or the worker
+            log.exception("attempt crashed in the worker", extra={"task_id": token.task_id})
+            completion = None
         finally:
+            self._running.pop(token, None)
+            if self._slot_freed is not None:
+                self._slot_freed.set()
+        if completion is None:
             self.heartbeat.release(token)
+        else:
+            self.completer.submit(completion)
+
+    def _recorded(self, completion: Completion, applied: bool) -> None:
+        """Called by the completer once a completion is written (or rejected)."""
+        token = completion.token
+        if self.heartbeat is not None:
+            self.heartbeat.release(token)
+        if not applied:
+            log.warning(
+                "completion rejected: the lease was lost",
+                extra={"task_id": token.task_id, "attempt": token.attempt},
+            )
 
     # -- shutdown ------------------------------------------------------------
 

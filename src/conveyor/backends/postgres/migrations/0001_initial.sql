@@ -70,13 +70,16 @@ create table {schema}.workers (
 
 -- Wake idle workers when due work arrives: one notification per queue per
 -- statement (bulk enqueue sends one, not thousands). The payload is only
--- the queue name; workers claim through the normal path.
+-- the queue name; workers claim through the normal path. The clock here is
+-- clock_timestamp(): an enqueue stamps run_at with statement_timestamp(),
+-- which is later than now() (the transaction start), so comparing with
+-- now() would miss every task enqueued for "right away".
 create function {schema}.notify_due_tasks() returns trigger
 language plpgsql as $$
 begin
     perform pg_notify('conveyor_' || tg_table_schema, q.queue)
     from (select distinct queue from new_rows
-          where state = 'pending' and run_at <= now()) as q;
+          where state = 'pending' and run_at <= clock_timestamp()) as q;
     return null;
 end
 $$;
