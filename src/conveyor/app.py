@@ -200,8 +200,7 @@ class App:
         many: Iterable[Mapping[str, Any] | None],
         options: Mapping[str, Any],
     ) -> list[NewTask]:
-        definition = self._definition(task)
-        return [definition.new_task(args, self.max_payload_bytes, **options) for args in many]
+        return self._definition(task).new_tasks(many, self.max_payload_bytes, **options)
 
     async def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[TaskHandle]:
         backend = await self.backend()

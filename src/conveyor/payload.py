@@ -76,13 +76,18 @@ def encode(value: Any, max_bytes: int | None = None) -> str:
     return text
 
 
+def _reject_constant(name: str) -> Any:
+    raise PayloadError(f"{name} is not strict JSON")
+
+
+_decoder = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def decode(text: str | bytes) -> Any:
     """Decode stored JSON; a corrupt document raises :class:`PayloadError`."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return _decoder.decode(text)
     except (ValueError, TypeError) as exc:
         raise PayloadError(f"stored JSON does not decode: {exc}") from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise PayloadError(f"{name} is not strict JSON")

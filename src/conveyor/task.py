@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -140,29 +140,33 @@ class TaskDef:
 
     # -- enqueue -----------------------------------------------------------
 
-    def new_task(
+    def new_tasks(
         self,
-        args: Mapping[str, Any] | None,
+        many: Iterable[Mapping[str, Any] | None],
         max_bytes: int,
         *,
         delay: float | timedelta | None = None,
         run_at: datetime | None = None,
         **overrides: Any,
-    ) -> NewTask:
+    ) -> list[NewTask]:
+        """Checked, encoded tasks for these payloads, all with the same options."""
         options = self.options.merge(**overrides)
         when, seconds = run_at_from(delay, run_at)
-        return NewTask(
-            name=self.name,
-            queue=options.queue,
-            payload=self.encode_args(args, max_bytes),
-            priority=options.priority,
-            max_attempts=options.retry.max_attempts,
-            retry=options.retry,
-            run_at=when,
-            delay=seconds,
-            timeout=options.timeout,
-            lease=options.lease,
-        )
+        return [
+            NewTask(
+                name=self.name,
+                queue=options.queue,
+                payload=self.encode_args(args, max_bytes),
+                priority=options.priority,
+                max_attempts=options.retry.max_attempts,
+                retry=options.retry,
+                run_at=when,
+                delay=seconds,
+                timeout=options.timeout,
+                lease=options.lease,
+            )
+            for args in many
+        ]
 
     def enqueue(self, **args: Any) -> TaskHandle:
         """Enqueue with the task's default options (sync)."""

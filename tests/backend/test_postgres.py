@@ -349,3 +349,42 @@ async def test_count_unfinished_sees_due_and_running(backend: PostgresBackend) -
     assert await backend.count_unfinished(work) == 1
     await claim(backend)
     assert await backend.count_unfinished(work) == 1
+
+
+async def test_bulk_enqueue_of_mixed_options_keeps_order_and_options(
+    backend: PostgresBackend,
+) -> None:
+    tasks = [new(payload={"i": i}, priority=i % 3, queue=f"q{i % 2}") for i in range(300)]
+    ids = await enqueue(backend, *tasks)
+    assert ids == sorted(ids)
+    stored = [await backend.get_task(i, with_attempts=False) for i in ids[:6]]
+    assert [(t.payload, t.priority, t.queue) for t in stored if t] == [
+        ({"i": i}, i % 3, f"q{i % 2}") for i in range(6)
+    ]
+
+
+async def test_uniform_bulk_enqueue_stores_every_option(backend: PostgresBackend) -> None:
+    policy = RetryPolicy(max_attempts=7, initial_interval=2, max_interval=9, jitter=0)
+    task = NewTask(
+        name="job",
+        queue="mail",
+        payload="{}",
+        priority=4,
+        max_attempts=7,
+        retry=policy,
+        delay=30,
+        timeout=5.5,
+        lease=12,
+    )
+    ids = await enqueue(backend, *[task] * 3)
+    stored = await backend.get_task(ids[1], with_attempts=False)
+    assert stored is not None
+    assert (
+        stored.queue,
+        stored.priority,
+        stored.max_attempts,
+        stored.retry,
+        stored.timeout,
+        stored.lease,
+        stored.run_at,
+    ) == ("mail", 4, 7, policy, 5.5, 12, later(30))

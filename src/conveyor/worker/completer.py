@@ -38,6 +38,8 @@ class Completer:
         self._on_recorded = on_recorded
         self._queue: list[Completion] = []
         self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.flushes = 0
@@ -45,6 +47,7 @@ class Completer:
     def submit(self, completion: Completion) -> None:
         """Queue a completion; ``on_recorded(completion, applied)`` follows its write."""
         self._queue.append(completion)
+        self._idle.clear()
         self._ready.set()
 
     def start(self) -> None:
@@ -56,6 +59,10 @@ class Completer:
         self._ready.set()
         if self._task is not None:
             await self._task
+
+    async def wait_idle(self) -> None:
+        """Return once everything submitted so far has been written."""
+        await self._idle.wait()
 
     async def flush_once(self) -> None:
         batch, self._queue = self._queue, []
@@ -96,5 +103,6 @@ class Completer:
             elif self._stopping:
                 return
             else:
+                self._idle.set()
                 self._ready.clear()
                 await self._ready.wait()

@@ -242,6 +242,8 @@ class Worker:
                 await self._wait_for_hint(self.config.poll_interval)
 
     async def _nothing_due(self, backend: Backend) -> bool:
+        if self.completer is not None:
+            await self.completer.wait_idle()  # our own endings must be written first
         try:
             left = await backend.count_unfinished(WorkFilter(names=self.names, queues=self.queues))
         except Exception as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -34,6 +35,7 @@ from conveyor.backends.protocol import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    NewTask,
     TaskFilter,
     WorkerInfo,
     WorkFilter,
@@ -61,10 +63,50 @@ RECONNECT_MIN_DELAY = 0.1
 RECONNECT_MAX_DELAY = 5.0
 
 
-def enqueue_args(params: EnqueueParams) -> dict[str, Any]:
-    """Column arrays for the ``enqueue`` statement."""
+@functools.lru_cache(maxsize=256)
+def _retry_json(policy: RetryPolicy) -> str:
+    return codec.encode(policy.to_json())
+
+
+@functools.lru_cache(maxsize=256)
+def _retry_policy(text: str) -> RetryPolicy:
+    return RetryPolicy.from_json(codec.decode(text))
+
+
+def _options(task: NewTask) -> tuple[Any, ...]:
+    return (
+        task.name,
+        task.queue,
+        task.priority,
+        task.max_attempts,
+        task.retry,
+        task.run_at,
+        task.delay,
+        task.timeout,
+        task.lease,
+    )
+
+
+def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
+    """The cheapest ``enqueue`` statement for these tasks, and its arguments."""
     tasks = params.tasks
-    return {
+    first = _options(tasks[0])
+    if len(tasks) > 1 and all(_options(t) == first for t in tasks):
+        head = tasks[0]
+        return "enqueue_uniform", {
+            "now": params.now,
+            "name": head.name,
+            "queue": head.queue,
+            "priority": head.priority,
+            "run_at": head.run_at,
+            "delay": head.delay,
+            "max_attempts": head.max_attempts,
+            "retry_policy": _retry_json(head.retry),
+            "timeout": head.timeout,
+            "lease": head.lease,
+            "payloads": "[" + ",".join(t.payload for t in tasks) + "]",
+        }
+    return "enqueue", {
         "now": params.now,
         "names": [t.name for t in tasks],
         "queues": [t.queue for t in tasks],
@@ -73,7 +115,7 @@ def enqueue_args(params: EnqueueParams) -> dict[str, Any]:
         "run_ats": [t.run_at for t in tasks],
         "delays": [t.delay for t in tasks],
         "max_attempts": [t.max_attempts for t in tasks],
-        "retry_policies": [codec.encode(t.retry.to_json()) for t in tasks],
+        "retry_policies": [_retry_json(t.retry) for t in tasks],
         "timeouts": [t.timeout for t in tasks],
         "leases": [t.lease for t in tasks],
     }
@@ -301,15 +343,15 @@ class PostgresBackend:
     async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
         if not params.tasks:
             return []
-        args = enqueue_args(params)
+        name, args = enqueue_statement(params)
         if connection is None:
-            return _ordered_ids(await self._fetchall("enqueue", args))
+            return _ordered_ids(await self._fetchall(name, args))
         if not isinstance(connection, AsyncConnection):
             raise ConfigurationError(
                 "the async API takes a psycopg AsyncConnection; "
                 "pass a sync psycopg Connection to the sync API"
             )
-        cursor = await connection.execute(self.sql["enqueue"], args)
+        cursor = await connection.execute(self.sql[name], args)
         return _ordered_ids(await cursor.fetchall())
 
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
@@ -319,7 +361,8 @@ class PostgresBackend:
             )
         if not params.tasks:
             return []
-        cursor = connection.execute(self.sql["enqueue"], enqueue_args(params))
+        name, args = enqueue_statement(params)
+        cursor = connection.execute(self.sql[name], args)
         return _ordered_ids(cursor.fetchall())
 
     # -- claim, heartbeat, finish ---------------------------------------
@@ -529,7 +572,7 @@ def _claimed(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
         payload=payload,
         spent=spent,
         max_attempts=max_attempts,
-        retry=RetryPolicy.from_json(codec.decode(retry)),
+        retry=_retry_policy(retry),
         timeout=timeout,
         lease=lease,
         lease_expires_at=expires,
