@@ -86,6 +86,7 @@ async def test_heartbeat_and_finish_use_primary_keys(history: PostgresBackend) -
     common = {"now": None, "worker_id": "w", "ids": [1, 2], "attempts": [1, 1]}
     beat = await _plan(history, "heartbeat", {**common, "lease": 30.0})
     assert "tasks" not in _scanned_tables(beat)
+    assert "tasks_pkey" in {n.get("Index Name") for n in beat}
     finish = await _plan(
         history,
         "finish",
@@ -101,3 +102,4 @@ async def test_heartbeat_and_finish_use_primary_keys(history: PostgresBackend) -
         },
     )
     assert not {"tasks", "attempts"} & _scanned_tables(finish)
+    assert {"tasks_pkey", "attempts_pkey"} <= {n.get("Index Name") for n in finish}

@@ -138,6 +138,10 @@ select * from claimed;
 -- Renew every lease the worker still holds, fenced by the lease token, and
 -- mark the worker alive. Leases missing from the result are lost. A lease
 -- that already expired is not renewed: it may have been reclaimed.
+-- The fence does not name state = 'in_progress': a live worker_id and lease
+-- imply it (a check constraint on the table), and leaving the state out keeps
+-- the planner on the primary key instead of the in-progress partial index,
+-- whose statistics are often stale (it then loops over every running task).
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
@@ -151,7 +155,6 @@ from unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt), clock
 where t.id = l.id
   and t.attempt = l.attempt
   and t.worker_id = %(worker_id)s
-  and t.state = 'in_progress'
   and t.lease_expires_at > clock.now
 returning t.id, t.attempt, t.cancel_requested;
 
@@ -159,7 +162,8 @@ returning t.id, t.attempt, t.cancel_requested;
 -- Record many attempt endings in one statement, each fenced by its lease
 -- token and a live lease; a late write from a lost lease changes nothing
 -- and is simply missing from the result. The caller decides each next
--- state (retry or not) from the task's retry policy.
+-- state (retry or not) from the task's retry policy. As in heartbeat, the
+-- fence leaves state = 'in_progress' implied, to stay on the primary key.
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
@@ -187,7 +191,6 @@ finished as (
     where t.id = i.id
       and t.attempt = i.attempt
       and t.worker_id = %(worker_id)s
-      and t.state = 'in_progress'
       and t.lease_expires_at > clock.now
     returning t.id, t.attempt
 ),

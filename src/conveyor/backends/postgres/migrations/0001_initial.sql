@@ -27,7 +27,11 @@ create table {schema}.tasks (
     cancel_requested  boolean not null default false,
     result            jsonb,
     created_at        timestamptz not null default now(),
-    finished_at       timestamptz
+    finished_at       timestamptz,
+    -- Exactly the in-progress tasks have an owner and a lease: the fences of
+    -- heartbeat and finish rely on it.
+    constraint tasks_lease_iff_in_progress check (
+        (state = 'in_progress') = (worker_id is not null and lease_expires_at is not null))
 );
 
 -- The claim path for due work: one queue at a time, in claim order. Only
