@@ -138,37 +138,48 @@ select * from claimed;
 -- Renew every lease the worker still holds, fenced by the lease token, and
 -- mark the worker alive. Leases missing from the result are lost. A lease
 -- that already expired is not renewed: it may have been reclaimed.
--- The fence does not name state = 'in_progress': a live worker_id and lease
--- imply it (a check constraint on the table), and leaving the state out keeps
--- the planner on the primary key instead of the in-progress partial index,
--- whose statistics are often stale (it then loops over every running task).
+--
+-- Planner note (heartbeat and finish): statistics about running tasks are
+-- nearly always stale (taken when few tasks ran), so any restriction that
+-- singles them out of the tasks table (state, owner, lease) is estimated at
+-- one row, and the planner then loops the whole input over every running
+-- task. So the fence names no constant: the input rows carry the worker id
+-- and the clock, behind a MATERIALIZED fence, every condition is a join
+-- condition, and the only restriction is id = any(ids), which sends the
+-- planner to the primary key.
+-- state = 'in_progress' is implied by a live owner and lease (a check
+-- constraint on the table).
 with clock as (
-    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
+           %(worker_id)s::text as worker_id
 ),
 seen as (
-    update {schema}.workers set last_seen_at = clock.now
-    from clock where id = %(worker_id)s
+    update {schema}.workers w set last_seen_at = clock.now
+    from clock where w.id = clock.worker_id
+),
+leases as materialized (
+    select l.id, l.attempt, clock.now, clock.worker_id
+    from unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt), clock
 )
 update {schema}.tasks t
-set lease_expires_at = clock.now + make_interval(secs => coalesce(t.lease_seconds, %(lease)s))
-from unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt), clock
-where t.id = l.id
+set lease_expires_at = l.now + make_interval(secs => coalesce(t.lease_seconds, %(lease)s))
+from leases l
+where t.id = any(%(ids)s::bigint[])
+  and t.id = l.id
   and t.attempt = l.attempt
-  and t.worker_id = %(worker_id)s
-  and t.lease_expires_at > clock.now
+  and t.worker_id = l.worker_id
+  and t.lease_expires_at > l.now
 returning t.id, t.attempt, t.cancel_requested;
 
 -- name: finish
 -- Record many attempt endings in one statement, each fenced by its lease
 -- token and a live lease; a late write from a lost lease changes nothing
 -- and is simply missing from the result. The caller decides each next
--- state (retry or not) from the task's retry policy. As in heartbeat, the
--- fence leaves state = 'in_progress' implied, to stay on the primary key.
-with clock as (
-    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
-),
-input as (
-    select *
+-- state (retry or not) from the task's retry policy. The fence is written
+-- as join conditions only, for the planner's sake (see heartbeat).
+with input as materialized (
+    select i.*, coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
+           %(worker_id)s::text as worker_id
     from unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[],
                 %(outcomes)s::text[], %(delays)s::float8[], %(results)s::text[],
                 %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[])
@@ -180,30 +191,30 @@ finished as (
     set state = i.state,
         result = case when i.state = 'succeeded' then i.result::jsonb else t.result end,
         run_at = case when i.state = 'pending'
-                      then clock.now + make_interval(secs => coalesce(i.delay, 0))
+                      then i.now + make_interval(secs => coalesce(i.delay, 0))
                       else t.run_at end,
         spent = t.spent - (i.outcome = 'interrupted')::int,
         worker_id = null,
         lease_expires_at = null,
         finished_at = case when i.state in ('succeeded', 'failed', 'cancelled')
-                           then clock.now end
-    from input i, clock
-    where t.id = i.id
+                           then i.now end
+    from input i
+    where t.id = any(%(ids)s::bigint[])
+      and t.id = i.id
       and t.attempt = i.attempt
-      and t.worker_id = %(worker_id)s
-      and t.lease_expires_at > clock.now
+      and t.worker_id = i.worker_id
+      and t.lease_expires_at > i.now
     returning t.id, t.attempt
 ),
 logged as (
     update {schema}.attempts a
     set outcome = i.outcome,
-        finished_at = clock.now,
+        finished_at = i.now,
         error_type = i.error_type,
         error_message = i.error_message,
         traceback = i.traceback
     from finished f
     join input i on i.id = f.id and i.attempt = f.attempt
-    cross join clock
     where a.task_id = f.id and a.number = f.attempt
 )
 select id, attempt from finished;
