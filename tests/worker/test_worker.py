@@ -174,8 +174,9 @@ async def test_cancel_pending_task_never_runs(app: conveyor.App) -> None:
 async def _steal(app: conveyor.App, task_id: int, thief: str) -> Completion | None:
     """Expire the lease in the database and claim the task as another worker.
 
-    The victim's worker must run with a long poll interval, or its own claim
-    loop may reclaim the expired task first.
+    The victim's worker must run with a long poll interval and have its
+    listener connected (whose first wake-up triggers a claim), or its own
+    claim loop may reclaim the expired task first.
     """
     backend = await app.backend()
     async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
@@ -210,8 +211,9 @@ async def test_lost_lease_stops_the_handler_and_its_late_write_changes_nothing(
 
     async with app:
         handle = await victim.enqueue_async()
-        async with RunningWorker(app, lease=1.0, poll_interval=30):
+        async with RunningWorker(app, lease=1.0, poll_interval=30) as worker:
             await asyncio.wait_for(started.wait(), 10)
+            await wait_for(lambda: _listening(worker), timeout=10)
             completion = await _steal(app, handle.id, "thief")
             await asyncio.wait_for(stopped.wait(), 5)
         backend = await app.backend()
@@ -272,6 +274,7 @@ async def test_transactional_handler_writes_roll_back_when_the_lease_is_lost(
         handle = await charge.enqueue_async(order=7)
         async with RunningWorker(app, lease=1.0, poll_interval=30) as worker:
             await asyncio.wait_for(wrote.wait(), 10)
+            await wait_for(lambda: _listening(worker), timeout=10)
             await _steal(app, handle.id, "thief")
             await wait_for(lambda: _no_running(worker), timeout=5)
         async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
@@ -463,5 +466,5 @@ async def test_idle_worker_wakes_on_enqueue_without_polling(app: conveyor.App) -
 
 
 async def _listening(worker: conveyor.Worker) -> bool:
-    # The first claim happens once the listener is connected and asks for one.
-    return worker.claims_attempted >= 2
+    # The second claim is the one the listener asks for once connected.
+    return worker.claims_made >= 2

@@ -75,7 +75,7 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         self.completer: Completer | None = None
         self.claimed_count = 0
-        self.claims_attempted = 0
+        self.claims_made = 0
         self._transactions = False
         self._open_transaction: Callable[[], Awaitable[AttemptTransaction]] | None = None
         self._open_transaction_sync: Callable[[], AttemptTransaction] | None = None
@@ -204,7 +204,6 @@ class Worker:
             claimed: list[ClaimedTask] = []
             if free > 0 and self.names:
                 sent_at = time.monotonic()
-                self.claims_attempted += 1
                 try:
                     claimed = await backend.claim(
                         ClaimParams(
@@ -221,6 +220,7 @@ class Worker:
                     retry_delay = min(retry_delay * 2, CLAIM_RETRY_MAX)
                     continue
                 retry_delay = CLAIM_RETRY_MIN
+                self.claims_made += 1
                 for task in claimed:
                     self._start(task, sent_at, backend)
             if claimed and len(claimed) == free:
