@@ -100,6 +100,9 @@ class TaskDef:
         self.signature = inspect.signature(fn)
         self._hints = _type_hints(fn)
         self.context_parameter = _context_parameter(self.signature, self._hints)
+        self._accepted, self._required, self._open = _keyword_parameters(
+            name, self.signature, self.context_parameter
+        )
         if executor == "process" and self.context_parameter:
             raise ConfigurationError(f"task {name!r}: process handlers cannot take a TaskContext")
         self.__doc__ = fn.__doc__
@@ -115,21 +118,27 @@ class TaskDef:
 
     def encode_args(self, args: Mapping[str, Any] | None, max_bytes: int) -> str:
         """Check ``args`` against the handler and encode them (no I/O)."""
-        args = dict(args or {})
-        if self.context_parameter and self.context_parameter in args:
-            raise PayloadError(f"{self.context_parameter!r} is the handler's context, not data")
-        plain = {key: codec.to_plain(value) for key, value in args.items()}
-        try:
-            self._bind(plain)
-        except TypeError as exc:
-            raise PayloadError(f"payload does not fit task {self.name!r}: {exc}") from None
+        plain = {key: codec.to_plain(value) for key, value in (args or {}).items()}
+        self._check_names(plain)
         return codec.encode(plain, max_bytes)
 
-    def _bind(self, args: Mapping[str, Any]) -> None:
-        parameters = list(self.signature.parameters.values())
-        if self.context_parameter:
-            parameters = [p for p in parameters if p.name != self.context_parameter]
-        self.signature.replace(parameters=parameters).bind(**args)
+    def _check_names(self, args: Mapping[str, Any]) -> None:
+        """The payload's keys must be the handler's keyword parameters."""
+        if self.context_parameter and self.context_parameter in args:
+            raise PayloadError(f"{self.context_parameter!r} is the handler's context, not data")
+        missing = self._required - args.keys()
+        if missing:
+            raise PayloadError(
+                f"payload does not fit task {self.name!r}: "
+                f"missing a required argument: {', '.join(sorted(missing))}"
+            )
+        if not self._open:
+            unknown = args.keys() - self._accepted
+            if unknown:
+                raise PayloadError(
+                    f"payload does not fit task {self.name!r}: "
+                    f"unexpected argument: {', '.join(sorted(unknown))}"
+                )
 
     def build_kwargs(self, args: Mapping[str, Any], ctx: TaskContext | None) -> dict[str, Any]:
         """Handler keyword arguments from a decoded payload (and the context)."""
@@ -182,6 +191,31 @@ def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
         return typing.get_type_hints(fn)
     except Exception:
         return {}
+
+
+def _keyword_parameters(
+    name: str, signature: inspect.Signature, context: str | None
+) -> tuple[frozenset[str], frozenset[str], bool]:
+    """(accepted names, required names, takes **kwargs) of a handler's payload."""
+    accepted, required, open_ = set(), set(), False
+    for parameter in signature.parameters.values():
+        if parameter.name == context:
+            continue
+        if parameter.kind is parameter.VAR_KEYWORD:
+            open_ = True
+        elif parameter.kind is parameter.VAR_POSITIONAL:
+            continue
+        elif parameter.kind is parameter.POSITIONAL_ONLY:
+            if parameter.default is parameter.empty:
+                raise ConfigurationError(
+                    f"task {name!r}: positional-only parameter {parameter.name!r} "
+                    "cannot be filled from a payload (payloads are keyword arguments)"
+                )
+        else:
+            accepted.add(parameter.name)
+            if parameter.default is parameter.empty:
+                required.add(parameter.name)
+    return frozenset(accepted), frozenset(required), open_
 
 
 def _context_parameter(signature: inspect.Signature, hints: Mapping[str, Any]) -> str | None:
