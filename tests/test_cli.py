@@ -212,3 +212,28 @@ def test_burst_worker_runs_tasks_to_completion(cli: Cli) -> None:
     text = cli.ok("show", str(bad))
     assert "failed" in text
     assert "ValueError: boom" in text
+
+
+def test_worker_logs_json_lines_with_task_fields(cli: Cli) -> None:
+    task_id = cli.enqueue("explode", {"message": "logged"}, "--max-attempts", "1")
+    done = cli.run(
+        "worker",
+        "tests.apps.cli_app:app",
+        "--burst",
+        "--poll-interval",
+        "0.05",
+        "--log-format",
+        "json",
+        "--log-level",
+        "DEBUG",
+    )
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert records, "the worker logged nothing"
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+    assert any(r["message"].startswith("worker ") and r["level"] == "INFO" for r in records)
+    failed = [r for r in records if r.get("task_id") == task_id]
+    assert failed, "no record names the failing task"
+    assert failed[-1]["attempt"] == 1
+    assert failed[-1]["level"] == "WARNING"
+    assert "ValueError: logged" in failed[-1]["message"]

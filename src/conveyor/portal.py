@@ -44,6 +44,11 @@ class Portal:
                 self._loop = loop
             return self._loop
 
+    @property
+    def started(self) -> bool:
+        """Whether the loop thread was ever started (and not closed since)."""
+        return self._loop is not None
+
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the portal loop and return its result (blocking)."""
         try:

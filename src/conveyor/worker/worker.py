@@ -36,7 +36,7 @@ from conveyor.backends.protocol import (
 )
 from conveyor.context import TaskContext
 from conveyor.errors import CancelledByRequest, LeaseLostError, WorkerShutdown
-from conveyor.model import LeaseToken
+from conveyor.model import LeaseToken, Outcome, TaskState
 from conveyor.worker.attempt import RunningAttempt
 from conveyor.worker.completer import Completer
 from conveyor.worker.config import WorkerConfig
@@ -316,7 +316,35 @@ class Worker:
         if completion is None:
             self.heartbeat.release(token)
         else:
+            self._log_ending(running, completion)
             self.completer.submit(completion)
+
+    def _log_ending(self, running: RunningAttempt, completion: Completion) -> None:
+        token = completion.token
+        fields = {"task_id": token.task_id, "attempt": token.attempt, "worker_id": self.id}
+        if completion.outcome is Outcome.SUCCEEDED:
+            log.debug("task %s succeeded", running.task.name, extra=fields)
+            return
+        error = completion.error
+        detail = f"{error.type}: {error.message}" if error else completion.outcome.value
+        if completion.next_state is TaskState.PENDING and completion.retry_delay is not None:
+            log.warning(
+                "task %s attempt %s %s (%s); again in %.1fs",
+                running.task.name,
+                token.attempt,
+                completion.outcome.value,
+                detail,
+                completion.retry_delay,
+                extra=fields,
+            )
+        else:
+            log.warning(
+                "task %s %s: %s",
+                running.task.name,
+                completion.next_state.value,
+                detail,
+                extra=fields,
+            )
 
     def _recorded(self, completion: Completion, applied: bool) -> None:
         """Called by the completer once a completion is written (or rejected)."""
