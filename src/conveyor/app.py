@@ -8,6 +8,8 @@ loop; sync calls go through a private loop thread (:mod:`conveyor.portal`).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,6 +71,7 @@ class App:
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
+        atexit.register(_close_at_exit, weakref.ref(self))
         # Validates the URL and schema now; runs sync enqueues on callers' connections.
         self._statements: Backend = backend_from_url(self.url, **self._backend_options)
 
@@ -368,6 +371,14 @@ class App:
         ``burst=True``, until no task is due or running)."""
         worker = self.worker(**config)
         asyncio.run(worker.run())
+
+
+def _close_at_exit(ref: weakref.ref[App]) -> None:
+    """Close the sync API's pool at interpreter exit, for scripts that never do."""
+    app = ref()
+    if app is not None and app.portal.started:
+        with contextlib.suppress(Exception):
+            app.close()
 
 
 def _unregistered(**_: Any) -> None:

@@ -96,17 +96,15 @@ class Heartbeat:
         with self._lock:
             tokens = list(self._leases)
         sent_at = time.monotonic()
+        params = HeartbeatParams(
+            worker_id=self.config.worker_id, tokens=tokens, lease=self.config.lease
+        )
         try:
-            result = await backend.heartbeat(
-                HeartbeatParams(
-                    worker_id=self.config.worker_id, tokens=tokens, lease=self.config.lease
-                )
-            )
+            # Bounded: a call stuck on a dead connection must not hold back fencing.
+            result = await asyncio.wait_for(backend.heartbeat(params), self.interval())
         except Exception as exc:
-            log.warning("heartbeat failed: %s", exc)
-            fenced = self._untrusted(time.monotonic())
-            if fenced:
-                self._report(HeartbeatResult(frozenset(), fenced, frozenset()))
+            log.warning("heartbeat failed: %s", exc or type(exc).__name__)
+            self.fence_untrusted()
             return None
         self.beats += 1
         with self._lock:
@@ -120,12 +118,18 @@ class Heartbeat:
             self._report(result)
         return result
 
-    def _untrusted(self, now: float) -> frozenset[LeaseToken]:
-        margin = self.interval()
+    def fence_untrusted(self) -> frozenset[LeaseToken]:
+        """Give up (report lost) every lease whose trust runs out within one interval."""
+        now = time.monotonic()
+        # Checked at least once per interval plus a wake slice: fence that early.
+        margin = self.interval() + WAKE_SLICE
         with self._lock:
             gone = [t for t, h in self._leases.items() if now >= h.trusted_until - margin]
             for token in gone:
                 del self._leases[token]
+        if gone:
+            log.warning("self-fencing %d leases: renewals have failed for too long", len(gone))
+            self._report(HeartbeatResult(frozenset(), frozenset(gone), frozenset()))
         return frozenset(gone)
 
     def _report(self, result: HeartbeatResult) -> None:
@@ -164,9 +168,11 @@ class Heartbeat:
                     continue
                 last = time.monotonic()
                 await self.run_once(backend)
-                # Wake in short slices: a newly held shorter lease shortens the wait.
+                # Wake in short slices: a newly held shorter lease shortens the wait,
+                # and trust keeps running out even when no renewal gets through.
                 while not self._stopping.is_set() and time.monotonic() - last < self.interval():
                     await self._sleep(min(WAKE_SLICE, self.interval()))
+                    self.fence_untrusted()
         finally:
             if backend is not None:
                 await backend.close()
@@ -179,11 +185,11 @@ class Heartbeat:
     async def _connect(self) -> Backend | None:
         backend = self._make_backend()
         try:
-            await backend.open()
+            await asyncio.wait_for(backend.open(), self.interval())
         except Exception as exc:
-            log.warning("heartbeat cannot connect: %s", exc)
-            fenced = self._untrusted(time.monotonic())
-            if fenced:
-                self._report(HeartbeatResult(frozenset(), fenced, frozenset()))
+            log.warning("heartbeat cannot connect: %s", exc or type(exc).__name__)
+            with contextlib.suppress(Exception):
+                await backend.close()
+            self.fence_untrusted()
             return None
         return backend

@@ -20,7 +20,7 @@ from typing import Any, LiteralString
 
 import psycopg
 from psycopg import AsyncConnection, sql
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from conveyor import payload as codec
 from conveyor.backends.postgres import queries
@@ -59,6 +59,7 @@ log = logging.getLogger("conveyor.postgres")
 
 DEFAULT_SCHEMA = "conveyor"
 DEFAULT_POOL_SIZE = 10
+CONNECT_TIMEOUT = 30.0
 RECONNECT_MIN_DELAY = 0.1
 RECONNECT_MAX_DELAY = 5.0
 
@@ -307,9 +308,12 @@ class PostgresBackend:
             name=f"conveyor-{self.schema}",
         )
         try:
-            await pool.open(wait=True, timeout=30)
-        except psycopg.Error as exc:
-            raise BackendError(f"cannot connect to PostgreSQL: {exc}") from exc
+            await pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+        except BaseException as exc:
+            await pool.close()  # stop its reconnect attempts
+            if isinstance(exc, psycopg.Error | PoolTimeout):
+                raise BackendError(f"cannot connect to PostgreSQL: {exc}") from exc
+            raise
         self._pool = pool
         if self._auto_migrate:
             await self.migrate()
