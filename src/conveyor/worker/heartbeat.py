@@ -121,8 +121,9 @@ class Heartbeat:
     def fence_untrusted(self) -> frozenset[LeaseToken]:
         """Give up (report lost) every lease whose trust runs out within one interval."""
         now = time.monotonic()
-        # Checked at least once per interval plus a wake slice: fence that early.
-        margin = self.interval() + WAKE_SLICE
+        # A renewal is sent every interval and bounded by one; trust runs for
+        # three: a lease still unrenewed with one interval left is given up.
+        margin = self.interval()
         with self._lock:
             gone = [t for t, h in self._leases.items() if now >= h.trusted_until - margin]
             for token in gone:
@@ -170,8 +171,11 @@ class Heartbeat:
                 await self.run_once(backend)
                 # Wake in short slices: a newly held shorter lease shortens the wait,
                 # and trust keeps running out even when no renewal gets through.
-                while not self._stopping.is_set() and time.monotonic() - last < self.interval():
-                    await self._sleep(min(WAKE_SLICE, self.interval()))
+                while not self._stopping.is_set():
+                    left = last + self.interval() - time.monotonic()
+                    if left <= 0:
+                        break
+                    await self._sleep(min(WAKE_SLICE, left))
                     self.fence_untrusted()
         finally:
             if backend is not None:
