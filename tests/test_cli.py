@@ -237,3 +237,10 @@ def test_worker_logs_json_lines_with_task_fields(cli: Cli) -> None:
     assert failed[-1]["attempt"] == 1
     assert failed[-1]["level"] == "WARNING"
     assert "ValueError: logged" in failed[-1]["message"]
+
+
+def test_worker_refuses_a_heartbeat_slower_than_its_lease(cli: Cli) -> None:
+    error = cli.fails(
+        "worker", "tests.apps.cli_app:app", "--burst", "--lease", "1", "--heartbeat-interval", "2"
+    )
+    assert "heartbeat_interval" in error

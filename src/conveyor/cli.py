@@ -138,6 +138,11 @@ def migrate(url: str | None, schema: str | None) -> None:
     show_default=True,
     help="Lease seconds for tasks that set none.",
 )
+@click.option(
+    "--heartbeat-interval",
+    type=click.FloatRange(min=0.01),
+    help="Seconds between lease renewals (default: the shortest lease / 3).",
+)
 @click.option("--poll-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True)
 @click.option(
     "--grace",
@@ -154,6 +159,7 @@ def worker(
     concurrency: int,
     queues: str | None,
     lease: float,
+    heartbeat_interval: float | None,
     poll_interval: float,
     grace: float,
     burst: bool,
@@ -169,6 +175,7 @@ def worker(
             concurrency=concurrency,
             queues=queue_list,
             lease=lease,
+            heartbeat_interval=heartbeat_interval,
             poll_interval=poll_interval,
             grace=grace,
             burst=burst,
