@@ -13,6 +13,7 @@ The tree::
     ├── ResultTimeoutError          ``handle.result(timeout=…)`` ran out of time
     ├── TaskFailedError             ``handle.result()`` of a task that failed or was cancelled
     ├── BackendError                the backend failed in a way the caller must see
+    │   └── BackendUnavailableError the backend cannot be reached now (retry later)
     └── StopAttempt                 raised inside a handler whose attempt must stop
         ├── LeaseLostError          the worker no longer holds the lease
         ├── CancelledByRequest      someone cancelled the task while it ran
@@ -82,6 +83,13 @@ class TaskFailedError(ConveyorError):
 
 class BackendError(ConveyorError):
     """The backend failed; the operation may or may not have been applied."""
+
+
+class BackendUnavailableError(BackendError):
+    """The backend cannot be reached right now (connection lost, pool exhausted).
+
+    Transient: the same operation may succeed later.
+    """
 
 
 class StopAttempt(BaseException):

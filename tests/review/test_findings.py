@@ -59,11 +59,6 @@ async def _execute(app: conveyor.App, statement: psycopg.sql.Composable, *args: 
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outcomes.error_info does not sanitise NUL / lone surrogates; the completer "
-    "retries the poisoned batch forever and stops recording every completion",
-)
 @pytest.mark.parametrize("text", ["bad\x00byte", "/data/\udcff.csv"], ids=["nul", "surrogate"])
 async def test_unstorable_error_text_does_not_wedge_the_worker(
     app: conveyor.App, text: str, monkeypatch: pytest.MonkeyPatch

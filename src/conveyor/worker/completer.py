@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 from conveyor.backends.protocol import Backend, Completion, FinishParams
+from conveyor.errors import BackendUnavailableError
 from conveyor.model import LeaseToken
 
 log = logging.getLogger("conveyor.worker.completer")
@@ -67,28 +68,48 @@ class Completer:
     async def flush_once(self) -> None:
         batch, self._queue = self._queue, []
         self._ready.clear()
+        await self._write(batch)
+
+    async def _write(self, batch: list[Completion]) -> None:
+        """Write ``batch``; retry while the backend is away and the leases are
+        trusted; isolate a completion the backend refuses for good."""
         delay = RETRY_MIN_DELAY
         while batch:
             try:
                 result = await self._backend.finish(
                     FinishParams(worker_id=self._worker_id, completions=batch)
                 )
-            except Exception as exc:  # retried while the leases are trusted
+            except BackendUnavailableError as exc:
                 log.warning("recording %d completions failed: %s", len(batch), exc)
-                kept = []
-                for completion in batch:
-                    if self._still_held(completion.token):
-                        kept.append(completion)
-                    else:
-                        self._report(completion, False)
-                batch = kept
+                batch = self._still_trusted(batch)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_DELAY)
                 continue
+            except Exception:
+                if len(batch) > 1:  # find the one that is refused; write the others
+                    for completion in batch:
+                        await self._write([completion])
+                    return
+                log.exception(
+                    "the backend refuses to record this attempt's ending; it is dropped and "
+                    "the task will be reclaimed when its lease expires",
+                    extra={"task_id": batch[0].token.task_id, "attempt": batch[0].token.attempt},
+                )
+                self._report(batch[0], False)
+                return
             self.flushes += 1
             for completion in batch:
                 self._report(completion, completion.token in result.applied)
             return
+
+    def _still_trusted(self, batch: list[Completion]) -> list[Completion]:
+        kept = []
+        for completion in batch:
+            if self._still_held(completion.token):
+                kept.append(completion)
+            else:
+                self._report(completion, False)
+        return kept
 
     def _report(self, completion: Completion, applied: bool) -> None:
         try:

@@ -17,7 +17,19 @@ MAX_ERROR_MESSAGE = 4_000
 MAX_TRACEBACK = 32_000
 
 
+def storable(text: str) -> str:
+    """``text`` as any backend can store it: no NUL, no lone surrogate."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def _truncate(text: str, limit: int) -> str:
+    text = storable(text)
     if len(text) <= limit:
         return text
     return text[: limit - 40] + f"... [{len(text) - limit + 40} characters cut]"
@@ -37,7 +49,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
     """Type, message and traceback of ``exc``, safe and truncated."""
     if isinstance(exc, RemoteError):
         return ErrorInfo(
-            type=exc.type_name,
+            type=_truncate(exc.type_name, MAX_ERROR_MESSAGE),
             message=_truncate(_describe(exc), MAX_ERROR_MESSAGE),
             traceback=_truncate(exc.remote_traceback, MAX_TRACEBACK),
         )
@@ -52,7 +64,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
     except BaseException:
         trace = f"{type_name}: (traceback unavailable)"
     return ErrorInfo(
-        type=type_name,
+        type=_truncate(type_name, MAX_ERROR_MESSAGE),
         message=_truncate(_describe(exc), MAX_ERROR_MESSAGE),
         traceback=_truncate(trace, MAX_TRACEBACK),
     )

@@ -42,6 +42,7 @@ from conveyor.backends.protocol import (
 )
 from conveyor.errors import (
     BackendError,
+    BackendUnavailableError,
     ConfigurationError,
     InvalidTransitionError,
     TaskNotFoundError,
@@ -337,8 +338,19 @@ class PostgresBackend:
                 queries.compose("drop schema if exists {schema} cascade", self.schema)
             )
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection; psycopg errors come out as conveyor's."""
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+            raise BackendUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
+        except psycopg.Error as exc:
+            raise BackendError(f"PostgreSQL refused the statement: {exc}") from exc
+
     async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cursor = await conn.execute(self.sql[name], args)
             return await cursor.fetchall()
 
@@ -459,7 +471,7 @@ class PostgresBackend:
     # -- reads -----------------------------------------------------------
 
     async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cursor = await conn.execute(self.sql["get_task"], {"id": task_id})
             row = await cursor.fetchone()
             if row is None:
@@ -497,7 +509,7 @@ class PostgresBackend:
     # -- workers ---------------------------------------------------------
 
     async def register_worker(self, info: WorkerInfo) -> None:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             await conn.execute(
                 self.sql["register_worker"],
                 {
@@ -510,7 +522,7 @@ class PostgresBackend:
             )
 
     async def stop_worker(self, worker_id: str) -> None:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             await conn.execute(self.sql["stop_worker"], {"id": worker_id})
 
     async def list_workers(self) -> list[WorkerInfo]:
