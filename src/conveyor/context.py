@@ -13,6 +13,7 @@ Process handlers get no context (it cannot cross the process boundary).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -36,8 +37,10 @@ class TaskContext:
     __slots__ = (
         "_open_transaction",
         "_open_transaction_sync",
+        "_opening",
         "_stop_event",
         "_stop_reason",
+        "_sync_lock",
         "_transaction",
         "attempt",
         "name",
@@ -70,6 +73,8 @@ class TaskContext:
         self._stop_reason: StopAttempt | None = None
         self._stop_event: threading.Event | None = None
         self._transaction: Any = None
+        self._opening: asyncio.Future[Any] | None = None
+        self._sync_lock: threading.Lock | None = None
 
     def __repr__(self) -> str:
         return f"<TaskContext task {self.task_id} {self.name} attempt {self.attempt}>"
@@ -121,7 +126,10 @@ class TaskContext:
                     "this backend or handler kind offers no attempt transaction "
                     "(it needs an async handler on a SQL backend)"
                 )
-            self._transaction = await self._open_transaction()
+            if self._opening is None:  # concurrent callers share one opening
+                self._opening = asyncio.ensure_future(self._open_transaction())
+            transaction = await self._opening
+            self._transaction = transaction
         return self._transaction.connection
 
     def transaction_sync(self) -> Any:
@@ -133,13 +141,17 @@ class TaskContext:
         roll back on failure or a lost lease. Do not commit it yourself.
         """
         self.check()
-        if self._transaction is None:
-            if self._open_transaction_sync is None:
-                raise ConfigurationError(
-                    "this backend or handler kind offers no synchronous attempt transaction "
-                    "(it needs a plain def handler, not a process one, on a SQL backend)"
-                )
-            self._transaction = self._open_transaction_sync()
+        if self._open_transaction_sync is None:
+            raise ConfigurationError(
+                "this backend or handler kind offers no synchronous attempt transaction "
+                "(it needs a plain def handler, not a process one, on a SQL backend)"
+            )
+        with _EVENT_LOCK:
+            if self._sync_lock is None:
+                self._sync_lock = threading.Lock()
+        with self._sync_lock:  # threads of one handler share one transaction
+            if self._transaction is None:
+                self._transaction = self._open_transaction_sync()
         return self._transaction.connection
 
     def _request_stop(self, reason: StopAttempt) -> bool:

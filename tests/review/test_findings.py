@@ -99,11 +99,6 @@ async def test_unstorable_error_text_does_not_wedge_the_worker(
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finish moves a cancel-requested task back to pending and claim's `due` "
-    "ignores cancel_requested: the cancelled task is claimed again",
-)
 async def test_cancel_requested_task_is_not_claimed_again_after_a_retry(
     backend: PostgresBackend,
 ) -> None:
@@ -123,11 +118,6 @@ async def test_cancel_requested_task_is_not_claimed_again_after_a_retry(
     assert task.state is TaskState.CANCELLED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cancel of a running task is lost if the attempt fails (retry) before the "
-    "next heartbeat: the handler runs again and the task can even succeed",
-)
 async def test_cancelled_running_task_is_not_run_again_after_it_fails(app: conveyor.App) -> None:
     calls: list[int] = []
     started = asyncio.Event()
@@ -163,11 +153,6 @@ async def test_cancelled_running_task_is_not_run_again_after_it_fails(app: conve
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a failing COMMIT of the attempt transaction is swallowed by _run_attempt: "
-    "the attempt stays in_progress, nothing is logged, the retry policy is bypassed",
-)
 async def test_commit_failure_of_the_attempt_transaction_fails_the_attempt(
     app: conveyor.App, schema: str
 ) -> None:
@@ -214,11 +199,6 @@ async def test_commit_failure_of_the_attempt_transaction_fails_the_attempt(
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TaskContext.transaction() has no guard against concurrent first calls: "
-    "a second transaction is opened, its writes are lost and its connection leaks",
-)
 async def test_concurrent_transaction_calls_share_one_transaction(
     app: conveyor.App, schema: str
 ) -> None:
@@ -264,11 +244,6 @@ async def test_concurrent_transaction_calls_share_one_transaction(
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="heartbeat_interval longer than a task's own lease: fence_untrusted gives "
-    "the lease up immediately (margin = interval), so the task can never finish",
-)
 async def test_task_lease_shorter_than_heartbeat_interval_still_runs(app: conveyor.App) -> None:
     @app.task(lease=1.0, retry=RetryPolicy(max_attempts=1))
     async def quick() -> str:
@@ -492,11 +467,6 @@ async def test_slow_commit_of_one_attempt_does_not_fence_the_others(
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="abandon() + rollback hands the thread's connection back in autocommit "
-    "mode: an abandoned handler's later writes commit outside any fence",
-)
 async def test_abandoned_thread_handler_commits_nothing(app: conveyor.App, schema: str) -> None:
     effects = _table(schema, "effects")
     insert = psycopg.sql.SQL("insert into {} values (%s)").format(effects)

@@ -181,6 +181,11 @@ class AttemptTransaction(Protocol):
 
     async def rollback(self) -> None: ...
 
+    async def abandon(self) -> None:
+        """End the transaction from outside while its handler may still use the
+        connection (a thread that ignored the order to stop): nothing the
+        handler writes afterwards can commit."""
+
 
 @runtime_checkable
 class Backend(Protocol):

@@ -41,7 +41,7 @@ log = logging.getLogger("conveyor.worker")
 class RunningAttempt:
     """A claimed task being run, and the means to stop it."""
 
-    __slots__ = ("ctx", "definition", "execution", "max_result_bytes", "task")
+    __slots__ = ("_abandoned", "ctx", "definition", "execution", "max_result_bytes", "task")
 
     def __init__(
         self, task: ClaimedTask, definition: TaskDef, ctx: TaskContext, max_result_bytes: int
@@ -51,6 +51,7 @@ class RunningAttempt:
         self.ctx = ctx
         self.max_result_bytes = max_result_bytes
         self.execution: Execution | None = None
+        self._abandoned = False
 
     def stop(self, reason: StopAttempt) -> None:
         """Order the handler to stop for ``reason`` (the first reason wins)."""
@@ -59,6 +60,7 @@ class RunningAttempt:
 
     def abandon(self) -> None:
         """Stop waiting for a thread handler that ignores the order to stop."""
+        self._abandoned = True
         if self.execution is not None:
             self.execution.abandon()
 
@@ -144,10 +146,18 @@ class RunningAttempt:
         self, transaction: AttemptTransaction, completion: Completion | None
     ) -> Completion | None:
         """Commit the handler's writes with its success, or roll them back."""
+        if self._abandoned:
+            # The handler's thread may still be writing on this connection.
+            await transaction.abandon()
+            return completion
         if completion is None or completion.outcome is not Outcome.SUCCEEDED:
             await transaction.rollback()
             return completion
-        if not await transaction.commit_success(completion):
+        try:
+            committed = await transaction.commit_success(completion)
+        except Exception as exc:
+            return outcomes.failed(self.task, exc)
+        if not committed:
             log.warning(
                 "lease lost before commit: the handler's writes were rolled back",
                 extra={"task_id": self.task.token.task_id, "attempt": self.task.token.attempt},

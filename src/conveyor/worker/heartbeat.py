@@ -83,11 +83,14 @@ class Heartbeat:
             return list(self._leases)
 
     def interval(self) -> float:
-        if self.config.interval is not None:
-            return self.config.interval
+        """Seconds between beats: the configured interval, but never more than a
+        third of the shortest lease held (a task may set a shorter lease)."""
         with self._lock:
             shortest = min((h.seconds for h in self._leases.values()), default=self.config.lease)
-        return max(min(shortest, self.config.lease) / HEARTBEATS_PER_LEASE, 0.05)
+        natural = max(min(shortest, self.config.lease) / HEARTBEATS_PER_LEASE, 0.05)
+        if self.config.interval is not None:
+            return min(self.config.interval, natural)
+        return natural
 
     # -- one beat --------------------------------------------------------------
 

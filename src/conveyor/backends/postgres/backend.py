@@ -61,6 +61,10 @@ log = logging.getLogger("conveyor.postgres")
 DEFAULT_SCHEMA = "conveyor"
 DEFAULT_POOL_SIZE = 10
 CONNECT_TIMEOUT = 30.0
+# Every fence relies on READ COMMITTED re-checking a row after a concurrent
+# update; a server whose default is stricter would fail those statements.
+READ_COMMITTED = "set default_transaction_isolation to 'read committed'"
+BEGIN_ATTEMPT = "begin isolation level read committed"
 RECONNECT_MIN_DELAY = 0.1
 RECONNECT_MAX_DELAY = 5.0
 
@@ -142,6 +146,14 @@ def finish_args(
     }
 
 
+async def _configure_async(conn: AsyncConnection[Any]) -> None:
+    await conn.execute(READ_COMMITTED)
+
+
+def _configure_sync(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(READ_COMMITTED)
+
+
 def _ordered_ids(rows: list[tuple[Any, ...]]) -> list[int]:
     # Identity values are drawn in insertion order within one statement, so
     # ascending ids are the input order.
@@ -188,6 +200,9 @@ class PostgresTransaction:
         finally:
             await self._release()
 
+    async def abandon(self) -> None:
+        await self.rollback()  # async handlers are cancelled, never left running
+
     async def _close_quietly(self) -> None:
         with contextlib.suppress(psycopg.Error):
             await self._conn.execute("rollback")
@@ -207,6 +222,7 @@ class PostgresSyncTransaction:
         self._backend = backend
         self._conn = conn
         self._worker_id = worker_id
+        self._pid = conn.info.backend_pid
         self._done = False
 
     @property
@@ -218,6 +234,17 @@ class PostgresSyncTransaction:
 
     async def rollback(self) -> None:
         await asyncio.to_thread(self._finish, "rollback")
+
+    async def abandon(self) -> None:
+        # The handler's thread may be inside a statement on this connection: a
+        # rollback from here would race it, and leave its next statement to
+        # autocommit. End the session on the server instead; the connection is
+        # never returned to the pool.
+        if self._done:
+            return
+        self._done = True
+        async with self._backend.pool.connection() as conn:
+            await conn.execute("select pg_terminate_backend(%s)", (self._pid,))
 
     def _commit_success(self, completion: Completion) -> bool:
         if self._done:
@@ -290,6 +317,7 @@ class PostgresBackend:
                     min_size=0,
                     max_size=self._pool_size,
                     kwargs={"autocommit": True},
+                    configure=_configure_sync,
                     open=False,
                     name=f"conveyor-{self.schema}-sync",
                 )
@@ -305,6 +333,7 @@ class PostgresBackend:
             min_size=1,
             max_size=self._pool_size,
             kwargs={"autocommit": True},
+            configure=_configure_async,
             open=False,
             name=f"conveyor-{self.schema}",
         )
@@ -434,7 +463,7 @@ class PostgresBackend:
     async def begin_attempt_transaction(self, worker_id: str) -> PostgresTransaction:
         conn = await self.pool.getconn()
         try:
-            await conn.execute("begin")
+            await conn.execute(BEGIN_ATTEMPT)
         except BaseException:
             await self.pool.putconn(conn)
             raise
@@ -443,7 +472,7 @@ class PostgresBackend:
     def begin_attempt_transaction_sync(self, worker_id: str) -> PostgresSyncTransaction:
         conn = self.sync_pool.getconn()
         try:
-            conn.execute("begin")
+            conn.execute(BEGIN_ATTEMPT)
         except BaseException:
             self.sync_pool.putconn(conn)
             raise

@@ -175,8 +175,11 @@ returning t.id, t.attempt, t.cancel_requested;
 -- Record many attempt endings in one statement, each fenced by its lease
 -- token and a live lease; a late write from a lost lease changes nothing
 -- and is simply missing from the result. The caller decides each next
--- state (retry or not) from the task's retry policy. The fence is written
--- as join conditions only, for the planner's sake (see heartbeat).
+-- state (retry or not) from the task's retry policy, except that a task
+-- whose cancellation was requested while it ran is not made pending again:
+-- it ends cancelled (its worker may not have heard of the cancel yet). The
+-- fence is written as join conditions only, for the planner's sake (see
+-- heartbeat).
 with input as materialized (
     select i.*, coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
            %(worker_id)s::text as worker_id
@@ -188,7 +191,8 @@ with input as materialized (
 ),
 finished as (
     update {schema}.tasks t
-    set state = i.state,
+    set state = case when t.cancel_requested and i.state = 'pending'
+                     then 'cancelled' else i.state end,
         result = case when i.state = 'succeeded' then i.result::jsonb else t.result end,
         run_at = case when i.state = 'pending'
                       then i.now + make_interval(secs => coalesce(i.delay, 0))
@@ -196,8 +200,7 @@ finished as (
         spent = t.spent - (i.outcome = 'interrupted')::int,
         worker_id = null,
         lease_expires_at = null,
-        finished_at = case when i.state in ('succeeded', 'failed', 'cancelled')
-                           then i.now end
+        finished_at = case when i.state <> 'pending' or t.cancel_requested then i.now end
     from input i
     where t.id = any(%(ids)s::bigint[])
       and t.id = i.id
