@@ -388,3 +388,25 @@ async def test_uniform_bulk_enqueue_stores_every_option(backend: PostgresBackend
         stored.lease,
         stored.run_at,
     ) == ("mail", 4, 7, policy, 5.5, 12, later(30))
+
+
+async def test_heartbeat_skips_a_locked_row_without_calling_it_lost(
+    backend: PostgresBackend,
+) -> None:
+    await enqueue(backend, new(), new())
+    busy, free = await claim(backend)
+    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+    async with await psycopg.AsyncConnection.connect(backend.url) as locker:
+        await locker.execute(
+            psycopg.sql.SQL("select 1 from {} where id = %s for update").format(tasks),
+            (busy.token.task_id,),
+        )
+        result = await backend.heartbeat(
+            HeartbeatParams("w1", [busy.token, free.token], LEASE, now=later(1))
+        )
+        await locker.rollback()
+    assert result.renewed == {free.token}
+    assert result.lost == frozenset()
+    busy_task = await backend.get_task(busy.token.task_id)
+    assert busy_task is not None
+    assert busy_task.lease_expires_at == later(LEASE)  # untouched, not extended

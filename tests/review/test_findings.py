@@ -355,11 +355,6 @@ def _close(sock: socket.socket) -> None:
     sock.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="heartbeat.py run_once: asyncio.wait_for waits for psycopg's cancel clean-up "
-    "(up to ~10 s) before fence_untrusted runs; the lease is fenced after it ended",
-)
 async def test_self_fencing_is_bounded_when_the_connection_black_holes(
     backend: PostgresBackend,
 ) -> None:
@@ -405,11 +400,6 @@ async def test_self_fencing_is_bounded_when_the_connection_black_holes(
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the heartbeat UPDATE waits on a task row locked by an attempt transaction "
-    "that is committing; all other leases of the worker are self-fenced",
-)
 async def test_slow_commit_of_one_attempt_does_not_fence_the_others(
     app: conveyor.App, schema: str
 ) -> None:

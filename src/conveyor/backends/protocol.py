@@ -96,6 +96,10 @@ class HeartbeatParams:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatResult:
+    """``renewed``: extended now. ``lost``: no longer this worker's. A token in
+    neither is still held but could not be renewed this time (its row was
+    busy); its lease keeps the expiry it had."""
+
     renewed: frozenset[LeaseToken]
     lost: frozenset[LeaseToken]
     cancel_requested: frozenset[LeaseToken]

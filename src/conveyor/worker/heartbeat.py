@@ -6,9 +6,11 @@ a full pool) can starve it. Each beat is one batched, fenced statement.
 
 Self-fencing: every lease has a local trust deadline measured with
 ``time.monotonic()`` from the moment the claim or renewal *was sent*, so it
-always ends before the database's ``lease_expires_at``. When renewals fail
-(database down, network cut) and a lease's deadline comes near, the lease is
-reported lost, and the worker stops its handler before anyone can reclaim it.
+always ends before the database's ``lease_expires_at``. A second thread
+checks those deadlines on its own timer; when renewals fail (database down,
+network cut, a connection that swallows packets) and a lease has one interval
+of trust left, the lease is reported lost, and the worker stops its handler
+before anyone can reclaim it.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._fencer: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self.beats = 0
@@ -149,6 +152,14 @@ class Heartbeat:
             target=lambda: asyncio.run(self._main()), name="conveyor-heartbeat", daemon=True
         )
         self._thread.start()
+        self._fencer = threading.Thread(target=self._fence_loop, name="conveyor-fence", daemon=True)
+        self._fencer.start()
+
+    def _fence_loop(self) -> None:
+        """Check trust on a timer of its own: a renewal stuck in the network
+        (a black-holed connection, a slow cancel) cannot delay self-fencing."""
+        while not self._stopping.wait(min(WAKE_SLICE, self.interval() / 2)):
+            self.fence_untrusted()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -158,6 +169,8 @@ class Heartbeat:
                 loop.call_soon_threadsafe(wake.set)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._fencer is not None:
+            self._fencer.join(timeout=10)
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -440,12 +440,12 @@ class PostgresBackend:
                 "lease": params.lease,
             },
         )
-        renewed = {(int(r[0]), int(r[1])): bool(r[2]) for r in rows}
-        ok = frozenset(t for t in tokens if (t.task_id, t.attempt) in renewed)
+        by_token = {(int(r[0]), int(r[1])): r for r in rows}
+        live = {t for t in tokens if by_token[(t.task_id, t.attempt)][2]}
         return HeartbeatResult(
-            renewed=ok,
-            lost=frozenset(tokens) - ok,
-            cancel_requested=frozenset(t for t in ok if renewed[(t.task_id, t.attempt)]),
+            renewed=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][3]),
+            lost=frozenset(tokens) - live,
+            cancel_requested=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][4]),
         )
 
     async def finish(self, params: FinishParams) -> FinishResult:

@@ -136,8 +136,11 @@ select * from claimed;
 
 -- name: heartbeat
 -- Renew every lease the worker still holds, fenced by the lease token, and
--- mark the worker alive. Leases missing from the result are lost. A lease
--- that already expired is not renewed: it may have been reclaimed.
+-- mark the worker alive. A lease that already expired is not renewed: it may
+-- have been reclaimed. Each input lease comes back once: `live` if it is
+-- still the worker's, `renewed` if it was renewed now. A live lease whose row
+-- is locked (its attempt transaction is committing) is skipped, not waited
+-- for: one slow commit must not hold back the renewal of every other lease.
 --
 -- Planner note (heartbeat and finish): statistics about running tasks are
 -- nearly always stale (taken when few tasks ran), so any restriction that
@@ -146,9 +149,8 @@ select * from claimed;
 -- task. So the fence names no constant: the input rows carry the worker id
 -- and the clock, behind a MATERIALIZED fence, every condition is a join
 -- condition, and the only restriction is id = any(ids), which sends the
--- planner to the primary key.
--- state = 'in_progress' is implied by a live owner and lease (a check
--- constraint on the table).
+-- planner to the primary key. state = 'in_progress' is implied by a live
+-- owner and lease (a check constraint on the table).
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
            %(worker_id)s::text as worker_id
@@ -160,16 +162,39 @@ seen as (
 leases as materialized (
     select l.id, l.attempt, clock.now, clock.worker_id
     from unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt), clock
+),
+live as materialized (
+    select t.id, t.cancel_requested
+    from {schema}.tasks t
+    join leases l on t.id = l.id
+    where t.id = any(%(ids)s::bigint[])
+      and t.attempt = l.attempt
+      and t.worker_id = l.worker_id
+      and t.lease_expires_at > l.now
+),
+free as materialized (
+    select t.id
+    from {schema}.tasks t
+    join leases l on t.id = l.id
+    where t.id = any(%(ids)s::bigint[])
+      and t.attempt = l.attempt
+      and t.worker_id = l.worker_id
+      and t.lease_expires_at > l.now
+    for update of t skip locked
+),
+renewed as (
+    update {schema}.tasks t
+    set lease_expires_at = l.now + make_interval(secs => coalesce(t.lease_seconds, %(lease)s))
+    from free f
+    join leases l on l.id = f.id
+    where t.id = f.id
+    returning t.id
 )
-update {schema}.tasks t
-set lease_expires_at = l.now + make_interval(secs => coalesce(t.lease_seconds, %(lease)s))
+select l.id, l.attempt, v.id is not null as live, r.id is not null as renewed,
+       coalesce(v.cancel_requested, false) as cancel_requested
 from leases l
-where t.id = any(%(ids)s::bigint[])
-  and t.id = l.id
-  and t.attempt = l.attempt
-  and t.worker_id = l.worker_id
-  and t.lease_expires_at > l.now
-returning t.id, t.attempt, t.cancel_requested;
+left join live v on v.id = l.id
+left join renewed r on r.id = l.id;
 
 -- name: finish
 -- Record many attempt endings in one statement, each fenced by its lease
