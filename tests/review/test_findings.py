@@ -570,11 +570,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="executors.ProcessExecution: the child has no lifeline to its worker; "
-    "it keeps running the handler after the worker is SIGKILLed",
-)
 def test_process_handler_dies_with_its_worker() -> None:
     import subprocess
     import sys

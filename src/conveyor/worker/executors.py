@@ -29,7 +29,8 @@ from typing import Any, Protocol
 
 from conveyor.errors import WorkerShutdown
 
-PROCESS_KILL_GRACE = 2.0
+PROCESS_KILL_GRACE = 0.5
+"""Seconds between SIGTERM and SIGKILL for a process handler told to stop."""
 
 
 class HandlerExit(Exception):
@@ -159,12 +160,26 @@ class ProcessExecution:
     def __init__(self, module: str, qualname: str, payload: str, name: str) -> None:
         loop = asyncio.get_running_loop()
         receiver, sender = _mp_context().Pipe(duplex=False)
+        # The lifeline: the child holds the reading end, only this process the
+        # writing end. If this worker dies (even by SIGKILL) the child reads
+        # EOF and exits, so a handler never outlives the lease it ran under.
+        lifeline, self._lifeline = _mp_context().Pipe(duplex=False)
         self._receiver: Connection = receiver
         self._process = _mp_context().Process(
-            target=_child_main, args=(module, qualname, payload, sender), name=name, daemon=True
+            target=_child_main,
+            args=(module, qualname, payload, sender, lifeline),
+            name=name,
+            daemon=True,
         )
-        self._process.start()
-        sender.close()
+        try:
+            self._process.start()
+        except BaseException:
+            for end in (receiver, self._lifeline):
+                end.close()
+            raise
+        finally:
+            sender.close()
+            lifeline.close()
         self._future: asyncio.Future[bytes | None] = loop.create_future()
         self._loop = loop
         loop.add_reader(receiver.fileno(), self._on_readable)
@@ -182,6 +197,7 @@ class ProcessExecution:
         data = await asyncio.shield(self._future)
         await asyncio.to_thread(self._process.join)
         self._receiver.close()
+        self._lifeline.close()
         if data is None:
             raise ProcessCrashedError(
                 f"the handler's process exited with code {self._process.exitcode} "
@@ -208,8 +224,17 @@ class ProcessExecution:
             self._process.kill()
 
 
-def _child_main(module: str, qualname: str, payload: str, sender: Connection) -> None:
+def _watch_lifeline(lifeline: Connection) -> None:
+    with contextlib.suppress(Exception):
+        lifeline.recv_bytes()  # nothing is ever sent: this returns on EOF only
+    os._exit(70)  # the worker is gone
+
+
+def _child_main(
+    module: str, qualname: str, payload: str, sender: Connection, lifeline: Connection
+) -> None:
     """Entry point of the child process: import, run, report as JSON."""
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     try:
         target: Any = importlib.import_module(module)
         for part in qualname.split("."):
