@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import os
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
@@ -28,7 +29,7 @@ from conveyor.model import (
     Task,
     TaskState,
 )
-from conveyor.portal import Portal
+from conveyor.portal import INHERITED_AT_FORK, Portal
 from conveyor.task import Executor, TaskDef, TaskOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -71,7 +72,9 @@ class App:
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
+        self._closers: dict[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = {}
         atexit.register(_close_at_exit, weakref.ref(self))
+        os.register_at_fork(after_in_child=functools.partial(_forget_after_fork, weakref.ref(self)))
         # Validates the URL and schema now; runs sync enqueues on callers' connections.
         self._statements: Backend = backend_from_url(self.url, **self._backend_options)
 
@@ -167,11 +170,18 @@ class App:
                 found = self.make_backend()
                 await found.open()
                 self._backends[loop] = found
+                # Closed when the loop shuts down (asyncio.run finalizes async
+                # generators), for code that never calls aclose().
+                closer = _close_with_loop(self, loop, found)
+                await closer.__anext__()
+                self._closers[loop] = closer
         return found
 
     async def aclose(self) -> None:
         """Close the backend of the running loop."""
-        found = self._backends.pop(asyncio.get_running_loop(), None)
+        loop = asyncio.get_running_loop()
+        self._closers.pop(loop, None)
+        found = self._backends.pop(loop, None)
         if found is not None:
             await found.close()
 
@@ -371,6 +381,27 @@ class App:
         ``burst=True``, until no task is due or running)."""
         worker = self.worker(**config)
         asyncio.run(worker.run())
+
+
+async def _close_with_loop(
+    app: App, loop: asyncio.AbstractEventLoop, backend: Backend
+) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        app._closers.pop(loop, None)
+        if app._backends.get(loop) is backend:
+            del app._backends[loop]
+        await backend.close()
+
+
+def _forget_after_fork(ref: weakref.ref[App]) -> None:
+    """In a forked child: start afresh, keeping (never closing) the parent's pools."""
+    app = ref()
+    if app is not None:
+        INHERITED_AT_FORK.append(dict(app._backends))
+        app._backends = weakref.WeakKeyDictionary()
+        app._opening = weakref.WeakKeyDictionary()
 
 
 def _close_at_exit(ref: weakref.ref[App]) -> None:

@@ -8,7 +8,10 @@ and async APIs share one implementation and one connection pool.
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -17,13 +20,30 @@ from conveyor.errors import ConfigurationError
 T = TypeVar("T")
 
 
+# What a forked child inherits from its parent's portals and pools: kept
+# referenced, never closed, so that no finalizer of the child ends a database
+# session or closes a socket that still belongs to the parent.
+INHERITED_AT_FORK: list[object] = []
+
+
 class Portal:
-    """A lazily started event loop in a daemon thread."""
+    """A lazily started event loop in a daemon thread.
+
+    Fork-safe: in a child process the portal starts afresh on first use (the
+    parent's loop thread does not exist there).
+    """
 
     def __init__(self, name: str = "conveyor-portal") -> None:
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=functools.partial(_forget, weakref.ref(self)))
+
+    def _forget_after_fork(self) -> None:
+        INHERITED_AT_FORK.append((self._loop, self._thread))
+        self._loop = None
+        self._thread = None
         self._lock = threading.Lock()
 
     @property
@@ -68,3 +88,9 @@ class Portal:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5)
             loop.close()
+
+
+def _forget(ref: weakref.ref[Portal]) -> None:
+    portal = ref()
+    if portal is not None:
+        portal._forget_after_fork()

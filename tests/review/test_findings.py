@@ -502,10 +502,6 @@ async def test_abandoned_thread_handler_commits_nothing(app: conveyor.App, schem
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Portal keeps the parent's loop after fork; the child's sync calls hang",
-)
 def test_sync_api_works_in_a_forked_child(app: conveyor.App) -> None:
     @app.task()
     def noop() -> None:
@@ -627,11 +623,6 @@ print(count)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="App.backend() caches a pool per event loop and never closes it when the "
-    "loop ends: one leaked connection per asyncio.run()",
-)
 def test_async_api_does_not_leak_a_pool_per_event_loop(pg_url: str, schema: str) -> None:
     import subprocess
     import sys

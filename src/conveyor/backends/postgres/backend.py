@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, LiteralString
@@ -144,10 +145,6 @@ def finish_args(
         "error_messages": [c.error.message if c.error else None for c in completions],
         "tracebacks": [c.error.traceback if c.error else None for c in completions],
     }
-
-
-async def _configure_async(conn: AsyncConnection[Any]) -> None:
-    await conn.execute(READ_COMMITTED)
 
 
 def _configure_sync(conn: psycopg.Connection[Any]) -> None:
@@ -300,12 +297,17 @@ class PostgresBackend:
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         self._sync_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._sync_lock = threading.Lock()
+        self._connections: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
 
     @property
     def pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         if self._pool is None:
             raise BackendError("the backend is not open")
         return self._pool
+
+    async def _configure(self, conn: AsyncConnection[Any]) -> None:
+        await conn.execute(READ_COMMITTED)
+        self._connections.add(conn)
 
     @property
     def sync_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
@@ -333,7 +335,7 @@ class PostgresBackend:
             min_size=1,
             max_size=self._pool_size,
             kwargs={"autocommit": True},
-            configure=_configure_async,
+            configure=self._configure,
             open=False,
             name=f"conveyor-{self.schema}",
         )
@@ -351,7 +353,17 @@ class PostgresBackend:
     async def close(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            await pool.close()
+            try:
+                await pool.close()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                # The loop is shutting down and already cancelled the pool's
+                # own tasks, so the pool could not close its connections.
+                for conn in list(self._connections):
+                    with contextlib.suppress(Exception):
+                        await conn.close()
         with self._sync_lock:
             sync_pool, self._sync_pool = self._sync_pool, None
         if sync_pool is not None:
