@@ -72,7 +72,10 @@ class RunningAttempt:
             return outcomes.failed(self.task, exc)
         if self.ctx.stop_reason is not None:
             return self._stopped_before_start()
-        self.execution = self._start(kwargs)
+        try:
+            self.execution = self._start(kwargs)
+        except Exception as exc:
+            return outcomes.failed(self.task, exc)
         value, error = await self._wait(self.execution)
         completion = self._completion(value, error)
         transaction: AttemptTransaction | None = self.ctx._transaction

@@ -12,6 +12,10 @@ DEFAULT_CONCURRENCY = 10
 DEFAULT_POLL_INTERVAL = 1.0
 """Seconds between claims when no wake-up arrives (delayed tasks, reclaims)."""
 DEFAULT_GRACE = 30.0
+DEFAULT_STOP_TIMEOUT = 10.0
+"""Seconds a shutdown waits for handlers told to stop before leaving them."""
+MIN_POOL_SIZE = 10
+MAX_DEFAULT_POOL_SIZE = 44
 """Seconds a shutdown waits for running handlers before releasing them."""
 
 
@@ -23,6 +27,9 @@ class WorkerConfig:
     lease of tasks that set none; the heartbeat renews every
     ``heartbeat_interval`` seconds (default: the shortest held lease / 3).
     ``burst`` exits once no task of its queues is due or running.
+    ``pool_size`` bounds the worker's database connections; attempt
+    transactions hold one each while their handler runs, so handlers beyond
+    the pool wait for a connection.
     """
 
     concurrency: int = DEFAULT_CONCURRENCY
@@ -31,10 +38,18 @@ class WorkerConfig:
     heartbeat_interval: float | None = None
     poll_interval: float = DEFAULT_POLL_INTERVAL
     grace: float = DEFAULT_GRACE
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
     burst: bool = False
     handle_signals: bool = True
     worker_id: str | None = None
     pool_size: int | None = None
+
+    def connections(self) -> int:
+        """Pool size: ``pool_size``, else room for claims, completions and one
+        attempt transaction per slot, within reason (at most 44)."""
+        if self.pool_size is not None:
+            return self.pool_size
+        return max(MIN_POOL_SIZE, min(self.concurrency + 4, MAX_DEFAULT_POOL_SIZE))
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

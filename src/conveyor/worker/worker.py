@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -69,6 +70,8 @@ class Worker:
         self._stopping = False
         self._immediate = False
         self._stop_event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._work_hint: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
         self.backend: Backend | None = None
@@ -83,7 +86,14 @@ class Worker:
     # -- control -------------------------------------------------------------
 
     def request_stop(self, immediate: bool = False) -> None:
-        """Stop claiming and shut down (after the grace, unless ``immediate``)."""
+        """Stop claiming and shut down (after the grace, unless ``immediate``).
+
+        Safe to call from any thread (and from a signal handler)."""
+        loop = self._loop
+        if loop is not None and threading.get_ident() != self._loop_thread:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to stop
+                loop.call_soon_threadsafe(self.request_stop, immediate)
+            return
         if self._stopping:
             immediate = True
         self._stopping = True
@@ -106,18 +116,22 @@ class Worker:
         self._work_hint = asyncio.Event()
         self._slot_freed = asyncio.Event()
         loop = asyncio.get_running_loop()
-        options = {"pool_size": self.config.pool_size} if self.config.pool_size else {}
-        backend = self.backend = self.app.make_backend(**options)
+        self._loop, self._loop_thread = loop, threading.get_ident()
+        backend = self.backend = self.app.make_backend(pool_size=self.config.connections())
         await backend.open()
-        await backend.register_worker(
-            WorkerInfo(
-                id=self.id,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                queues=tuple(self.queues),
-                concurrency=self.config.concurrency,
+        try:
+            await backend.register_worker(
+                WorkerInfo(
+                    id=self.id,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    queues=tuple(self.queues),
+                    concurrency=self.config.concurrency,
+                )
             )
-        )
+        except BaseException:
+            await backend.close()
+            raise
         self.heartbeat = Heartbeat(
             HeartbeatConfig(self.id, self.config.lease, self.config.heartbeat_interval),
             lambda: self.app.make_backend(pool_size=1, migrate=False),
@@ -372,7 +386,13 @@ class Worker:
                 if running.definition.executor == "thread":
                     running.abandon()
         if self._runners:
-            await asyncio.wait(set(self._runners))
+            _, stuck = await asyncio.wait(set(self._runners), timeout=self.config.stop_timeout)
+            if stuck:
+                log.error(
+                    "%d handlers ignored the order to stop; their tasks stay in progress "
+                    "until their leases expire, then are reclaimed",
+                    len(stuck),
+                )
         if listener is not None:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -80,6 +80,16 @@ def _retry_policy(text: str) -> RetryPolicy:
     return RetryPolicy.from_json(codec.decode(text))
 
 
+def _stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
+    """The stored policy; one that does not decode (written around conveyor)
+    must not lose a claimed batch: the defaults apply, with the row's budget."""
+    try:
+        return _retry_policy(text)
+    except Exception:
+        log.error("a task's stored retry policy does not decode: %r; using defaults", text)
+        return RetryPolicy(max_attempts=max(max_attempts, 1))
+
+
 def _options(task: NewTask) -> tuple[Any, ...]:
     return (
         task.name,
@@ -629,7 +639,7 @@ def _claimed(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
         payload=payload,
         spent=spent,
         max_attempts=max_attempts,
-        retry=_retry_policy(retry),
+        retry=_stored_retry_policy(retry, max_attempts),
         timeout=timeout,
         lease=lease,
         lease_expires_at=expires,
@@ -681,7 +691,7 @@ def _task(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         run_at=run_at,
         attempt=attempt,
         max_attempts=max_attempts,
-        retry=RetryPolicy.from_json(codec.decode(retry)),
+        retry=_stored_retry_policy(retry, max_attempts),
         timeout=timeout,
         lease=lease,
         result=codec.decode(result) if result is not None else None,
