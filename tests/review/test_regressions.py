@@ -1,8 +1,9 @@
-"""Review findings: each test demonstrates a contract violation (xfail, strict).
+"""Regression tests for contract violations found in review, one per finding.
 
-Every test here FAILS against the current code (hence ``xfail(strict=True)``);
-once the bug is fixed the test passes and the strict xfail turns it red, so
-the marker must then be removed. See the review report for the analysis.
+Each scenario once broke the contract and now must hold. The one test still
+marked ``xfail(strict=True)`` documents a known limit (a GIL-holding thread
+handler starves the heartbeat; see docs/guarantees.md): if it ever passes,
+the marker goes and the limit leaves the docs.
 """
 
 from __future__ import annotations
