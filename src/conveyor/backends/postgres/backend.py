@@ -11,32 +11,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from conveyor import payload as codec
 from conveyor.backends.postgres import queries
 from conveyor.backends.postgres.migrate import apply_migrations
+from conveyor.backends.postgres.rows import (
+    attempt_row,
+    claimed_task,
+    enqueue_statement,
+    finish_args,
+    ordered_ids,
+    task_row,
+)
+from conveyor.backends.postgres.transactions import (
+    PostgresSyncTransaction,
+    PostgresTransaction,
+)
 from conveyor.backends.protocol import (
     Capability,
     ClaimedTask,
     ClaimParams,
-    Completion,
     EnqueueParams,
     FinishParams,
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
-    NewTask,
     TaskFilter,
     WorkerInfo,
     WorkFilter,
@@ -50,9 +58,6 @@ from conveyor.errors import (
 )
 from conveyor.model import (
     Attempt,
-    LeaseToken,
-    Outcome,
-    RetryPolicy,
     Task,
     TaskState,
 )
@@ -70,211 +75,8 @@ RECONNECT_MIN_DELAY = 0.1
 RECONNECT_MAX_DELAY = 5.0
 
 
-@functools.lru_cache(maxsize=256)
-def _retry_json(policy: RetryPolicy) -> str:
-    return codec.encode(policy.to_json())
-
-
-@functools.lru_cache(maxsize=256)
-def _retry_policy(text: str) -> RetryPolicy:
-    return RetryPolicy.from_json(codec.decode(text))
-
-
-def _stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
-    """The stored policy; one that does not decode (written around conveyor)
-    must not lose a claimed batch: the defaults apply, with the row's budget."""
-    try:
-        return _retry_policy(text)
-    except Exception:
-        log.error("a task's stored retry policy does not decode: %r; using defaults", text)
-        return RetryPolicy(max_attempts=max(max_attempts, 1))
-
-
-def _options(task: NewTask) -> tuple[Any, ...]:
-    return (
-        task.name,
-        task.queue,
-        task.priority,
-        task.max_attempts,
-        task.retry,
-        task.run_at,
-        task.delay,
-        task.timeout,
-        task.lease,
-    )
-
-
-def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
-    """The cheapest ``enqueue`` statement for these tasks, and its arguments."""
-    tasks = params.tasks
-    first = _options(tasks[0])
-    if len(tasks) > 1 and all(_options(t) == first for t in tasks):
-        head = tasks[0]
-        return "enqueue_uniform", {
-            "now": params.now,
-            "name": head.name,
-            "queue": head.queue,
-            "priority": head.priority,
-            "run_at": head.run_at,
-            "delay": head.delay,
-            "max_attempts": head.max_attempts,
-            "retry_policy": _retry_json(head.retry),
-            "timeout": head.timeout,
-            "lease": head.lease,
-            "payloads": "[" + ",".join(t.payload for t in tasks) + "]",
-        }
-    return "enqueue", {
-        "now": params.now,
-        "names": [t.name for t in tasks],
-        "queues": [t.queue for t in tasks],
-        "payloads": [t.payload for t in tasks],
-        "priorities": [t.priority for t in tasks],
-        "run_ats": [t.run_at for t in tasks],
-        "delays": [t.delay for t in tasks],
-        "max_attempts": [t.max_attempts for t in tasks],
-        "retry_policies": [_retry_json(t.retry) for t in tasks],
-        "timeouts": [t.timeout for t in tasks],
-        "leases": [t.lease for t in tasks],
-    }
-
-
-def finish_args(
-    worker_id: str, completions: Sequence[Completion], now: datetime | None
-) -> dict[str, Any]:
-    """Column arrays for the ``finish`` statement."""
-    return {
-        "now": now,
-        "worker_id": worker_id,
-        "ids": [c.token.task_id for c in completions],
-        "attempts": [c.token.attempt for c in completions],
-        "states": [c.next_state.value for c in completions],
-        "outcomes": [c.outcome.value for c in completions],
-        "delays": [c.retry_delay for c in completions],
-        "results": [c.result for c in completions],
-        "error_types": [c.error.type if c.error else None for c in completions],
-        "error_messages": [c.error.message if c.error else None for c in completions],
-        "tracebacks": [c.error.traceback if c.error else None for c in completions],
-    }
-
-
 def _configure_sync(conn: psycopg.Connection[Any]) -> None:
     conn.execute(READ_COMMITTED)
-
-
-def _ordered_ids(rows: list[tuple[Any, ...]]) -> list[int]:
-    # Identity values are drawn in insertion order within one statement, so
-    # ascending ids are the input order.
-    return sorted(int(row[0]) for row in rows)
-
-
-class PostgresTransaction:
-    """An attempt's own transaction on a pooled connection (see protocol)."""
-
-    def __init__(
-        self, backend: PostgresBackend, conn: AsyncConnection[Any], worker_id: str
-    ) -> None:
-        self._backend = backend
-        self._conn = conn
-        self._worker_id = worker_id
-        self._done = False
-
-    @property
-    def connection(self) -> AsyncConnection[Any]:
-        return self._conn
-
-    async def commit_success(self, completion: Completion) -> bool:
-        if self._done:
-            raise BackendError("the attempt transaction is already closed")
-        try:
-            cursor = await self._conn.execute(
-                self._backend.sql["finish"],
-                finish_args(self._worker_id, [completion], None),
-            )
-            applied = await cursor.fetchall()
-            await self._conn.execute("commit" if applied else "rollback")
-            return bool(applied)
-        except BaseException:
-            await self._close_quietly()
-            raise
-        finally:
-            await self._release()
-
-    async def rollback(self) -> None:
-        if self._done:
-            return
-        try:
-            await self._conn.execute("rollback")
-        finally:
-            await self._release()
-
-    async def abandon(self) -> None:
-        await self.rollback()  # async handlers are cancelled, never left running
-
-    async def _close_quietly(self) -> None:
-        with contextlib.suppress(psycopg.Error):
-            await self._conn.execute("rollback")
-
-    async def _release(self) -> None:
-        if not self._done:
-            self._done = True
-            await self._backend.pool.putconn(self._conn)
-
-
-class PostgresSyncTransaction:
-    """An attempt's transaction on a synchronous connection (thread handlers)."""
-
-    def __init__(
-        self, backend: PostgresBackend, conn: psycopg.Connection[Any], worker_id: str
-    ) -> None:
-        self._backend = backend
-        self._conn = conn
-        self._worker_id = worker_id
-        self._pid = conn.info.backend_pid
-        self._done = False
-
-    @property
-    def connection(self) -> psycopg.Connection[Any]:
-        return self._conn
-
-    async def commit_success(self, completion: Completion) -> bool:
-        return await asyncio.to_thread(self._commit_success, completion)
-
-    async def rollback(self) -> None:
-        await asyncio.to_thread(self._finish, "rollback")
-
-    async def abandon(self) -> None:
-        # The handler's thread may be inside a statement on this connection: a
-        # rollback from here would race it, and leave its next statement to
-        # autocommit. End the session on the server instead; the connection is
-        # never returned to the pool.
-        if self._done:
-            return
-        self._done = True
-        async with self._backend.pool.connection() as conn:
-            await conn.execute("select pg_terminate_backend(%s)", (self._pid,))
-
-    def _commit_success(self, completion: Completion) -> bool:
-        if self._done:
-            raise BackendError("the attempt transaction is already closed")
-        try:
-            cursor = self._conn.execute(
-                self._backend.sql["finish"], finish_args(self._worker_id, [completion], None)
-            )
-            applied = bool(cursor.fetchall())
-        except BaseException:
-            self._finish("rollback")
-            raise
-        self._finish("commit" if applied else "rollback")
-        return applied
-
-    def _finish(self, statement: LiteralString) -> None:
-        if self._done:
-            return
-        self._done = True
-        try:
-            self._conn.execute(statement)
-        finally:
-            self._backend.sync_pool.putconn(self._conn)
 
 
 class PostgresBackend:
@@ -412,14 +214,14 @@ class PostgresBackend:
             return []
         name, args = enqueue_statement(params)
         if connection is None:
-            return _ordered_ids(await self._fetchall(name, args))
+            return ordered_ids(await self._fetchall(name, args))
         if not isinstance(connection, AsyncConnection):
             raise ConfigurationError(
                 "the async API takes a psycopg AsyncConnection; "
                 "pass a sync psycopg Connection to the sync API"
             )
         cursor = await connection.execute(self.sql[name], args)
-        return _ordered_ids(await cursor.fetchall())
+        return ordered_ids(await cursor.fetchall())
 
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
         if not isinstance(connection, psycopg.Connection):
@@ -430,7 +232,7 @@ class PostgresBackend:
             return []
         name, args = enqueue_statement(params)
         cursor = connection.execute(self.sql[name], args)
-        return _ordered_ids(cursor.fetchall())
+        return ordered_ids(cursor.fetchall())
 
     # -- claim, heartbeat, finish ---------------------------------------
 
@@ -448,7 +250,7 @@ class PostgresBackend:
                 "lease": params.lease,
             },
         )
-        return [_claimed(row, params.worker_id) for row in rows]
+        return [claimed_task(row, params.worker_id) for row in rows]
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         tokens = list(params.tokens)
@@ -530,8 +332,8 @@ class PostgresBackend:
             attempts: tuple[Attempt, ...] = ()
             if with_attempts:
                 cursor = await conn.execute(self.sql["get_attempts"], {"id": task_id})
-                attempts = tuple(_attempt(r) for r in await cursor.fetchall())
-        return _task(row, attempts)
+                attempts = tuple(attempt_row(r) for r in await cursor.fetchall())
+        return task_row(row, attempts)
 
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         rows = await self._fetchall(
@@ -543,7 +345,7 @@ class PostgresBackend:
                 "limit": task_filter.limit,
             },
         )
-        return [_task(row, ()) for row in rows]
+        return [task_row(row, ()) for row in rows]
 
     async def count_unfinished(self, work: WorkFilter) -> int:
         rows = await self._fetchall(
@@ -616,89 +418,3 @@ class PostgresBackend:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_DELAY)
-
-
-def _claimed(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
-    (
-        task_id,
-        attempt,
-        name,
-        queue,
-        payload,
-        spent,
-        max_attempts,
-        retry,
-        timeout,
-        lease,
-        expires,
-    ) = row
-    return ClaimedTask(
-        token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
-        name=name,
-        queue=queue,
-        payload=payload,
-        spent=spent,
-        max_attempts=max_attempts,
-        retry=_stored_retry_policy(retry, max_attempts),
-        timeout=timeout,
-        lease=lease,
-        lease_expires_at=expires,
-    )
-
-
-def _attempt(row: tuple[Any, ...]) -> Attempt:
-    return Attempt(
-        task_id=row[0],
-        number=row[1],
-        worker_id=row[2],
-        outcome=Outcome(row[3]),
-        started_at=row[4],
-        finished_at=row[5],
-        error_type=row[6],
-        error_message=row[7],
-        traceback=row[8],
-    )
-
-
-def _task(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
-    (
-        task_id,
-        name,
-        queue,
-        payload,
-        state,
-        priority,
-        run_at,
-        attempt,
-        max_attempts,
-        retry,
-        timeout,
-        lease,
-        result,
-        created_at,
-        finished_at,
-        worker_id,
-        lease_expires_at,
-        cancel_requested,
-    ) = row
-    return Task(
-        id=task_id,
-        name=name,
-        queue=queue,
-        payload=codec.decode(payload),
-        state=TaskState(state),
-        priority=priority,
-        run_at=run_at,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        retry=_stored_retry_policy(retry, max_attempts),
-        timeout=timeout,
-        lease=lease,
-        result=codec.decode(result) if result is not None else None,
-        created_at=created_at,
-        finished_at=finished_at,
-        worker_id=worker_id,
-        lease_expires_at=lease_expires_at,
-        cancel_requested=cancel_requested,
-        attempts=attempts,
-    )

@@ -1,0 +1,132 @@
+"""An attempt's own transaction: the handler's writes commit with its success.
+
+Both kinds run at READ COMMITTED and record the success with the same fenced
+``finish`` statement as the worker's batches, inside the transaction: if the
+lease was lost, everything rolls back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any, LiteralString
+
+import psycopg
+from psycopg import AsyncConnection
+
+from conveyor.backends.postgres.rows import finish_args
+from conveyor.backends.protocol import Completion
+from conveyor.errors import BackendError
+
+if TYPE_CHECKING:
+    from conveyor.backends.postgres.backend import PostgresBackend
+
+
+class PostgresTransaction:
+    """An attempt's own transaction on a pooled connection (see protocol)."""
+
+    def __init__(
+        self, backend: PostgresBackend, conn: AsyncConnection[Any], worker_id: str
+    ) -> None:
+        self._backend = backend
+        self._conn = conn
+        self._worker_id = worker_id
+        self._done = False
+
+    @property
+    def connection(self) -> AsyncConnection[Any]:
+        return self._conn
+
+    async def commit_success(self, completion: Completion) -> bool:
+        if self._done:
+            raise BackendError("the attempt transaction is already closed")
+        try:
+            cursor = await self._conn.execute(
+                self._backend.sql["finish"],
+                finish_args(self._worker_id, [completion], None),
+            )
+            applied = await cursor.fetchall()
+            await self._conn.execute("commit" if applied else "rollback")
+            return bool(applied)
+        except BaseException:
+            await self._close_quietly()
+            raise
+        finally:
+            await self._release()
+
+    async def rollback(self) -> None:
+        if self._done:
+            return
+        try:
+            await self._conn.execute("rollback")
+        finally:
+            await self._release()
+
+    async def abandon(self) -> None:
+        await self.rollback()  # async handlers are cancelled, never left running
+
+    async def _close_quietly(self) -> None:
+        with contextlib.suppress(psycopg.Error):
+            await self._conn.execute("rollback")
+
+    async def _release(self) -> None:
+        if not self._done:
+            self._done = True
+            await self._backend.pool.putconn(self._conn)
+
+
+class PostgresSyncTransaction:
+    """An attempt's transaction on a synchronous connection (thread handlers)."""
+
+    def __init__(
+        self, backend: PostgresBackend, conn: psycopg.Connection[Any], worker_id: str
+    ) -> None:
+        self._backend = backend
+        self._conn = conn
+        self._worker_id = worker_id
+        self._pid = conn.info.backend_pid
+        self._done = False
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        return self._conn
+
+    async def commit_success(self, completion: Completion) -> bool:
+        return await asyncio.to_thread(self._commit_success, completion)
+
+    async def rollback(self) -> None:
+        await asyncio.to_thread(self._finish, "rollback")
+
+    async def abandon(self) -> None:
+        # The handler's thread may be inside a statement on this connection: a
+        # rollback from here would race it, and leave its next statement to
+        # autocommit. End the session on the server instead; the connection is
+        # never returned to the pool.
+        if self._done:
+            return
+        self._done = True
+        async with self._backend.pool.connection() as conn:
+            await conn.execute("select pg_terminate_backend(%s)", (self._pid,))
+
+    def _commit_success(self, completion: Completion) -> bool:
+        if self._done:
+            raise BackendError("the attempt transaction is already closed")
+        try:
+            cursor = self._conn.execute(
+                self._backend.sql["finish"], finish_args(self._worker_id, [completion], None)
+            )
+            applied = bool(cursor.fetchall())
+        except BaseException:
+            self._finish("rollback")
+            raise
+        self._finish("commit" if applied else "rollback")
+        return applied
+
+    def _finish(self, statement: LiteralString) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._conn.execute(statement)
+        finally:
+            self._backend.sync_pool.putconn(self._conn)
