@@ -11,6 +11,7 @@ import pytest
 
 import conveyor
 from conveyor.backends.postgres import PostgresBackend
+from tests.proxy import Proxy
 
 PG_URL = os.environ.get("CONVEYOR_TEST_URL", "postgresql://127.0.0.1:5432/test")
 
@@ -44,3 +45,14 @@ async def backend(schema: str) -> AsyncIterator[PostgresBackend]:
     await instance.open()
     yield instance
     await instance.close()
+
+
+@pytest.fixture
+def proxy() -> Iterator[Proxy]:
+    """A TCP proxy to the test database (``proxy.url``), to cut or black-hole."""
+    instance = Proxy(PG_URL)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop()

@@ -18,6 +18,7 @@ from conveyor.backends.protocol import AttemptTransaction, ClaimedTask, Completi
 from conveyor.context import TaskContext
 from conveyor.errors import (
     AttemptTimeoutError,
+    BackendUnavailableError,
     CancelledByRequest,
     LeaseLostError,
     PayloadError,
@@ -158,7 +159,12 @@ class RunningAttempt:
             return completion
         try:
             committed = await transaction.commit_success(completion)
-        except Exception as exc:
+        except BackendUnavailableError as exc:
+            # The commit may or may not have happened: release the task without
+            # charging the handler. If it did commit, this fenced write is
+            # simply rejected.
+            return outcomes.interrupted(self.task, f"the commit's fate is unknown: {exc}")
+        except Exception as exc:  # e.g. a deferred constraint at COMMIT
             return outcomes.failed(self.task, exc)
         if not committed:
             log.warning(

@@ -109,7 +109,7 @@ class Heartbeat:
             # Bounded: a call stuck on a dead connection must not hold back fencing.
             result = await asyncio.wait_for(backend.heartbeat(params), self.interval())
         except Exception as exc:
-            log.warning("heartbeat failed: %s", exc or type(exc).__name__)
+            log.warning("heartbeat failed: %s", str(exc) or type(exc).__name__)
             self.fence_untrusted()
             return None
         self.beats += 1
@@ -207,7 +207,7 @@ class Heartbeat:
         try:
             await asyncio.wait_for(backend.open(), self.interval())
         except Exception as exc:
-            log.warning("heartbeat cannot connect: %s", exc or type(exc).__name__)
+            log.warning("heartbeat cannot connect: %s", str(exc) or type(exc).__name__)
             with contextlib.suppress(Exception):
                 await backend.close()
             self.fence_untrusted()

@@ -95,9 +95,11 @@ def cancelled(task: ClaimedTask) -> Completion:
     return Completion(task.token, Outcome.CANCELLED, TaskState.CANCELLED, error=info)
 
 
-def interrupted(task: ClaimedTask) -> Completion:
-    """Released by a shutdown: pending again at once, the attempt not counted."""
-    info = ErrorInfo(type="Interrupted", message="the worker shut down before the handler ended")
+def interrupted(
+    task: ClaimedTask, reason: str = "the worker shut down before the handler ended"
+) -> Completion:
+    """Released: pending again at once, the attempt not counted against the budget."""
+    info = ErrorInfo(type="Interrupted", message=_truncate(reason, MAX_ERROR_MESSAGE))
     return Completion(
         task.token, Outcome.INTERRUPTED, TaskState.PENDING, error=info, retry_delay=0.0
     )

@@ -219,14 +219,20 @@ class Worker:
             if free > 0 and self.names:
                 sent_at = time.monotonic()
                 try:
-                    claimed = await backend.claim(
-                        ClaimParams(
-                            worker_id=self.id,
-                            names=self.names,
-                            queues=self.queues,
-                            limit=free,
-                            lease=self.config.lease,
-                        )
+                    # Bounded: a connection that swallows packets must not stall
+                    # claiming. A claim that times out may still commit later; its
+                    # tasks then wait out their lease and are reclaimed.
+                    claimed = await asyncio.wait_for(
+                        backend.claim(
+                            ClaimParams(
+                                worker_id=self.id,
+                                names=self.names,
+                                queues=self.queues,
+                                limit=free,
+                                lease=self.config.lease,
+                            )
+                        ),
+                        self.config.lease,
                     )
                 except Exception as exc:
                     log.warning("claim failed: %s; retrying in %.1fs", exc, retry_delay)

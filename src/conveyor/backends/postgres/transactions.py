@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, LiteralString
 
 import psycopg
@@ -16,7 +17,21 @@ from psycopg import AsyncConnection
 
 from conveyor.backends.postgres.rows import finish_args
 from conveyor.backends.protocol import Completion
-from conveyor.errors import BackendError
+from conveyor.errors import BackendError, BackendUnavailableError
+
+
+@contextlib.contextmanager
+def translated_errors() -> Iterator[None]:
+    """A lost connection becomes BackendUnavailableError (the commit's fate is
+    then unknown). Other errors (the handler's own constraint failing at
+    COMMIT, say) pass through as they are: they are the attempt's error."""
+    try:
+        yield
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
+            raise
+        raise BackendUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
+
 
 if TYPE_CHECKING:
     from conveyor.backends.postgres.backend import PostgresBackend
@@ -40,6 +55,10 @@ class PostgresTransaction:
     async def commit_success(self, completion: Completion) -> bool:
         if self._done:
             raise BackendError("the attempt transaction is already closed")
+        with translated_errors():
+            return await self._commit_success(completion)
+
+    async def _commit_success(self, completion: Completion) -> bool:
         try:
             cursor = await self._conn.execute(
                 self._backend.sql["finish"],
@@ -92,7 +111,8 @@ class PostgresSyncTransaction:
         return self._conn
 
     async def commit_success(self, completion: Completion) -> bool:
-        return await asyncio.to_thread(self._commit_success, completion)
+        with translated_errors():
+            return await asyncio.to_thread(self._commit_success, completion)
 
     async def rollback(self) -> None:
         await asyncio.to_thread(self._finish, "rollback")
