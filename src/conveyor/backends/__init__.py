@@ -1,7 +1,8 @@
 """Backends and the one place that maps a URL to a concrete backend.
 
-``postgresql://`` (and ``postgres://``) selects PostgreSQL. SQLite, Redis and
-the in-memory backend will be added behind the same protocol.
+``postgresql://`` (and ``postgres://``) selects PostgreSQL, ``memory://NAME``
+the in-memory backend (not durable; for tests). SQLite and Redis will be
+added behind the same protocol.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def backend_from_url(url: str, **options: Any) -> Backend:
             options.setdefault("schema", schema)
         clean = urlunsplit(parts._replace(query=urlencode(query)))
         return PostgresBackend(clean, **options)
+    if scheme == "memory":
+        from conveyor.backends.memory import MemoryBackend
+
+        return MemoryBackend(parts.netloc or parts.path.strip("/") or "default", **options)
     raise ConfigurationError(
-        f"unsupported backend URL scheme {parts.scheme!r} in {url!r} (expected postgresql://)"
+        f"unsupported backend URL scheme {parts.scheme!r} in {url!r} "
+        "(expected postgresql:// or memory://)"
     )

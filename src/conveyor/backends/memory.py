@@ -1,0 +1,409 @@
+"""The in-memory backend (``memory://NAME``): for tests of user code.
+
+NOT durable: everything lives in this process and is gone when it exits.
+Backends opened with the same URL in one process share one store (a worker
+opens several), guarded by one lock, so every operation is atomic. It keeps
+the same contract as the SQL backends for leases, fencing, the attempt log,
+the crash budget and cancel, with the clock of this process (or an injected
+``now``). It offers no transactional enqueue, no attempt transaction and no
+wake-up notifications (workers poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from conveyor import payload as codec
+from conveyor.backends.protocol import (
+    AttemptTransaction,
+    Capability,
+    ClaimedTask,
+    ClaimParams,
+    EnqueueParams,
+    FinishParams,
+    FinishResult,
+    HeartbeatParams,
+    HeartbeatResult,
+    TaskFilter,
+    WorkerInfo,
+    WorkFilter,
+)
+from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotFoundError
+from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
+
+LEASE_EXPIRED = "lease expired: the worker stopped heartbeating (crash, kill or stall)"
+
+
+@dataclass
+class _Row:
+    """A task as stored: the mutable twin of :class:`~conveyor.model.Task`."""
+
+    id: int
+    name: str
+    queue: str
+    payload: str
+    priority: int
+    run_at: datetime
+    max_attempts: int
+    retry: RetryPolicy
+    timeout: float | None
+    lease: float | None
+    created_at: datetime
+    state: TaskState = TaskState.PENDING
+    attempt: int = 0
+    spent: int = 0
+    worker_id: str | None = None
+    lease_expires_at: datetime | None = None
+    cancel_requested: bool = False
+    result: str | None = None
+    finished_at: datetime | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def snapshot(self, with_attempts: bool) -> Task:
+        return Task(
+            id=self.id,
+            name=self.name,
+            queue=self.queue,
+            payload=codec.decode(self.payload),
+            state=self.state,
+            priority=self.priority,
+            run_at=self.run_at,
+            attempt=self.attempt,
+            max_attempts=self.max_attempts,
+            retry=self.retry,
+            timeout=self.timeout,
+            lease=self.lease,
+            result=codec.decode(self.result) if self.result is not None else None,
+            created_at=self.created_at,
+            finished_at=self.finished_at,
+            worker_id=self.worker_id,
+            lease_expires_at=self.lease_expires_at,
+            cancel_requested=self.cancel_requested,
+            attempts=tuple(self.attempts) if with_attempts else (),
+        )
+
+    def close_attempt(self, now: datetime, outcome: Outcome, **fields: Any) -> None:
+        last = self.attempts[-1]
+        self.attempts[-1] = dataclasses.replace(last, outcome=outcome, finished_at=now, **fields)
+
+    def live(self, attempt: int, worker_id: str, now: datetime) -> bool:
+        """The fence: this lease token, this owner, a lease not yet expired."""
+        return (
+            self.attempt == attempt
+            and self.worker_id == worker_id
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+
+@dataclass
+class _Store:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    tasks: dict[int, _Row] = field(default_factory=dict)
+    workers: dict[str, WorkerInfo] = field(default_factory=dict)
+
+
+_STORES: dict[str, _Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def _clock(now: datetime | None) -> datetime:
+    return now if now is not None else datetime.now(UTC)
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+class MemoryBackend:
+    """Tasks in this process's memory; see the module docstring for the limits."""
+
+    capabilities: frozenset[Capability] = frozenset()
+
+    def __init__(self, name: str = "default", **_options: Any) -> None:
+        self.name = name
+        with _STORES_LOCK:
+            self._store = _STORES.setdefault(name, _Store())
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def migrate(self) -> list[int]:
+        return []
+
+    async def destroy(self) -> None:
+        with _STORES_LOCK:
+            _STORES.pop(self.name, None)
+            self._store = _STORES.setdefault(self.name, _Store())
+
+    # -- enqueue -----------------------------------------------------------
+
+    async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
+        if connection is not None:
+            raise ConfigurationError("the memory backend cannot enqueue inside a transaction")
+        now = _clock(params.now)
+        ids = []
+        with self._store.lock:
+            for new in params.tasks:
+                row = _Row(
+                    id=next(self._store.ids),
+                    name=new.name,
+                    queue=new.queue,
+                    payload=new.payload,
+                    priority=new.priority,
+                    run_at=new.run_at or now + _seconds(new.delay),
+                    max_attempts=new.max_attempts,
+                    retry=new.retry,
+                    timeout=new.timeout,
+                    lease=new.lease,
+                    created_at=now,
+                )
+                self._store.tasks[row.id] = row
+                ids.append(row.id)
+        return ids
+
+    def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
+        raise ConfigurationError("the memory backend cannot enqueue inside a transaction")
+
+    # -- claim, heartbeat, finish ----------------------------------------
+
+    async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+        if params.limit <= 0:
+            return []
+        now = _clock(params.now)
+        names, queues = set(params.names), set(params.queues)
+        with self._store.lock:
+            candidates = []
+            for row in self._store.tasks.values():
+                if row.name not in names or row.queue not in queues:
+                    continue
+                if (row.state is TaskState.PENDING and row.run_at <= now) or (
+                    row.state is TaskState.IN_PROGRESS
+                    and row.lease_expires_at is not None
+                    and row.lease_expires_at <= now
+                    and self._reclaim(row, now)
+                ):
+                    candidates.append(row)
+            candidates.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+            return [self._hand_out(row, params, now) for row in candidates[: params.limit]]
+
+    def _reclaim(self, row: _Row, now: datetime) -> bool:
+        """An expired lease: close its attempt; True if the task may run again."""
+        if row.cancel_requested or row.spent >= row.max_attempts:
+            message = (
+                "lease expired; the task was cancelled meanwhile"
+                if row.cancel_requested
+                else f"lease expired and the crash budget is spent ({row.spent} of "
+                f"{row.max_attempts} attempts): the worker stopped heartbeating "
+                "(crash, kill or stall)"
+            )
+            row.close_attempt(
+                now, Outcome.LEASE_LOST, error_type="LeaseExpired", error_message=message
+            )
+            row.state = TaskState.CANCELLED if row.cancel_requested else TaskState.FAILED
+            row.worker_id = row.lease_expires_at = None
+            row.finished_at = now
+            return False
+        return True
+
+    def _hand_out(self, row: _Row, params: ClaimParams, now: datetime) -> ClaimedTask:
+        if row.state is TaskState.IN_PROGRESS:  # a reclaim
+            row.close_attempt(
+                now, Outcome.LEASE_LOST, error_type="LeaseExpired", error_message=LEASE_EXPIRED
+            )
+        row.state = TaskState.IN_PROGRESS
+        row.attempt += 1
+        row.spent += 1
+        row.worker_id = params.worker_id
+        row.lease_expires_at = now + _seconds(row.lease or params.lease)
+        row.attempts.append(
+            Attempt(
+                task_id=row.id,
+                number=row.attempt,
+                worker_id=params.worker_id,
+                outcome=Outcome.IN_PROGRESS,
+                started_at=now,
+            )
+        )
+        return ClaimedTask(
+            token=LeaseToken(row.id, row.attempt, params.worker_id),
+            name=row.name,
+            queue=row.queue,
+            payload=row.payload,
+            spent=row.spent,
+            max_attempts=row.max_attempts,
+            retry=row.retry,
+            timeout=row.timeout,
+            lease=row.lease,
+            lease_expires_at=row.lease_expires_at,
+        )
+
+    async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
+        now = _clock(params.now)
+        renewed, cancel = set(), set()
+        with self._store.lock:
+            worker = self._store.workers.get(params.worker_id)
+            if worker is not None:
+                self._store.workers[worker.id] = dataclasses.replace(worker, last_seen_at=now)
+            for token in params.tokens:
+                row = self._store.tasks.get(token.task_id)
+                if row is not None and row.live(token.attempt, params.worker_id, now):
+                    row.lease_expires_at = now + _seconds(row.lease or params.lease)
+                    renewed.add(token)
+                    if row.cancel_requested:
+                        cancel.add(token)
+        return HeartbeatResult(
+            frozenset(renewed), frozenset(params.tokens) - renewed, frozenset(cancel)
+        )
+
+    async def finish(self, params: FinishParams) -> FinishResult:
+        now = _clock(params.now)
+        applied = set()
+        with self._store.lock:
+            for c in params.completions:
+                row = self._store.tasks.get(c.token.task_id)
+                if row is None or not row.live(c.token.attempt, params.worker_id, now):
+                    continue
+                state = c.next_state
+                if row.cancel_requested and state is TaskState.PENDING:
+                    state = TaskState.CANCELLED
+                row.state = state
+                if state is TaskState.SUCCEEDED:
+                    row.result = c.result
+                if state is TaskState.PENDING:
+                    row.run_at = now + _seconds(c.retry_delay or 0.0)
+                if c.outcome is Outcome.INTERRUPTED:
+                    row.spent -= 1
+                row.worker_id = row.lease_expires_at = None
+                row.finished_at = None if state is TaskState.PENDING else now
+                error = c.error
+                row.close_attempt(
+                    now,
+                    c.outcome,
+                    error_type=error.type if error else None,
+                    error_message=error.message if error else None,
+                    traceback=error.traceback if error else None,
+                )
+                applied.add(c.token)
+        tokens = frozenset(c.token for c in params.completions)
+        return FinishResult(frozenset(applied), tokens - applied)
+
+    async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction:
+        raise ConfigurationError("the memory backend has no attempt transactions")
+
+    def begin_attempt_transaction_sync(self, worker_id: str) -> AttemptTransaction:
+        raise ConfigurationError("the memory backend has no attempt transactions")
+
+    # -- control -------------------------------------------------------------
+
+    def _row(self, task_id: int) -> _Row:
+        row = self._store.tasks.get(task_id)
+        if row is None:
+            raise TaskNotFoundError(f"no task with id {task_id}")
+        return row
+
+    async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
+        with self._store.lock:
+            row = self._row(task_id)
+            if row.state in (TaskState.PENDING, TaskState.WAITING):
+                row.state, row.finished_at = TaskState.CANCELLED, _clock(now)
+            elif row.state is TaskState.IN_PROGRESS:
+                row.cancel_requested = True
+            else:
+                raise InvalidTransitionError(f"cannot cancel task {task_id}: it is {row.state}")
+            return row.state
+
+    async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
+        with self._store.lock:
+            row = self._row(task_id)
+            if row.state not in (TaskState.FAILED, TaskState.CANCELLED):
+                raise InvalidTransitionError(f"cannot retry task {task_id}: it is {row.state}")
+            row.state, row.spent, row.run_at = TaskState.PENDING, 0, _clock(now)
+            row.cancel_requested, row.result, row.finished_at = False, None, None
+            return row.state
+
+    # -- reads ---------------------------------------------------------------
+
+    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
+        with self._store.lock:
+            row = self._store.tasks.get(task_id)
+            return row.snapshot(with_attempts) if row is not None else None
+
+    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
+        with self._store.lock:
+            rows = [
+                r
+                for r in reversed(self._store.tasks.values())
+                if (task_filter.state is None or r.state is task_filter.state)
+                and (task_filter.name is None or r.name == task_filter.name)
+                and (task_filter.queue is None or r.queue == task_filter.queue)
+            ]
+            return [r.snapshot(False) for r in rows[: task_filter.limit]]
+
+    async def count_unfinished(self, work: WorkFilter) -> int:
+        now = _clock(work.now)
+        names, queues = set(work.names), set(work.queues)
+        with self._store.lock:
+            return sum(
+                1
+                for r in self._store.tasks.values()
+                if r.name in names
+                and r.queue in queues
+                and (
+                    r.state is TaskState.IN_PROGRESS
+                    or (r.state is TaskState.PENDING and r.run_at <= now)
+                )
+            )
+
+    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
+        wanted = set(queues)
+        with self._store.lock:
+            return min(
+                (
+                    r.run_at
+                    for r in self._store.tasks.values()
+                    if r.state is TaskState.PENDING and r.queue in wanted
+                ),
+                default=None,
+            )
+
+    # -- workers -------------------------------------------------------------
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        now = _clock(None)
+        with self._store.lock:
+            self._store.workers[info.id] = dataclasses.replace(
+                info, started_at=now, last_seen_at=now, stopped_at=None
+            )
+
+    async def stop_worker(self, worker_id: str) -> None:
+        now = _clock(None)
+        with self._store.lock:
+            found = self._store.workers.get(worker_id)
+            if found is not None:
+                self._store.workers[worker_id] = dataclasses.replace(
+                    found, stopped_at=now, last_seen_at=now
+                )
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        with self._store.lock:
+            return sorted(
+                self._store.workers.values(),
+                key=lambda w: w.started_at or _clock(None),
+                reverse=True,
+            )
+
+    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
+        await asyncio.Event().wait()  # no notifications: workers poll
+        yield ""  # pragma: no cover - never reached
