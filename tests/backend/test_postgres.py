@@ -1,75 +1,17 @@
-"""The PostgreSQL backend against a real server, with an injected clock.
+"""What only the PostgreSQL backend has: migrations, schema names, row locks.
 
-Each test moves the database clock through ``now`` instead of sleeping.
+The common contract is in tests/conformance/, run against every backend.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import psycopg
 import pytest
 
-from conveyor import payload as codec
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.protocol import (
-    ClaimParams,
-    Completion,
-    EnqueueParams,
-    HeartbeatParams,
-    NewTask,
-)
+from conveyor.backends.protocol import HeartbeatParams
 from conveyor.errors import ConfigurationError
-from conveyor.model import LeaseToken, Outcome, RetryPolicy, TaskState
-
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
-LEASE = 10.0
-
-
-def new(
-    name: str = "job",
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | None = T0,
-    max_attempts: int = 3,
-    payload: object = None,
-) -> NewTask:
-    return NewTask(
-        name=name,
-        queue=queue,
-        payload=codec.encode(payload if payload is not None else {}),
-        priority=priority,
-        max_attempts=max_attempts,
-        retry=RetryPolicy(max_attempts=max_attempts),
-        run_at=run_at,
-    )
-
-
-async def enqueue(backend: PostgresBackend, *tasks: NewTask) -> list[int]:
-    return await backend.enqueue(EnqueueParams(tasks=tasks, now=T0))
-
-
-async def claim(
-    backend: PostgresBackend,
-    worker: str = "w1",
-    *,
-    limit: int = 10,
-    at: datetime = T0,
-    names: tuple[str, ...] = ("job",),
-    queues: tuple[str, ...] = ("default",),
-):
-    return await backend.claim(
-        ClaimParams(worker_id=worker, names=names, queues=queues, limit=limit, lease=LEASE, now=at)
-    )
-
-
-def success(token: LeaseToken, result: object = "ok") -> Completion:
-    return Completion(token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result=codec.encode(result))
-
-
-def later(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
+from tests.conformance.test_tasks import LEASE, claim, enqueue, later, new
 
 
 async def test_migrations_are_recorded_and_idempotent(backend: PostgresBackend) -> None:
