@@ -74,6 +74,7 @@ class Proxy:
         self.cuts = 0
         """Calls to ``cut()`` so far."""
         self._pairs: set[_Pair] = set()
+        self._every: list[_Pair] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -179,6 +180,12 @@ class Proxy:
             self._server.close()
             await self._cut()
             await self._server.wait_closed()
+            # Every transport ever opened is closed before the loop ends: an
+            # abort closes its socket in a callback, which must get to run.
+            for pair in self._every:
+                pair.reset()
+            for _ in range(3):
+                await asyncio.sleep(0)
 
     async def _set_open(self, value: bool) -> None:
         assert self._open is not None
@@ -206,6 +213,7 @@ class Proxy:
         self.accepted += 1
         pair = _Pair(writer, task)
         self._pairs.add(pair)
+        self._every.append(pair)
         pumps: list[asyncio.Task[None]] = []
         try:
             await self._open.wait()  # black-holed: connected, never answered
