@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
-import warnings
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 
 import psycopg
