@@ -163,6 +163,9 @@ leases as materialized (
     select l.id, l.attempt, clock.now, clock.worker_id
     from unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt), clock
 ),
+-- `live` and `free` state the same fence on purpose: `live` reads it from
+-- the snapshot without waiting, `free` takes the row locks it can get, and
+-- under its lock PostgreSQL re-checks the fence against the latest row.
 live as materialized (
     select t.id, t.cancel_requested
     from {schema}.tasks t
