@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,11 +96,34 @@ def test_delay_and_run_at_are_exclusive_and_run_at_is_aware(offline_app: conveyo
         noop.new_tasks([{}], 1000, delay=-1)
 
 
-def test_unknown_url_schemes_and_missing_urls_are_configuration_errors(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_unknown_url_schemes_and_empty_urls_are_configuration_errors() -> None:
     with pytest.raises(conveyor.ConfigurationError, match="scheme"):
         conveyor.App("mysql://x")
+    with pytest.raises(conveyor.ConfigurationError, match="empty"):
+        conveyor.App("")
+    with pytest.raises(conveyor.ConfigurationError, match="file path"):
+        conveyor.App("sqlite:///:memory:")
+    with pytest.raises(conveyor.ConfigurationError, match="SQLite URL"):
+        conveyor.App("sqlite://host/x.db")
+    with pytest.raises(conveyor.ConfigurationError, match="unknown SQLite URL option"):
+        conveyor.App("sqlite:///x.db?journal=off")
+    with pytest.raises(conveyor.ConfigurationError, match="synchronous"):
+        conveyor.App("sqlite:///x.db?synchronous=off").make_backend()
+
+
+def test_without_a_url_the_app_uses_sqlite_in_the_working_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("CONVEYOR_URL", raising=False)
-    with pytest.raises(conveyor.ConfigurationError, match="CONVEYOR_URL"):
-        conveyor.App()
+    monkeypatch.chdir(tmp_path)
+    app = conveyor.App()
+
+    @app.task
+    def noop() -> None:
+        return None
+
+    assert app.url == "sqlite:///conveyor.db"
+    handle = noop.enqueue()
+    assert app.get(handle.id) is not None
+    app.close()
+    assert (tmp_path / "conveyor.db").exists()

@@ -379,7 +379,8 @@ def workers(url: str | None, schema: str | None, as_json: bool) -> None:
 def demo(url: str | None) -> None:
     """Run a worker on a few example tasks and show what happened.
 
-    Uses a throwaway schema of its own, dropped at the end.
+    Needs no database server: with no URL it runs on a temporary SQLite file.
+    On PostgreSQL it uses a throwaway schema of its own, dropped at the end.
     """
     import asyncio
 

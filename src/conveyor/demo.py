@@ -1,7 +1,8 @@
 """``conveyor demo``: a worker and a few example tasks, shown as they run.
 
-It uses a schema of its own (dropped afterwards) so it never touches real
-work, and shows: a task that succeeds, one that fails once and succeeds on
+It never touches real work: on SQLite (the default) it uses a temporary
+file of its own, on PostgreSQL a schema of its own, dropped afterwards. It
+shows: a task that succeeds, one that fails once and succeeds on
 retry, one that fails for good with a traceback, and a long task kept alive
 by heartbeats well past its one-second lease.
 """
@@ -9,13 +10,19 @@ by heartbeats well past its one-second lease.
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from conveyor.app import App
+from conveyor.backends import resolve_url
 from conveyor.context import TaskContext
 from conveyor.model import RetryPolicy, Task
 from conveyor.worker.config import WorkerConfig
@@ -51,8 +58,26 @@ def build_demo_app(url: str | None, schema: str) -> App:
     return app
 
 
+@asynccontextmanager
+async def _demo_url(url: str | None, console: Console) -> AsyncIterator[str]:
+    """Where the demo runs: a throwaway SQLite file unless given another backend."""
+    resolved = resolve_url(url)
+    if urlsplit(resolved).scheme.lower() != "sqlite":
+        yield resolved
+        return
+    with tempfile.TemporaryDirectory(prefix="conveyor-demo-") as folder:
+        path = os.path.join(folder, "demo.db")
+        console.print(f"running the demo on SQLite in {path} (removed afterwards)")
+        yield f"sqlite:///{path}"
+
+
 async def run_demo(url: str | None, console: Console) -> list[Task]:
     """Run the demo; return the finished tasks."""
+    async with _demo_url(url, console) as where:
+        return await _run(where, console)
+
+
+async def _run(url: str, console: Console) -> list[Task]:
     schema = f"conveyor_demo_{uuid.uuid4().hex[:8]}"
     app = build_demo_app(url, schema)
     async with app:

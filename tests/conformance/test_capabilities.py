@@ -15,7 +15,8 @@ EXPECTED = {
         Capability.ATTEMPT_TRANSACTION,
         Capability.NOTIFICATIONS,
     },
-    "MemoryBackend": set(),
+    "SQLiteBackend": {Capability.TRANSACTIONAL_ENQUEUE, Capability.NOTIFICATIONS},
+    "MemoryBackend": {Capability.NOTIFICATIONS},
 }
 
 
@@ -40,3 +41,16 @@ async def test_backends_without_transactions_refuse_them_clearly(backend: Backen
         backend.enqueue_sync(EnqueueParams([task]), connection=object())
     with pytest.raises(ConfigurationError, match="transaction"):
         await backend.begin_attempt_transaction("w")
+
+
+async def test_backends_without_attempt_transactions_refuse_them_clearly(
+    backend: Backend,
+) -> None:
+    if Capability.ATTEMPT_TRANSACTION in backend.capabilities:
+        transaction = await backend.begin_attempt_transaction("w")
+        await transaction.rollback()
+        return
+    with pytest.raises(ConfigurationError, match="transaction"):
+        await backend.begin_attempt_transaction("w")
+    with pytest.raises(ConfigurationError, match="transaction"):
+        backend.begin_attempt_transaction_sync("w")

@@ -1,8 +1,10 @@
 """Backends and the one place that maps a URL to a concrete backend.
 
-``postgresql://`` (and ``postgres://``) selects PostgreSQL, ``memory://NAME``
-the in-memory backend (not durable; for tests). SQLite and Redis will be
-added behind the same protocol.
+``postgresql://`` (and ``postgres://``) selects PostgreSQL; ``sqlite:///PATH``
+SQLite (three slashes: a path relative to the working directory, four: an
+absolute one; ``?busy_timeout=SECONDS&synchronous=full|normal``);
+``memory://NAME`` the in-memory backend (not durable; for tests). With no
+URL and no ``CONVEYOR_URL``, SQLite in ``./conveyor.db`` is the default.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ from conveyor.errors import ConfigurationError
 __all__ = ["Backend", "Capability", "backend_from_url", "resolve_url"]
 
 URL_ENV = "CONVEYOR_URL"
+DEFAULT_URL = "sqlite:///conveyor.db"
 
 
 def resolve_url(url: str | None) -> str:
-    """Return ``url``, or ``CONVEYOR_URL`` when it is None."""
-    resolved = url if url is not None else os.environ.get(URL_ENV)
-    if not resolved:
-        raise ConfigurationError(f"no backend URL: pass one (App(url=...), --url) or set {URL_ENV}")
-    return resolved
+    """Return ``url``; when it is None, ``CONVEYOR_URL``, else ``DEFAULT_URL``."""
+    if url is not None:
+        if not url:
+            raise ConfigurationError("the backend URL is empty")
+        return url
+    return os.environ.get(URL_ENV) or DEFAULT_URL
 
 
 def backend_from_url(url: str, **options: Any) -> Backend:
@@ -40,11 +44,34 @@ def backend_from_url(url: str, **options: Any) -> Backend:
             options.setdefault("schema", schema)
         clean = urlunsplit(parts._replace(query=urlencode(query)))
         return PostgresBackend(clean, **options)
+    if scheme == "sqlite":
+        from conveyor.backends.sqlite import SQLiteBackend
+
+        if parts.netloc:
+            raise ConfigurationError(
+                f"invalid SQLite URL {url!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
+            )
+        return SQLiteBackend(parts.path[1:], **_sqlite_options(parts.query), **options)
     if scheme == "memory":
         from conveyor.backends.memory import MemoryBackend
 
         return MemoryBackend(parts.netloc or parts.path.strip("/") or "default", **options)
     raise ConfigurationError(
         f"unsupported backend URL scheme {parts.scheme!r} in {url!r} "
-        "(expected postgresql:// or memory://)"
+        "(expected postgresql://, sqlite:/// or memory://)"
     )
+
+
+def _sqlite_options(query: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in parse_qsl(query):
+        if key == "busy_timeout":
+            try:
+                found[key] = float(value)
+            except ValueError:
+                raise ConfigurationError(f"busy_timeout must be seconds, not {value!r}") from None
+        elif key == "synchronous":
+            found[key] = value.lower()
+        else:
+            raise ConfigurationError(f"unknown SQLite URL option {key!r}")
+    return found

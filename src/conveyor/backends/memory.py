@@ -5,13 +5,13 @@ Backends opened with the same URL in one process share one store (a worker
 opens several), guarded by one lock, so every operation is atomic. It keeps
 the same contract as the SQL backends for leases, fencing, the attempt log,
 the crash budget and cancel, with the clock of this process (or an injected
-``now``). It offers no transactional enqueue, no attempt transaction and no
-wake-up notifications (workers poll).
+``now``). It offers no transactional enqueue and no attempt transaction;
+an enqueue wakes the idle workers of its store at once (they are all in
+this process).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import threading
@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conveyor import payload as codec
+from conveyor.backends import wake
 from conveyor.backends.protocol import (
     AttemptTransaction,
     Capability,
@@ -126,10 +127,11 @@ def _seconds(value: float) -> timedelta:
 class MemoryBackend:
     """Tasks in this process's memory; see the module docstring for the limits."""
 
-    capabilities: frozenset[Capability] = frozenset()
+    capabilities = frozenset({Capability.NOTIFICATIONS})
 
     def __init__(self, name: str = "default", **_options: Any) -> None:
         self.name = name
+        self._wake_key = f"memory:{name}"
         with _STORES_LOCK:
             self._store = _STORES.setdefault(name, _Store())
 
@@ -171,6 +173,7 @@ class MemoryBackend:
                 )
                 self._store.tasks[row.id] = row
                 ids.append(row.id)
+        wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
 
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
@@ -405,5 +408,5 @@ class MemoryBackend:
             )
 
     async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
-        await asyncio.Event().wait()  # no notifications: workers poll
-        yield ""  # pragma: no cover - never reached
+        async for queue in wake.listen(self._wake_key, queues):
+            yield queue

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from importlib import resources
 from typing import LiteralString
 
 from psycopg import sql
 
+from conveyor.backends import sqlfiles
 from conveyor.errors import ConfigurationError
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
 
 
@@ -31,24 +30,7 @@ def validate_schema(schema: str) -> str:
     return schema
 
 
-def parse_blocks(text: str) -> dict[str, LiteralString]:
-    """Split ``-- name:`` blocks; the header before the first block is ignored."""
-    blocks: dict[str, LiteralString] = {}
-    matches = list(_NAME.finditer(text))
-    for index, match in enumerate(matches):
-        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
-        body = text[match.end() : end].strip()
-        if match.group(1) in blocks:
-            raise ValueError(f"duplicate SQL block {match.group(1)!r}")
-        blocks[match.group(1)] = body  # from our own package file: trusted text
-    return blocks
-
-
-def _read(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
-
-
-_BLOCKS = parse_blocks(_read("queries.sql"))
+_BLOCKS = sqlfiles.read_blocks(__package__ or "conveyor.backends.postgres", "queries.sql")
 
 
 def compose(template: LiteralString, schema: str) -> bytes:
@@ -64,11 +46,4 @@ def load(schema: str) -> Mapping[str, bytes]:
 
 def migrations() -> list[tuple[int, str, LiteralString]]:
     """The numbered migration files, in order: (version, file name, SQL)."""
-    found = []
-    folder = resources.files(__package__).joinpath("migrations")
-    for entry in folder.iterdir():
-        match = re.fullmatch(r"(\d{4})_\w+\.sql", entry.name)
-        if match:
-            text: LiteralString = entry.read_text(encoding="utf-8")
-            found.append((int(match.group(1)), entry.name, text))
-    return sorted(found)
+    return sqlfiles.migrations(__package__ or "conveyor.backends.postgres")

@@ -6,22 +6,13 @@ Pure functions: no connection, no I/O. The statements themselves live in
 
 from __future__ import annotations
 
-import functools
-import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from conveyor import payload as codec
 from conveyor.backends.protocol import ClaimedTask, Completion, EnqueueParams, NewTask
-from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
-
-log = logging.getLogger("conveyor.postgres")
-
-
-@functools.lru_cache(maxsize=256)
-def _retry_json(policy: RetryPolicy) -> str:
-    return codec.encode(policy.to_json())
+from conveyor.backends.stored import retry_json, stored_retry_policy
+from conveyor.model import LeaseToken
 
 
 def _options(task: NewTask) -> tuple[Any, ...]:
@@ -52,7 +43,7 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
             "run_at": head.run_at,
             "delay": head.delay,
             "max_attempts": head.max_attempts,
-            "retry_policy": _retry_json(head.retry),
+            "retry_policy": retry_json(head.retry),
             "timeout": head.timeout,
             "lease": head.lease,
             "payloads": "[" + ",".join(t.payload for t in tasks) + "]",
@@ -66,7 +57,7 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
         "run_ats": [t.run_at for t in tasks],
         "delays": [t.delay for t in tasks],
         "max_attempts": [t.max_attempts for t in tasks],
-        "retry_policies": [_retry_json(t.retry) for t in tasks],
+        "retry_policies": [retry_json(t.retry) for t in tasks],
         "timeouts": [t.timeout for t in tasks],
         "leases": [t.lease for t in tasks],
     }
@@ -97,21 +88,6 @@ def ordered_ids(rows: list[tuple[Any, ...]]) -> list[int]:
     return sorted(int(row[0]) for row in rows)
 
 
-@functools.lru_cache(maxsize=256)
-def _retry_policy(text: str) -> RetryPolicy:
-    return RetryPolicy.from_json(codec.decode(text))
-
-
-def stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
-    """The stored policy; one that does not decode (written around conveyor)
-    must not lose a claimed batch: the defaults apply, with the row's budget."""
-    try:
-        return _retry_policy(text)
-    except Exception:
-        log.error("a task's stored retry policy does not decode: %r; using defaults", text)
-        return RetryPolicy(max_attempts=max(max_attempts, 1))
-
-
 def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
     (
         task_id,
@@ -137,62 +113,4 @@ def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
         timeout=timeout,
         lease=lease,
         lease_expires_at=expires,
-    )
-
-
-def attempt_row(row: tuple[Any, ...]) -> Attempt:
-    return Attempt(
-        task_id=row[0],
-        number=row[1],
-        worker_id=row[2],
-        outcome=Outcome(row[3]),
-        started_at=row[4],
-        finished_at=row[5],
-        error_type=row[6],
-        error_message=row[7],
-        traceback=row[8],
-    )
-
-
-def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
-    (
-        task_id,
-        name,
-        queue,
-        payload,
-        state,
-        priority,
-        run_at,
-        attempt,
-        max_attempts,
-        retry,
-        timeout,
-        lease,
-        result,
-        created_at,
-        finished_at,
-        worker_id,
-        lease_expires_at,
-        cancel_requested,
-    ) = row
-    return Task(
-        id=task_id,
-        name=name,
-        queue=queue,
-        payload=codec.decode(payload),
-        state=TaskState(state),
-        priority=priority,
-        run_at=run_at,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        retry=stored_retry_policy(retry, max_attempts),
-        timeout=timeout,
-        lease=lease,
-        result=codec.decode(result) if result is not None else None,
-        created_at=created_at,
-        finished_at=finished_at,
-        worker_id=worker_id,
-        lease_expires_at=lease_expires_at,
-        cancel_requested=cancel_requested,
-        attempts=attempts,
     )

@@ -1,0 +1,423 @@
+"""The SQLite backend: one file, several worker processes on one machine.
+
+Guarantees: the same contract as PostgreSQL for leases, fencing, the attempt
+log, the crash budget, cancel and timeouts. Every write is one ``BEGIN
+IMMEDIATE`` transaction, so a claim, its attempt rows and any reclaim it
+does commit together or not at all; SQLite's clock rules lease expiry.
+
+Limits, stated plainly: one writer at a time (writes from all processes
+queue on the file's lock, which bounds throughput); processes must share
+one machine and a local disk (SQLite's locks do not work over network file
+systems); no attempt transactions (a handler holding the write lock for its
+whole run would stall every other worker's heartbeats). Idle workers wake
+at once for enqueues made in their own process, and within about 50 ms for
+commits made by other processes (they watch ``PRAGMA data_version``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, LiteralString
+
+from conveyor.backends import sqlfiles, wake
+from conveyor.backends.protocol import (
+    AttemptTransaction,
+    Capability,
+    ClaimedTask,
+    ClaimParams,
+    EnqueueParams,
+    FinishParams,
+    FinishResult,
+    HeartbeatParams,
+    HeartbeatResult,
+    TaskFilter,
+    WorkerInfo,
+    WorkFilter,
+)
+from conveyor.backends.sqlite import rows
+from conveyor.backends.sqlite.database import (
+    DEFAULT_BUSY_TIMEOUT,
+    SYNCHRONOUS,
+    Database,
+    check_version,
+    connect,
+    translated_errors,
+)
+from conveyor.backends.sqlite.migrate import apply_migrations
+from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotFoundError
+from conveyor.model import Attempt, Task, TaskState
+
+SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
+CHANGE_POLL_INTERVAL = 0.05
+"""Seconds between checks for commits made by other processes (wake-ups)."""
+LEASE_EXPIRED = "lease expired: the worker stopped heartbeating (crash, kill or stall)"
+
+
+def _clock(conn: sqlite3.Connection, now: datetime | None) -> float:
+    value: float = conn.execute(SQL["clock"], {"now": rows.seconds(now)}).fetchone()[0]
+    return value
+
+
+def _lost_message(state: str, spent: int, max_attempts: int) -> str:
+    if state == TaskState.CANCELLED:
+        return "lease expired; the task was cancelled meanwhile"
+    return (
+        f"lease expired and the crash budget is spent ({spent} of {max_attempts} attempts): "
+        "the worker stopped heartbeating (crash, kill or stall)"
+    )
+
+
+class SQLiteBackend:
+    """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``)."""
+
+    capabilities = frozenset({Capability.TRANSACTIONAL_ENQUEUE, Capability.NOTIFICATIONS})
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        synchronous: str = "full",
+        migrate: bool = True,
+        **_options: Any,
+    ) -> None:
+        check_version()
+        if not path or path == ":memory:" or path.startswith("file:"):
+            raise ConfigurationError(
+                f"SQLite needs a file path, not {path!r}; for a store in memory use memory://NAME"
+            )
+        if synchronous not in SYNCHRONOUS:
+            raise ConfigurationError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
+        if busy_timeout < 0:
+            raise ConfigurationError("busy_timeout must be >= 0 seconds")
+        self.path = os.path.abspath(path)
+        self._busy_timeout = busy_timeout
+        self._synchronous = synchronous
+        self._auto_migrate = migrate
+        self._wake_key = f"sqlite:{os.path.realpath(self.path)}"
+        self._db = Database(self.path, busy_timeout, synchronous)
+
+    async def open(self) -> None:
+        await self._db.open()
+        if self._auto_migrate:
+            await self.migrate()
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def migrate(self) -> list[int]:
+        return await self._db.read(lambda conn: apply_migrations(conn, SQL))
+
+    async def destroy(self) -> None:
+        def drop(conn: sqlite3.Connection) -> None:
+            for table in ("attempts", "workers", "tasks", "migrations"):
+                conn.execute(SQL[f"drop_{table}"])
+
+        await self._db.write(drop)
+
+    # -- enqueue ---------------------------------------------------------
+
+    def _insert(self, conn: sqlite3.Connection, params: EnqueueParams) -> list[int]:
+        now = _clock(conn, params.now)
+        conn.executemany(SQL["enqueue"], rows.enqueue_rows(params, now))
+        # Under the write lock rowids are drawn one after another: the last
+        # one and the count give every id, in input order.
+        last: int = conn.execute("select last_insert_rowid()").fetchone()[0]
+        count = len(params.tasks)
+        return list(range(last - count + 1, last + 1))
+
+    async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
+        if not params.tasks:
+            return []
+        if connection is not None:
+            # The caller's connection belongs to the caller's thread: run there.
+            return self.enqueue_sync(params, connection)
+        ids = await self._db.write(lambda conn: self._insert(conn, params))
+        wake.notify(self._wake_key, (t.queue for t in params.tasks))
+        return ids
+
+    def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
+        """Insert on the caller's ``sqlite3.Connection``, inside its open
+        transaction (begun explicitly, or implicitly by Python's sqlite3
+        before the first insert); the caller commits. The connection must be
+        on this backend's file."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigurationError("transactional enqueue takes the caller's sqlite3.Connection")
+        if not params.tasks:
+            return []
+        with translated_errors():
+            self._check_same_file(connection)
+            if connection.isolation_level is None and not connection.in_transaction:
+                raise ConfigurationError(
+                    "the connection is in autocommit mode with no open transaction: "
+                    "run BEGIN first, so the tasks commit with your own writes"
+                )
+            ids = self._insert(connection, params)
+        wake.notify(self._wake_key, (t.queue for t in params.tasks))
+        return ids
+
+    def _check_same_file(self, connection: sqlite3.Connection) -> None:
+        for _seq, name, file in connection.execute("pragma database_list"):
+            if name == "main":
+                if not file or os.path.realpath(file) != os.path.realpath(self.path):
+                    raise ConfigurationError(
+                        f"the connection is on {file or 'a temporary database'!r}, "
+                        f"not on this backend's file {self.path!r}"
+                    )
+                return
+
+    # -- claim, heartbeat, finish ---------------------------------------
+
+    async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+        if params.limit <= 0 or not params.names or not params.queues:
+            return []
+        return await self._db.write(lambda conn: self._claim(conn, params))
+
+    def _claim(self, conn: sqlite3.Connection, params: ClaimParams) -> list[ClaimedTask]:
+        now = _clock(conn, params.now)
+        scope = {
+            "now": now,
+            "queues": json.dumps(list(params.queues)),
+            "names": json.dumps(list(params.names)),
+        }
+        ended = conn.execute(SQL["end_expired"], scope).fetchall()
+        if ended:
+            conn.executemany(
+                SQL["close_lost_attempt"],
+                [
+                    {
+                        "now": now,
+                        "task_id": task_id,
+                        "message": _lost_message(state, spent, max_attempts),
+                    }
+                    for task_id, state, spent, max_attempts in ended
+                ],
+            )
+        picked = conn.execute(SQL["claim_pick"], {**scope, "limit": params.limit}).fetchall()
+        if not picked:
+            return []
+        reclaimed = [
+            {"now": now, "task_id": task_id, "message": LEASE_EXPIRED}
+            for task_id, state in picked
+            if state == TaskState.IN_PROGRESS
+        ]
+        if reclaimed:
+            conn.executemany(SQL["close_lost_attempt"], reclaimed)
+        ids = json.dumps([task_id for task_id, _state in picked])
+        taken = conn.execute(
+            SQL["claim_take"],
+            {"now": now, "ids": ids, "worker_id": params.worker_id, "lease": params.lease},
+        ).fetchall()
+        conn.execute(SQL["claim_log"], {"now": now, "ids": ids, "worker_id": params.worker_id})
+        order = {task_id: index for index, (task_id, _state) in enumerate(picked)}
+        taken.sort(key=lambda row: order[row[0]])
+        return [rows.claimed_task(row, params.worker_id) for row in taken]
+
+    async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
+        tokens = list(params.tokens)
+
+        def renew(conn: sqlite3.Connection) -> list[Any]:
+            now = _clock(conn, params.now)
+            conn.execute(SQL["heartbeat_seen"], {"now": now, "worker_id": params.worker_id})
+            if not tokens:
+                return []
+            return conn.execute(
+                SQL["heartbeat"],
+                {
+                    "now": now,
+                    "worker_id": params.worker_id,
+                    "leases": rows.leases_json(tokens),
+                    "lease": params.lease,
+                },
+            ).fetchall()
+
+        found = {(r[0], r[1]): bool(r[2]) for r in await self._db.write(renew)}
+        renewed = frozenset(t for t in tokens if (t.task_id, t.attempt) in found)
+        return HeartbeatResult(
+            renewed=renewed,
+            lost=frozenset(tokens) - renewed,
+            cancel_requested=frozenset(t for t in renewed if found[(t.task_id, t.attempt)]),
+        )
+
+    async def finish(self, params: FinishParams) -> FinishResult:
+        completions = list(params.completions)
+        if not completions:
+            return FinishResult(frozenset(), frozenset())
+
+        def record(conn: sqlite3.Connection) -> set[tuple[int, int]]:
+            now = _clock(conn, params.now)
+            done = {
+                (r[0], r[1])
+                for r in conn.execute(
+                    SQL["finish"],
+                    {
+                        "now": now,
+                        "worker_id": params.worker_id,
+                        "completions": rows.completions_json(completions),
+                    },
+                )
+            }
+            applied = [c for c in completions if (c.token.task_id, c.token.attempt) in done]
+            if applied:
+                conn.execute(
+                    SQL["finish_log"], {"now": now, "completions": rows.completions_json(applied)}
+                )
+            return done
+
+        done = await self._db.write(record)
+        tokens = [c.token for c in completions]
+        applied = frozenset(t for t in tokens if (t.task_id, t.attempt) in done)
+        return FinishResult(applied=applied, rejected=frozenset(tokens) - applied)
+
+    async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction:
+        raise ConfigurationError(
+            "SQLite offers no attempt transaction: a handler holding the single write "
+            "lock for its whole run would stall every other worker"
+        )
+
+    def begin_attempt_transaction_sync(self, worker_id: str) -> AttemptTransaction:
+        raise ConfigurationError(
+            "SQLite offers no attempt transaction: a handler holding the single write "
+            "lock for its whole run would stall every other worker"
+        )
+
+    # -- control ---------------------------------------------------------
+
+    async def _transition(
+        self, name: str, task_id: int, now: datetime | None, what: str
+    ) -> TaskState:
+        def change(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
+            args = {"id": task_id, "now": _clock(conn, now)}
+            row = conn.execute(SQL[name], args).fetchone()
+            if row is not None:
+                return row[0], None
+            current = conn.execute(SQL["task_state"], {"id": task_id}).fetchone()
+            return None, current[0] if current else None
+
+        changed, current = await self._db.write(change)
+        if changed is not None:
+            return TaskState(changed)
+        if current is None:
+            raise TaskNotFoundError(f"no task with id {task_id}")
+        raise InvalidTransitionError(f"cannot {what} task {task_id}: it is {current}")
+
+    async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
+        return await self._transition("cancel", task_id, now, "cancel")
+
+    async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
+        return await self._transition("retry", task_id, now, "retry")
+
+    # -- reads -----------------------------------------------------------
+
+    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
+        def fetch(conn: sqlite3.Connection) -> Task | None:
+            row = conn.execute(SQL["get_task"], {"id": task_id}).fetchone()
+            if row is None:
+                return None
+            attempts: tuple[Attempt, ...] = ()
+            if with_attempts:
+                found = conn.execute(SQL["get_attempts"], {"id": task_id}).fetchall()
+                attempts = tuple(rows.attempt(r) for r in found)
+            return rows.task(row, attempts)
+
+        return await self._db.read(fetch)
+
+    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
+        args = {
+            "state": task_filter.state.value if task_filter.state else None,
+            "name": task_filter.name,
+            "queue": task_filter.queue,
+            "limit": task_filter.limit,
+        }
+        found = await self._db.read(lambda conn: conn.execute(SQL["list_tasks"], args).fetchall())
+        return [rows.task(row, ()) for row in found]
+
+    async def count_unfinished(self, work: WorkFilter) -> int:
+        def count(conn: sqlite3.Connection) -> int:
+            args = {
+                "now": _clock(conn, work.now),
+                "queues": json.dumps(list(work.queues)),
+                "names": json.dumps(list(work.names)),
+            }
+            value: int = conn.execute(SQL["count_unfinished"], args).fetchone()[0]
+            return value
+
+        return await self._db.read(count)
+
+    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
+        args = {"queues": json.dumps(list(queues))}
+        value = await self._db.read(
+            lambda conn: conn.execute(SQL["next_run_at"], args).fetchone()[0]
+        )
+        return rows.moment(value)
+
+    # -- workers ---------------------------------------------------------
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        def register(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                SQL["register_worker"],
+                {
+                    "now": _clock(conn, None),
+                    "id": info.id,
+                    "host": info.host,
+                    "pid": info.pid,
+                    "queues": json.dumps(list(info.queues)),
+                    "concurrency": info.concurrency,
+                },
+            )
+
+        await self._db.write(register)
+
+    async def stop_worker(self, worker_id: str) -> None:
+        await self._db.write(
+            lambda conn: conn.execute(
+                SQL["stop_worker"], {"id": worker_id, "now": _clock(conn, None)}
+            )
+        )
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        found = await self._db.read(lambda conn: conn.execute(SQL["list_workers"]).fetchall())
+        return [rows.worker(row) for row in found]
+
+    # -- wake-ups --------------------------------------------------------
+
+    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
+        """Enqueues of this process wake at once; commits of other processes
+        within CHANGE_POLL_INTERVAL (a change of ``PRAGMA data_version``)."""
+        listener = wake.listen(self._wake_key, queues)
+        nearby: asyncio.Future[str] = asyncio.ensure_future(anext(listener))
+        watcher = connect(self.path, self._busy_timeout, self._synchronous)
+        try:
+            version = self._data_version(watcher)
+            while True:
+                await asyncio.wait({nearby}, timeout=CHANGE_POLL_INTERVAL)
+                if nearby.done():
+                    yield nearby.result()
+                    nearby = asyncio.ensure_future(anext(listener))
+                    continue
+                current = self._data_version(watcher)
+                if current != version:
+                    version = current
+                    for queue in queues:
+                        yield queue
+        finally:
+            nearby.cancel()
+            with contextlib.suppress(BaseException):
+                await nearby
+            await listener.aclose()
+            watcher.close()
+
+    @staticmethod
+    def _data_version(conn: sqlite3.Connection) -> int | None:
+        try:
+            version: int = conn.execute(SQL["data_version"]).fetchone()[0]
+        except sqlite3.Error:
+            return None  # busy or gone for a moment: compare again next time
+        return version

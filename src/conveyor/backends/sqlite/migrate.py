@@ -1,0 +1,49 @@
+"""Apply the numbered migrations of the SQLite schema, once each.
+
+Each migration runs in one ``BEGIN IMMEDIATE`` transaction together with its
+record in ``conveyor_migrations``: SQLite's DDL is transactional, and the
+write lock makes processes starting at once apply each migration exactly
+once. A failed migration leaves nothing half-done. Re-running is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterator, Mapping
+from typing import LiteralString
+
+from conveyor.backends import sqlfiles
+from conveyor.backends.sqlite.database import immediate
+
+log = logging.getLogger("conveyor.migrate")
+
+_PACKAGE = "conveyor.backends.sqlite"
+
+
+def statements(script: LiteralString) -> Iterator[LiteralString]:
+    """Split a script into complete statements (a trigger body stays whole)."""
+    pending: LiteralString = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending
+            pending = ""
+    if any(line.strip() and not line.lstrip().startswith("--") for line in pending.splitlines()):
+        raise ValueError(f"incomplete statement at the end of a migration: {pending!r}")
+
+
+def apply_migrations(conn: sqlite3.Connection, sql: Mapping[str, LiteralString]) -> list[int]:
+    """Bring the file up to date on ``conn`` (autocommit mode); return versions applied."""
+    applied: list[int] = []
+    conn.execute(sql["migrations_table"])
+    for version, name, script in sqlfiles.migrations(_PACKAGE):
+        with immediate(conn):
+            if conn.execute(sql["migration_applied"], {"version": version}).fetchone():
+                continue
+            for statement in statements(script):
+                conn.execute(statement)
+            conn.execute(sql["record_migration"], {"version": version, "name": name})
+        log.info("applied migration %s", name)
+        applied.append(version)
+    return applied

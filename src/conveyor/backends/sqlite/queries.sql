@@ -1,0 +1,255 @@
+-- Every statement of the SQLite backend, as named blocks.
+--
+-- Every write runs inside BEGIN IMMEDIATE: SQLite has one writer at a time,
+-- and taking the write lock first (waiting up to busy_timeout for it) means
+-- a transaction never has to upgrade a read lock, which could fail at once
+-- with SQLITE_BUSY. With one writer there is nothing to skip: no SKIP LOCKED.
+--
+-- :now is the clock of the transaction, read once from SQLite by `clock`
+-- (tests pass a time to move it without sleeping). Lists travel as JSON
+-- arrays and are unpacked with json_each.
+
+-- name: clock
+-- Seconds since the epoch: SQLite's own clock unless a test injects one.
+select coalesce(:now, (julianday('now') - 2440587.5) * 86400.0);
+
+-- name: enqueue
+-- One task; run many times in one transaction (executemany).
+insert into conveyor_tasks
+    (name, queue, payload, priority, run_at, max_attempts, retry_policy,
+     timeout_seconds, lease_seconds, created_at)
+values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
+        :retry_policy, :timeout, :lease, :now);
+
+-- name: end_expired
+-- Expired leases that must not run again: the crash budget is spent or a
+-- cancel was requested. The task ends here; close_lost_attempt closes its
+-- attempt next.
+update conveyor_tasks
+set state = case when cancel_requested then 'cancelled' else 'failed' end,
+    worker_id = null,
+    lease_expires_at = null,
+    finished_at = :now
+where state = 'in_progress'
+  and lease_expires_at <= :now
+  and (cancel_requested or spent >= max_attempts)
+  and queue in (select value from json_each(:queues))
+  and name in (select value from json_each(:names))
+returning id, state, spent, max_attempts;
+
+-- name: claim_pick
+-- The next tasks to run, in claim order: due pending ones (from the partial
+-- claim index) and expired in-progress ones that may run again (end_expired
+-- has already ended the others), each side limited before the merge.
+select id, state from (
+    select * from (
+        select id, state, priority, run_at from conveyor_tasks
+        where state = 'pending'
+          and queue in (select value from json_each(:queues))
+          and run_at <= :now
+          and name in (select value from json_each(:names))
+        order by priority desc, run_at, id
+        limit :limit
+    )
+    union all
+    select * from (
+        select id, state, priority, run_at from conveyor_tasks
+        where state = 'in_progress'
+          and lease_expires_at <= :now
+          and queue in (select value from json_each(:queues))
+          and name in (select value from json_each(:names))
+        order by lease_expires_at
+        limit :limit
+    )
+)
+order by priority desc, run_at, id
+limit :limit;
+
+-- name: claim_take
+-- Hand the picked tasks to the worker under a fresh lease.
+update conveyor_tasks
+set state = 'in_progress',
+    attempt = attempt + 1,
+    spent = spent + 1,
+    worker_id = :worker_id,
+    lease_expires_at = :now + coalesce(lease_seconds, :lease)
+where id in (select value from json_each(:ids))
+returning id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
+          timeout_seconds, lease_seconds, lease_expires_at;
+
+-- name: claim_log
+-- One attempt row per claimed task, in the same transaction as the claim.
+insert into conveyor_attempts (task_id, number, worker_id, started_at)
+select id, attempt, :worker_id, :now from conveyor_tasks
+where id in (select value from json_each(:ids));
+
+-- name: heartbeat_seen
+update conveyor_workers set last_seen_at = :now where id = :worker_id;
+
+-- name: heartbeat
+-- Renew every lease the worker still holds, fenced by the lease token and a
+-- live lease: an expired lease is not renewed (it may have been reclaimed).
+-- :leases is a JSON array of [id, attempt] pairs.
+update conveyor_tasks
+set lease_expires_at = :now + coalesce(lease_seconds, :lease)
+from (select json_extract(value, '$[0]') as id, json_extract(value, '$[1]') as attempt
+      from json_each(:leases)) as l
+where conveyor_tasks.id = l.id
+  and conveyor_tasks.attempt = l.attempt
+  and conveyor_tasks.worker_id = :worker_id
+  and conveyor_tasks.lease_expires_at > :now
+returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.cancel_requested;
+
+-- name: finish
+-- Record many attempt endings, each fenced by its lease token and a live
+-- lease; a late write from a lost lease changes nothing and is missing from
+-- the result. A task whose cancel was requested is not made pending again.
+-- :completions is a JSON array of objects (see rows.completions_json).
+update conveyor_tasks
+set state = case when conveyor_tasks.cancel_requested and i.state = 'pending'
+                 then 'cancelled' else i.state end,
+    result = case when i.state = 'succeeded' then i.result else conveyor_tasks.result end,
+    run_at = case when i.state = 'pending' then :now + coalesce(i.delay, 0)
+                  else conveyor_tasks.run_at end,
+    spent = conveyor_tasks.spent - (i.outcome = 'interrupted'),
+    worker_id = null,
+    lease_expires_at = null,
+    finished_at = case when i.state <> 'pending' or conveyor_tasks.cancel_requested
+                       then :now end
+from (select json_extract(value, '$.id') as id, json_extract(value, '$.attempt') as attempt,
+             json_extract(value, '$.state') as state,
+             json_extract(value, '$.outcome') as outcome,
+             json_extract(value, '$.delay') as delay,
+             json_extract(value, '$.result') as result
+      from json_each(:completions)) as i
+where conveyor_tasks.id = i.id
+  and conveyor_tasks.attempt = i.attempt
+  and conveyor_tasks.worker_id = :worker_id
+  and conveyor_tasks.lease_expires_at > :now
+returning conveyor_tasks.id, conveyor_tasks.attempt;
+
+-- name: finish_log
+-- Close the attempts of the endings `finish` applied (only those are passed).
+update conveyor_attempts
+set outcome = i.outcome,
+    finished_at = :now,
+    error_type = i.error_type,
+    error_message = i.error_message,
+    traceback = i.traceback
+from (select json_extract(value, '$.id') as id, json_extract(value, '$.attempt') as attempt,
+             json_extract(value, '$.outcome') as outcome,
+             json_extract(value, '$.error_type') as error_type,
+             json_extract(value, '$.error_message') as error_message,
+             json_extract(value, '$.traceback') as traceback
+      from json_each(:completions)) as i
+where conveyor_attempts.task_id = i.id and conveyor_attempts.number = i.attempt;
+
+-- name: cancel
+-- Cancel a task: pending and waiting ones at once; a running one is flagged
+-- and its worker stops it at the next heartbeat. Returns the state after.
+update conveyor_tasks
+set state = case when state = 'in_progress' then state else 'cancelled' end,
+    cancel_requested = (state = 'in_progress'),
+    finished_at = case when state = 'in_progress' then null else :now end
+where id = :id and state in ('pending', 'waiting', 'in_progress')
+returning state;
+
+-- name: retry
+-- Run a failed or cancelled task again now, with a fresh attempt budget.
+update conveyor_tasks
+set state = 'pending', spent = 0, run_at = :now, cancel_requested = 0, result = null,
+    finished_at = null
+where id = :id and state in ('failed', 'cancelled')
+returning state;
+
+-- name: task_state
+select state from conveyor_tasks where id = :id;
+
+-- name: get_task
+select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
+       retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
+       worker_id, lease_expires_at, cancel_requested
+from conveyor_tasks
+where id = :id;
+
+-- name: get_attempts
+select task_id, number, worker_id, outcome, started_at, finished_at, error_type,
+       error_message, traceback
+from conveyor_attempts
+where task_id = :id
+order by number;
+
+-- name: list_tasks
+-- Newest first, each filter optional.
+select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
+       retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
+       worker_id, lease_expires_at, cancel_requested
+from conveyor_tasks
+where (:state is null or state = :state)
+  and (:name is null or name = :name)
+  and (:queue is null or queue = :queue)
+order by id desc
+limit :limit;
+
+-- name: count_unfinished
+-- Tasks a burst worker would still have to wait for: due pending or running.
+select count(*) from conveyor_tasks
+where queue in (select value from json_each(:queues))
+  and name in (select value from json_each(:names))
+  and (state = 'in_progress' or (state = 'pending' and run_at <= :now));
+
+-- name: next_run_at
+-- The earliest time a pending task of these queues becomes due.
+select min(run_at) from conveyor_tasks
+where state = 'pending' and queue in (select value from json_each(:queues));
+
+-- name: register_worker
+insert into conveyor_workers
+    (id, host, pid, queues, concurrency, started_at, last_seen_at)
+values (:id, :host, :pid, :queues, :concurrency, :now, :now)
+on conflict (id) do update set last_seen_at = :now, stopped_at = null;
+
+-- name: stop_worker
+update conveyor_workers set stopped_at = :now, last_seen_at = :now where id = :id;
+
+-- name: list_workers
+select id, host, pid, queues, concurrency, started_at, last_seen_at, stopped_at
+from conveyor_workers
+order by started_at desc;
+
+-- name: data_version
+-- Changes whenever another connection commits to the file: the cross-process
+-- wake-up signal (workers check it every few tens of milliseconds).
+pragma data_version;
+
+-- name: migrations_table
+create table if not exists conveyor_migrations (
+    version     integer primary key,
+    name        text not null,
+    applied_at  real not null default ((julianday('now') - 2440587.5) * 86400.0)
+);
+
+-- name: migration_applied
+select 1 from conveyor_migrations where version = :version;
+
+-- name: record_migration
+insert into conveyor_migrations (version, name) values (:version, :name);
+
+-- name: close_lost_attempt
+-- Close the open attempt of a task whose lease expired, saying why.
+update conveyor_attempts
+set outcome = 'lease_lost', finished_at = :now, error_type = 'LeaseExpired',
+    error_message = :message
+where task_id = :task_id and outcome = 'in_progress';
+
+-- name: drop_attempts
+drop table if exists conveyor_attempts;
+
+-- name: drop_workers
+drop table if exists conveyor_workers;
+
+-- name: drop_tasks
+drop table if exists conveyor_tasks;
+
+-- name: drop_migrations
+drop table if exists conveyor_migrations;

@@ -1,0 +1,130 @@
+"""Python values to SQLite arguments, and SQLite rows back to domain objects.
+
+Pure functions: no connection, no I/O. Times are stored as REAL seconds
+since the epoch and come back as aware UTC datetimes; lists travel as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from conveyor.backends.protocol import ClaimedTask, Completion, EnqueueParams, WorkerInfo
+from conveyor.backends.stored import attempt_row, retry_json, stored_retry_policy, task_row
+from conveyor.model import Attempt, LeaseToken, Task
+
+# Column positions of the timestamps in get_task/list_tasks and get_attempts.
+_TASK_TIMES = (6, 13, 14, 16)
+_ATTEMPT_TIMES = (4, 5)
+
+
+def seconds(moment: datetime | None) -> float | None:
+    return moment.timestamp() if moment is not None else None
+
+
+def moment(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, UTC) if value is not None else None
+
+
+def _with_times(row: Sequence[Any], positions: Sequence[int]) -> tuple[Any, ...]:
+    values = list(row)
+    for i in positions:
+        values[i] = moment(values[i])
+    return tuple(values)
+
+
+def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
+    """One argument set per task, for executemany."""
+    return [
+        {
+            "now": now,
+            "name": t.name,
+            "queue": t.queue,
+            "payload": t.payload,
+            "priority": t.priority,
+            "run_at": seconds(t.run_at),
+            "delay": t.delay,
+            "max_attempts": t.max_attempts,
+            "retry_policy": retry_json(t.retry),
+            "timeout": t.timeout,
+            "lease": t.lease,
+        }
+        for t in params.tasks
+    ]
+
+
+def leases_json(tokens: Sequence[LeaseToken]) -> str:
+    return json.dumps([[t.task_id, t.attempt] for t in tokens])
+
+
+def completions_json(completions: Sequence[Completion]) -> str:
+    """The ``finish`` input: results stay JSON text inside a JSON string."""
+    return json.dumps(
+        [
+            {
+                "id": c.token.task_id,
+                "attempt": c.token.attempt,
+                "state": c.next_state.value,
+                "outcome": c.outcome.value,
+                "delay": c.retry_delay,
+                "result": c.result,
+                "error_type": c.error.type if c.error else None,
+                "error_message": c.error.message if c.error else None,
+                "traceback": c.error.traceback if c.error else None,
+            }
+            for c in completions
+        ]
+    )
+
+
+def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:
+    (
+        task_id,
+        attempt,
+        name,
+        queue,
+        payload,
+        spent,
+        max_attempts,
+        retry,
+        timeout,
+        lease,
+        expires,
+    ) = row
+    return ClaimedTask(
+        token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
+        name=name,
+        queue=queue,
+        payload=payload,
+        spent=spent,
+        max_attempts=max_attempts,
+        retry=stored_retry_policy(retry, max_attempts),
+        timeout=timeout,
+        lease=lease,
+        lease_expires_at=datetime.fromtimestamp(expires, UTC),
+    )
+
+
+def task(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> Task:
+    values = list(_with_times(row, _TASK_TIMES))
+    values[17] = bool(values[17])  # cancel_requested
+    return task_row(tuple(values), attempts)
+
+
+def attempt(row: Sequence[Any]) -> Attempt:
+    return attempt_row(_with_times(row, _ATTEMPT_TIMES))
+
+
+def worker(row: Sequence[Any]) -> WorkerInfo:
+    return WorkerInfo(
+        id=row[0],
+        host=row[1],
+        pid=row[2],
+        queues=tuple(json.loads(row[3])),
+        concurrency=row[4],
+        started_at=moment(row[5]),
+        last_seen_at=moment(row[6]),
+        stopped_at=moment(row[7]),
+    )

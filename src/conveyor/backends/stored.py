@@ -1,0 +1,94 @@
+"""Stored values back to domain objects, shared by the SQL backends.
+
+Pure functions: no connection, no I/O. Each backend first brings its rows
+to Python values (timestamps as aware datetimes), then maps them here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from conveyor import payload as codec
+from conveyor.model import Attempt, Outcome, RetryPolicy, Task, TaskState
+
+log = logging.getLogger("conveyor.backends")
+
+
+@functools.lru_cache(maxsize=256)
+def retry_json(policy: RetryPolicy) -> str:
+    return codec.encode(policy.to_json())
+
+
+@functools.lru_cache(maxsize=256)
+def _retry_policy(text: str) -> RetryPolicy:
+    return RetryPolicy.from_json(codec.decode(text))
+
+
+def stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
+    """The stored policy; one that does not decode (written around conveyor)
+    must not lose a claimed batch: the defaults apply, with the row's budget."""
+    try:
+        return _retry_policy(text)
+    except Exception:
+        log.error("a task's stored retry policy does not decode: %r; using defaults", text)
+        return RetryPolicy(max_attempts=max(max_attempts, 1))
+
+
+def attempt_row(row: tuple[Any, ...]) -> Attempt:
+    return Attempt(
+        task_id=row[0],
+        number=row[1],
+        worker_id=row[2],
+        outcome=Outcome(row[3]),
+        started_at=row[4],
+        finished_at=row[5],
+        error_type=row[6],
+        error_message=row[7],
+        traceback=row[8],
+    )
+
+
+def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
+    (
+        task_id,
+        name,
+        queue,
+        payload,
+        state,
+        priority,
+        run_at,
+        attempt,
+        max_attempts,
+        retry,
+        timeout,
+        lease,
+        result,
+        created_at,
+        finished_at,
+        worker_id,
+        lease_expires_at,
+        cancel_requested,
+    ) = row
+    return Task(
+        id=task_id,
+        name=name,
+        queue=queue,
+        payload=codec.decode(payload),
+        state=TaskState(state),
+        priority=priority,
+        run_at=run_at,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        retry=stored_retry_policy(retry, max_attempts),
+        timeout=timeout,
+        lease=lease,
+        result=codec.decode(result) if result is not None else None,
+        created_at=created_at,
+        finished_at=finished_at,
+        worker_id=worker_id,
+        lease_expires_at=lease_expires_at,
+        cancel_requested=cancel_requested,
+        attempts=attempts,
+    )
