@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
 from conveyor.backends import Backend, backend_from_url, resolve_url
-from conveyor.backends.protocol import EnqueueParams, NewTask, TaskFilter, WorkerInfo
+from conveyor.backends.protocol import Capability, EnqueueParams, NewTask, TaskFilter, WorkerInfo
 from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskError
 from conveyor.handle import TaskHandle
 from conveyor.model import (
@@ -39,7 +39,9 @@ SCHEMA_ENV = "CONVEYOR_SCHEMA"
 class App:
     """Registry of tasks bound to one backend URL.
 
-    ``url`` is a backend URL (``postgresql://…``); None reads ``CONVEYOR_URL``.
+    ``url`` is a backend URL (``postgresql://…``, ``sqlite:///path.db``,
+    ``memory://name``); None reads ``CONVEYOR_URL``, else uses SQLite in
+    ``./conveyor.db``.
     ``schema`` names the PostgreSQL schema (default ``conveyor``).
     ``max_payload_bytes`` caps encoded payloads (default 1 MiB).
     ``allow_unregistered`` lets ``enqueue`` take names this app has no
@@ -65,6 +67,7 @@ class App:
         if pool_size is not None:
             self._backend_options["pool_size"] = pool_size
         self.tasks: dict[str, TaskDef] = {}
+        self._inline_running = False
         self.portal = Portal()
         self._backends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
             weakref.WeakKeyDictionary()
@@ -218,7 +221,19 @@ class App:
     async def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[TaskHandle]:
         backend = await self.backend()
         ids = await backend.enqueue(EnqueueParams(tasks=tasks), connection)
+        if Capability.INLINE in backend.capabilities and not self._inline_running:
+            await self._run_inline(sorted({t.queue for t in tasks}))
         return [TaskHandle(self, task_id) for task_id in ids]
+
+    async def _run_inline(self, queues: list[str]) -> None:
+        """Inline mode: run the tasks now. Tasks they enqueue join this run."""
+        from conveyor.testing import drain_async
+
+        self._inline_running = True
+        try:
+            await drain_async(self, queues=queues)
+        finally:
+            self._inline_running = False
 
     def enqueue(
         self,
@@ -236,8 +251,9 @@ class App:
     ) -> TaskHandle:
         """Store one task; return its handle once it is durable.
 
-        With ``connection`` (a psycopg ``Connection``), the insert runs inside
-        the caller's transaction and exists only if that transaction commits.
+        With ``connection`` (a psycopg ``Connection`` on PostgreSQL, a
+        ``sqlite3.Connection`` on SQLite), the insert runs inside the caller's
+        transaction and exists only if that transaction commits.
         Raises PayloadError, UnknownTaskError or ConfigurationError before
         any I/O.
         """
@@ -266,7 +282,8 @@ class App:
         lease: float | None = None,
         connection: Any = None,
     ) -> TaskHandle:
-        """Async form of :meth:`enqueue` (``connection``: a psycopg ``AsyncConnection``)."""
+        """Async form of :meth:`enqueue` (``connection``: a psycopg ``AsyncConnection``,
+        or a ``sqlite3.Connection``, used synchronously on the caller's thread)."""
         options = dict(
             queue=queue,
             priority=priority,

@@ -3,7 +3,8 @@
 ``postgresql://`` (and ``postgres://``) selects PostgreSQL; ``sqlite:///PATH``
 SQLite (three slashes: a path relative to the working directory, four: an
 absolute one; ``?busy_timeout=SECONDS&synchronous=full|normal``);
-``memory://NAME`` the in-memory backend (not durable; for tests). With no
+``memory://NAME`` the in-memory backend (not durable; for tests;
+``?inline=true`` runs tasks at enqueue). With no
 URL and no ``CONVEYOR_URL``, SQLite in ``./conveyor.db`` is the default.
 """
 
@@ -55,7 +56,8 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     if scheme == "memory":
         from conveyor.backends.memory import MemoryBackend
 
-        return MemoryBackend(parts.netloc or parts.path.strip("/") or "default", **options)
+        name = parts.netloc or parts.path.strip("/") or "default"
+        return MemoryBackend(name, **_memory_options(parts.query), **options)
     raise ConfigurationError(
         f"unsupported backend URL scheme {parts.scheme!r} in {url!r} "
         "(expected postgresql://, sqlite:/// or memory://)"
@@ -74,4 +76,15 @@ def _sqlite_options(query: str) -> dict[str, Any]:
             found[key] = value.lower()
         else:
             raise ConfigurationError(f"unknown SQLite URL option {key!r}")
+    return found
+
+
+def _memory_options(query: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in parse_qsl(query):
+        if key != "inline":
+            raise ConfigurationError(f"unknown memory URL option {key!r}")
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ConfigurationError(f"inline must be true or false, not {value!r}")
+        found["inline"] = value.lower() in ("true", "1")
     return found

@@ -8,6 +8,10 @@ the crash budget and cancel, with the clock of this process (or an injected
 ``now``). It offers no transactional enqueue and no attempt transaction;
 an enqueue wakes the idle workers of its store at once (they are all in
 this process).
+
+Inline mode (``memory://NAME?inline=true``) is for tests of code that
+enqueues: the App runs every due task of the enqueued queues, in this
+process, before ``enqueue`` returns (see :mod:`conveyor.testing`).
 """
 
 from __future__ import annotations
@@ -129,8 +133,10 @@ class MemoryBackend:
 
     capabilities = frozenset({Capability.NOTIFICATIONS})
 
-    def __init__(self, name: str = "default", **_options: Any) -> None:
+    def __init__(self, name: str = "default", *, inline: bool = False, **_options: Any) -> None:
         self.name = name
+        if inline:
+            self.capabilities = self.capabilities | {Capability.INLINE}
         self._wake_key = f"memory:{name}"
         with _STORES_LOCK:
             self._store = _STORES.setdefault(name, _Store())

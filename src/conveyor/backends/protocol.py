@@ -34,6 +34,8 @@ class Capability(enum.Enum):
     """A handler's writes commit atomically with the task's success."""
     NOTIFICATIONS = "notifications"
     """Push wake-ups for idle workers (otherwise they poll)."""
+    INLINE = "inline"
+    """Tests only: an enqueue runs its tasks to the end before it returns."""
 
 
 @dataclass(frozen=True, slots=True)
