@@ -199,7 +199,7 @@ class SQLiteBackend:
                     for task_id, state, spent, max_attempts in ended
                 ],
             )
-        picked = conn.execute(SQL["claim_pick"], {**scope, "limit": params.limit}).fetchall()
+        picked = self._pick(conn, params, scope)
         if not picked:
             return []
         reclaimed = [
@@ -218,6 +218,20 @@ class SQLiteBackend:
         order = {task_id: index for index, (task_id, _state) in enumerate(picked)}
         taken.sort(key=lambda row: order[row[0]])
         return [rows.claimed_task(row, params.worker_id) for row in taken]
+
+    @staticmethod
+    def _pick(
+        conn: sqlite3.Connection, params: ClaimParams, scope: dict[str, Any]
+    ) -> list[tuple[int, str]]:
+        """The next ``limit`` tasks in claim order (priority, then run_at, then id):
+        the head of each queue and the expired leases, merged here."""
+        limit = params.limit
+        candidates = conn.execute(SQL["claim_expired"], {**scope, "limit": limit}).fetchall()
+        for queue in dict.fromkeys(params.queues):
+            args = {**scope, "queue": queue, "limit": limit}
+            candidates += conn.execute(SQL["claim_due"], args).fetchall()
+        candidates.sort(key=lambda row: (-row[2], row[3], row[0]))
+        return [(row[0], row[1]) for row in candidates[:limit]]
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         tokens = list(params.tokens)

@@ -25,7 +25,7 @@ values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :m
 -- Expired leases that must not run again: the crash budget is spent or a
 -- cancel was requested. The task ends here; close_lost_attempt closes its
 -- attempt next.
-update conveyor_tasks
+update conveyor_tasks indexed by conveyor_tasks_in_progress_lease
 set state = case when cancel_requested then 'cancelled' else 'failed' end,
     worker_id = null,
     lease_expires_at = null,
@@ -37,32 +37,29 @@ where state = 'in_progress'
   and name in (select value from json_each(:names))
 returning id, state, spent, max_attempts;
 
--- name: claim_pick
--- The next tasks to run, in claim order: due pending ones (from the partial
--- claim index) and expired in-progress ones that may run again (end_expired
--- has already ended the others), each side limited before the merge.
-select id, state from (
-    select * from (
-        select id, state, priority, run_at from conveyor_tasks
-        where state = 'pending'
-          and queue in (select value from json_each(:queues))
-          and run_at <= :now
-          and name in (select value from json_each(:names))
-        order by priority desc, run_at, id
-        limit :limit
-    )
-    union all
-    select * from (
-        select id, state, priority, run_at from conveyor_tasks
-        where state = 'in_progress'
-          and lease_expires_at <= :now
-          and queue in (select value from json_each(:queues))
-          and name in (select value from json_each(:names))
-        order by lease_expires_at
-        limit :limit
-    )
-)
+-- name: claim_due
+-- The head of one queue's due pending tasks, in claim order. INDEXED BY
+-- pins the partial claim index: it holds only pending rows, already in
+-- claim order, so this reads about :limit rows however long the queue or
+-- the history is (without statistics the planner would pick the state
+-- index and sort every pending row). The backend runs it once per queue.
+select id, state, priority, run_at from conveyor_tasks indexed by conveyor_tasks_pending_claim
+where state = 'pending'
+  and queue = :queue
+  and run_at <= :now
+  and name in (select value from json_each(:names))
 order by priority desc, run_at, id
+limit :limit;
+
+-- name: claim_expired
+-- In-progress tasks whose lease expired and that may run again (end_expired
+-- has already ended the others), oldest expiry first, from the lease index.
+select id, state, priority, run_at from conveyor_tasks indexed by conveyor_tasks_in_progress_lease
+where state = 'in_progress'
+  and lease_expires_at <= :now
+  and queue in (select value from json_each(:queues))
+  and name in (select value from json_each(:names))
+order by lease_expires_at
 limit :limit;
 
 -- name: claim_take

@@ -1,0 +1,91 @@
+"""Query-plan guards for SQLite: the hot statements stay on their indexes.
+
+100k finished tasks and a few thousand pending ones sit in the file, and
+ANALYZE has run (so the planner has statistics to be tempted by). The claim
+must read due work from the partial claim index in claim order (no sort of
+every pending row), and heartbeat/finish must reach rows by primary key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.backends.sqlite import SQLiteBackend
+from conveyor.backends.sqlite.backend import SQL
+
+FINISHED = 100_000
+PENDING = 5_000
+ARGS: dict[str, Any] = {
+    "now": 2e9,
+    "queue": "default",
+    "queues": '["default", "mail"]',
+    "names": '["job"]',
+    "limit": 10,
+    "ids": "[1, 2]",
+    "worker_id": "w",
+    "lease": 30.0,
+    "leases": "[[1, 1]]",
+    "completions": '[{"id": 1, "attempt": 1}]',
+}
+
+
+async def _create(path: Path) -> None:
+    backend = SQLiteBackend(str(path))
+    await backend.open()
+    await backend.close()
+
+
+@pytest.fixture(scope="module")
+def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sqlite3.Connection]:
+    path = tmp_path_factory.mktemp("plans") / "plans.db"
+    asyncio.run(_create(path))
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        row = (
+            "insert into conveyor_tasks (name, queue, payload, state, run_at, max_attempts,"
+            " retry_policy, created_at, finished_at) values ('job', ?, '{}', ?, ?, 3, '{}', 0, ?)"
+        )
+        conn.executemany(row, (("default", "succeeded", n, n) for n in range(FINISHED)))
+        conn.executemany(row, (("default", "pending", n, None) for n in range(PENDING)))
+        conn.executemany(row, (("mail", "pending", n, None) for n in range(PENDING)))
+        conn.commit()
+        conn.execute("analyze")
+        yield conn
+
+
+def plan(conn: sqlite3.Connection, name: str) -> str:
+    rows = conn.execute("explain query plan " + SQL[name], ARGS).fetchall()
+    return "\n".join(str(r[3]) for r in rows)
+
+
+def test_claim_reads_the_claim_index_in_order(database: sqlite3.Connection) -> None:
+    due = plan(database, "claim_due")
+    assert "USING INDEX conveyor_tasks_pending_claim" in due, due
+    assert "TEMP B-TREE" not in due, due  # no sort: the index is in claim order
+    expired = plan(database, "claim_expired")
+    assert "conveyor_tasks_in_progress_lease" in expired, expired
+    assert "conveyor_tasks_in_progress_lease" in plan(database, "end_expired")
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("claim_take", "INTEGER PRIMARY KEY"),
+        ("claim_log", "INTEGER PRIMARY KEY"),
+        ("heartbeat", "INTEGER PRIMARY KEY"),
+        ("finish", "INTEGER PRIMARY KEY"),
+        ("finish_log", "PRIMARY KEY (task_id=? AND number=?)"),
+    ],
+)
+def test_fenced_writes_reach_rows_by_primary_key(
+    database: sqlite3.Connection, name: str, key: str
+) -> None:
+    found = plan(database, name)
+    assert key in found, found
+    assert "SCAN conveyor_" not in found, found
