@@ -1,4 +1,5 @@
-"""Shared fixtures: a real PostgreSQL, one fresh schema per test."""
+"""Shared fixtures: real PostgreSQL (one fresh schema per test), SQLite (one
+fresh file per test) and memory (one fresh store per test)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -34,9 +36,31 @@ def schema() -> Iterator[str]:
         )
 
 
+BACKENDS = ["postgres", "sqlite", "memory"]
+
+
+def backend_url(kind: str, schema: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """The URL (and options) of a fresh, empty store of ``kind``."""
+    if kind == "postgres":
+        return PG_URL, {"schema": schema}
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'conveyor.db'}", {}
+    return f"memory://{uuid.uuid4().hex}", {}
+
+
 @pytest.fixture
 def app(schema: str) -> Iterator[conveyor.App]:
+    """An App on PostgreSQL."""
     application = conveyor.App(PG_URL, schema=schema)
+    yield application
+    application.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def any_app(request: pytest.FixtureRequest, schema: str, tmp_path: Path) -> Iterator[conveyor.App]:
+    """An App on each backend in turn."""
+    url, options = backend_url(request.param, schema, tmp_path)
+    application = conveyor.App(url, **options)
     yield application
     application.close()
 

@@ -109,6 +109,19 @@ async def test_claim_limit_takes_the_head_of_the_order(backend: Backend) -> None
     assert taken == [ids[2], ids[1], ids[0], ids[3], ids[4]]
 
 
+async def test_a_batch_claim_comes_back_in_claim_order(backend: Backend) -> None:
+    ids = await enqueue(
+        backend,
+        new(priority=0, run_at=later(-5)),
+        new(priority=5, run_at=later(-1)),
+        new(queue="mail", priority=5, run_at=later(-3)),
+        new(priority=0, run_at=later(-5)),
+        new(queue="mail", priority=-1, run_at=later(-9)),
+    )
+    batch = await claim(backend, limit=4, queues=("default", "mail"))
+    assert [c.token.task_id for c in batch] == [ids[2], ids[1], ids[0], ids[3]]
+
+
 async def test_future_tasks_wait_for_their_time(backend: Backend) -> None:
     [task_id] = await enqueue(backend, new(run_at=later(60)))
     assert await claim(backend, at=later(59)) == []

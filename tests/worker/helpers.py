@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import conveyor
+from conveyor.backends.protocol import ClaimParams, Completion
 from conveyor.model import Task
+from conveyor.worker import outcomes
 
 
 async def wait_terminal(app: conveyor.App, ids: list[int], timeout: float = 20) -> list[Task]:
@@ -52,3 +55,33 @@ async def run_all(
 ) -> list[Task]:
     async with RunningWorker(app, **config):
         return await wait_terminal(app, [h.id for h in handles])
+
+
+async def steal(app: conveyor.App, task_id: int, thief: str) -> Completion:
+    """Claim a running task as another worker, as if its lease had expired:
+    the thief's claim runs with the clock moved past the lease (any backend).
+
+    The victim's worker must run with a long poll interval and have its
+    listener connected (whose first wake-up triggers a claim), or its own
+    claim loop may reclaim the task first.
+    """
+    backend = await app.backend()
+    task = await backend.get_task(task_id, with_attempts=False)
+    assert task is not None and task.lease_expires_at is not None
+    [claimed] = await backend.claim(
+        ClaimParams(
+            worker_id=thief,
+            names=list(app.tasks),
+            queues=["default"],
+            limit=1,
+            lease=30,
+            now=task.lease_expires_at + timedelta(seconds=1),
+        )
+    )
+    assert claimed.token.task_id == task_id
+    return outcomes.succeeded(claimed, '"thief"')
+
+
+async def listening(worker: conveyor.Worker) -> bool:
+    # The second claim is the one the listener asks for once connected.
+    return worker.claims_made >= 2

@@ -1,4 +1,7 @@
-"""The worker in this process against real PostgreSQL: outcomes, stops, fencing."""
+"""The worker in this process, on every backend: outcomes, stops, fencing.
+
+Attempt transactions (PostgreSQL only) are in test_transactions.py.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +9,28 @@ import asyncio
 import threading
 import time
 
-import psycopg
 import pytest
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskContext, TaskState
-from conveyor.backends.protocol import ClaimParams, Completion, FinishParams
-from conveyor.worker import outcomes
+from conveyor.backends.protocol import FinishParams
 from tests.apps import cpu
-from tests.worker.helpers import RunningWorker, run_all, wait_for, wait_terminal
+from tests.worker.helpers import (
+    RunningWorker,
+    listening,
+    run_all,
+    steal,
+    wait_for,
+    wait_terminal,
+)
 
 FAST = RetryPolicy(max_attempts=3, initial_interval=0.01, max_interval=0.01, jitter=0)
+
+
+@pytest.fixture
+def app(any_app: conveyor.App) -> conveyor.App:
+    """Every test here runs on each backend."""
+    return any_app
 
 
 async def test_async_handler_result_is_stored(app: conveyor.App) -> None:
@@ -171,29 +185,6 @@ async def test_cancel_pending_task_never_runs(app: conveyor.App) -> None:
         await handle.result_async(timeout=1)
 
 
-async def _steal(app: conveyor.App, task_id: int, thief: str) -> Completion | None:
-    """Expire the lease in the database and claim the task as another worker.
-
-    The victim's worker must run with a long poll interval and have its
-    listener connected (whose first wake-up triggers a claim), or its own
-    claim loop may reclaim the expired task first.
-    """
-    backend = await app.backend()
-    async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
-        await conn.execute(
-            psycopg.sql.SQL(
-                "update {} set lease_expires_at = statement_timestamp() - interval '1 second'"
-                " where id = %s"
-            ).format(psycopg.sql.Identifier(backend.schema, "tasks")),  # type: ignore[attr-defined]
-            (task_id,),
-        )
-    [claimed] = await backend.claim(
-        ClaimParams(worker_id=thief, names=list(app.tasks), queues=["default"], limit=1, lease=30)
-    )
-    assert claimed.token.task_id == task_id
-    return outcomes.succeeded(claimed, '"thief"')
-
-
 async def test_lost_lease_stops_the_handler_and_its_late_write_changes_nothing(
     app: conveyor.App,
 ) -> None:
@@ -213,8 +204,8 @@ async def test_lost_lease_stops_the_handler_and_its_late_write_changes_nothing(
         handle = await victim.enqueue_async()
         async with RunningWorker(app, lease=1.0, poll_interval=30) as worker:
             await asyncio.wait_for(started.wait(), 10)
-            await wait_for(lambda: _listening(worker), timeout=10)
-            completion = await _steal(app, handle.id, "thief")
+            await wait_for(lambda: listening(worker), timeout=10)
+            completion = await steal(app, handle.id, "thief")
             await asyncio.wait_for(stopped.wait(), 5)
         backend = await app.backend()
         assert completion is not None
@@ -228,93 +219,6 @@ async def test_lost_lease_stops_the_handler_and_its_late_write_changes_nothing(
         (2, Outcome.SUCCEEDED),
     ]
     assert task.attempts[1].worker_id == "thief"
-
-
-async def test_transactional_handler_commits_with_success(app: conveyor.App, schema: str) -> None:
-    table = psycopg.sql.Identifier(schema, "effects")
-
-    @app.task()
-    async def charge(ctx: TaskContext, order: int) -> str:
-        conn = await ctx.transaction()
-        await conn.execute(psycopg.sql.SQL("insert into {} values (%s)").format(table), (order,))
-        return "charged"
-
-    async with app:
-        backend = await app.backend()
-        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
-            await conn.execute(psycopg.sql.SQL("create table {} (order_id int)").format(table))
-        [task] = await run_all(app, [await charge.enqueue_async(order=7)])
-        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
-            rows = await (
-                await conn.execute(psycopg.sql.SQL("select order_id from {}").format(table))
-            ).fetchall()
-    assert task.state is TaskState.SUCCEEDED
-    assert rows == [(7,)]
-
-
-async def test_transactional_handler_writes_roll_back_when_the_lease_is_lost(
-    app: conveyor.App, schema: str
-) -> None:
-    table = psycopg.sql.Identifier(schema, "effects")
-    wrote = asyncio.Event()
-    release = asyncio.Event()
-
-    @app.task()
-    async def charge(ctx: TaskContext, order: int) -> str:
-        conn = await ctx.transaction()
-        await conn.execute(psycopg.sql.SQL("insert into {} values (%s)").format(table), (order,))
-        wrote.set()
-        await release.wait()  # shielded from nothing: the worker will cancel us
-        return "charged"
-
-    async with app:
-        backend = await app.backend()
-        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
-            await conn.execute(psycopg.sql.SQL("create table {} (order_id int)").format(table))
-        handle = await charge.enqueue_async(order=7)
-        async with RunningWorker(app, lease=1.0, poll_interval=30) as worker:
-            await asyncio.wait_for(wrote.wait(), 10)
-            await wait_for(lambda: _listening(worker), timeout=10)
-            await _steal(app, handle.id, "thief")
-            await wait_for(lambda: _no_running(worker), timeout=5)
-        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
-            rows = await (
-                await conn.execute(psycopg.sql.SQL("select order_id from {}").format(table))
-            ).fetchall()
-        task = await handle.get_async()
-    assert rows == []
-    assert task.worker_id == "thief"
-    assert task.attempts[0].outcome is Outcome.LEASE_LOST
-
-
-async def _no_running(worker: conveyor.Worker) -> bool:
-    return worker.running == []
-
-
-async def test_transactional_enqueue_exists_only_if_committed(
-    app: conveyor.App, pg_url: str
-) -> None:
-    @app.task()
-    async def noop() -> None:
-        return None
-
-    async with app:
-        await app.backend()  # migrate
-        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
-            rolled_back = await app.enqueue_async(noop, connection=conn)
-            await conn.rollback()
-            committed = await app.enqueue_async(noop, connection=conn)
-            await conn.commit()
-        assert await app.get_async(rolled_back.id) is None
-        assert await app.get_async(committed.id) is not None
-
-    with psycopg.connect(pg_url) as sync_conn:
-        gone = app.enqueue(noop, connection=sync_conn)
-        sync_conn.rollback()
-        kept = app.enqueue(noop, connection=sync_conn)
-        sync_conn.commit()
-    assert app.get(gone.id) is None
-    assert app.get(kept.id) is not None
 
 
 @pytest.mark.slow
@@ -421,35 +325,6 @@ async def test_sync_api_from_plain_code(app: conveyor.App) -> None:
     assert (await asyncio.to_thread(app.get, handle.id)).state is TaskState.SUCCEEDED  # type: ignore[union-attr]
 
 
-async def test_sync_handler_transaction_commits_on_success_and_rolls_back_on_failure(
-    app: conveyor.App, schema: str
-) -> None:
-    table = psycopg.sql.Identifier(schema, "effects")
-
-    @app.task(retry=RetryPolicy(max_attempts=1))
-    def record(ctx: TaskContext, order: int, fail: bool) -> int:
-        conn = ctx.transaction_sync()
-        conn.execute(psycopg.sql.SQL("insert into {} values (%s)").format(table), (order,))
-        if fail:
-            raise RuntimeError("after writing")
-        return order
-
-    async with app:
-        backend = await app.backend()
-        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
-            await conn.execute(psycopg.sql.SQL("create table {} (order_id int)").format(table))
-        ok = await record.enqueue_async(order=1, fail=False)
-        bad = await record.enqueue_async(order=2, fail=True)
-        done, failed = await run_all(app, [ok, bad])
-        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
-            rows = await (
-                await conn.execute(psycopg.sql.SQL("select order_id from {}").format(table))
-            ).fetchall()
-    assert done.state is TaskState.SUCCEEDED
-    assert failed.state is TaskState.FAILED
-    assert rows == [(1,)]
-
-
 async def test_idle_worker_wakes_on_enqueue_without_polling(app: conveyor.App) -> None:
     @app.task()
     async def ping() -> str:
@@ -458,13 +333,8 @@ async def test_idle_worker_wakes_on_enqueue_without_polling(app: conveyor.App) -
     async with app:
         await app.backend()
         async with RunningWorker(app, poll_interval=120) as worker:
-            await wait_for(lambda: _listening(worker), timeout=10)
+            await wait_for(lambda: listening(worker), timeout=10)
             handle = await ping.enqueue_async()
             # Far less than the poll interval: only a notification can explain it.
             [task] = await wait_terminal(app, [handle.id], timeout=30)
     assert task.state is TaskState.SUCCEEDED
-
-
-async def _listening(worker: conveyor.Worker) -> bool:
-    # The second claim is the one the listener asks for once connected.
-    return worker.claims_made >= 2

@@ -217,7 +217,9 @@ class Backend(Protocol):
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
         """Insert tasks on the caller's own synchronous connection, uncommitted."""
 
-    async def claim(self, params: ClaimParams) -> list[ClaimedTask]: ...
+    async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due or reclaimable tasks, returned in claim
+        order: priority (highest first), then run_at, then id."""
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult: ...
 

@@ -2,9 +2,9 @@
 
 Backends without a server-side notification channel (SQLite, memory) use
 this registry, keyed by what identifies their store (a database file, a
-store name). ``notify`` may be called from any thread; every listener gets
-the queue name on its own event loop. A wake-up is a hint: a worker that
-misses one still finds the work at its next poll.
+store name). ``notify`` may be called from any thread; every subscription
+gets the queue name on its own event loop. A wake-up is a hint: a worker
+that misses one still finds the work at its next poll.
 """
 
 from __future__ import annotations
@@ -12,39 +12,62 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 
-_listeners: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[str]]]] = {}
+_subscriptions: dict[str, set[Subscription]] = {}
 _lock = threading.Lock()
 
 
-def notify(key: str, queues: Iterable[str]) -> None:
-    """Wake every listener on ``key`` that serves one of ``queues``."""
-    with _lock:
-        listeners = list(_listeners.get(key, ()))
-    if not listeners:
-        return
-    for queue_name in set(queues):
-        for loop, inbox in listeners:
-            with contextlib.suppress(RuntimeError):  # its loop has closed
-                loop.call_soon_threadsafe(inbox.put_nowait, queue_name)
+class Subscription:
+    """Wake-ups for ``queues`` on ``key``, delivered to the running loop.
 
+    Registered when created, so nothing notified afterwards is missed.
+    """
 
-async def listen(key: str, queues: Sequence[str]) -> AsyncGenerator[str, None]:
-    """Yield a queue name of ``queues`` each time ``notify`` names it on ``key``."""
-    wanted = set(queues)
-    entry = (asyncio.get_running_loop(), asyncio.Queue[str]())
-    with _lock:
-        _listeners.setdefault(key, set()).add(entry)
-    try:
-        while True:
-            queue_name = await entry[1].get()
-            if queue_name in wanted:
-                yield queue_name
-    finally:
+    def __init__(self, key: str, queues: Sequence[str]) -> None:
+        self.key = key
+        self.queues = frozenset(queues)
+        self._loop = asyncio.get_running_loop()
+        self._inbox: asyncio.Queue[str] = asyncio.Queue()
         with _lock:
-            found = _listeners.get(key)
+            _subscriptions.setdefault(key, set()).add(self)
+
+    def _deliver(self, queue_name: str) -> None:
+        if queue_name in self.queues:
+            with contextlib.suppress(RuntimeError):  # its loop has closed
+                self._loop.call_soon_threadsafe(self._inbox.put_nowait, queue_name)
+
+    async def next(self) -> str:
+        """The next queue name notified."""
+        return await self._inbox.get()
+
+    def close(self) -> None:
+        with _lock:
+            found = _subscriptions.get(self.key)
             if found is not None:
-                found.discard(entry)
+                found.discard(self)
                 if not found:
-                    del _listeners[key]
+                    del _subscriptions[self.key]
+
+
+def notify(key: str, queues: Iterable[str]) -> None:
+    """Wake every subscription on ``key`` that serves one of ``queues``."""
+    with _lock:
+        subscribed = list(_subscriptions.get(key, ()))
+    if subscribed:
+        for queue_name in set(queues):
+            for subscription in subscribed:
+                subscription._deliver(queue_name)
+
+
+async def listen(key: str, queues: Sequence[str]) -> AsyncIterator[str]:
+    """Every queue once (work may have arrived before we listened), then each
+    queue name ``notify`` names on ``key``."""
+    subscription = Subscription(key, queues)
+    try:
+        for queue_name in queues:
+            yield queue_name
+        while True:
+            yield await subscription.next()
+    finally:
+        subscription.close()

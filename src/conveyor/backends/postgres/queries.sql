@@ -108,7 +108,7 @@ claimed as (
     where t.id = c.id
     returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
               t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
-              t.lease_seconds, t.lease_expires_at
+              t.lease_seconds, t.lease_expires_at, t.priority, t.run_at
 ),
 lost as (
     update {schema}.attempts a
@@ -132,7 +132,11 @@ logged as (
     insert into {schema}.attempts (task_id, number, worker_id, started_at)
     select c.id, c.attempt, %(worker_id)s, clock.now from claimed c, clock
 )
-select * from claimed;
+-- In claim order, like every backend.
+select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
+       timeout_seconds, lease_seconds, lease_expires_at
+from claimed
+order by priority desc, run_at, id;
 
 -- name: heartbeat
 -- Renew every lease the worker still holds, fenced by the lease token, and

@@ -17,7 +17,6 @@ commits made by other processes (they watch ``PRAGMA data_version``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sqlite3
@@ -403,18 +402,22 @@ class SQLiteBackend:
     # -- wake-ups --------------------------------------------------------
 
     async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
-        """Enqueues of this process wake at once; commits of other processes
-        within CHANGE_POLL_INTERVAL (a change of ``PRAGMA data_version``)."""
-        listener = wake.listen(self._wake_key, queues)
-        nearby: asyncio.Future[str] = asyncio.ensure_future(anext(listener))
+        """Every queue once at the start; then enqueues of this process at
+        once, and commits of other processes within CHANGE_POLL_INTERVAL (a
+        change of ``PRAGMA data_version``)."""
+        subscription = wake.Subscription(self._wake_key, queues)
         watcher = connect(self.path, self._busy_timeout, self._synchronous)
+        nearby: asyncio.Future[str] | None = None
         try:
             version = self._data_version(watcher)
+            for queue in queues:
+                yield queue
+            nearby = asyncio.ensure_future(subscription.next())
             while True:
                 await asyncio.wait({nearby}, timeout=CHANGE_POLL_INTERVAL)
                 if nearby.done():
                     yield nearby.result()
-                    nearby = asyncio.ensure_future(anext(listener))
+                    nearby = asyncio.ensure_future(subscription.next())
                     continue
                 current = self._data_version(watcher)
                 if current != version:
@@ -422,10 +425,9 @@ class SQLiteBackend:
                     for queue in queues:
                         yield queue
         finally:
-            nearby.cancel()
-            with contextlib.suppress(BaseException):
-                await nearby
-            await listener.aclose()
+            if nearby is not None:
+                nearby.cancel()
+            subscription.close()
             watcher.close()
 
     @staticmethod
