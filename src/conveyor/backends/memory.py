@@ -17,6 +17,7 @@ process, before ``enqueue`` returns (see :mod:`conveyor.testing`).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -110,10 +111,50 @@ class _Row:
 
 @dataclass
 class _Store:
+    """Tasks by id, plus the two indexes a claim reads: per queue, a heap of
+    pending tasks in claim order, and the set of tasks in progress. A heap
+    entry is checked against its row when popped (a stale one is dropped),
+    so a state change never has to find and remove it."""
+
     lock: threading.Lock = field(default_factory=threading.Lock)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     tasks: dict[int, _Row] = field(default_factory=dict)
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
+    pending: dict[str, list[tuple[int, datetime, int]]] = field(default_factory=dict)
+    in_progress: set[int] = field(default_factory=set)
+
+    def make_pending(self, row: _Row) -> None:
+        """Mark ``row`` pending (at its run_at) and index it for claims."""
+        row.state = TaskState.PENDING
+        self.in_progress.discard(row.id)
+        heapq.heappush(self.pending.setdefault(row.queue, []), _entry(row))
+
+    def due(self, queue: str, names: set[str], now: datetime, limit: int) -> list[_Row]:
+        """The head of ``queue``'s due pending tasks of ``names``, in claim order.
+
+        Every valid entry popped goes back: the caller decides which rows it
+        hands out, and those entries are dropped as stale later."""
+        heap = self.pending.get(queue)
+        if not heap:
+            return []
+        found: list[_Row] = []
+        kept: list[tuple[int, datetime, int]] = []
+        while heap and len(found) < limit:
+            entry = heapq.heappop(heap)
+            row = self.tasks.get(entry[2])
+            stale = row is None or row.state is not TaskState.PENDING or _entry(row) != entry
+            if stale or (kept and kept[-1] == entry):  # moved on, or a duplicate
+                continue
+            kept.append(entry)
+            if row is not None and row.run_at <= now and row.name in names:
+                found.append(row)
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        return found
+
+
+def _entry(row: _Row) -> tuple[int, datetime, int]:
+    return (-row.priority, row.run_at, row.id)
 
 
 _STORES: dict[str, _Store] = {}
@@ -178,6 +219,7 @@ class MemoryBackend:
                     created_at=now,
                 )
                 self._store.tasks[row.id] = row
+                self._store.make_pending(row)
                 ids.append(row.id)
         wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
@@ -192,18 +234,19 @@ class MemoryBackend:
             return []
         now = _clock(params.now)
         names, queues = set(params.names), set(params.queues)
-        with self._store.lock:
-            candidates = []
-            for row in self._store.tasks.values():
-                if row.name not in names or row.queue not in queues:
-                    continue
-                if (row.state is TaskState.PENDING and row.run_at <= now) or (
-                    row.state is TaskState.IN_PROGRESS
-                    and row.lease_expires_at is not None
-                    and row.lease_expires_at <= now
-                    and self._reclaim(row, now)
-                ):
-                    candidates.append(row)
+        store = self._store
+        with store.lock:
+            candidates = [
+                row
+                for task_id in list(store.in_progress)
+                if (row := store.tasks[task_id]).name in names
+                and row.queue in queues
+                and row.lease_expires_at is not None
+                and row.lease_expires_at <= now
+                and self._reclaim(row, now)
+            ]
+            for queue in queues:
+                candidates += store.due(queue, names, now, params.limit)
             candidates.sort(key=lambda r: (-r.priority, r.run_at, r.id))
             return [self._hand_out(row, params, now) for row in candidates[: params.limit]]
 
@@ -221,6 +264,7 @@ class MemoryBackend:
                 now, Outcome.LEASE_LOST, error_type="LeaseExpired", error_message=message
             )
             row.state = TaskState.CANCELLED if row.cancel_requested else TaskState.FAILED
+            self._store.in_progress.discard(row.id)
             row.worker_id = row.lease_expires_at = None
             row.finished_at = now
             return False
@@ -232,6 +276,7 @@ class MemoryBackend:
                 now, Outcome.LEASE_LOST, error_type="LeaseExpired", error_message=LEASE_EXPIRED
             )
         row.state = TaskState.IN_PROGRESS
+        self._store.in_progress.add(row.id)
         row.attempt += 1
         row.spent += 1
         row.worker_id = params.worker_id
@@ -288,10 +333,12 @@ class MemoryBackend:
                 if row.cancel_requested and state is TaskState.PENDING:
                     state = TaskState.CANCELLED
                 row.state = state
+                self._store.in_progress.discard(row.id)
                 if state is TaskState.SUCCEEDED:
                     row.result = c.result
                 if state is TaskState.PENDING:
                     row.run_at = now + _seconds(c.retry_delay or 0.0)
+                    self._store.make_pending(row)
                 if c.outcome is Outcome.INTERRUPTED:
                     row.spent -= 1
                 row.worker_id = row.lease_expires_at = None
@@ -338,7 +385,8 @@ class MemoryBackend:
             row = self._row(task_id)
             if row.state not in (TaskState.FAILED, TaskState.CANCELLED):
                 raise InvalidTransitionError(f"cannot retry task {task_id}: it is {row.state}")
-            row.state, row.spent, row.run_at = TaskState.PENDING, 0, _clock(now)
+            row.spent, row.run_at = 0, _clock(now)
+            self._store.make_pending(row)
             row.cancel_requested, row.result, row.finished_at = False, None, None
             return row.state
 

@@ -10,7 +10,7 @@ queue on the file's lock, which bounds throughput); processes must share
 one machine and a local disk (SQLite's locks do not work over network file
 systems); no attempt transactions (a handler holding the write lock for its
 whole run would stall every other worker's heartbeats). Idle workers wake
-at once for enqueues made in their own process, and within about 50 ms for
+at once for enqueues made in their own process, and within about 10 ms for
 commits made by other processes (they watch ``PRAGMA data_version``).
 """
 
@@ -53,7 +53,7 @@ from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotF
 from conveyor.model import Attempt, Task, TaskState
 
 SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
-CHANGE_POLL_INTERVAL = 0.05
+CHANGE_POLL_INTERVAL = 0.01
 """Seconds between checks for commits made by other processes (wake-ups)."""
 LEASE_EXPIRED = "lease expired: the worker stopped heartbeating (crash, kill or stall)"
 
