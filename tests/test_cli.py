@@ -1,4 +1,4 @@
-"""The ``conveyor`` command, run for real in subprocesses against PostgreSQL."""
+"""The ``conveyor`` command, run for real in subprocesses on PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
@@ -72,9 +72,11 @@ class Cli:
         return data
 
 
-@pytest.fixture
-def cli(pg_url: str, schema: str) -> Cli:
-    return Cli(pg_url, schema)
+@pytest.fixture(params=["postgres", "sqlite"])
+def cli(request: pytest.FixtureRequest, pg_url: str, schema: str, tmp_path: Path) -> Cli:
+    if request.param == "postgres":
+        return Cli(pg_url, schema)
+    return Cli(f"sqlite:///{tmp_path / 'tasks.db'}", schema)
 
 
 def test_migrate_twice_is_idempotent(cli: Cli) -> None:
