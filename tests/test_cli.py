@@ -85,7 +85,7 @@ def test_migrate_twice_is_idempotent(cli: Cli) -> None:
 
 
 def test_first_migrate_reports_what_it_applied(cli: Cli) -> None:
-    assert cli.ok("migrate").strip() == "applied 1 migration(s)"
+    assert cli.ok("migrate").strip() == "applied 2 migration(s)"
 
 
 def test_enqueue_prints_the_id_and_show_returns_the_documented_shape(cli: Cli) -> None:

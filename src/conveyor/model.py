@@ -159,6 +159,8 @@ class Attempt:
     error_type: str | None = None
     error_message: str | None = None
     traceback: str | None = None
+    step: str | None = None
+    """The workflow step this attempt ran (None for plain tasks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,8 @@ class Task:
     lease_expires_at: datetime | None
     cancel_requested: bool
     attempts: tuple[Attempt, ...] = field(default=())
+    step: str | None = None
+    """A step workflow's current step (its state is ``payload``); None for plain tasks."""
 
     @property
     def last_attempt(self) -> Attempt | None:

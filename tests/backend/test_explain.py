@@ -14,6 +14,9 @@ import psycopg
 import pytest
 
 from conveyor.backends.postgres import PostgresBackend
+from conveyor.backends.postgres.rows import finish_args
+from conveyor.backends.protocol import Completion
+from conveyor.model import LeaseToken, Outcome, TaskState
 
 FINISHED = 100_000
 
@@ -87,19 +90,10 @@ async def test_heartbeat_and_finish_use_primary_keys(history: PostgresBackend) -
     beat = await _plan(history, "heartbeat", {**common, "lease": 30.0})
     assert "tasks" not in _scanned_tables(beat)
     assert "tasks_pkey" in {n.get("Index Name") for n in beat}
-    finish = await _plan(
-        history,
-        "finish",
-        {
-            **common,
-            "states": ["succeeded"] * 2,
-            "outcomes": ["succeeded"] * 2,
-            "delays": [None, None],
-            "results": ["1", "2"],
-            "error_types": [None, None],
-            "error_messages": [None, None],
-            "tracebacks": [None, None],
-        },
-    )
+    completions = [
+        Completion(LeaseToken(i, 1, "w"), Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="1")
+        for i in (1, 2)
+    ]
+    finish = await _plan(history, "finish", finish_args("w", completions, None))
     assert not {"tasks", "attempts"} & _scanned_tables(finish)
     assert {"tasks_pkey", "attempts_pkey"} <= {n.get("Index Name") for n in finish}

@@ -24,7 +24,7 @@ async def test_migrations_are_recorded_and_idempotent(backend: PostgresBackend) 
                 )
             )
         ).fetchall()
-    assert rows == [(1,)]
+    assert rows == [(1,), (2,)]
 
 
 def test_schema_names_are_validated() -> None:

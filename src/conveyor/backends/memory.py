@@ -38,6 +38,7 @@ from conveyor.backends.protocol import (
     HeartbeatParams,
     HeartbeatResult,
     TaskFilter,
+    Transition,
     WorkerInfo,
     WorkFilter,
 )
@@ -70,6 +71,7 @@ class _Row:
     cancel_requested: bool = False
     result: str | None = None
     finished_at: datetime | None = None
+    step: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
 
     def snapshot(self, with_attempts: bool) -> Task:
@@ -93,6 +95,7 @@ class _Row:
             lease_expires_at=self.lease_expires_at,
             cancel_requested=self.cancel_requested,
             attempts=tuple(self.attempts) if with_attempts else (),
+            step=self.step,
         )
 
     def close_attempt(self, now: datetime, outcome: Outcome, **fields: Any) -> None:
@@ -161,6 +164,14 @@ _STORES: dict[str, _Store] = {}
 _STORES_LOCK = threading.Lock()
 
 
+def _move(row: _Row, move: Transition, now: datetime) -> None:
+    """A step transition: the next step, its state, run time and options."""
+    row.step, row.payload, row.spent = move.step, move.state, 0
+    row.run_at = move.run_at or now + _seconds(move.delay)
+    row.max_attempts, row.retry = move.max_attempts, move.retry
+    row.timeout, row.lease = move.timeout, move.lease
+
+
 def _clock(now: datetime | None) -> datetime:
     return now if now is not None else datetime.now(UTC)
 
@@ -217,6 +228,7 @@ class MemoryBackend:
                     timeout=new.timeout,
                     lease=new.lease,
                     created_at=now,
+                    step=new.step,
                 )
                 self._store.tasks[row.id] = row
                 self._store.make_pending(row)
@@ -288,6 +300,7 @@ class MemoryBackend:
                 worker_id=params.worker_id,
                 outcome=Outcome.IN_PROGRESS,
                 started_at=now,
+                step=row.step,
             )
         )
         return ClaimedTask(
@@ -301,6 +314,7 @@ class MemoryBackend:
             timeout=row.timeout,
             lease=row.lease,
             lease_expires_at=row.lease_expires_at,
+            step=row.step,
         )
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
@@ -336,11 +350,14 @@ class MemoryBackend:
                 self._store.in_progress.discard(row.id)
                 if state is TaskState.SUCCEEDED:
                     row.result = c.result
-                if state is TaskState.PENDING:
-                    row.run_at = now + _seconds(c.retry_delay or 0.0)
-                    self._store.make_pending(row)
                 if c.outcome is Outcome.INTERRUPTED:
                     row.spent -= 1
+                if c.transition is not None:
+                    _move(row, c.transition, now)
+                elif state is TaskState.PENDING:
+                    row.run_at = now + _seconds(c.retry_delay or 0.0)
+                if state is TaskState.PENDING:
+                    self._store.make_pending(row)
                 row.worker_id = row.lease_expires_at = None
                 row.finished_at = None if state is TaskState.PENDING else now
                 error = c.error

@@ -52,6 +52,8 @@ class NewTask:
     delay: float = 0.0
     timeout: float | None = None
     lease: float | None = None
+    step: str | None = None
+    """A step workflow's first step (``payload`` is its state)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,7 @@ class ClaimedTask:
     timeout: float | None
     lease: float | None
     lease_expires_at: datetime
+    step: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +118,30 @@ class ErrorInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Transition:
+    """A step workflow moving on: its next step, that step's state (encoded
+    JSON), when it runs (``run_at``, else ``delay`` seconds from now) and its
+    options. The step's attempt budget starts afresh."""
+
+    step: str
+    state: str
+    max_attempts: int
+    retry: RetryPolicy
+    timeout: float | None = None
+    lease: float | None = None
+    run_at: datetime | None = None
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     """How one attempt ended and the state its task moves to.
 
     ``next_state`` is ``succeeded``, ``failed``, ``cancelled`` or ``pending``
-    (a retry after ``retry_delay`` seconds, or a release after an
-    ``interrupted`` attempt, which gives the attempt back to the budget).
+    (a retry after ``retry_delay`` seconds, a release after an
+    ``interrupted`` attempt, which gives the attempt back to the budget, or,
+    with ``transition``, a workflow's next step). Whenever a task would be
+    pending again but its cancel was requested, it ends ``cancelled``.
     """
 
     token: LeaseToken
@@ -129,6 +150,7 @@ class Completion:
     result: str | None = None
     error: ErrorInfo | None = None
     retry_delay: float | None = None
+    transition: Transition | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ import logging
 from typing import Any
 
 from conveyor import payload as codec
-from conveyor.model import Attempt, Outcome, RetryPolicy, Task, TaskState
+from conveyor.backends.protocol import ClaimedTask
+from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
 
 log = logging.getLogger("conveyor.backends")
 
@@ -36,6 +37,26 @@ def stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
         return RetryPolicy(max_attempts=max(max_attempts, 1))
 
 
+def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
+    """A row of a claim: id, attempt, name, queue, payload, spent, max_attempts,
+    retry policy, timeout, lease, lease expiry (a datetime), step."""
+    task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
+    timeout, lease, expires, step = row[8:12]
+    return ClaimedTask(
+        token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
+        name=name,
+        queue=queue,
+        payload=payload,
+        spent=spent,
+        max_attempts=max_attempts,
+        retry=stored_retry_policy(retry, max_attempts),
+        timeout=timeout,
+        lease=lease,
+        lease_expires_at=expires,
+        step=step,
+    )
+
+
 def attempt_row(row: tuple[Any, ...]) -> Attempt:
     return Attempt(
         task_id=row[0],
@@ -47,6 +68,7 @@ def attempt_row(row: tuple[Any, ...]) -> Attempt:
         error_type=row[6],
         error_message=row[7],
         traceback=row[8],
+        step=row[9],
     )
 
 
@@ -70,6 +92,7 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         worker_id,
         lease_expires_at,
         cancel_requested,
+        step,
     ) = row
     return Task(
         id=task_id,
@@ -91,4 +114,5 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         lease_expires_at=lease_expires_at,
         cancel_requested=cancel_requested,
         attempts=attempts,
+        step=step,
     )

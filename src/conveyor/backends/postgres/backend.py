@@ -25,7 +25,6 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from conveyor.backends.postgres import queries
 from conveyor.backends.postgres.migrate import apply_migrations
 from conveyor.backends.postgres.rows import (
-    claimed_task,
     enqueue_statement,
     finish_args,
     ordered_ids,
@@ -47,7 +46,7 @@ from conveyor.backends.protocol import (
     WorkerInfo,
     WorkFilter,
 )
-from conveyor.backends.stored import attempt_row, task_row
+from conveyor.backends.stored import attempt_row, claimed_task, task_row
 from conveyor.errors import (
     BackendError,
     BackendUnavailableError,

@@ -10,16 +10,16 @@
 -- Insert many tasks in one statement. Ids come back in insertion order.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds)
+     timeout_seconds, lease_seconds, step)
 select i.name, i.queue, i.payload::jsonb, i.priority,
        coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
-       i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds
+       i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step
 from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
             %(max_attempts)s::int[], %(retry_policies)s::text[],
-            %(timeouts)s::float8[], %(leases)s::float8[])
+            %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[])
     as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds)
+         timeout_seconds, lease_seconds, step)
 returning id;
 
 -- name: enqueue_uniform
@@ -28,13 +28,13 @@ returning id;
 -- cheaper to send than one array per column. Ids come back in order.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds)
+     timeout_seconds, lease_seconds, step)
 select %(name)s::text, %(queue)s::text, p.value, %(priority)s::int,
        coalesce(%(run_at)s::timestamptz,
                 coalesce(%(now)s::timestamptz, statement_timestamp())
                 + make_interval(secs => %(delay)s::float8)),
        %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
-       %(lease)s::float8
+       %(lease)s::float8, %(step)s::text
 from jsonb_array_elements(%(payloads)s::jsonb) with ordinality as p(value, ord)
 order by p.ord
 returning id;
@@ -108,7 +108,7 @@ claimed as (
     where t.id = c.id
     returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
               t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
-              t.lease_seconds, t.lease_expires_at, t.priority, t.run_at
+              t.lease_seconds, t.lease_expires_at, t.step, t.priority, t.run_at
 ),
 lost as (
     update {schema}.attempts a
@@ -129,12 +129,12 @@ lost as (
       and (en.id is not null or e.id in (select id from claimed))
 ),
 logged as (
-    insert into {schema}.attempts (task_id, number, worker_id, started_at)
-    select c.id, c.attempt, %(worker_id)s, clock.now from claimed c, clock
+    insert into {schema}.attempts (task_id, number, worker_id, started_at, step)
+    select c.id, c.attempt, %(worker_id)s, clock.now, c.step from claimed c, clock
 )
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at
+       timeout_seconds, lease_seconds, lease_expires_at, step
 from claimed
 order by priority desc, run_at, id;
 
@@ -206,7 +206,8 @@ left join renewed r on r.id = l.id;
 -- name: finish
 -- Record many attempt endings in one statement, each fenced by its lease
 -- token and a live lease; a late write from a lost lease changes nothing
--- and is simply missing from the result. The caller decides each next
+-- and is simply missing from the result. An ending with a step moves a
+-- workflow to that step (state, run time, options, a fresh budget). The caller decides each next
 -- state (retry or not) from the task's retry policy, except that a task
 -- whose cancellation was requested while it ran is not made pending again:
 -- it ends cancelled (its worker may not have heard of the cancel yet). The
@@ -217,9 +218,13 @@ with input as materialized (
            %(worker_id)s::text as worker_id
     from unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[],
                 %(outcomes)s::text[], %(delays)s::float8[], %(results)s::text[],
-                %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[])
+                %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[],
+                %(steps)s::text[], %(step_states)s::text[], %(run_ats)s::timestamptz[],
+                %(max_attempts)s::int[], %(retry_policies)s::text[],
+                %(timeouts)s::float8[], %(leases)s::float8[])
         as i(id, attempt, state, outcome, delay, result, error_type, error_message,
-             traceback)
+             traceback, step, step_state, run_at, max_attempts, retry_policy,
+             timeout_seconds, lease_seconds)
 ),
 finished as (
     update {schema}.tasks t
@@ -227,9 +232,19 @@ finished as (
                      then 'cancelled' else i.state end,
         result = case when i.state = 'succeeded' then i.result::jsonb else t.result end,
         run_at = case when i.state = 'pending'
-                      then i.now + make_interval(secs => coalesce(i.delay, 0))
+                      then coalesce(i.run_at, i.now + make_interval(secs => coalesce(i.delay, 0)))
                       else t.run_at end,
-        spent = t.spent - (i.outcome = 'interrupted')::int,
+        spent = case when i.step is not null then 0
+                     else t.spent - (i.outcome = 'interrupted')::int end,
+        -- A step transition: the next step, its state and its options.
+        step = coalesce(i.step, t.step),
+        payload = coalesce(i.step_state::jsonb, t.payload),
+        max_attempts = coalesce(i.max_attempts, t.max_attempts),
+        retry_policy = coalesce(i.retry_policy::jsonb, t.retry_policy),
+        timeout_seconds = case when i.step is not null then i.timeout_seconds
+                               else t.timeout_seconds end,
+        lease_seconds = case when i.step is not null then i.lease_seconds
+                             else t.lease_seconds end,
         worker_id = null,
         lease_expires_at = null,
         finished_at = case when i.state <> 'pending' or t.cancel_requested then i.now end
@@ -285,13 +300,13 @@ select state from {schema}.tasks where id = %(id)s;
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at, worker_id, lease_expires_at,
-       cancel_requested
+       cancel_requested, step
 from {schema}.tasks
 where id = %(id)s;
 
 -- name: get_attempts
 select task_id, number, worker_id, outcome, started_at, finished_at, error_type,
-       error_message, traceback
+       error_message, traceback, step
 from {schema}.attempts
 where task_id = %(id)s
 order by number;
@@ -301,7 +316,7 @@ order by number;
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at, worker_id, lease_expires_at,
-       cancel_requested
+       cancel_requested, step
 from {schema}.tasks
 where (%(state)s::text is null or state = %(state)s::text)
   and (%(name)s::text is null or name = %(name)s::text)

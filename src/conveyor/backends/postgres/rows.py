@@ -10,9 +10,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.protocol import ClaimedTask, Completion, EnqueueParams, NewTask
-from conveyor.backends.stored import retry_json, stored_retry_policy
-from conveyor.model import LeaseToken
+from conveyor.backends.protocol import Completion, EnqueueParams, NewTask
+from conveyor.backends.stored import retry_json
 
 
 def _options(task: NewTask) -> tuple[Any, ...]:
@@ -26,6 +25,7 @@ def _options(task: NewTask) -> tuple[Any, ...]:
         task.delay,
         task.timeout,
         task.lease,
+        task.step,
     )
 
 
@@ -46,6 +46,7 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
             "retry_policy": retry_json(head.retry),
             "timeout": head.timeout,
             "lease": head.lease,
+            "step": head.step,
             "payloads": "[" + ",".join(t.payload for t in tasks) + "]",
         }
     return "enqueue", {
@@ -60,6 +61,7 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
         "retry_policies": [retry_json(t.retry) for t in tasks],
         "timeouts": [t.timeout for t in tasks],
         "leases": [t.lease for t in tasks],
+        "steps": [t.step for t in tasks],
     }
 
 
@@ -67,6 +69,7 @@ def finish_args(
     worker_id: str, completions: Sequence[Completion], now: datetime | None
 ) -> dict[str, Any]:
     """Column arrays for the ``finish`` statement."""
+    moves = [c.transition for c in completions]
     return {
         "now": now,
         "worker_id": worker_id,
@@ -74,11 +77,20 @@ def finish_args(
         "attempts": [c.token.attempt for c in completions],
         "states": [c.next_state.value for c in completions],
         "outcomes": [c.outcome.value for c in completions],
-        "delays": [c.retry_delay for c in completions],
+        "delays": [
+            m.delay if m else c.retry_delay for c, m in zip(completions, moves, strict=True)
+        ],
         "results": [c.result for c in completions],
         "error_types": [c.error.type if c.error else None for c in completions],
         "error_messages": [c.error.message if c.error else None for c in completions],
         "tracebacks": [c.error.traceback if c.error else None for c in completions],
+        "steps": [m.step if m else None for m in moves],
+        "step_states": [m.state if m else None for m in moves],
+        "run_ats": [m.run_at if m else None for m in moves],
+        "max_attempts": [m.max_attempts if m else None for m in moves],
+        "retry_policies": [retry_json(m.retry) if m else None for m in moves],
+        "timeouts": [m.timeout if m else None for m in moves],
+        "leases": [m.lease if m else None for m in moves],
     }
 
 
@@ -86,31 +98,3 @@ def ordered_ids(rows: list[tuple[Any, ...]]) -> list[int]:
     # Identity values are drawn in insertion order within one statement, so
     # ascending ids are the input order.
     return sorted(int(row[0]) for row in rows)
-
-
-def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
-    (
-        task_id,
-        attempt,
-        name,
-        queue,
-        payload,
-        spent,
-        max_attempts,
-        retry,
-        timeout,
-        lease,
-        expires,
-    ) = row
-    return ClaimedTask(
-        token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
-        name=name,
-        queue=queue,
-        payload=payload,
-        spent=spent,
-        max_attempts=max_attempts,
-        retry=stored_retry_policy(retry, max_attempts),
-        timeout=timeout,
-        lease=lease,
-        lease_expires_at=expires,
-    )

@@ -17,9 +17,9 @@ select coalesce(:now, (julianday('now') - 2440587.5) * 86400.0);
 -- One task; run many times in one transaction (executemany).
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, created_at)
+     timeout_seconds, lease_seconds, created_at, step)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
-        :retry_policy, :timeout, :lease, :now);
+        :retry_policy, :timeout, :lease, :now, :step);
 
 -- name: end_expired
 -- Expired leases that must not run again: the crash budget is spent or a
@@ -72,12 +72,12 @@ set state = 'in_progress',
     lease_expires_at = :now + coalesce(lease_seconds, :lease)
 where id in (select value from json_each(:ids))
 returning id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-          timeout_seconds, lease_seconds, lease_expires_at;
+          timeout_seconds, lease_seconds, lease_expires_at, step;
 
 -- name: claim_log
 -- One attempt row per claimed task, in the same transaction as the claim.
-insert into conveyor_attempts (task_id, number, worker_id, started_at)
-select id, attempt, :worker_id, :now from conveyor_tasks
+insert into conveyor_attempts (task_id, number, worker_id, started_at, step)
+select id, attempt, :worker_id, :now, step from conveyor_tasks
 where id in (select value from json_each(:ids));
 
 -- name: heartbeat_seen
@@ -101,14 +101,26 @@ returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.cancel_reque
 -- Record many attempt endings, each fenced by its lease token and a live
 -- lease; a late write from a lost lease changes nothing and is missing from
 -- the result. A task whose cancel was requested is not made pending again.
+-- An ending with a step moves a workflow to that step (state, run time,
+-- options, a fresh budget).
 -- :completions is a JSON array of objects (see rows.completions_json).
 update conveyor_tasks
 set state = case when conveyor_tasks.cancel_requested and i.state = 'pending'
                  then 'cancelled' else i.state end,
     result = case when i.state = 'succeeded' then i.result else conveyor_tasks.result end,
-    run_at = case when i.state = 'pending' then :now + coalesce(i.delay, 0)
+    run_at = case when i.state = 'pending' then coalesce(i.run_at, :now + coalesce(i.delay, 0))
                   else conveyor_tasks.run_at end,
-    spent = conveyor_tasks.spent - (i.outcome = 'interrupted'),
+    spent = case when i.step is not null then 0
+                 else conveyor_tasks.spent - (i.outcome = 'interrupted') end,
+    -- A step transition: the next step, its state and its options.
+    step = coalesce(i.step, conveyor_tasks.step),
+    payload = coalesce(i.step_state, conveyor_tasks.payload),
+    max_attempts = coalesce(i.max_attempts, conveyor_tasks.max_attempts),
+    retry_policy = coalesce(i.retry_policy, conveyor_tasks.retry_policy),
+    timeout_seconds = case when i.step is not null then i.timeout_seconds
+                           else conveyor_tasks.timeout_seconds end,
+    lease_seconds = case when i.step is not null then i.lease_seconds
+                         else conveyor_tasks.lease_seconds end,
     worker_id = null,
     lease_expires_at = null,
     finished_at = case when i.state <> 'pending' or conveyor_tasks.cancel_requested
@@ -117,7 +129,14 @@ from (select json_extract(value, '$.id') as id, json_extract(value, '$.attempt')
              json_extract(value, '$.state') as state,
              json_extract(value, '$.outcome') as outcome,
              json_extract(value, '$.delay') as delay,
-             json_extract(value, '$.result') as result
+             json_extract(value, '$.result') as result,
+             json_extract(value, '$.step') as step,
+             json_extract(value, '$.step_state') as step_state,
+             json_extract(value, '$.run_at') as run_at,
+             json_extract(value, '$.max_attempts') as max_attempts,
+             json_extract(value, '$.retry_policy') as retry_policy,
+             json_extract(value, '$.timeout') as timeout_seconds,
+             json_extract(value, '$.lease') as lease_seconds
       from json_each(:completions)) as i
 where conveyor_tasks.id = i.id
   and conveyor_tasks.attempt = i.attempt
@@ -165,13 +184,13 @@ select state from conveyor_tasks where id = :id;
 -- name: get_task
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
-       worker_id, lease_expires_at, cancel_requested
+       worker_id, lease_expires_at, cancel_requested, step
 from conveyor_tasks
 where id = :id;
 
 -- name: get_attempts
 select task_id, number, worker_id, outcome, started_at, finished_at, error_type,
-       error_message, traceback
+       error_message, traceback, step
 from conveyor_attempts
 where task_id = :id
 order by number;
@@ -180,7 +199,7 @@ order by number;
 -- Newest first, each filter optional.
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
-       worker_id, lease_expires_at, cancel_requested
+       worker_id, lease_expires_at, cancel_requested, step
 from conveyor_tasks
 where (:state is null or state = :state)
   and (:name is null or name = :name)

@@ -11,13 +11,21 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from conveyor.backends.protocol import ClaimedTask, Completion, EnqueueParams, WorkerInfo
-from conveyor.backends.stored import attempt_row, retry_json, stored_retry_policy, task_row
+from conveyor.backends import stored
+from conveyor.backends.protocol import (
+    ClaimedTask,
+    Completion,
+    EnqueueParams,
+    Transition,
+    WorkerInfo,
+)
+from conveyor.backends.stored import attempt_row, retry_json, task_row
 from conveyor.model import Attempt, LeaseToken, Task
 
 # Column positions of the timestamps in get_task/list_tasks and get_attempts.
 _TASK_TIMES = (6, 13, 14, 16)
 _ATTEMPT_TIMES = (4, 5)
+_CLAIM_TIMES = (10,)
 
 
 def seconds(moment: datetime | None) -> float | None:
@@ -50,6 +58,7 @@ def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
             "retry_policy": retry_json(t.retry),
             "timeout": t.timeout,
             "lease": t.lease,
+            "step": t.step,
         }
         for t in params.tasks
     ]
@@ -73,38 +82,30 @@ def completions_json(completions: Sequence[Completion]) -> str:
                 "error_type": c.error.type if c.error else None,
                 "error_message": c.error.message if c.error else None,
                 "traceback": c.error.traceback if c.error else None,
+                **_transition(c.transition),
             }
             for c in completions
         ]
     )
 
 
+def _transition(move: Transition | None) -> dict[str, Any]:
+    if move is None:
+        return {}
+    return {
+        "delay": move.delay,
+        "step": move.step,
+        "step_state": move.state,
+        "run_at": seconds(move.run_at),
+        "max_attempts": move.max_attempts,
+        "retry_policy": retry_json(move.retry),
+        "timeout": move.timeout,
+        "lease": move.lease,
+    }
+
+
 def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:
-    (
-        task_id,
-        attempt,
-        name,
-        queue,
-        payload,
-        spent,
-        max_attempts,
-        retry,
-        timeout,
-        lease,
-        expires,
-    ) = row
-    return ClaimedTask(
-        token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
-        name=name,
-        queue=queue,
-        payload=payload,
-        spent=spent,
-        max_attempts=max_attempts,
-        retry=stored_retry_policy(retry, max_attempts),
-        timeout=timeout,
-        lease=lease,
-        lease_expires_at=datetime.fromtimestamp(expires, UTC),
-    )
+    return stored.claimed_task(_with_times(row, _CLAIM_TIMES), worker_id)
 
 
 def task(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> Task:
