@@ -30,6 +30,7 @@ from conveyor.handle import TaskHandle
 from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
 from conveyor.task import TaskDef
 from conveyor.worker import Worker, WorkerConfig
+from conveyor.workflow import Done, Next, StepError, Workflow, done, next
 
 __all__ = [
     "App",
@@ -39,16 +40,19 @@ __all__ = [
     "CancelledByRequest",
     "ConfigurationError",
     "ConveyorError",
+    "Done",
     "DuplicateTaskError",
     "Fatal",
     "InvalidTransitionError",
     "LeaseLostError",
     "LeaseToken",
+    "Next",
     "Outcome",
     "PayloadError",
     "PayloadTooLargeError",
     "ResultTimeoutError",
     "RetryPolicy",
+    "StepError",
     "StopAttempt",
     "Task",
     "TaskContext",
@@ -61,6 +65,9 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "WorkerShutdown",
+    "Workflow",
+    "done",
+    "next",
 ]
 
 __version__ = "0.1.0"

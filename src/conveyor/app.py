@@ -15,7 +15,7 @@ import os
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from conveyor.backends import Backend, backend_from_url, resolve_url
 from conveyor.backends.protocol import Capability, EnqueueParams, NewTask, TaskFilter, WorkerInfo
@@ -31,6 +31,9 @@ from conveyor.model import (
 )
 from conveyor.portal import INHERITED_AT_FORK, Portal
 from conveyor.task import Executor, TaskDef, TaskOptions
+
+if TYPE_CHECKING:
+    from conveyor.workflow import Workflow
 
 F = TypeVar("F", bound=Callable[..., Any])
 SCHEMA_ENV = "CONVEYOR_SCHEMA"
@@ -140,6 +143,20 @@ class App:
             return definition
 
         return register(fn) if fn is not None else register
+
+    def workflow(self, name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -> Workflow:
+        """Register a step workflow under ``name``; add steps with
+        ``@workflow.step`` and start one with ``workflow.start(step)``.
+
+        Raises DuplicateTaskError if the name is taken by a task or workflow.
+        """
+        from conveyor.workflow import Workflow
+
+        if name in self.tasks:
+            raise DuplicateTaskError(f"task name {name!r} is already registered")
+        found = Workflow(self, name, TaskOptions(queue=queue, priority=priority))
+        self.tasks[name] = found
+        return found
 
     def _definition(self, task: str | TaskDef) -> TaskDef:
         if isinstance(task, TaskDef):
@@ -305,11 +322,21 @@ class App:
         **options: Any,
     ) -> list[TaskHandle]:
         """Store many tasks of one kind in one round trip; handles in order."""
-        tasks = self._new_tasks(task, many, options)
+        return self.enqueue_new(self._new_tasks(task, many, options), connection)
+
+    def enqueue_new(self, tasks: Sequence[NewTask], connection: Any = None) -> list[TaskHandle]:
+        """Store tasks already checked and encoded (``TaskDef.new_tasks``,
+        ``Workflow.new_workflow``); handles in order."""
         if connection is not None:
             ids = self._statements.enqueue_sync(EnqueueParams(tasks=tasks), connection)
             return [TaskHandle(self, task_id) for task_id in ids]
         return self.portal.run(self._insert(tasks, None))
+
+    async def enqueue_new_async(
+        self, tasks: Sequence[NewTask], connection: Any = None
+    ) -> list[TaskHandle]:
+        """Async form of :meth:`enqueue_new`."""
+        return await self._insert(tasks, connection)
 
     async def enqueue_many_async(
         self,

@@ -46,6 +46,7 @@ class TaskContext:
         "name",
         "payload",
         "queue",
+        "step",
         "task_id",
         "worker_id",
     )
@@ -59,6 +60,7 @@ class TaskContext:
         worker_id: str,
         payload: dict[str, Any] | None = None,
         *,
+        step: str | None = None,
         open_transaction: Callable[[], Awaitable[Any]] | None = None,
         open_transaction_sync: Callable[[], Any] | None = None,
     ) -> None:
@@ -68,6 +70,7 @@ class TaskContext:
         self.attempt = attempt
         self.worker_id = worker_id
         self.payload: dict[str, Any] = payload if payload is not None else {}
+        self.step = step
         self._open_transaction = open_transaction
         self._open_transaction_sync = open_transaction_sync
         self._stop_reason: StopAttempt | None = None

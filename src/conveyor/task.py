@@ -62,6 +62,14 @@ class TaskOptions:
         return dataclasses.replace(self, **changes) if changes else self
 
 
+def step_state(step: Any, max_bytes: int) -> str:
+    """Encode a workflow step (a dataclass or pydantic model) as its stored state."""
+    plain = codec.to_plain(step)
+    if not isinstance(plain, dict):
+        raise PayloadError(f"a step must be a dataclass or a pydantic model, not {type(step)!r}")
+    return codec.encode(plain, max_bytes)
+
+
 def run_at_from(
     delay: float | timedelta | None, run_at: datetime | None
 ) -> tuple[datetime | None, float]:

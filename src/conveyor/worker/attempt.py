@@ -20,6 +20,7 @@ from conveyor.errors import (
     AttemptTimeoutError,
     BackendUnavailableError,
     CancelledByRequest,
+    ConfigurationError,
     LeaseLostError,
     PayloadError,
     StopAttempt,
@@ -35,6 +36,7 @@ from conveyor.worker.executors import (
     ProcessExecution,
     ThreadExecution,
 )
+from conveyor.workflow import Done, Next, Workflow
 
 log = logging.getLogger("conveyor.worker")
 
@@ -126,10 +128,7 @@ class RunningAttempt:
         if isinstance(reason, AttemptTimeoutError):
             return outcomes.failed(self.task, reason, Outcome.TIMED_OUT)
         if error is None:
-            try:
-                return outcomes.succeeded(self.task, codec.encode(value, self.max_result_bytes))
-            except PayloadError as exc:
-                return outcomes.failed(self.task, PayloadError(f"the result is not stored: {exc}"))
+            return self._recorded(value)
         if isinstance(reason, CancelledByRequest):
             return outcomes.cancelled(self.task)
         if isinstance(reason, WorkerShutdown):
@@ -137,6 +136,15 @@ class RunningAttempt:
         if isinstance(error, HandlerExit):
             return outcomes.failed(self.task, error.original)
         return outcomes.failed(self.task, error)
+
+    def _recorded(self, value: Any) -> Completion:
+        """A success: the result to store, or a workflow's end or next step."""
+        try:
+            if isinstance(self.definition, Workflow) and isinstance(value, Done | Next):
+                return self.definition.completion(self.task, value, self.max_result_bytes)
+            return outcomes.succeeded(self.task, codec.encode(value, self.max_result_bytes))
+        except (PayloadError, ConfigurationError) as exc:
+            return outcomes.failed(self.task, PayloadError(f"the result is not stored: {exc}"))
 
     def _stopped_before_start(self) -> Completion | None:
         reason = self.ctx.stop_reason

@@ -311,6 +311,7 @@ class Worker:
             task.queue,
             task.token.attempt,
             self.id,
+            step=task.step,
             open_transaction=opener,
             open_transaction_sync=sync_opener,
         )
