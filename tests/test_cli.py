@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+import conveyor
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = "tests.apps.cli_app:app"
 TASK_KEYS = {"id", "name", "queue", "state", "priority", "run_at", "result", "attempts"}
@@ -246,3 +248,24 @@ def test_worker_refuses_a_heartbeat_slower_than_its_lease(cli: Cli) -> None:
         "worker", "tests.apps.cli_app:app", "--burst", "--lease", "1", "--heartbeat-interval", "2"
     )
     assert "heartbeat_interval" in error
+
+
+def test_show_lists_a_workflow_s_steps(cli: Cli) -> None:
+    from tests.apps.cli_app import Hello, greeting
+
+    client = conveyor.App(cli.env["CONVEYOR_URL"], schema=cli.env["CONVEYOR_SCHEMA"])
+    try:
+        [handle] = client.enqueue_new([greeting.new_workflow(Hello("ada"))])
+    finally:
+        client.close()
+    cli.ok("worker", APP, "--burst", "--poll-interval", "0.1", timeout=30)
+
+    task = cli.show(handle.id)
+    assert (task["state"], task["step"], task["result"]) == ("succeeded", "Goodbye", "bye ada")
+    assert [(a["step"], a["outcome"]) for a in task["attempts"]] == [
+        ("Hello", "succeeded"),
+        ("Goodbye", "succeeded"),
+    ]
+    text = cli.ok("show", str(handle.id))
+    assert "step: Goodbye" in text
+    assert "Hello" in text

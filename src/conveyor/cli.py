@@ -52,6 +52,7 @@ def task_json(task: Task, with_attempts: bool) -> dict[str, Any]:
         "worker_id": task.worker_id,
         "lease_expires_at": _iso(task.lease_expires_at),
         "cancel_requested": task.cancel_requested,
+        "step": task.step,
     }
     if with_attempts:
         data["attempts"] = [attempt_json(a) for a in task.attempts]
@@ -61,6 +62,7 @@ def task_json(task: Task, with_attempts: bool) -> dict[str, Any]:
 def attempt_json(attempt: Attempt) -> dict[str, Any]:
     return {
         "number": attempt.number,
+        "step": attempt.step,
         "worker_id": attempt.worker_id,
         "outcome": attempt.outcome.value,
         "error_type": attempt.error_type,
@@ -286,14 +288,20 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
         f"[bold]task {task.id}[/bold] {task.name} on {task.queue}: "
         f"[bold]{task.state.value}[/bold] (priority {task.priority})"
     )
-    console.print(f"payload: {json.dumps(task.payload)}")
+    if task.step is not None:
+        console.print(f"step: {task.step}")
+    console.print(f"{'state' if task.step is not None else 'payload'}: {json.dumps(task.payload)}")
     if task.result is not None:
         console.print(f"result: {json.dumps(task.result)}")
-    table = Table("#", "worker", "outcome", "started", "finished", "error")
+    steps = any(a.step is not None for a in task.attempts)
+    table = Table(
+        "#", *(["step"] if steps else []), "worker", "outcome", "started", "finished", "error"
+    )
     for a in task.attempts:
         error = f"{a.error_type}: {a.error_message}" if a.error_type else ""
         table.add_row(
             str(a.number),
+            *([a.step or ""] if steps else []),
             a.worker_id,
             a.outcome.value,
             _iso(a.started_at) or "",

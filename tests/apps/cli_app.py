@@ -1,6 +1,8 @@
-"""A tiny app for the CLI tests: one task that succeeds, one that raises."""
+"""A tiny app for the CLI tests: a task that succeeds, one that raises, a two-step workflow."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import conveyor
 
@@ -15,3 +17,24 @@ def add(a: int, b: int) -> int:
 @app.task()
 def explode(message: str) -> None:
     raise ValueError(message)
+
+
+greeting = app.workflow("greeting")
+
+
+@greeting.step
+@dataclass
+class Hello:
+    name: str
+
+    async def run(self, ctx: conveyor.TaskContext) -> conveyor.Next:
+        return conveyor.next(Goodbye(self.name))
+
+
+@greeting.step
+@dataclass
+class Goodbye:
+    name: str
+
+    async def run(self, ctx: conveyor.TaskContext) -> conveyor.Done:
+        return conveyor.done(f"bye {self.name}")
