@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import conveyor
@@ -17,7 +18,7 @@ from conveyor import RetryPolicy, TaskContext
 app = conveyor.App()
 
 
-def _mark(marker: str, attempt: int) -> None:
+def _mark(marker: str, attempt: int | str) -> None:
     with Path(marker).open("a") as file:
         file.write(f"{attempt}\n")
 
@@ -52,3 +53,39 @@ def crash(marker: str, ctx: TaskContext) -> None:
     """Kill the worker process: no completion is ever written."""
     _mark(marker, ctx.attempt)
     os._exit(1)
+
+
+journey = app.workflow("journey")
+
+
+def _first_run_of(marker: str, step: str) -> bool:
+    lines = Path(marker).read_text().split("\n") if Path(marker).exists() else []
+    return sum(line.startswith(f"{step} ") for line in lines) == 1
+
+
+@journey.step
+@dataclass
+class Depart:
+    """Its first run hangs (until the worker is killed); then it moves on."""
+
+    marker: str
+
+    async def run(self, ctx: TaskContext) -> conveyor.Next:
+        _mark(self.marker, f"Depart {ctx.attempt}")
+        if _first_run_of(self.marker, "Depart"):
+            await asyncio.sleep(120)
+        return conveyor.next(Arrive(self.marker))
+
+
+@journey.step
+@dataclass
+class Arrive:
+    """Its first run hangs too: a kill after Depart's transition committed."""
+
+    marker: str
+
+    async def run(self, ctx: TaskContext) -> conveyor.Done:
+        _mark(self.marker, f"Arrive {ctx.attempt}")
+        if _first_run_of(self.marker, "Arrive"):
+            await asyncio.sleep(120)
+        return conveyor.done("arrived")

@@ -240,3 +240,40 @@ def test_a_task_that_kills_every_worker_fails_on_its_crash_budget(
     assert "crash budget" in last.error_message
     assert "2 of 2" in last.error_message
     assert task.finished_at is not None
+
+
+def test_sigkill_mid_step_reruns_that_step_never_a_committed_one(
+    client: conveyor.App, workers: Workers, tmp_path: Path
+) -> None:
+    from tests.apps.lifecycle import Depart, journey
+
+    marker = tmp_path / "marker"
+
+    def journal() -> list[str]:
+        return marker.read_text().splitlines() if marker.exists() else []
+
+    [handle] = client.enqueue_new([journey.new_workflow(Depart(str(marker)))])
+    for hung in ("Depart 1", "Arrive 3"):
+        proc = workers.start("--lease", "1")
+        wait_until(lambda h=hung: h in journal(), 20, f"{hung} to run")  # type: ignore[misc]
+        time.sleep(0.3)  # the step is inside its handler, its lease alive
+        os.kill(proc.pid, signal.SIGKILL)
+        assert workers.wait(proc, 10) == -signal.SIGKILL
+
+    last = workers.start("--lease", "1")
+    task = wait_until(
+        lambda: (t := get(client, handle.id)).state.is_terminal and t, 20, "the journey to end"
+    )
+    assert task.state is TaskState.SUCCEEDED, workers.log(last)
+    assert task.result == "arrived"
+    # Depart ran again after the kill inside it; once its transition
+    # committed it never ran again, though Arrive was then killed too.
+    assert journal() == ["Depart 1", "Depart 2", "Arrive 3", "Arrive 4"]
+    assert [(a.step, a.outcome) for a in task.attempts] == [
+        ("Depart", Outcome.LEASE_LOST),
+        ("Depart", Outcome.SUCCEEDED),
+        ("Arrive", Outcome.LEASE_LOST),
+        ("Arrive", Outcome.SUCCEEDED),
+    ]
+    last.send_signal(signal.SIGTERM)
+    assert workers.wait(last, 10) == 0

@@ -9,6 +9,7 @@ that offers it is in tests/conformance/test_transactional_enqueue.py.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import psycopg
 
@@ -131,3 +132,39 @@ async def test_sync_handler_transaction_commits_on_success_and_rolls_back_on_fai
 
 async def _no_running(worker: conveyor.Worker) -> bool:
     return worker.running == []
+
+
+async def test_a_step_s_writes_commit_with_its_transition(app: conveyor.App, schema: str) -> None:
+    table = psycopg.sql.Identifier(schema, "effects")
+    flow = app.workflow("payment")
+
+    @flow.step
+    @dataclass
+    class Pay:
+        order: int
+
+        async def run(self, ctx: TaskContext) -> conveyor.Next:
+            conn = await ctx.transaction()
+            insert = psycopg.sql.SQL("insert into {} values (%s)").format(table)
+            await conn.execute(insert, (self.order,))
+            return conveyor.next(Receipt(self.order))
+
+    @flow.step
+    @dataclass
+    class Receipt:
+        order: int
+
+        async def run(self, ctx: TaskContext) -> conveyor.Done:
+            conn = await ctx.transaction()
+            select = psycopg.sql.SQL("select count(*) from {}").format(table)
+            [(count,)] = await (await conn.execute(select)).fetchall()
+            return conveyor.done(count)
+
+    async with app:
+        backend = await app.backend()
+        async with backend.pool.connection() as conn:  # type: ignore[attr-defined]
+            await conn.execute(psycopg.sql.SQL("create table {} (order_id int)").format(table))
+        [task] = await run_all(app, [await flow.start_async(Pay(order=3))])
+    assert task.state is TaskState.SUCCEEDED
+    assert task.result == 1  # the second step saw the first step's committed write
+    assert [a.step for a in task.attempts] == ["Pay", "Receipt"]
