@@ -22,3 +22,29 @@ def test_quickstart_prints_its_results(pg_url: str, schema: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["hello, world", "DURABLE"]
+
+
+def test_order_fulfilment_runs_every_step_with_its_retry_and_reminder(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "CONVEYOR_URL": f"sqlite:///{tmp_path / 'orders.db'}",
+        "REMIND_AFTER": "0.3",
+    }
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "order_fulfilment.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "order 42: reserved book, lamp",
+        "order 42: charged 19.99",
+        "order 42: shipped",
+        "order 42: asked for a review",
+        "result: {'order_id': 42, 'status': 'complete'}",
+        "steps: Reserve:succeeded -> Charge:failed -> Charge:succeeded -> Ship:succeeded"
+        " -> Remind:succeeded",
+    ]

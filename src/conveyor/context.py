@@ -27,6 +27,11 @@ _EVENT_LOCK = threading.Lock()
 class TaskContext:
     """The running attempt: ids, lease token and the order to stop.
 
+    ``attempt`` is the lease token's number: it grows at every claim of the
+    task. ``step_attempt`` counts the attempts spent against the current
+    budget, this one included (1 on a first run); a workflow's budget starts
+    afresh at each step, whose name is ``step`` (None for plain tasks).
+
     ``should_stop`` turns true when the worker lost the lease, the task was
     cancelled, its timeout passed or the worker is shutting down. Async
     handlers are cancelled then; thread handlers must look: ``check()``
@@ -47,6 +52,7 @@ class TaskContext:
         "payload",
         "queue",
         "step",
+        "step_attempt",
         "task_id",
         "worker_id",
     )
@@ -61,6 +67,7 @@ class TaskContext:
         payload: dict[str, Any] | None = None,
         *,
         step: str | None = None,
+        step_attempt: int | None = None,
         open_transaction: Callable[[], Awaitable[Any]] | None = None,
         open_transaction_sync: Callable[[], Any] | None = None,
     ) -> None:
@@ -71,6 +78,7 @@ class TaskContext:
         self.worker_id = worker_id
         self.payload: dict[str, Any] = payload if payload is not None else {}
         self.step = step
+        self.step_attempt = step_attempt if step_attempt is not None else attempt
         self._open_transaction = open_transaction
         self._open_transaction_sync = open_transaction_sync
         self._stop_reason: StopAttempt | None = None

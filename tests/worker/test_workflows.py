@@ -21,7 +21,7 @@ def app(any_app: conveyor.App) -> conveyor.App:
 
 
 def order_workflow(
-    app: conveyor.App, seen: list[tuple[str, int]]
+    app: conveyor.App, seen: list[tuple[str, int, int]]
 ) -> tuple[conveyor.Workflow, type]:
     """An order workflow: Reserve, then (0.2 s later) Charge, which fails once, then ship."""
     orders = app.workflow("order")
@@ -32,7 +32,7 @@ def order_workflow(
         order_id: int
 
         async def run(self, ctx: TaskContext) -> conveyor.Next:
-            seen.append((ctx.step or "", ctx.attempt))
+            seen.append((ctx.step or "", ctx.attempt, ctx.step_attempt))
             return conveyor.next(Charge(self.order_id, amount=5), delay=0.2)
 
     @orders.step(retry=FAST, timeout=5)
@@ -42,7 +42,7 @@ def order_workflow(
         amount: int
 
         async def run(self, ctx: TaskContext) -> conveyor.Next:
-            seen.append((ctx.step or "", ctx.attempt))
+            seen.append((ctx.step or "", ctx.attempt, ctx.step_attempt))
             if len([s for s in seen if s[0] == "Charge"]) == 1:
                 raise ConnectionError("the card network blinked")
             return conveyor.next(Ship(self.order_id))
@@ -53,7 +53,7 @@ def order_workflow(
         order_id: int
 
         async def run(self, ctx: TaskContext) -> conveyor.Done:
-            seen.append((ctx.step or "", ctx.attempt))
+            seen.append((ctx.step or "", ctx.attempt, ctx.step_attempt))
             return conveyor.done({"shipped": self.order_id})
 
     return orders, Reserve
@@ -62,7 +62,7 @@ def order_workflow(
 async def test_a_workflow_runs_its_steps_in_order_with_delays_and_retries(
     app: conveyor.App,
 ) -> None:
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[str, int, int]] = []
     orders, first = order_workflow(app, seen)
     async with app:
         handle = await orders.start_async(first(order_id=7))
@@ -70,7 +70,8 @@ async def test_a_workflow_runs_its_steps_in_order_with_delays_and_retries(
     assert task.state is TaskState.SUCCEEDED
     assert task.result == {"shipped": 7}
     assert task.step == "ship"
-    assert seen == [("Reserve", 1), ("Charge", 2), ("Charge", 3), ("ship", 4)]
+    # (step, lease token number, this step's attempt): the budget restarts per step.
+    assert seen == [("Reserve", 1, 1), ("Charge", 2, 1), ("Charge", 3, 2), ("ship", 4, 1)]
     assert [(a.step, a.outcome) for a in task.attempts] == [
         ("Reserve", Outcome.SUCCEEDED),
         ("Charge", Outcome.FAILED),

@@ -312,6 +312,7 @@ class Worker:
             task.token.attempt,
             self.id,
             step=task.step,
+            step_attempt=task.spent,
             open_transaction=opener,
             open_transaction_sync=sync_opener,
         )
