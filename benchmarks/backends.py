@@ -21,6 +21,10 @@ fresh store, through the App API only:
    ``--duration`` seconds, wait until all succeeded, stop the worker, and report
    enqueue-to-start latency ``attempts[0].started_at - created_at`` (both
    stamped by the backend's own clock), p50 and p99 in ms.
+5. Workflows: ``--workflows`` step workflows (default 1000) of ``--steps``
+   no-op steps each (default 10), drained by one burst worker as in 2:
+   ``steps/s`` = every step run / the worker's wall time, checked: every
+   workflow succeeded with exactly ``--steps`` attempts, all succeeded.
 
     python benchmarks/backends.py --tasks 20000
     python benchmarks/backends.py --backends sqlite --sqlite-synchronous normal
@@ -57,14 +61,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from conveyor import App
+from conveyor import App, Workflow
 from conveyor.model import Outcome, Task, TaskState
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_app import DEFAULT_URL, TASK_NAME, make_app  # noqa: E402
+from benchmarks.bench_app import DEFAULT_URL, FLOW_NAME, TASK_NAME, Hop, make_app  # noqa: E402
 from benchmarks.throughput import (  # noqa: E402
     POLL_SECONDS,
     READY_TIMEOUT,
@@ -280,6 +284,8 @@ class BackendResult:
     latency_p99_ms: float | None = None
     latency_max_ms: float | None = None
     latency_exit_code: int | None = None
+    workflow_steps: int | None = None
+    steps_per_s: float | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -348,6 +354,45 @@ async def throughput(
     if not result.problems:
         result.processed_per_s = len(ids) / result.drain_seconds
         log(f"[{name}] drained in {result.drain_seconds:.3f}s")
+
+
+async def workflows(
+    target: Target, app: App, args: argparse.Namespace, result: BackendResult
+) -> None:
+    """``--workflows`` workflows of ``--steps`` no-op steps each, drained by one
+    burst worker: steps/s = every step run / the worker's wall time."""
+    if not args.workflows:
+        return
+    flow = app.tasks[FLOW_NAME]
+    assert isinstance(flow, Workflow)
+    log(f"[{target.backend}] starting {args.workflows} workflows of {args.steps} steps")
+    new = [flow.new_workflow(Hop(args.steps - 1)) for _ in range(args.workflows)]
+    ids = [handle.id for handle in await app.enqueue_new_async(new)]
+    spec = WorkerSpec(target.url, args.concurrency, True, None, args.worker_log_level)
+    started = time.perf_counter()
+    worker = start_worker(target, app, spec)
+    try:
+        code = await worker.wait(args.timeout)
+    finally:
+        if worker.alive():
+            await worker.stop()
+    seconds = time.perf_counter() - started
+    if code != 0:
+        result.problems.append(f"the workflow worker exited with {code}")
+    finished = [await app.get_async(task_id) for task_id in ids]
+    wrong = [
+        task_id
+        for task_id, task in zip(ids, finished, strict=True)
+        if task is None
+        or task.state is not TaskState.SUCCEEDED
+        or [a.outcome for a in task.attempts] != [Outcome.SUCCEEDED] * args.steps
+    ]
+    if wrong:
+        result.problems.append(f"{len(wrong)} workflows did not run every step once")
+        return
+    result.workflow_steps = args.workflows * args.steps
+    result.steps_per_s = result.workflow_steps / seconds
+    log(f"[{target.backend}] {result.workflow_steps} steps in {seconds:.3f}s")
 
 
 async def wait_finished(
@@ -437,6 +482,8 @@ async def run_backend(backend: str, args: argparse.Namespace, tag: str) -> Backe
                 await throughput(target, app, args, result)
                 if result.ok:  # else tasks left pending would skew the latencies
                     await latency(target, app, args, result)
+                if result.ok:
+                    await workflows(target, app, args, result)
         except Exception as error:  # report it, clean up, go on with the next backend
             traceback.print_exc(file=sys.stderr)
             result.problems.append(f"{type(error).__name__}: {error}")
@@ -455,14 +502,15 @@ def _number(value: float | None, spec: str) -> str:
 def table(results: Sequence[BackendResult]) -> str:
     header = (
         f"{'backend':<9} {'enqueue/s':>10} {'processed/s':>12} {'latency p50 ms':>15} "
-        f"{'p99 ms':>7} {'check':>5}  note"
+        f"{'p99 ms':>7} {'steps/s':>8} {'check':>5}  note"
     )
     rows = []
     for r in results:
         rows.append(
             f"{r.backend:<9} {_number(r.enqueue_per_s, ',.0f'):>10} "
             f"{_number(r.processed_per_s, ',.0f'):>12} {_number(r.latency_p50_ms, '.1f'):>15} "
-            f"{_number(r.latency_p99_ms, '.1f'):>7} {'ok' if r.ok else 'FAIL':>5}  {r.note}"
+            f"{_number(r.latency_p99_ms, '.1f'):>7} {_number(r.steps_per_s, ',.0f'):>8} "
+            f"{'ok' if r.ok else 'FAIL':>5}  {r.note}"
         )
     return "\n".join([header, "-" * max(len(line) for line in [header, *rows]), *rows])
 
@@ -544,6 +592,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--tasks", type=positive_int, default=20_000, help="tasks to drain (default %(default)s)"
+    )
+    parser.add_argument(
+        "--workflows",
+        type=int,
+        default=1_000,
+        help="step workflows to drain after the latency run, 0 to skip (default %(default)s)",
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, default=10, help="steps per workflow (default %(default)s)"
     )
     parser.add_argument(
         "--batch",

@@ -1,4 +1,5 @@
-"""The App the benchmark's worker runs: one no-op ``async def`` task.
+"""The App the benchmark's worker runs: a no-op ``async def`` task and a
+workflow of no-op steps.
 
 ``throughput.py`` starts ``python -m conveyor.cli worker benchmarks.bench_app:app``
 with ``CONVEYOR_URL`` and ``CONVEYOR_SCHEMA`` set, so the worker process imports
@@ -9,11 +10,24 @@ with ``CONVEYOR_URL`` and ``CONVEYOR_SCHEMA`` set, so the worker process imports
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-from conveyor import App
+import conveyor
+from conveyor import App, TaskContext
 
 DEFAULT_URL = "postgresql://127.0.0.1:5432/test"
 TASK_NAME = "bench_noop"
+FLOW_NAME = "bench_flow"
+
+
+@dataclass
+class Hop:
+    """A no-op workflow step: ``left`` more hops, then done."""
+
+    left: int
+
+    async def run(self, ctx: TaskContext) -> conveyor.Next | conveyor.Done:
+        return conveyor.next(Hop(self.left - 1)) if self.left > 0 else conveyor.done()
 
 
 def make_app(url: str | None = None, schema: str | None = None) -> App:
@@ -25,6 +39,7 @@ def make_app(url: str | None = None, schema: str | None = None) -> App:
         """Do nothing: the benchmark measures conveyor, not the handler."""
         return None
 
+    application.workflow(FLOW_NAME).step(Hop)
     return application
 
 
