@@ -36,7 +36,12 @@ from conveyor.backends.protocol import (
     WorkFilter,
 )
 from conveyor.context import TaskContext
-from conveyor.errors import CancelledByRequest, LeaseLostError, WorkerShutdown
+from conveyor.errors import (
+    BackendUnavailableError,
+    CancelledByRequest,
+    LeaseLostError,
+    WorkerShutdown,
+)
 from conveyor.model import LeaseToken, Outcome, TaskState
 from conveyor.worker.attempt import RunningAttempt
 from conveyor.worker.completer import Completer
@@ -120,15 +125,7 @@ class Worker:
         backend = self.backend = self.app.make_backend(pool_size=self.config.connections())
         await backend.open()
         try:
-            await backend.register_worker(
-                WorkerInfo(
-                    id=self.id,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    queues=tuple(self.queues),
-                    concurrency=self.config.concurrency,
-                )
-            )
+            await self._register(backend)
         except BaseException:
             await backend.close()
             raise
@@ -162,6 +159,28 @@ class Worker:
         finally:
             await self._shutdown(backend, listener)
             self._remove_signals(loop)
+
+    async def _register(self, backend: Backend) -> None:
+        """Enter the workers table; a database that is unavailable for a while
+        (SQLite's write lock held elsewhere, a failover) is waited for."""
+        info = WorkerInfo(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=tuple(self.queues),
+            concurrency=self.config.concurrency,
+        )
+        delay = CLAIM_RETRY_MIN
+        while True:
+            try:
+                await backend.register_worker(info)
+                return
+            except BackendUnavailableError as exc:
+                if self._stopping:
+                    raise
+                log.warning("cannot register the worker: %s; retrying in %.1fs", exc, delay)
+                await self._sleep(delay)
+                delay = min(delay * 2, CLAIM_RETRY_MAX)
 
     def heartbeat_held(self) -> set[LeaseToken]:
         return set(self.heartbeat.held()) if self.heartbeat else set()

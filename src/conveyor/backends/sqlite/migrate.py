@@ -36,8 +36,11 @@ def statements(script: LiteralString) -> Iterator[LiteralString]:
 def apply_migrations(conn: sqlite3.Connection, sql: Mapping[str, LiteralString]) -> list[int]:
     """Bring the file up to date on ``conn`` (autocommit mode); return versions applied."""
     applied: list[int] = []
+    pending = sqlfiles.migrations(_PACKAGE)
+    if _up_to_date(conn, sql, pending[-1][0]):
+        return applied  # a read only: no write lock needed to start a worker
     conn.execute(sql["migrations_table"])
-    for version, name, script in sqlfiles.migrations(_PACKAGE):
+    for version, name, script in pending:
         with immediate(conn):
             if conn.execute(sql["migration_applied"], {"version": version}).fetchone():
                 continue
@@ -47,3 +50,10 @@ def apply_migrations(conn: sqlite3.Connection, sql: Mapping[str, LiteralString])
         log.info("applied migration %s", name)
         applied.append(version)
     return applied
+
+
+def _up_to_date(conn: sqlite3.Connection, sql: Mapping[str, LiteralString], latest: int) -> bool:
+    if conn.execute(sql["migrations_table_exists"]).fetchone() is None:
+        return False
+    row = conn.execute(sql["latest_migration"]).fetchone()
+    return row is not None and row[0] is not None and row[0] >= latest

@@ -245,6 +245,12 @@ create table if not exists conveyor_migrations (
     applied_at  real not null default ((julianday('now') - 2440587.5) * 86400.0)
 );
 
+-- name: migrations_table_exists
+select 1 from sqlite_master where type = 'table' and name = 'conveyor_migrations';
+
+-- name: latest_migration
+select max(version) from conveyor_migrations;
+
 -- name: migration_applied
 select 1 from conveyor_migrations where version = :version;
 

@@ -1,0 +1,63 @@
+"""SQLite's single write lock, held by someone else: the worker waits it out.
+
+An application transaction on the same file that holds the write lock longer
+than ``busy_timeout`` makes the worker's registration wait, and its claims
+fail with BackendUnavailableError; the worker logs them, backs off and goes
+on, and nothing is lost or run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import conveyor
+from conveyor import Outcome, TaskState
+from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
+
+
+def _messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records]
+
+
+async def test_a_write_lock_held_elsewhere_delays_the_worker_without_harm(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tasks.db"
+    app = conveyor.App(f"sqlite:///{path}?busy_timeout=0.1")
+
+    @app.task
+    async def echo(n: int) -> int:
+        return n
+
+    caplog.set_level(logging.WARNING, logger="conveyor")
+    async with app:
+        await app.backend()  # the file and its tables exist
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("begin immediate")  # held while the worker starts
+            async with RunningWorker(app, poll_interval=0.05) as worker:
+                await asyncio.sleep(0.5)
+                assert any("cannot register the worker" in m for m in _messages(caplog))
+                other.execute("commit")
+                await wait_for(lambda: _claimed_once(worker))
+
+                handles = [await app.enqueue_async(echo, {"n": n}, delay=0.3) for n in range(5)]
+                other.execute("begin immediate")  # held while the tasks fall due
+                await asyncio.sleep(1.0)
+                assert worker.claimed_count == 0
+                other.execute("commit")
+                tasks = await wait_terminal(app, [h.id for h in handles])
+    assert [t.state for t in tasks] == [TaskState.SUCCEEDED] * 5
+    assert [t.result for t in tasks] == list(range(5))
+    assert all([a.outcome for a in t.attempts] == [Outcome.SUCCEEDED] for t in tasks)
+    failed_claims = [m for m in _messages(caplog) if m.startswith("claim failed")]
+    assert failed_claims and all("database is locked" in m for m in failed_claims)
+
+
+async def _claimed_once(worker: conveyor.Worker) -> bool:
+    return worker.claims_made >= 1
