@@ -164,10 +164,10 @@ _STORES: dict[str, _Store] = {}
 _STORES_LOCK = threading.Lock()
 
 
-def _move(row: _Row, move: Transition, now: datetime) -> None:
-    """A step transition: the next step, its state, run time and options."""
+def _move(row: _Row, move: Transition) -> None:
+    """A step transition: the next step, its state and options (its run time
+    is set only if the task is pending again, not if it was cancelled)."""
     row.step, row.payload, row.spent = move.step, move.state, 0
-    row.run_at = move.run_at or now + _seconds(move.delay)
     row.max_attempts, row.retry = move.max_attempts, move.retry
     row.timeout, row.lease = move.timeout, move.lease
 
@@ -353,10 +353,14 @@ class MemoryBackend:
                 if c.outcome is Outcome.INTERRUPTED:
                     row.spent -= 1
                 if c.transition is not None:
-                    _move(row, c.transition, now)
-                elif state is TaskState.PENDING:
-                    row.run_at = now + _seconds(c.retry_delay or 0.0)
+                    _move(row, c.transition)
                 if state is TaskState.PENDING:
+                    move = c.transition
+                    row.run_at = (
+                        (move.run_at or now + _seconds(move.delay))
+                        if move is not None
+                        else now + _seconds(c.retry_delay or 0.0)
+                    )
                     self._store.make_pending(row)
                 row.worker_id = row.lease_expires_at = None
                 row.finished_at = None if state is TaskState.PENDING else now

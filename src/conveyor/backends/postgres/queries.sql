@@ -10,10 +10,11 @@
 -- Insert many tasks in one statement. Ids come back in insertion order.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step)
+     timeout_seconds, lease_seconds, step, created_at)
 select i.name, i.queue, i.payload::jsonb, i.priority,
        coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
-       i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step
+       i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
+       coalesce(%(now)s::timestamptz, statement_timestamp())
 from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
             %(max_attempts)s::int[], %(retry_policies)s::text[],
@@ -28,25 +29,28 @@ returning id;
 -- cheaper to send than one array per column. Ids come back in order.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step)
+     timeout_seconds, lease_seconds, step, created_at)
 select %(name)s::text, %(queue)s::text, p.value, %(priority)s::int,
        coalesce(%(run_at)s::timestamptz,
                 coalesce(%(now)s::timestamptz, statement_timestamp())
                 + make_interval(secs => %(delay)s::float8)),
        %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
-       %(lease)s::float8, %(step)s::text
+       %(lease)s::float8, %(step)s::text,
+       coalesce(%(now)s::timestamptz, statement_timestamp())
 from jsonb_array_elements(%(payloads)s::jsonb) with ordinality as p(value, ord)
 order by p.ord
 returning id;
 
 -- name: claim
 -- Claim up to %(limit)s tasks in one statement: due pending tasks of the
--- worker's queues and names, plus in-progress tasks whose lease expired.
--- Both candidate sets sit behind MATERIALIZED CTEs: an optimisation fence,
--- without which the planner may lock more rows than the LIMIT asks for.
--- An expired task whose attempts are spent (the crash budget) or whose
--- cancellation was requested is finished here instead of being run again;
--- the attempt it lost is closed as lease_lost in the same statement.
+-- worker's queues and names, plus in-progress tasks whose lease expired,
+-- merged in claim order (priority, run_at, id). Every candidate set sits
+-- behind a MATERIALIZED CTE: an optimisation fence, without which the
+-- planner may lock more rows than the LIMIT asks for. An expired task whose
+-- attempts are spent (the crash budget) or whose cancellation was requested
+-- is finished here instead of being run again (all of them, not counted
+-- against the limit); the attempt each expired lease lost is closed as
+-- lease_lost in the same statement.
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
@@ -65,33 +69,47 @@ due as materialized (
         for update of t skip locked
     ) as p
 ),
+-- Expired leases that may run again, in claim order (there are few rows in
+-- progress, so sorting them is cheap).
 expired as materialized (
-    select t.id, t.priority, t.run_at, t.attempt, t.spent, t.max_attempts, t.cancel_requested
+    select t.id, t.priority, t.run_at, t.attempt
     from {schema}.tasks t, clock
     where t.state = 'in_progress'
       and t.lease_expires_at <= clock.now
+      and not t.cancel_requested
+      and t.spent < t.max_attempts
       and t.queue = any(%(queues)s::text[])
       and t.name = any(%(names)s::text[])
-    order by t.lease_expires_at
+    order by t.priority desc, t.run_at, t.id
     limit %(limit)s
+    for update of t skip locked
+),
+-- Expired leases that must not run again: every one of them ends now.
+exhausted as materialized (
+    select t.id, t.attempt, t.spent, t.max_attempts, t.cancel_requested
+    from {schema}.tasks t, clock
+    where t.state = 'in_progress'
+      and t.lease_expires_at <= clock.now
+      and (t.cancel_requested or t.spent >= t.max_attempts)
+      and t.queue = any(%(queues)s::text[])
+      and t.name = any(%(names)s::text[])
     for update of t skip locked
 ),
 ended as (
     update {schema}.tasks t
-    set state = case when e.cancel_requested then 'cancelled' else 'failed' end,
+    set state = case when x.cancel_requested then 'cancelled' else 'failed' end,
         worker_id = null,
         lease_expires_at = null,
         finished_at = clock.now
-    from expired e, clock
-    where t.id = e.id and (e.cancel_requested or e.spent >= e.max_attempts)
-    returning t.id, t.state
+    from exhausted x, clock
+    where t.id = x.id
+    returning t.id
 ),
 chosen as (
     select id from (
         select id, priority, run_at from due
         union all
         select id, priority, run_at from expired
-        where not cancel_requested and spent < max_attempts
     ) as c
     order by priority desc, run_at, id
     limit %(limit)s
@@ -110,23 +128,31 @@ claimed as (
               t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
               t.lease_seconds, t.lease_expires_at, t.step, t.priority, t.run_at
 ),
+-- The attempts those expired leases lost: each ended task's, and each
+-- reclaimed task's previous one.
+lost_leases as (
+    select x.id, x.attempt,
+           case when x.cancel_requested
+                then 'lease expired; the task was cancelled meanwhile'
+                else 'lease expired and the crash budget is spent (' || x.spent || ' of '
+                     || x.max_attempts || ' attempts): the worker stopped heartbeating '
+                     || '(crash, kill or stall)'
+           end as message
+    from exhausted x
+    union all
+    select e.id, e.attempt,
+           'lease expired: the worker stopped heartbeating (crash, kill or stall)'
+    from expired e
+    where e.id in (select id from claimed)
+),
 lost as (
     update {schema}.attempts a
     set outcome = 'lease_lost',
         finished_at = clock.now,
         error_type = 'LeaseExpired',
-        error_message = case
-            when en.state = 'cancelled' then 'lease expired; the task was cancelled meanwhile'
-            when en.state = 'failed' then 'lease expired and the crash budget is spent ('
-                 || e.spent || ' of ' || e.max_attempts || ' attempts): the worker '
-                 || 'stopped heartbeating (crash, kill or stall)'
-            else 'lease expired: the worker stopped heartbeating (crash, kill or stall)'
-        end
-    from expired e
-    cross join clock
-    left join ended en on en.id = e.id
-    where a.task_id = e.id and a.number = e.attempt and a.outcome = 'in_progress'
-      and (en.id is not null or e.id in (select id from claimed))
+        error_message = l.message
+    from lost_leases l, clock
+    where a.task_id = l.id and a.number = l.attempt and a.outcome = 'in_progress'
 ),
 logged as (
     insert into {schema}.attempts (task_id, number, worker_id, started_at, step)
@@ -171,7 +197,7 @@ leases as materialized (
 -- the snapshot without waiting, `free` takes the row locks it can get, and
 -- under its lock PostgreSQL re-checks the fence against the latest row.
 live as materialized (
-    select t.id, t.cancel_requested
+    select t.id, t.attempt, t.cancel_requested
     from {schema}.tasks t
     join leases l on t.id = l.id
     where t.id = any(%(ids)s::bigint[])
@@ -195,13 +221,15 @@ renewed as (
     from free f
     join leases l on l.id = f.id
     where t.id = f.id
-    returning t.id
+    returning t.id, t.attempt
 )
+-- Matched on the whole token: a stale token of a task whose current lease
+-- is also in the input must come back lost, not live.
 select l.id, l.attempt, v.id is not null as live, r.id is not null as renewed,
        coalesce(v.cancel_requested, false) as cancel_requested
 from leases l
-left join live v on v.id = l.id
-left join renewed r on r.id = l.id;
+left join live v on v.id = l.id and v.attempt = l.attempt
+left join renewed r on r.id = l.id and r.attempt = l.attempt;
 
 -- name: finish
 -- Record many attempt endings in one statement, each fenced by its lease
@@ -231,7 +259,7 @@ finished as (
     set state = case when t.cancel_requested and i.state = 'pending'
                      then 'cancelled' else i.state end,
         result = case when i.state = 'succeeded' then i.result::jsonb else t.result end,
-        run_at = case when i.state = 'pending'
+        run_at = case when i.state = 'pending' and not t.cancel_requested
                       then coalesce(i.run_at, i.now + make_interval(secs => coalesce(i.delay, 0)))
                       else t.run_at end,
         spent = case when i.step is not null then 0

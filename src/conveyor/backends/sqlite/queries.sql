@@ -53,13 +53,14 @@ limit :limit;
 
 -- name: claim_expired
 -- In-progress tasks whose lease expired and that may run again (end_expired
--- has already ended the others), oldest expiry first, from the lease index.
+-- has already ended the others), in claim order, from the lease index (few
+-- rows are in progress, so sorting them is cheap).
 select id, state, priority, run_at from conveyor_tasks indexed by conveyor_tasks_in_progress_lease
 where state = 'in_progress'
   and lease_expires_at <= :now
   and queue in (select value from json_each(:queues))
   and name in (select value from json_each(:names))
-order by lease_expires_at
+order by priority desc, run_at, id
 limit :limit;
 
 -- name: claim_take
@@ -108,7 +109,8 @@ update conveyor_tasks
 set state = case when conveyor_tasks.cancel_requested and i.state = 'pending'
                  then 'cancelled' else i.state end,
     result = case when i.state = 'succeeded' then i.result else conveyor_tasks.result end,
-    run_at = case when i.state = 'pending' then coalesce(i.run_at, :now + coalesce(i.delay, 0))
+    run_at = case when i.state = 'pending' and not conveyor_tasks.cancel_requested
+                  then coalesce(i.run_at, :now + coalesce(i.delay, 0))
                   else conveyor_tasks.run_at end,
     spent = case when i.step is not null then 0
                  else conveyor_tasks.spent - (i.outcome = 'interrupted') end,
