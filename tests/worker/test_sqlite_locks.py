@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import conveyor
 from conveyor import Outcome, TaskState
+from conveyor.backends.sqlite import SQLiteBackend
+from conveyor.errors import BackendUnavailableError
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 
 
@@ -61,3 +64,25 @@ async def test_a_write_lock_held_elsewhere_delays_the_worker_without_harm(
 
 async def _claimed_once(worker: conveyor.Worker) -> bool:
     return worker.claims_made >= 1
+
+
+async def test_a_failing_wake_up_listener_leaves_the_worker_polling(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(self: object, queues: object) -> AsyncIterator[str]:
+        raise BackendUnavailableError("the file went away")
+        yield ""  # an async generator, like the real one
+
+    monkeypatch.setattr(SQLiteBackend, "wakeups", broken)
+    app = conveyor.App(f"sqlite:///{tmp_path / 'tasks.db'}")
+
+    @app.task
+    async def echo(n: int) -> int:
+        return n
+
+    caplog.set_level(logging.WARNING, logger="conveyor")
+    async with app, RunningWorker(app, poll_interval=0.1):
+        handle = await echo.enqueue_async(n=1)
+        [task] = await wait_terminal(app, [handle.id])
+    assert task.result == 1
+    assert any("wake-ups stopped" in m and "went away" in m for m in _messages(caplog))

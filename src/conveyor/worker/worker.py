@@ -220,9 +220,16 @@ class Worker:
                 loop.remove_signal_handler(sig)
 
     async def _listen(self, backend: Backend) -> None:
+        """Turn wake-ups into claim hints. Wake-ups are only hints: if the
+        listener fails, the worker goes on polling, and says so."""
         assert self._work_hint is not None
-        async for _queue in backend.wakeups(self.queues):
-            self._work_hint.set()
+        try:
+            async for _queue in backend.wakeups(self.queues):
+                self._work_hint.set()
+        except Exception as exc:
+            log.warning(
+                "wake-ups stopped (%s); polling every %.1fs", exc, self.config.poll_interval
+            )
 
     # -- claiming ------------------------------------------------------------
 

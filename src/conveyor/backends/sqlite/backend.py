@@ -406,7 +406,11 @@ class SQLiteBackend:
         once, and commits of other processes within CHANGE_POLL_INTERVAL (a
         change of ``PRAGMA data_version``)."""
         subscription = wake.Subscription(self._wake_key, queues)
-        watcher = connect(self.path, self._busy_timeout, self._synchronous)
+        try:
+            watcher = connect(self.path, self._busy_timeout, self._synchronous)
+        except BaseException:
+            subscription.close()
+            raise
         nearby: asyncio.Future[str] | None = None
         try:
             version = self._data_version(watcher)
