@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 
@@ -9,8 +10,8 @@ import pytest
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskContext, TaskState
-from conveyor.backends.protocol import EnqueueParams
-from tests.worker.helpers import run_all
+from conveyor.backends.protocol import EnqueueParams, FinishParams
+from tests.worker.helpers import RunningWorker, listening, run_all, steal, wait_for
 
 FAST = RetryPolicy(max_attempts=2, initial_interval=0.01, max_interval=0.01, jitter=0)
 
@@ -173,3 +174,70 @@ def test_steps_are_checked_at_registration_and_at_start(app: conveyor.App) -> No
 
 def _schema(app: conveyor.App) -> str | None:
     return app._backend_options.get("schema")
+
+
+async def test_a_step_s_own_timeout_stops_it_and_its_retry_policy_applies(
+    app: conveyor.App,
+) -> None:
+    flow = app.workflow("slow")
+    runs: list[int] = []
+
+    @flow.step(timeout=0.2, retry=FAST)
+    @dataclass
+    class Dawdle:
+        n: int
+
+        async def run(self, ctx: TaskContext) -> conveyor.Done:
+            runs.append(ctx.step_attempt)
+            if ctx.step_attempt == 1:
+                await asyncio.sleep(30)  # stopped by the step's timeout
+            return conveyor.done(self.n)
+
+    async with app:
+        [task] = await run_all(app, [await flow.start_async(Dawdle(n=3))])
+    assert task.state is TaskState.SUCCEEDED and task.result == 3
+    assert runs == [1, 2]
+    assert [a.outcome for a in task.attempts] == [Outcome.TIMED_OUT, Outcome.SUCCEEDED]
+
+
+async def test_a_step_that_lost_its_lease_cannot_move_the_workflow(app: conveyor.App) -> None:
+    flow = app.workflow("contested")
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    @flow.step
+    @dataclass
+    class Hold:
+        n: int
+
+        async def run(self, ctx: TaskContext) -> conveyor.Next:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            finally:
+                stopped.set()
+            return conveyor.next(Never(self.n))
+
+    @flow.step
+    @dataclass
+    class Never:
+        n: int
+
+        async def run(self, ctx: TaskContext) -> conveyor.Done:
+            raise AssertionError("the victim's transition must not commit")
+
+    async with app:
+        handle = await flow.start_async(Hold(n=1))
+        async with RunningWorker(app, lease=1.0, poll_interval=30) as worker:
+            await asyncio.wait_for(started.wait(), 10)
+            await wait_for(lambda: listening(worker), timeout=10)
+            completion = await steal(app, handle.id, "thief")
+            await asyncio.wait_for(stopped.wait(), 5)  # the victim was told, and stopped
+        backend = await app.backend()
+        assert (await backend.finish(FinishParams("thief", [completion]))).applied
+        task = await handle.get_async()
+    assert task.state is TaskState.SUCCEEDED and task.result == "thief"
+    assert task.step == "Hold"  # no transition from the victim ever landed
+    assert [(a.step, a.outcome, a.worker_id == "thief") for a in task.attempts] == [
+        ("Hold", Outcome.LEASE_LOST, False),
+        ("Hold", Outcome.SUCCEEDED, True),
+    ]
