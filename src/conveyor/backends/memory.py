@@ -42,10 +42,9 @@ from conveyor.backends.protocol import (
     WorkerInfo,
     WorkFilter,
 )
+from conveyor.backends.stored import LEASE_EXPIRED, lease_lost_message
 from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotFoundError
 from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
-
-LEASE_EXPIRED = "lease expired: the worker stopped heartbeating (crash, kill or stall)"
 
 
 @dataclass
@@ -265,13 +264,7 @@ class MemoryBackend:
     def _reclaim(self, row: _Row, now: datetime) -> bool:
         """An expired lease: close its attempt; True if the task may run again."""
         if row.cancel_requested or row.spent >= row.max_attempts:
-            message = (
-                "lease expired; the task was cancelled meanwhile"
-                if row.cancel_requested
-                else f"lease expired and the crash budget is spent ({row.spent} of "
-                f"{row.max_attempts} attempts): the worker stopped heartbeating "
-                "(crash, kill or stall)"
-            )
+            message = lease_lost_message(row.cancel_requested, row.spent, row.max_attempts)
             row.close_attempt(
                 now, Outcome.LEASE_LOST, error_type="LeaseExpired", error_message=message
             )

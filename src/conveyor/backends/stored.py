@@ -1,4 +1,5 @@
-"""Stored values back to domain objects, shared by the SQL backends.
+"""Stored values back to domain objects, and the texts and errors every
+backend reports alike.
 
 Pure functions: no connection, no I/O. Each backend first brings its rows
 to Python values (timestamps as aware datetimes), then maps them here.
@@ -12,9 +13,35 @@ from typing import Any
 
 from conveyor import payload as codec
 from conveyor.backends.protocol import ClaimedTask
+from conveyor.errors import InvalidTransitionError, TaskNotFoundError
 from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
 
 log = logging.getLogger("conveyor.backends")
+
+LEASE_EXPIRED = "lease expired: the worker stopped heartbeating (crash, kill or stall)"
+"""Why a reclaimed task's previous attempt ended (PostgreSQL says it in SQL)."""
+
+
+def lease_lost_message(cancelled: bool, spent: int, max_attempts: int) -> str:
+    """Why an expired lease ended its task instead of being reclaimed."""
+    if cancelled:
+        return "lease expired; the task was cancelled meanwhile"
+    return (
+        f"lease expired and the crash budget is spent ({spent} of {max_attempts} attempts): "
+        "the worker stopped heartbeating (crash, kill or stall)"
+    )
+
+
+def transition_result(
+    task_id: int, what: str, changed: str | None, current: str | None
+) -> TaskState:
+    """The state after a cancel or retry; if nothing changed, why (the task is
+    missing, or its current state does not allow ``what``)."""
+    if changed is not None:
+        return TaskState(changed)
+    if current is None:
+        raise TaskNotFoundError(f"no task with id {task_id}")
+    raise InvalidTransitionError(f"cannot {what} task {task_id}: it is {current}")
 
 
 @functools.lru_cache(maxsize=256)

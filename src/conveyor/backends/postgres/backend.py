@@ -46,13 +46,11 @@ from conveyor.backends.protocol import (
     WorkerInfo,
     WorkFilter,
 )
-from conveyor.backends.stored import attempt_row, claimed_task, task_row
+from conveyor.backends.stored import attempt_row, claimed_task, task_row, transition_result
 from conveyor.errors import (
     BackendError,
     BackendUnavailableError,
     ConfigurationError,
-    InvalidTransitionError,
-    TaskNotFoundError,
 )
 from conveyor.model import (
     Attempt,
@@ -309,9 +307,7 @@ class PostgresBackend:
         if rows:
             return TaskState(rows[0][0])
         current = await self._fetchall("task_state", {"id": task_id})
-        if not current:
-            raise TaskNotFoundError(f"no task with id {task_id}")
-        raise InvalidTransitionError(f"cannot {what} task {task_id}: it is {current[0][0]}")
+        return transition_result(task_id, what, None, current[0][0] if current else None)
 
     async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
         return await self._transition("cancel", task_id, now, "cancel")

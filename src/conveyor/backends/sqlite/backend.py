@@ -49,13 +49,13 @@ from conveyor.backends.sqlite.database import (
     translated_errors,
 )
 from conveyor.backends.sqlite.migrate import apply_migrations
-from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotFoundError
+from conveyor.backends.stored import LEASE_EXPIRED, lease_lost_message, transition_result
+from conveyor.errors import ConfigurationError
 from conveyor.model import Attempt, Task, TaskState
 
 SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
 CHANGE_POLL_INTERVAL = 0.01
 """Seconds between checks for commits made by other processes (wake-ups)."""
-LEASE_EXPIRED = "lease expired: the worker stopped heartbeating (crash, kill or stall)"
 
 
 def _clock(conn: sqlite3.Connection, now: datetime | None) -> float:
@@ -63,13 +63,10 @@ def _clock(conn: sqlite3.Connection, now: datetime | None) -> float:
     return value
 
 
-def _lost_message(state: str, spent: int, max_attempts: int) -> str:
-    if state == TaskState.CANCELLED:
-        return "lease expired; the task was cancelled meanwhile"
-    return (
-        f"lease expired and the crash budget is spent ({spent} of {max_attempts} attempts): "
-        "the worker stopped heartbeating (crash, kill or stall)"
-    )
+NO_ATTEMPT_TRANSACTION = (
+    "SQLite offers no attempt transaction: a handler holding the single write "
+    "lock for its whole run would stall every other worker"
+)
 
 
 class SQLiteBackend:
@@ -193,7 +190,9 @@ class SQLiteBackend:
                     {
                         "now": now,
                         "task_id": task_id,
-                        "message": _lost_message(state, spent, max_attempts),
+                        "message": lease_lost_message(
+                            state == TaskState.CANCELLED, spent, max_attempts
+                        ),
                     }
                     for task_id, state, spent, max_attempts in ended
                 ],
@@ -289,16 +288,10 @@ class SQLiteBackend:
         return FinishResult(applied=applied, rejected=frozenset(tokens) - applied)
 
     async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction:
-        raise ConfigurationError(
-            "SQLite offers no attempt transaction: a handler holding the single write "
-            "lock for its whole run would stall every other worker"
-        )
+        raise ConfigurationError(NO_ATTEMPT_TRANSACTION)
 
     def begin_attempt_transaction_sync(self, worker_id: str) -> AttemptTransaction:
-        raise ConfigurationError(
-            "SQLite offers no attempt transaction: a handler holding the single write "
-            "lock for its whole run would stall every other worker"
-        )
+        raise ConfigurationError(NO_ATTEMPT_TRANSACTION)
 
     # -- control ---------------------------------------------------------
 
@@ -314,11 +307,7 @@ class SQLiteBackend:
             return None, current[0] if current else None
 
         changed, current = await self._db.write(change)
-        if changed is not None:
-            return TaskState(changed)
-        if current is None:
-            raise TaskNotFoundError(f"no task with id {task_id}")
-        raise InvalidTransitionError(f"cannot {what} task {task_id}: it is {current}")
+        return transition_result(task_id, what, changed, current)
 
     async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
         return await self._transition("cancel", task_id, now, "cancel")
