@@ -10,36 +10,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quickstart_prints_its_results(pg_url: str, schema: str) -> None:
-    env = {**os.environ, "CONVEYOR_URL": pg_url, "CONVEYOR_SCHEMA": schema}
+def run_example(name: str, **env: str) -> list[str]:
+    """Run ``examples/NAME`` with extra environment; its output lines (it must succeed)."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
-        env=env,
+        [sys.executable, str(ROOT / "examples" / name)],
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["hello, world", "DURABLE"]
+    return done.stdout.splitlines()
+
+
+def test_quickstart_prints_its_results(pg_url: str, schema: str) -> None:
+    lines = run_example("quickstart.py", CONVEYOR_URL=pg_url, CONVEYOR_SCHEMA=schema)
+    assert lines == ["hello, world", "DURABLE"]
 
 
 def test_order_fulfilment_runs_every_step_with_its_retry_and_reminder(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "CONVEYOR_URL": f"sqlite:///{tmp_path / 'orders.db'}",
-        "REMIND_AFTER": "0.3",
-    }
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "order_fulfilment.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    url = f"sqlite:///{tmp_path / 'orders.db'}"
+    lines = run_example("order_fulfilment.py", CONVEYOR_URL=url, REMIND_AFTER="0.3")
+    assert lines == [
         "order 42: reserved book, lamp",
         "order 42: charged 19.99",
         "order 42: shipped",
