@@ -25,6 +25,12 @@ fresh store, through the App API only:
    no-op steps each (default 10), drained by one burst worker as in 2:
    ``steps/s`` = every step run / the worker's wall time, checked: every
    workflow succeeded with exactly ``--steps`` attempts, all succeeded.
+6. Messages: two coroutine tasks (``bench_ping`` and the child it spawns)
+   send a ball back and forth ``--rounds`` times, one burst worker as in 2:
+   ``msgs/s`` = messages / the worker's wall time; ``send→poll p50`` = the
+   median delay from a message's delivery (its ``created_at``, the backend's
+   clock) to the start of the poll that reads it (the worker's clock, same
+   machine), at 0.1 ms resolution. Checked: the ball reached ``--rounds``.
 
     python benchmarks/backends.py --tasks 20000
     python benchmarks/backends.py --backends sqlite --sqlite-synchronous normal
@@ -45,6 +51,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -61,14 +68,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from conveyor import App, Workflow
+from conveyor import App, Coroutine, Workflow
 from conveyor.model import Outcome, Task, TaskState
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_app import DEFAULT_URL, FLOW_NAME, TASK_NAME, Hop, make_app  # noqa: E402
+from benchmarks.bench_app import (  # noqa: E402
+    DEFAULT_URL,
+    FLOW_NAME,
+    PING_NAME,
+    TASK_NAME,
+    Hop,
+    make_app,
+)
 from benchmarks.throughput import (  # noqa: E402
     POLL_SECONDS,
     READY_TIMEOUT,
@@ -286,6 +300,9 @@ class BackendResult:
     latency_exit_code: int | None = None
     workflow_steps: int | None = None
     steps_per_s: float | None = None
+    messages: int | None = None
+    messages_per_s: float | None = None
+    send_to_poll_p50_ms: float | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -395,6 +412,50 @@ async def workflows(
     log(f"[{target.backend}] {result.workflow_steps} steps in {seconds:.3f}s")
 
 
+async def pingpong(
+    target: Target, app: App, args: argparse.Namespace, result: BackendResult
+) -> None:
+    """Two coroutines send a ball back and forth ``--rounds`` times."""
+    if not args.rounds:
+        return
+    ping = app.tasks[PING_NAME]
+    assert isinstance(ping, Coroutine)
+    log(f"[{target.backend}] ping-pong for {args.rounds} rounds")
+    [handle] = await app.enqueue_new_async(
+        [ping.new_coroutine({"role": "ping", "rounds": args.rounds, "hist": {}})]
+    )
+    spec = WorkerSpec(target.url, args.concurrency, True, None, args.worker_log_level)
+    started = time.perf_counter()
+    worker = start_worker(target, app, spec)
+    try:
+        code = await worker.wait(args.timeout)
+    finally:
+        if worker.alive():
+            await worker.stop()
+    seconds = time.perf_counter() - started
+    if code != 0:
+        result.problems.append(f"the ping-pong worker exited with {code}")
+    task = await app.get_async(handle.id)
+    if task is None or task.state is not TaskState.SUCCEEDED or task.result["ball"] < args.rounds:
+        result.problems.append(f"the ping-pong did not finish: {task and task.state}")
+        return
+    hist = {float(bucket): count for bucket, count in task.result["hist"].items()}
+    result.messages = sum(hist.values())
+    result.messages_per_s = result.messages / seconds
+    result.send_to_poll_p50_ms = median_of(hist)
+    log(f"[{target.backend}] {result.messages} messages in {seconds:.3f}s")
+
+
+def median_of(hist: dict[float, int]) -> float:
+    """The median of a histogram {value: count}."""
+    total, seen = sum(hist.values()), 0
+    for value in sorted(hist):
+        seen += hist[value]
+        if seen * 2 >= total:
+            return value
+    return math.nan
+
+
 async def wait_finished(
     app: App, ids: Sequence[int], timeout: float, worker: RunningWorker
 ) -> list[Task]:
@@ -484,6 +545,8 @@ async def run_backend(backend: str, args: argparse.Namespace, tag: str) -> Backe
                     await latency(target, app, args, result)
                 if result.ok:
                     await workflows(target, app, args, result)
+                if result.ok:
+                    await pingpong(target, app, args, result)
         except Exception as error:  # report it, clean up, go on with the next backend
             traceback.print_exc(file=sys.stderr)
             result.problems.append(f"{type(error).__name__}: {error}")
@@ -502,7 +565,7 @@ def _number(value: float | None, spec: str) -> str:
 def table(results: Sequence[BackendResult]) -> str:
     header = (
         f"{'backend':<9} {'enqueue/s':>10} {'processed/s':>12} {'latency p50 ms':>15} "
-        f"{'p99 ms':>7} {'steps/s':>8} {'check':>5}  note"
+        f"{'p99 ms':>7} {'steps/s':>8} {'msgs/s':>7} {'send→poll p50 ms':>17} {'check':>5}  note"
     )
     rows = []
     for r in results:
@@ -510,6 +573,7 @@ def table(results: Sequence[BackendResult]) -> str:
             f"{r.backend:<9} {_number(r.enqueue_per_s, ',.0f'):>10} "
             f"{_number(r.processed_per_s, ',.0f'):>12} {_number(r.latency_p50_ms, '.1f'):>15} "
             f"{_number(r.latency_p99_ms, '.1f'):>7} {_number(r.steps_per_s, ',.0f'):>8} "
+            f"{_number(r.messages_per_s, ',.0f'):>7} {_number(r.send_to_poll_p50_ms, '.1f'):>17} "
             f"{'ok' if r.ok else 'FAIL':>5}  {r.note}"
         )
     return "\n".join([header, "-" * max(len(line) for line in [header, *rows]), *rows])
@@ -598,6 +662,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1_000,
         help="step workflows to drain after the latency run, 0 to skip (default %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1_000,
+        help="ping-pong messages between two coroutines, 0 to skip (default %(default)s)",
     )
     parser.add_argument(
         "--steps", type=positive_int, default=10, help="steps per workflow (default %(default)s)"

@@ -1,5 +1,5 @@
-"""The App the benchmark's worker runs: a no-op ``async def`` task and a
-workflow of no-op steps.
+"""The App the benchmark's worker runs: a no-op ``async def`` task, a
+workflow of no-op steps, and a coroutine that plays ping-pong with a child.
 
 ``throughput.py`` starts ``python -m conveyor.cli worker benchmarks.bench_app:app``
 with ``CONVEYOR_URL`` and ``CONVEYOR_SCHEMA`` set, so the worker process imports
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 import conveyor
 from conveyor import App, TaskContext
@@ -18,6 +20,7 @@ from conveyor import App, TaskContext
 DEFAULT_URL = "postgresql://127.0.0.1:5432/test"
 TASK_NAME = "bench_noop"
 FLOW_NAME = "bench_flow"
+PING_NAME = "bench_ping"
 
 
 @dataclass
@@ -40,7 +43,44 @@ def make_app(url: str | None = None, schema: str | None = None) -> App:
         return None
 
     application.workflow(FLOW_NAME).step(Hop)
+
+    @application.coroutine(PING_NAME)
+    async def bench_ping(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
+        """Ping-pong: the root spawns its partner with ball 0; each side sends
+        the ball back, one higher, until it reaches ``rounds``. Each records
+        the delay from a message's delivery to the poll that reads it."""
+        state = poll.state
+        if state["role"] == "ping" and not state.get("served"):
+            state["served"] = True
+            child = {"role": "pong", "rounds": state["rounds"], "hist": {}}
+            poll.spawn(bench_ping, {"ball": 0}, state=child)
+            return conveyor.suspend()
+        received = datetime.now(UTC)
+        for message in poll.inbox:
+            if message.is_end:  # the partner is done: merge its histogram
+                merge(state["hist"], message.body["result"]["hist"])
+                last = max(state.get("ball", 0), message.body["result"]["ball"])
+                return conveyor.done({"hist": state["hist"], "ball": last})
+            delay_ms = (received - message.created_at).total_seconds() * 1000
+            bucket = f"{max(delay_ms, 0.0):.1f}"
+            state["hist"][bucket] = state["hist"].get(bucket, 0) + 1
+            ball = message.body["ball"]
+            state["ball"] = ball
+            if ball >= state["rounds"]:
+                return conveyor.done({"hist": state["hist"], "ball": ball})
+            if state["role"] == "pong":
+                poll.yield_({"ball": ball + 1})
+            else:
+                poll.send(message.sender_id or 0, {"ball": ball + 1})
+        return conveyor.suspend()
+
     return application
+
+
+def merge(into: dict[str, Any], more: dict[str, Any]) -> None:
+    """Add the counts of histogram ``more`` into ``into``."""
+    for bucket, count in more.items():
+        into[bucket] = into.get(bucket, 0) + count
 
 
 app = make_app()

@@ -87,7 +87,7 @@ def test_migrate_twice_is_idempotent(cli: Cli) -> None:
 
 
 def test_first_migrate_reports_what_it_applied(cli: Cli) -> None:
-    assert cli.ok("migrate").strip() == "applied 2 migration(s)"
+    assert cli.ok("migrate").strip() == "applied 3 migration(s)"
 
 
 def test_enqueue_prints_the_id_and_show_returns_the_documented_shape(cli: Cli) -> None:
@@ -269,3 +269,25 @@ def test_show_lists_a_workflow_s_steps(cli: Cli) -> None:
     text = cli.ok("show", str(handle.id))
     assert "step: Goodbye" in text
     assert "Hello" in text
+
+
+def test_send_wakes_a_waiting_coroutine(cli: Cli) -> None:
+    from tests.apps.cli_app import echo
+
+    client = conveyor.App(cli.env["CONVEYOR_URL"], schema=cli.env["CONVEYOR_SCHEMA"])
+    try:
+        [handle] = client.enqueue_new([echo.new_coroutine({"want": 2})])
+    finally:
+        client.close()
+    cli.ok("worker", APP, "--burst", "--poll-interval", "0.1", timeout=30)
+    assert cli.show(handle.id)["state"] == "waiting"
+
+    assert cli.ok("send", str(handle.id), "--json", '{"n": 1}').startswith("message ")
+    cli.ok("send", str(handle.id), "--json", "2")
+    cli.ok("worker", APP, "--burst", "--poll-interval", "0.1", timeout=30)
+    task = cli.show(handle.id)
+    assert (task["state"], task["result"], task["inbox"]) == ("succeeded", [{"n": 1}, 2], True)
+
+    assert "has finished" in cli.fails("send", str(handle.id), "--json", "3")
+    assert "--json is not JSON" in cli.fails("send", str(handle.id), "--json", "{nope")
+    assert "no task with id" in cli.fails("send", "999999", "--json", "1")

@@ -41,3 +41,19 @@ def test_order_fulfilment_runs_every_step_with_its_retry_and_reminder(tmp_path: 
         "steps: Reserve:succeeded -> Charge:failed -> Charge:succeeded -> Ship:succeeded"
         " -> Remind:succeeded",
     ]
+
+
+def test_coroutine_fanout_adds_up_its_children_then_waits_for_the_approval(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'quotes.db'}"
+    lines = run_example("coroutine_fanout.py", CONVEYOR_URL=url)
+    assert lines == [
+        "quote 7: pricing 3 lines",
+        "quote 7: priced book x2, lamp x1, mug x4: subtotal 86.99",
+        "quote 7: waiting for approval",
+        "webhook: alice approves quote 7",
+        "quote 7: approved by alice",
+        "result: {'quote': 7, 'total_cents': 8699}",
+        "children: book=2500:succeeded, lamp=3499:succeeded, mug=2700:succeeded",
+    ]

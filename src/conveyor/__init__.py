@@ -7,6 +7,7 @@ attempt by attempt. See docs/guarantees.md for what is and is not promised.
 
 from conveyor.app import App
 from conveyor.context import TaskContext
+from conveyor.coroutine import Coroutine, Poll, PollError, Sleep, Suspend, sleep, suspend
 from conveyor.errors import (
     AttemptTimeoutError,
     BackendError,
@@ -17,17 +18,28 @@ from conveyor.errors import (
     Fatal,
     InvalidTransitionError,
     LeaseLostError,
+    NoInboxError,
     PayloadError,
     PayloadTooLargeError,
     ResultTimeoutError,
     StopAttempt,
     TaskFailedError,
+    TaskFinishedError,
     TaskNotFoundError,
     UnknownTaskError,
     WorkerShutdown,
 )
 from conveyor.handle import TaskHandle
-from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
+from conveyor.model import (
+    Attempt,
+    LeaseToken,
+    Message,
+    MessageKind,
+    Outcome,
+    RetryPolicy,
+    Task,
+    TaskState,
+)
 from conveyor.task import TaskDef
 from conveyor.worker import Worker, WorkerConfig
 from conveyor.workflow import Done, Next, StepError, Workflow, done, next
@@ -40,24 +52,33 @@ __all__ = [
     "CancelledByRequest",
     "ConfigurationError",
     "ConveyorError",
+    "Coroutine",
     "Done",
     "DuplicateTaskError",
     "Fatal",
     "InvalidTransitionError",
     "LeaseLostError",
     "LeaseToken",
+    "Message",
+    "MessageKind",
     "Next",
+    "NoInboxError",
     "Outcome",
     "PayloadError",
     "PayloadTooLargeError",
+    "Poll",
+    "PollError",
     "ResultTimeoutError",
     "RetryPolicy",
+    "Sleep",
     "StepError",
     "StopAttempt",
+    "Suspend",
     "Task",
     "TaskContext",
     "TaskDef",
     "TaskFailedError",
+    "TaskFinishedError",
     "TaskHandle",
     "TaskNotFoundError",
     "TaskState",
@@ -68,6 +89,8 @@ __all__ = [
     "Workflow",
     "done",
     "next",
+    "sleep",
+    "suspend",
 ]
 
 __version__ = "0.1.0"

@@ -17,14 +17,24 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequenc
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from conveyor import payload as codec
 from conveyor.backends import Backend, backend_from_url, resolve_url
-from conveyor.backends.protocol import Capability, EnqueueParams, NewTask, TaskFilter, WorkerInfo
+from conveyor.backends.protocol import (
+    Capability,
+    Delivery,
+    EnqueueParams,
+    NewTask,
+    SendParams,
+    TaskFilter,
+    WorkerInfo,
+)
 from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskError
 from conveyor.handle import TaskHandle
 from conveyor.model import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_QUEUE,
     DEFAULT_RETRY,
+    Message,
     RetryPolicy,
     Task,
     TaskState,
@@ -33,6 +43,7 @@ from conveyor.portal import INHERITED_AT_FORK, Portal
 from conveyor.task import Executor, TaskDef, TaskOptions
 
 if TYPE_CHECKING:
+    from conveyor.coroutine import Coroutine
     from conveyor.workflow import Workflow
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -157,6 +168,39 @@ class App:
         found = Workflow(self, name, TaskOptions(queue=queue, priority=priority))
         self.tasks[name] = found
         return found
+
+    def coroutine(
+        self,
+        name: str | None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        timeout: float | None = None,
+        lease: float | None = None,
+    ) -> Callable[[F], Coroutine]:
+        """Register an ``async def`` poll function as a coroutine task (see
+        :mod:`conveyor.coroutine`); ``retry``, ``timeout`` and ``lease``
+        apply to each poll, whose attempt budget starts afresh after every
+        poll that ends well. Start one with ``coroutine.start(state)``.
+
+        Raises DuplicateTaskError if the name is taken.
+        """
+        from conveyor.coroutine import Coroutine
+
+        options = TaskOptions(
+            queue=queue, priority=priority, retry=retry, timeout=timeout, lease=lease
+        )
+
+        def register(handler: F) -> Coroutine:
+            task_name = name or handler.__name__
+            if task_name in self.tasks:
+                raise DuplicateTaskError(f"task name {task_name!r} is already registered")
+            found = Coroutine(self, handler, task_name, options)
+            self.tasks[task_name] = found
+            return found
+
+        return register
 
     def _definition(self, task: str | TaskDef) -> TaskDef:
         if isinstance(task, TaskDef):
@@ -349,6 +393,48 @@ class App:
         """Async form of :meth:`enqueue_many`."""
         tasks = self._new_tasks(task, many, options)
         return await self._insert(tasks, connection)
+
+    # -- messages --------------------------------------------------------------
+
+    def _deliveries(self, task_id: int, message: Any) -> SendParams:
+        if not isinstance(task_id, int) or isinstance(task_id, bool):
+            raise ConfigurationError("task_id must be an int")
+        body = codec.encode(codec.to_plain(message), self.max_payload_bytes)
+        return SendParams(deliveries=[Delivery(task_id, body)])
+
+    def send(self, task_id: int, message: Any, *, connection: Any = None) -> int:
+        """Put ``message`` (strict JSON) in coroutine task ``task_id``'s inbox
+        and wake it; the message's id once durable. With ``connection`` (a
+        sync native connection on a SQL backend), inside the caller's
+        transaction: it is sent when the caller commits.
+
+        Raises PayloadError (before any I/O) for a message that is not strict
+        JSON or is over the payload cap, TaskNotFoundError, TaskFinishedError
+        or NoInboxError (nothing is sent then).
+        """
+        params = self._deliveries(task_id, message)
+        if connection is not None:
+            return self._statements.send_sync(params, connection)[0]
+        return self.portal.run(self.send_async(task_id, message))
+
+    async def send_async(self, task_id: int, message: Any, *, connection: Any = None) -> int:
+        """Async form of :meth:`send` (``connection``: an async native connection)."""
+        params = self._deliveries(task_id, message)
+        backend = await self.backend()
+        ids = await backend.send(params, connection)
+        if Capability.INLINE in backend.capabilities and not self._inline_running:
+            task = await backend.get_task(task_id, with_attempts=False)
+            if task is not None:
+                await self._run_inline([task.queue])
+        return ids[0]
+
+    async def inbox_async(self, task_id: int) -> list[Message]:
+        """The messages waiting in a task's inbox, oldest first."""
+        return await (await self.backend()).inbox(task_id)
+
+    def inbox(self, task_id: int) -> list[Message]:
+        """The messages waiting in a task's inbox, oldest first."""
+        return self.portal.run(self.inbox_async(task_id))
 
     # -- inspect and control ---------------------------------------------------
 

@@ -53,6 +53,8 @@ def task_json(task: Task, with_attempts: bool) -> dict[str, Any]:
         "lease_expires_at": _iso(task.lease_expires_at),
         "cancel_requested": task.cancel_requested,
         "step": task.step,
+        "parent_id": task.parent_id,
+        "inbox": task.inbox,
     }
     if with_attempts:
         data["attempts"] = [attempt_json(a) for a in task.attempts]
@@ -321,6 +323,24 @@ def _transition(action: str, task_id: int, url: str | None, schema: str | None) 
     except ConveyorError as exc:
         _fail(str(exc))
     click.echo(f"task {task_id}: {state.value}")
+
+
+@main.command()
+@click.argument("task_id", type=int)
+@click.option("--json", "message_json", required=True, help="The message, as JSON text.")
+@backend_options
+def send(task_id: int, message_json: str, url: str | None, schema: str | None) -> None:
+    """Send a message to coroutine task TASK_ID (it wakes if it waits); prints its id."""
+    try:
+        message = json.loads(message_json)
+    except json.JSONDecodeError as exc:
+        _fail(f"--json is not JSON: {exc}")
+    try:
+        with _client(url, schema) as app:
+            message_id = app.send(task_id, message)
+    except ConveyorError as exc:
+        _fail(str(exc))
+    click.echo(f"message {message_id} sent to task {task_id}")
 
 
 @main.command()

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conveyor.errors import ConfigurationError, LeaseLostError, StopAttempt
-from conveyor.model import LeaseToken
+from conveyor.model import LeaseToken, Message
 
 _EVENT_LOCK = threading.Lock()
 
@@ -31,6 +31,7 @@ class TaskContext:
     task. ``step_attempt`` counts the attempts spent against the current
     budget, this one included (1 on a first run); a workflow's budget starts
     afresh at each step, whose name is ``step`` (None for plain tasks).
+    ``parent_id`` is the coroutine task that spawned this one, if any.
 
     ``should_stop`` turns true when the worker lost the lease, the task was
     cancelled, its timeout passed or the worker is shutting down. Async
@@ -43,12 +44,14 @@ class TaskContext:
         "_open_transaction",
         "_open_transaction_sync",
         "_opening",
+        "_read_inbox",
         "_stop_event",
         "_stop_reason",
         "_sync_lock",
         "_transaction",
         "attempt",
         "name",
+        "parent_id",
         "payload",
         "queue",
         "step",
@@ -70,6 +73,8 @@ class TaskContext:
         step_attempt: int | None = None,
         open_transaction: Callable[[], Awaitable[Any]] | None = None,
         open_transaction_sync: Callable[[], Any] | None = None,
+        parent_id: int | None = None,
+        read_inbox: Callable[[], Awaitable[list[Message]]] | None = None,
     ) -> None:
         self.task_id = task_id
         self.name = name
@@ -79,6 +84,8 @@ class TaskContext:
         self.payload: dict[str, Any] = payload if payload is not None else {}
         self.step = step
         self.step_attempt = step_attempt if step_attempt is not None else attempt
+        self.parent_id = parent_id
+        self._read_inbox = read_inbox
         self._open_transaction = open_transaction
         self._open_transaction_sync = open_transaction_sync
         self._stop_reason: StopAttempt | None = None
@@ -164,6 +171,12 @@ class TaskContext:
             if self._transaction is None:
                 self._transaction = self._open_transaction_sync()
         return self._transaction.connection
+
+    async def read_inbox(self) -> list[Message]:
+        """The task's inbox, oldest first (coroutine tasks; see conveyor.coroutine)."""
+        if self._read_inbox is None:
+            raise ConfigurationError("this attempt has no inbox to read")
+        return await self._read_inbox()
 
     def _request_stop(self, reason: StopAttempt) -> bool:
         """Record the first reason to stop; True if this call recorded it."""

@@ -67,6 +67,14 @@ class InvalidTransitionError(ConveyorError):
     """The task's current state forbids the requested change."""
 
 
+class TaskFinishedError(InvalidTransitionError):
+    """A message was sent to a task that has already finished."""
+
+
+class NoInboxError(InvalidTransitionError):
+    """A message was sent to a task that is not a coroutine task (it has no inbox)."""
+
+
 class ResultTimeoutError(ConveyorError, TimeoutError):
     """The task did not reach a terminal state in time."""
 

@@ -188,7 +188,40 @@ class Task:
     attempts: tuple[Attempt, ...] = field(default=())
     step: str | None = None
     """A step workflow's current step (its state is ``payload``); None for plain tasks."""
+    parent_id: int | None = None
+    """The coroutine task that spawned this one (None for a root task)."""
+    inbox: bool = False
+    """True for a coroutine task: it takes messages (``payload`` is its state)."""
 
     @property
     def last_attempt(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
+
+
+class MessageKind(enum.StrEnum):
+    """``message``: sent by code (a task or the outside). ``end``: a child's
+    end-of-stream, sent by the store when the child finished."""
+
+    MESSAGE = "message"
+    END = "end"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message in a coroutine task's inbox, as its poll sees it.
+
+    ``body`` is the decoded JSON. An ``end`` message's body is
+    ``{"child": id, "name": ..., "state": ..., "result": ...}``.
+    ``sender_id`` is the sending task (None when sent from outside).
+    """
+
+    id: int
+    task_id: int
+    sender_id: int | None
+    kind: MessageKind
+    body: Any
+    created_at: datetime
+
+    @property
+    def is_end(self) -> bool:
+        return self.kind is MessageKind.END

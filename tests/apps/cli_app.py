@@ -1,4 +1,5 @@
-"""A tiny app for the CLI tests: a task that succeeds, one that raises, a two-step workflow."""
+"""A tiny app for the CLI tests: a task that succeeds, one that raises, a two-step
+workflow, a coroutine that collects messages."""
 
 from __future__ import annotations
 
@@ -38,3 +39,13 @@ class Goodbye:
 
     async def run(self, ctx: conveyor.TaskContext) -> conveyor.Done:
         return conveyor.done(f"bye {self.name}")
+
+
+@app.coroutine("echo")
+async def echo(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
+    """Collect message bodies; done with them once ``want`` have arrived."""
+    got = poll.state.setdefault("got", [])
+    got.extend(m.body for m in poll.inbox)
+    if len(got) >= poll.state["want"]:
+        return conveyor.done(got)
+    return conveyor.suspend()

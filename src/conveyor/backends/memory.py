@@ -32,19 +32,36 @@ from conveyor.backends.protocol import (
     Capability,
     ClaimedTask,
     ClaimParams,
+    Completion,
+    Effects,
     EnqueueParams,
     FinishParams,
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    NewTask,
+    SendParams,
     TaskFilter,
     Transition,
     WorkerInfo,
     WorkFilter,
 )
-from conveyor.backends.stored import LEASE_EXPIRED, lease_lost_message
-from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotFoundError
-from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
+from conveyor.backends.stored import LEASE_EXPIRED, check_recipient, lease_lost_message
+from conveyor.errors import (
+    ConfigurationError,
+    InvalidTransitionError,
+    TaskNotFoundError,
+)
+from conveyor.model import (
+    Attempt,
+    LeaseToken,
+    Message,
+    MessageKind,
+    Outcome,
+    RetryPolicy,
+    Task,
+    TaskState,
+)
 
 
 @dataclass
@@ -71,6 +88,8 @@ class _Row:
     result: str | None = None
     finished_at: datetime | None = None
     step: str | None = None
+    parent_id: int | None = None
+    inbox: bool = False
     attempts: list[Attempt] = field(default_factory=list)
 
     def snapshot(self, with_attempts: bool) -> Task:
@@ -95,6 +114,8 @@ class _Row:
             cancel_requested=self.cancel_requested,
             attempts=tuple(self.attempts) if with_attempts else (),
             step=self.step,
+            parent_id=self.parent_id,
+            inbox=self.inbox,
         )
 
     def close_attempt(self, now: datetime, outcome: Outcome, **fields: Any) -> None:
@@ -124,12 +145,83 @@ class _Store:
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
     pending: dict[str, list[tuple[int, datetime, int]]] = field(default_factory=dict)
     in_progress: set[int] = field(default_factory=set)
+    message_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    inboxes: dict[int, list[Message]] = field(default_factory=dict)
+    children: dict[int, set[int]] = field(default_factory=dict)
+    woken: set[str] = field(default_factory=set)
+    """Queues where tasks became due under the lock; notified after it."""
 
     def make_pending(self, row: _Row) -> None:
         """Mark ``row`` pending (at its run_at) and index it for claims."""
         row.state = TaskState.PENDING
         self.in_progress.discard(row.id)
         heapq.heappush(self.pending.setdefault(row.queue, []), _entry(row))
+
+    def insert(self, new: NewTask, now: datetime) -> _Row:
+        row = _Row(
+            id=next(self.ids),
+            name=new.name,
+            queue=new.queue,
+            payload=new.payload,
+            priority=new.priority,
+            run_at=new.run_at or now + _seconds(new.delay),
+            max_attempts=new.max_attempts,
+            retry=new.retry,
+            timeout=new.timeout,
+            lease=new.lease,
+            created_at=now,
+            step=new.step,
+            parent_id=new.parent_id,
+            inbox=new.inbox,
+        )
+        self.tasks[row.id] = row
+        self.make_pending(row)
+        if new.parent_id is not None:
+            self.children.setdefault(new.parent_id, set()).add(row.id)
+        if new.message is not None:
+            self.deliver(row, new.parent_id, MessageKind.MESSAGE, new.message, now)
+        return row
+
+    def deliver(
+        self, row: _Row, sender: int | None, kind: MessageKind, body: str, now: datetime
+    ) -> int:
+        """Put a message in ``row``'s inbox and wake it (the caller checked it takes one)."""
+        message = Message(next(self.message_ids), row.id, sender, kind, codec.decode(body), now)
+        self.inboxes.setdefault(row.id, []).append(message)
+        self.wake(row, now)
+        return message.id
+
+    def wake(self, row: _Row, now: datetime) -> None:
+        """A message arrived: a waiting task is pending again, a sleeping one due now."""
+        if row.state is TaskState.WAITING or (row.state is TaskState.PENDING and row.run_at > now):
+            row.run_at = min(row.run_at, now)
+            self.make_pending(row)
+            self.woken.add(row.queue)
+
+    def ended(self, row: _Row, now: datetime) -> None:
+        """``row`` reached a terminal state: tell its parent; a cancelled
+        coroutine's live children are cancelled too."""
+        parent = self.tasks.get(row.parent_id) if row.parent_id is not None else None
+        if parent is not None and not parent.state.is_terminal:
+            body = codec.encode(
+                {
+                    "child": row.id,
+                    "name": row.name,
+                    "state": row.state.value,
+                    "result": codec.decode(row.result) if row.result is not None else None,
+                }
+            )
+            self.deliver(parent, row.id, MessageKind.END, body, now)
+        if row.state is TaskState.CANCELLED:
+            for child_id in sorted(self.children.get(row.id, ())):
+                self.cancel(self.tasks[child_id], now)
+
+    def cancel(self, row: _Row, now: datetime) -> None:
+        if row.state in (TaskState.PENDING, TaskState.WAITING):
+            row.state, row.finished_at = TaskState.CANCELLED, now
+            self.ended(row, now)
+        elif row.state is TaskState.IN_PROGRESS:
+            row.cancel_requested = True
 
     def due(self, queue: str, names: set[str], now: datetime, limit: int) -> list[_Row]:
         """The head of ``queue``'s due pending tasks of ``names``, in claim order.
@@ -212,26 +304,8 @@ class MemoryBackend:
         if connection is not None:
             raise ConfigurationError("the memory backend cannot enqueue inside a transaction")
         now = _clock(params.now)
-        ids = []
         with self._store.lock:
-            for new in params.tasks:
-                row = _Row(
-                    id=next(self._store.ids),
-                    name=new.name,
-                    queue=new.queue,
-                    payload=new.payload,
-                    priority=new.priority,
-                    run_at=new.run_at or now + _seconds(new.delay),
-                    max_attempts=new.max_attempts,
-                    retry=new.retry,
-                    timeout=new.timeout,
-                    lease=new.lease,
-                    created_at=now,
-                    step=new.step,
-                )
-                self._store.tasks[row.id] = row
-                self._store.make_pending(row)
-                ids.append(row.id)
+            ids = [self._store.insert(new, now).id for new in params.tasks]
         wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
 
@@ -272,6 +346,7 @@ class MemoryBackend:
             self._store.in_progress.discard(row.id)
             row.worker_id = row.lease_expires_at = None
             row.finished_at = now
+            self._store.ended(row, now)
             return False
         return True
 
@@ -308,6 +383,7 @@ class MemoryBackend:
             lease=row.lease,
             lease_expires_at=row.lease_expires_at,
             step=row.step,
+            parent_id=row.parent_id,
         )
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
@@ -331,43 +407,76 @@ class MemoryBackend:
     async def finish(self, params: FinishParams) -> FinishResult:
         now = _clock(params.now)
         applied = set()
-        with self._store.lock:
+        store = self._store
+        with store.lock:
             for c in params.completions:
-                row = self._store.tasks.get(c.token.task_id)
+                row = store.tasks.get(c.token.task_id)
                 if row is None or not row.live(c.token.attempt, params.worker_id, now):
                     continue
-                state = c.next_state
-                if row.cancel_requested and state is TaskState.PENDING:
-                    state = TaskState.CANCELLED
-                row.state = state
-                self._store.in_progress.discard(row.id)
-                if state is TaskState.SUCCEEDED:
-                    row.result = c.result
-                if c.outcome is Outcome.INTERRUPTED:
-                    row.spent -= 1
-                if c.transition is not None:
-                    _move(row, c.transition)
-                if state is TaskState.PENDING:
-                    move = c.transition
-                    row.run_at = (
-                        (move.run_at or now + _seconds(move.delay))
-                        if move is not None
-                        else now + _seconds(c.retry_delay or 0.0)
-                    )
-                    self._store.make_pending(row)
-                row.worker_id = row.lease_expires_at = None
-                row.finished_at = None if state is TaskState.PENDING else now
-                error = c.error
-                row.close_attempt(
-                    now,
-                    c.outcome,
-                    error_type=error.type if error else None,
-                    error_message=error.message if error else None,
-                    traceback=error.traceback if error else None,
-                )
+                self._finish_one(row, c, now)
                 applied.add(c.token)
+        self._notify_woken()
         tokens = frozenset(c.token for c in params.completions)
         return FinishResult(frozenset(applied), tokens - applied)
+
+    def _finish_one(self, row: _Row, c: Completion, now: datetime) -> None:
+        store = self._store
+        state = c.next_state
+        if row.cancel_requested and state in (TaskState.PENDING, TaskState.WAITING):
+            state = TaskState.CANCELLED
+        row.state = state
+        store.in_progress.discard(row.id)
+        if state is TaskState.SUCCEEDED:
+            row.result = c.result
+        if c.outcome is Outcome.INTERRUPTED:
+            row.spent -= 1
+        if c.transition is not None:
+            _move(row, c.transition)
+        if state is TaskState.PENDING:
+            move = c.transition
+            row.run_at = (
+                (move.run_at or now + _seconds(move.delay))
+                if move is not None
+                else now + _seconds(c.retry_delay or 0.0)
+            )
+            store.make_pending(row)
+        row.worker_id = row.lease_expires_at = None
+        row.finished_at = now if state.is_terminal else None
+        error = c.error
+        row.close_attempt(
+            now,
+            c.outcome,
+            error_type=error.type if error else None,
+            error_message=error.message if error else None,
+            traceback=error.traceback if error else None,
+        )
+        if c.effects is not None:
+            self._apply(row, c.effects, now)
+        if state.is_terminal:
+            store.ended(row, now)
+
+    def _apply(self, row: _Row, effects: Effects, now: datetime) -> None:
+        """A poll's consumed messages, sends and spawns; then, if its inbox
+        still holds messages, the task is due again now."""
+        store = self._store
+        consumed = set(effects.consumed)
+        inbox = [m for m in store.inboxes.get(row.id, ()) if m.id not in consumed]
+        store.inboxes[row.id] = inbox
+        for new in effects.spawns:
+            store.insert(dataclasses.replace(new, parent_id=row.id), now)
+            store.woken.add(new.queue)
+        for send in effects.sends:
+            target = store.tasks.get(send.task_id)
+            if target is not None and target.inbox and not target.state.is_terminal:
+                store.deliver(target, row.id, MessageKind.MESSAGE, send.body, now)
+        if inbox:
+            store.wake(row, now)
+
+    def _notify_woken(self) -> None:
+        with self._store.lock:
+            woken, self._store.woken = self._store.woken, set()
+        if woken:
+            wake.notify(self._wake_key, woken)
 
     async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction:
         raise ConfigurationError("the memory backend has no attempt transactions")
@@ -386,13 +495,40 @@ class MemoryBackend:
     async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
         with self._store.lock:
             row = self._row(task_id)
-            if row.state in (TaskState.PENDING, TaskState.WAITING):
-                row.state, row.finished_at = TaskState.CANCELLED, _clock(now)
-            elif row.state is TaskState.IN_PROGRESS:
-                row.cancel_requested = True
-            else:
+            if row.state.is_terminal:
                 raise InvalidTransitionError(f"cannot cancel task {task_id}: it is {row.state}")
-            return row.state
+            self._store.cancel(row, _clock(now))
+            state = row.state
+        self._notify_woken()
+        return state
+
+    # -- messages --------------------------------------------------------------
+
+    async def send(self, params: SendParams, connection: Any = None) -> list[int]:
+        if connection is not None:
+            raise ConfigurationError("the memory backend cannot send inside a transaction")
+        now = _clock(params.now)
+        with self._store.lock:
+            targets = [self._recipient(d.task_id) for d in params.deliveries]
+            ids = [
+                self._store.deliver(row, d.sender_id, MessageKind.MESSAGE, d.body, now)
+                for row, d in zip(targets, params.deliveries, strict=True)
+            ]
+        self._notify_woken()
+        return ids
+
+    def _recipient(self, task_id: int) -> _Row:
+        row = self._store.tasks.get(task_id)
+        check_recipient(task_id, row.state if row else None, row is not None and row.inbox)
+        assert row is not None
+        return row
+
+    def send_sync(self, params: SendParams, connection: Any) -> list[int]:
+        raise ConfigurationError("the memory backend cannot send inside a transaction")
+
+    async def inbox(self, task_id: int) -> list[Message]:
+        with self._store.lock:
+            return list(self._store.inboxes.get(task_id, ()))
 
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
         with self._store.lock:

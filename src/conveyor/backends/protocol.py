@@ -10,6 +10,12 @@ Guarantees every implementation keeps (the conformance suite checks them):
 - ``heartbeat`` and ``finish`` are fenced by the lease token *and* a live
   lease: a write for a lease that expired or moved on changes nothing and is
   reported back (missing from ``renewed`` / ``applied``), never raised.
+- Inboxes: a message is consumed only by an applied completion whose poll
+  saw it; one that arrives during a poll stays and makes the task due again
+  as soon as that poll ends. When a task with a parent reaches a terminal
+  state, the parent gets one ``end`` message (per time it finishes: a manual
+  retry can finish it again), whatever ended it: its worker, a spent crash
+  budget or a cancel.
 - Times come from the backend's clock; ``now`` on a params object overrides
   it for tests only.
 """
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from conveyor.model import LeaseToken, Outcome, RetryPolicy, Task, TaskState
+from conveyor.model import LeaseToken, Message, Outcome, RetryPolicy, Task, TaskState
 
 
 class Capability(enum.Enum):
@@ -54,6 +60,12 @@ class NewTask:
     lease: float | None = None
     step: str | None = None
     """A step workflow's first step (``payload`` is its state)."""
+    inbox: bool = False
+    """A coroutine task: ``payload`` is its state, and it takes messages."""
+    parent_id: int | None = None
+    """The coroutine task that spawns this one: it gets this one's end-of-stream."""
+    message: str | None = None
+    """A first message (encoded JSON) for the new task's inbox, from ``parent_id``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +101,7 @@ class ClaimedTask:
     lease: float | None
     lease_expires_at: datetime
     step: str | None = None
+    parent_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +132,12 @@ class ErrorInfo:
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """A step workflow moving on: its next step, that step's state (encoded
-    JSON), when it runs (``run_at``, else ``delay`` seconds from now) and its
-    options. The step's attempt budget starts afresh."""
+    """A step workflow moving on, or a coroutine task's poll ending: its next
+    step (None for a coroutine), the new state (encoded JSON), when it runs
+    next (``run_at``, else ``delay`` seconds from now; ignored when it waits
+    for a message) and its options. The attempt budget starts afresh."""
 
-    step: str
+    step: str | None
     state: str
     max_attempts: int
     retry: RetryPolicy
@@ -134,14 +148,46 @@ class Transition:
 
 
 @dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message for a task's inbox: ``body`` is encoded strict JSON;
+    ``sender_id`` the sending task (None from outside)."""
+
+    task_id: int
+    body: str
+    sender_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Effects:
+    """What a coroutine task's poll does besides ending: the inbox messages
+    it consumed (exactly those it saw), the messages it sends and the child
+    tasks it spawns. Written with its completion, only if that is applied.
+    A send to a task that is missing or finished is dropped (the poll's
+    outcome is already decided); ``App.send`` is the checked way."""
+
+    consumed: tuple[int, ...] = ()
+    sends: tuple[Delivery, ...] = ()
+    spawns: tuple[NewTask, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SendParams:
+    deliveries: Sequence[Delivery]
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     """How one attempt ended and the state its task moves to.
 
     ``next_state`` is ``succeeded``, ``failed``, ``cancelled`` or ``pending``
     (a retry after ``retry_delay`` seconds, a release after an
     ``interrupted`` attempt, which gives the attempt back to the budget, or,
-    with ``transition``, a workflow's next step). Whenever a task would be
-    pending again but its cancel was requested, it ends ``cancelled``.
+    with ``transition``, a workflow's next step or a coroutine's sleep), or
+    ``waiting`` (a coroutine suspended until a message). Whenever a task
+    would be pending or waiting again but its cancel was requested, it ends
+    ``cancelled``. A coroutine that sleeps or waits while its inbox holds
+    messages it did not consume is pending again at once.
     """
 
     token: LeaseToken
@@ -151,6 +197,7 @@ class Completion:
     error: ErrorInfo | None = None
     retry_delay: float | None = None
     transition: Transition | None = None
+    effects: Effects | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,9 +304,25 @@ class Backend(Protocol):
         and ``rollback`` stay awaitable (the worker runs them off its loop).
         """
 
+    async def send(self, params: SendParams, connection: Any = None) -> list[int]:
+        """Put messages in coroutine tasks' inboxes, all or none; their ids.
+
+        A waiting recipient is pending again at once, a sleeping one is due
+        now; one being polled sees the message at its next poll. Raises
+        TaskNotFoundError, TaskFinishedError or NoInboxError (nothing is
+        sent then). With ``connection``, inside the caller's transaction
+        (needs ``TRANSACTIONAL_ENQUEUE``)."""
+
+    def send_sync(self, params: SendParams, connection: Any) -> list[int]:
+        """``send`` on the caller's own synchronous connection, uncommitted."""
+
+    async def inbox(self, task_id: int) -> list[Message]:
+        """The messages in a task's inbox not consumed yet, oldest first."""
+
     async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
         """Cancel a task; returns its state afterwards (``in_progress`` while its
-        worker is being told). Raises TaskNotFoundError or InvalidTransitionError."""
+        worker is being told). Raises TaskNotFoundError or InvalidTransitionError.
+        A cancelled coroutine task's live children are cancelled too."""
 
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
         """Make a failed or cancelled task pending again with a fresh budget."""

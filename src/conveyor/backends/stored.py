@@ -13,8 +13,22 @@ from typing import Any
 
 from conveyor import payload as codec
 from conveyor.backends.protocol import ClaimedTask
-from conveyor.errors import InvalidTransitionError, TaskNotFoundError
-from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
+from conveyor.errors import (
+    InvalidTransitionError,
+    NoInboxError,
+    TaskFinishedError,
+    TaskNotFoundError,
+)
+from conveyor.model import (
+    Attempt,
+    LeaseToken,
+    Message,
+    MessageKind,
+    Outcome,
+    RetryPolicy,
+    Task,
+    TaskState,
+)
 
 log = logging.getLogger("conveyor.backends")
 
@@ -44,6 +58,16 @@ def transition_result(
     raise InvalidTransitionError(f"cannot {what} task {task_id}: it is {current}")
 
 
+def check_recipient(task_id: int, state: str | None, inbox: bool) -> None:
+    """Raise why task ``task_id`` (in ``state``, None if missing) cannot take a message."""
+    if state is None:
+        raise TaskNotFoundError(f"no task with id {task_id}")
+    if not inbox:
+        raise NoInboxError(f"task {task_id} is not a coroutine task: it has no inbox")
+    if TaskState(state).is_terminal:
+        raise TaskFinishedError(f"task {task_id} has finished ({state}): it takes no messages")
+
+
 @functools.lru_cache(maxsize=256)
 def retry_json(policy: RetryPolicy) -> str:
     return codec.encode(policy.to_json())
@@ -66,9 +90,9 @@ def stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
 
 def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
     """A row of a claim: id, attempt, name, queue, payload, spent, max_attempts,
-    retry policy, timeout, lease, lease expiry (a datetime), step."""
+    retry policy, timeout, lease, lease expiry (a datetime), step, parent id."""
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
-    timeout, lease, expires, step = row[8:12]
+    timeout, lease, expires, step, parent_id = row[8:13]
     return ClaimedTask(
         token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
         name=name,
@@ -81,6 +105,7 @@ def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
         lease=lease,
         lease_expires_at=expires,
         step=step,
+        parent_id=parent_id,
     )
 
 
@@ -120,6 +145,8 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         lease_expires_at,
         cancel_requested,
         step,
+        parent_id,
+        inbox,
     ) = row
     return Task(
         id=task_id,
@@ -142,4 +169,19 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         cancel_requested=cancel_requested,
         attempts=attempts,
         step=step,
+        parent_id=parent_id,
+        inbox=bool(inbox),
+    )
+
+
+def message_row(row: tuple[Any, ...]) -> Message:
+    """A row of an inbox: id, task id, sender id, kind, body (JSON text), created_at."""
+    message_id, task_id, sender_id, kind, body, created_at = row
+    return Message(
+        id=message_id,
+        task_id=task_id,
+        sender_id=sender_id,
+        kind=MessageKind(kind),
+        body=codec.decode(body),
+        created_at=created_at,
     )

@@ -60,6 +60,16 @@ def notify(key: str, queues: Iterable[str]) -> None:
                 subscription._deliver(queue_name)
 
 
+def notify_all(key: str) -> None:
+    """Wake every subscription on ``key`` for each queue it serves (the
+    caller does not know which queues have new work)."""
+    with _lock:
+        subscribed = list(_subscriptions.get(key, ()))
+    for subscription in subscribed:
+        for queue_name in subscription.queues:
+            subscription._deliver(queue_name)
+
+
 async def listen(key: str, queues: Sequence[str]) -> AsyncIterator[str]:
     """Every queue once (work may have arrived before we listened), then each
     queue name ``notify`` names on ``key``."""

@@ -16,6 +16,7 @@ from typing import Any
 from conveyor import payload as codec
 from conveyor.backends.protocol import AttemptTransaction, ClaimedTask, Completion
 from conveyor.context import TaskContext
+from conveyor.coroutine import Coroutine, PollEnd
 from conveyor.errors import (
     AttemptTimeoutError,
     BackendUnavailableError,
@@ -141,6 +142,8 @@ class RunningAttempt:
         """A success: the result to store, or a workflow's end or next step."""
         try:
             if isinstance(self.definition, Workflow) and isinstance(value, Done | Next):
+                return self.definition.completion(self.task, value, self.max_result_bytes)
+            if isinstance(self.definition, Coroutine) and isinstance(value, PollEnd):
                 return self.definition.completion(self.task, value, self.max_result_bytes)
             return outcomes.succeeded(self.task, codec.encode(value, self.max_result_bytes))
         except (PayloadError, ConfigurationError) as exc:

@@ -341,6 +341,8 @@ class Worker:
             step_attempt=task.spent,
             open_transaction=opener,
             open_transaction_sync=sync_opener,
+            parent_id=task.parent_id,
+            read_inbox=functools.partial(backend.inbox, task.token.task_id),
         )
         running = RunningAttempt(task, definition, ctx, self.app.max_payload_bytes)
         self._running[task.token] = running

@@ -23,10 +23,19 @@ from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from conveyor.backends.postgres import queries
+from conveyor.backends.postgres.inboxes import (
+    check_recipients,
+    finish_with_effects,
+    has_effects,
+    insert_tasks,
+    recipients_args,
+)
 from conveyor.backends.postgres.migrate import apply_migrations
 from conveyor.backends.postgres.rows import (
+    deliver_args,
     enqueue_statement,
     finish_args,
+    first_messages_args,
     ordered_ids,
 )
 from conveyor.backends.postgres.transactions import (
@@ -42,11 +51,18 @@ from conveyor.backends.protocol import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    SendParams,
     TaskFilter,
     WorkerInfo,
     WorkFilter,
 )
-from conveyor.backends.stored import attempt_row, claimed_task, task_row, transition_result
+from conveyor.backends.stored import (
+    attempt_row,
+    claimed_task,
+    message_row,
+    task_row,
+    transition_result,
+)
 from conveyor.errors import (
     BackendError,
     BackendUnavailableError,
@@ -54,6 +70,7 @@ from conveyor.errors import (
 )
 from conveyor.model import (
     Attempt,
+    Message,
     Task,
     TaskState,
 )
@@ -73,6 +90,13 @@ RECONNECT_MAX_DELAY = 5.0
 
 def _configure_sync(conn: psycopg.Connection[Any]) -> None:
     conn.execute(READ_COMMITTED)
+
+
+def _check_sync(connection: Any) -> None:
+    if not isinstance(connection, psycopg.Connection):
+        raise ConfigurationError(
+            "the sync API takes a psycopg Connection; pass an AsyncConnection to the async API"
+        )
 
 
 class PostgresBackend:
@@ -208,27 +232,65 @@ class PostgresBackend:
     async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
         if not params.tasks:
             return []
-        name, args = enqueue_statement(params)
         if connection is None:
-            return ordered_ids(await self._fetchall(name, args))
+            if not any(t.message for t in params.tasks):
+                name, args = enqueue_statement(params)
+                return ordered_ids(await self._fetchall(name, args))
+            async with self._connection() as conn, conn.transaction():
+                return await insert_tasks(conn, self.sql, params.tasks, params.now)
         if not isinstance(connection, AsyncConnection):
             raise ConfigurationError(
                 "the async API takes a psycopg AsyncConnection; "
                 "pass a sync psycopg Connection to the sync API"
             )
-        cursor = await connection.execute(self.sql[name], args)
-        return ordered_ids(await cursor.fetchall())
+        return await insert_tasks(connection, self.sql, params.tasks, params.now)
 
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
-        if not isinstance(connection, psycopg.Connection):
-            raise ConfigurationError(
-                "the sync API takes a psycopg Connection; pass an AsyncConnection to the async API"
-            )
+        _check_sync(connection)
         if not params.tasks:
             return []
         name, args = enqueue_statement(params)
-        cursor = connection.execute(self.sql[name], args)
-        return ordered_ids(cursor.fetchall())
+        ids = ordered_ids(connection.execute(self.sql[name], args).fetchall())
+        firsts = first_messages_args(params.tasks, ids, params.now)
+        if firsts is not None:
+            connection.execute(self.sql["first_messages"], firsts)
+        return ids
+
+    # -- messages --------------------------------------------------------
+
+    async def send(self, params: SendParams, connection: Any = None) -> list[int]:
+        if not params.deliveries:
+            return []
+        if connection is None:
+            async with self._connection() as conn, conn.transaction():
+                return await self._send_on(conn, params)
+        if not isinstance(connection, AsyncConnection):
+            raise ConfigurationError(
+                "the async API takes a psycopg AsyncConnection; "
+                "pass a sync psycopg Connection to the sync API"
+            )
+        return await self._send_on(connection, params)
+
+    async def _send_on(self, conn: AsyncConnection[Any], params: SendParams) -> list[int]:
+        cursor = await conn.execute(self.sql["recipients"], recipients_args(params.deliveries))
+        check_recipients(await cursor.fetchall(), params.deliveries)
+        args = deliver_args(params.deliveries, self.channel, params.now)
+        cursor = await conn.execute(self.sql["deliver"], args)
+        return [int(r[0]) for r in await cursor.fetchall()]
+
+    def send_sync(self, params: SendParams, connection: Any) -> list[int]:
+        _check_sync(connection)
+        if not params.deliveries:
+            return []
+        rows = connection.execute(
+            self.sql["recipients"], recipients_args(params.deliveries)
+        ).fetchall()
+        check_recipients(rows, params.deliveries)
+        args = deliver_args(params.deliveries, self.channel, params.now)
+        return [int(r[0]) for r in connection.execute(self.sql["deliver"], args).fetchall()]
+
+    async def inbox(self, task_id: int) -> list[Message]:
+        return [message_row(r) for r in await self._fetchall("inbox", {"id": task_id})]
 
     # -- claim, heartbeat, finish ---------------------------------------
 
@@ -272,10 +334,16 @@ class PostgresBackend:
         completions = list(params.completions)
         if not completions:
             return FinishResult(frozenset(), frozenset())
-        rows = await self._fetchall(
-            "finish", finish_args(params.worker_id, completions, params.now)
-        )
-        done = {(int(r[0]), int(r[1])) for r in rows}
+        if has_effects(completions):
+            async with self._connection() as conn, conn.transaction():
+                done = await finish_with_effects(
+                    conn, self.sql, self.channel, params.worker_id, completions, params.now
+                )
+        else:
+            rows = await self._fetchall(
+                "finish", finish_args(params.worker_id, completions, params.now)
+            )
+            done = {(int(r[0]), int(r[1])) for r in rows}
         tokens = [c.token for c in completions]
         applied = frozenset(t for t in tokens if (t.task_id, t.attempt) in done)
         return FinishResult(applied=applied, rejected=frozenset(tokens) - applied)

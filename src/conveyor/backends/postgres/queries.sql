@@ -10,17 +10,18 @@
 -- Insert many tasks in one statement. Ids come back in insertion order.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step, created_at)
+     timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
 select i.name, i.queue, i.payload::jsonb, i.priority,
        coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
        i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
-       coalesce(%(now)s::timestamptz, statement_timestamp())
+       i.inbox, i.parent_id, coalesce(%(now)s::timestamptz, statement_timestamp())
 from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
             %(max_attempts)s::int[], %(retry_policies)s::text[],
-            %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[])
+            %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
+            %(inboxes)s::boolean[], %(parent_ids)s::bigint[])
     as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step)
+         timeout_seconds, lease_seconds, step, inbox, parent_id)
 returning id;
 
 -- name: enqueue_uniform
@@ -29,13 +30,13 @@ returning id;
 -- cheaper to send than one array per column. Ids come back in order.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step, created_at)
+     timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
 select %(name)s::text, %(queue)s::text, p.value, %(priority)s::int,
        coalesce(%(run_at)s::timestamptz,
                 coalesce(%(now)s::timestamptz, statement_timestamp())
                 + make_interval(secs => %(delay)s::float8)),
        %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
-       %(lease)s::float8, %(step)s::text,
+       %(lease)s::float8, %(step)s::text, %(inbox)s::boolean, %(parent_id)s::bigint,
        coalesce(%(now)s::timestamptz, statement_timestamp())
 from jsonb_array_elements(%(payloads)s::jsonb) with ordinality as p(value, ord)
 order by p.ord
@@ -126,7 +127,7 @@ claimed as (
     where t.id = c.id
     returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
               t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
-              t.lease_seconds, t.lease_expires_at, t.step, t.priority, t.run_at
+              t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.priority, t.run_at
 ),
 -- The attempts those expired leases lost: each ended task's, and each
 -- reclaimed task's previous one.
@@ -160,7 +161,7 @@ logged as (
 )
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id
 from claimed
 order by priority desc, run_at, id;
 
@@ -234,11 +235,13 @@ left join renewed r on r.id = l.id and r.attempt = l.attempt;
 -- name: finish
 -- Record many attempt endings in one statement, each fenced by its lease
 -- token and a live lease; a late write from a lost lease changes nothing
--- and is simply missing from the result. An ending with a step moves a
--- workflow to that step (state, run time, options, a fresh budget). The caller decides each next
+-- and is simply missing from the result. An ending with a new state (a
+-- workflow's next step, a coroutine's poll) stores that state, its options
+-- and run time, with a fresh budget. The caller decides each next
 -- state (retry or not) from the task's retry policy, except that a task
--- whose cancellation was requested while it ran is not made pending again:
--- it ends cancelled (its worker may not have heard of the cancel yet). The
+-- whose cancellation was requested while it ran is not made pending or
+-- waiting again: it ends cancelled (its worker may not have heard of the
+-- cancel yet). The
 -- fence is written as join conditions only, for the planner's sake (see
 -- heartbeat).
 with input as materialized (
@@ -256,26 +259,27 @@ with input as materialized (
 ),
 finished as (
     update {schema}.tasks t
-    set state = case when t.cancel_requested and i.state = 'pending'
+    set state = case when t.cancel_requested and i.state in ('pending', 'waiting')
                      then 'cancelled' else i.state end,
         result = case when i.state = 'succeeded' then i.result::jsonb else t.result end,
         run_at = case when i.state = 'pending' and not t.cancel_requested
                       then coalesce(i.run_at, i.now + make_interval(secs => coalesce(i.delay, 0)))
                       else t.run_at end,
-        spent = case when i.step is not null then 0
+        spent = case when i.step_state is not null then 0
                      else t.spent - (i.outcome = 'interrupted')::int end,
-        -- A step transition: the next step, its state and its options.
-        step = coalesce(i.step, t.step),
+        -- A new state: the next step (none for a coroutine), the state, its options.
+        step = case when i.step_state is not null then i.step else t.step end,
         payload = coalesce(i.step_state::jsonb, t.payload),
         max_attempts = coalesce(i.max_attempts, t.max_attempts),
         retry_policy = coalesce(i.retry_policy::jsonb, t.retry_policy),
-        timeout_seconds = case when i.step is not null then i.timeout_seconds
+        timeout_seconds = case when i.step_state is not null then i.timeout_seconds
                                else t.timeout_seconds end,
-        lease_seconds = case when i.step is not null then i.lease_seconds
+        lease_seconds = case when i.step_state is not null then i.lease_seconds
                              else t.lease_seconds end,
         worker_id = null,
         lease_expires_at = null,
-        finished_at = case when i.state <> 'pending' or t.cancel_requested then i.now end
+        finished_at = case when i.state in ('succeeded', 'failed', 'cancelled')
+                            or t.cancel_requested then i.now end
     from input i
     where t.id = any(%(ids)s::bigint[])
       and t.id = i.id
@@ -328,7 +332,7 @@ select state from {schema}.tasks where id = %(id)s;
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at, worker_id, lease_expires_at,
-       cancel_requested, step
+       cancel_requested, step, parent_id, inbox
 from {schema}.tasks
 where id = %(id)s;
 
@@ -344,7 +348,7 @@ order by number;
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at, worker_id, lease_expires_at,
-       cancel_requested, step
+       cancel_requested, step, parent_id, inbox
 from {schema}.tasks
 where (%(state)s::text is null or state = %(state)s::text)
   and (%(name)s::text is null or name = %(name)s::text)
@@ -380,3 +384,112 @@ where id = %(id)s;
 select id, host, pid, queues, concurrency, started_at, last_seen_at, stopped_at
 from {schema}.workers
 order by started_at desc;
+
+-- name: lock_tasks
+-- Lock, in id order, the rows a coroutine poll's ending will touch: its own
+-- task, its parent (which the end-of-stream trigger writes) and the
+-- recipients of its messages. Every writer that takes more than one of
+-- these locks takes them in this order, so two polls messaging each other
+-- queue up instead of deadlocking. Each row comes back with its fence
+-- (attempt, owner, a live lease at this statement's clock) and the clock:
+-- under these locks the fence cannot move, so the ending's effects can be
+-- written before the ending itself (a child's last messages then precede
+-- the end-of-stream its ending sends).
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+)
+select t.id, t.attempt, t.worker_id, coalesce(t.lease_expires_at > clock.now, false),
+       clock.now
+from {schema}.tasks t, clock
+where t.id = any(%(ids)s::bigint[])
+   or t.id in (select p.parent_id from {schema}.tasks p
+               where p.id = any(%(own)s::bigint[]) and p.parent_id is not null)
+order by t.id
+for update of t;
+
+-- name: recipients
+-- The recipients of an outside send, locked in id order (see lock_tasks).
+select id, state, inbox from {schema}.tasks
+where id = any(%(ids)s::bigint[])
+order by id
+for update;
+
+-- name: deliver
+-- Put messages in the inboxes of live coroutine tasks (others are skipped)
+-- and wake them: a waiting recipient is pending again, a sleeping one due
+-- now (run_at never moves later); idle workers of their queues are told.
+-- Callers lock the recipients first (lock_tasks, recipients): a recipient
+-- whose poll is ending either sees the message or is woken after it.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+input as (
+    select d.task_id, d.sender_id, d.body, d.ord
+    from unnest(%(task_ids)s::bigint[], %(sender_ids)s::bigint[], %(bodies)s::text[])
+        with ordinality as d(task_id, sender_id, body, ord)
+),
+target as materialized (
+    select t.id from {schema}.tasks t
+    where t.id = any(%(task_ids)s::bigint[])
+      and t.inbox and t.state in ('pending', 'in_progress', 'waiting')
+),
+sent as (
+    insert into {schema}.messages (task_id, sender_id, kind, body, created_at)
+    select i.task_id, i.sender_id, 'message', i.body::jsonb, clock.now
+    from input i, clock
+    where i.task_id in (select id from target)
+    order by i.ord
+    returning id
+),
+woken as (
+    update {schema}.tasks t
+    set state = 'pending', run_at = least(t.run_at, clock.now)
+    from clock
+    where t.id in (select id from target)
+      and (t.state = 'waiting' or (t.state = 'pending' and t.run_at > clock.now))
+    returning t.queue
+),
+notified as (
+    select count(pg_notify(%(channel)s, q.queue)) as n
+    from (select distinct queue from woken) as q
+)
+select s.id from sent s, notified order by s.id;
+
+-- name: first_messages
+-- The first messages of newly inserted tasks (they are pending already).
+insert into {schema}.messages (task_id, sender_id, kind, body, created_at)
+select m.task_id, m.sender_id, 'message', m.body::jsonb,
+       coalesce(%(now)s::timestamptz, statement_timestamp())
+from unnest(%(task_ids)s::bigint[], %(sender_ids)s::bigint[], %(bodies)s::text[])
+    with ordinality as m(task_id, sender_id, body, ord)
+order by m.ord;
+
+-- name: consume
+-- Delete the messages a poll saw (its completion was applied).
+delete from {schema}.messages m
+using unnest(%(task_ids)s::bigint[], %(ids)s::bigint[]) as c(task_id, id)
+where m.id = c.id and m.task_id = c.task_id;
+
+-- name: rewake
+-- Polls that ended waiting or sleeping while their inbox holds messages
+-- they did not see: due again now.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+woken as (
+    update {schema}.tasks t
+    set state = 'pending', run_at = least(t.run_at, clock.now)
+    from clock
+    where t.id = any(%(ids)s::bigint[])
+      and (t.state = 'waiting' or (t.state = 'pending' and t.run_at > clock.now))
+      and exists (select 1 from {schema}.messages m where m.task_id = t.id)
+    returning t.queue
+)
+select count(pg_notify(%(channel)s, q.queue))
+from (select distinct queue from woken) as q;
+
+-- name: inbox
+select id, task_id, sender_id, kind, body::text, created_at
+from {schema}.messages
+where task_id = %(id)s
+order by id;

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.protocol import Completion, EnqueueParams, NewTask
+from conveyor.backends.protocol import Completion, Delivery, EnqueueParams, NewTask
 from conveyor.backends.stored import retry_json
 
 
@@ -26,6 +26,8 @@ def _options(task: NewTask) -> tuple[Any, ...]:
         task.timeout,
         task.lease,
         task.step,
+        task.inbox,
+        task.parent_id,
     )
 
 
@@ -47,6 +49,8 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
             "timeout": head.timeout,
             "lease": head.lease,
             "step": head.step,
+            "inbox": head.inbox,
+            "parent_id": head.parent_id,
             "payloads": "[" + ",".join(t.payload for t in tasks) + "]",
         }
     return "enqueue", {
@@ -62,6 +66,36 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
         "timeouts": [t.timeout for t in tasks],
         "leases": [t.lease for t in tasks],
         "steps": [t.step for t in tasks],
+        "inboxes": [t.inbox for t in tasks],
+        "parent_ids": [t.parent_id for t in tasks],
+    }
+
+
+def first_messages_args(
+    tasks: Sequence[NewTask], ids: Sequence[int], now: datetime | None
+) -> dict[str, Any] | None:
+    """Arguments of ``first_messages`` for new tasks that carry one, or None."""
+    firsts = [(task_id, t) for task_id, t in zip(ids, tasks, strict=True) if t.message]
+    if not firsts:
+        return None
+    return {
+        "now": now,
+        "task_ids": [task_id for task_id, _ in firsts],
+        "sender_ids": [t.parent_id for _, t in firsts],
+        "bodies": [t.message for _, t in firsts],
+    }
+
+
+def deliver_args(
+    deliveries: Sequence[Delivery], channel: str, now: datetime | None
+) -> dict[str, Any]:
+    """Arguments of ``deliver``."""
+    return {
+        "now": now,
+        "channel": channel,
+        "task_ids": [d.task_id for d in deliveries],
+        "sender_ids": [d.sender_id for d in deliveries],
+        "bodies": [d.body for d in deliveries],
     }
 
 

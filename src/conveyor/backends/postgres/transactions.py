@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, LiteralString
 import psycopg
 from psycopg import AsyncConnection
 
+from conveyor.backends.postgres.inboxes import finish_with_effects
 from conveyor.backends.postgres.rows import finish_args
 from conveyor.backends.protocol import Completion
 from conveyor.errors import BackendError, BackendUnavailableError
@@ -60,11 +61,17 @@ class PostgresTransaction:
 
     async def _commit_success(self, completion: Completion) -> bool:
         try:
-            cursor = await self._conn.execute(
-                self._backend.sql["finish"],
-                finish_args(self._worker_id, [completion], None),
-            )
-            applied = await cursor.fetchall()
+            if completion.effects is not None:
+                backend = self._backend
+                applied = await finish_with_effects(
+                    self._conn, backend.sql, backend.channel, self._worker_id, [completion], None
+                )
+            else:
+                cursor = await self._conn.execute(
+                    self._backend.sql["finish"],
+                    finish_args(self._worker_id, [completion], None),
+                )
+                applied = {(int(r[0]), int(r[1])) for r in await cursor.fetchall()}
             await self._conn.execute("commit" if applied else "rollback")
             return bool(applied)
         except BaseException:

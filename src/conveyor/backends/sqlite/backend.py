@@ -35,6 +35,7 @@ from conveyor.backends.protocol import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    SendParams,
     TaskFilter,
     WorkerInfo,
     WorkFilter,
@@ -48,10 +49,19 @@ from conveyor.backends.sqlite.database import (
     connect,
     translated_errors,
 )
+from conveyor.backends.sqlite.inboxes import (
+    apply_effects,
+    check_recipients,
+    deliver,
+    holding,
+    insert_tasks,
+    read_inbox,
+    rewake,
+)
 from conveyor.backends.sqlite.migrate import apply_migrations
 from conveyor.backends.stored import LEASE_EXPIRED, lease_lost_message, transition_result
 from conveyor.errors import ConfigurationError
-from conveyor.model import Attempt, Task, TaskState
+from conveyor.model import Attempt, Message, Task, TaskState
 
 SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
 CHANGE_POLL_INTERVAL = 0.01
@@ -112,7 +122,7 @@ class SQLiteBackend:
 
     async def destroy(self) -> None:
         def drop(conn: sqlite3.Connection) -> None:
-            for table in ("attempts", "workers", "tasks", "migrations"):
+            for table in ("messages", "attempts", "workers", "tasks", "migrations"):
                 conn.execute(SQL[f"drop_{table}"])
 
         await self._db.write(drop)
@@ -120,13 +130,7 @@ class SQLiteBackend:
     # -- enqueue ---------------------------------------------------------
 
     def _insert(self, conn: sqlite3.Connection, params: EnqueueParams) -> list[int]:
-        now = _clock(conn, params.now)
-        conn.executemany(SQL["enqueue"], rows.enqueue_rows(params, now))
-        # Under the write lock rowids are drawn one after another: the last
-        # one and the count give every id, in input order.
-        last: int = conn.execute("select last_insert_rowid()").fetchone()[0]
-        count = len(params.tasks)
-        return list(range(last - count + 1, last + 1))
+        return insert_tasks(conn, params, _clock(conn, params.now))
 
     async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
         if not params.tasks:
@@ -143,20 +147,25 @@ class SQLiteBackend:
         transaction (begun explicitly, or implicitly by Python's sqlite3
         before the first insert); the caller commits. The connection must be
         on this backend's file."""
-        if not isinstance(connection, sqlite3.Connection):
-            raise ConfigurationError("transactional enqueue takes the caller's sqlite3.Connection")
+        self._check_caller(connection)
         if not params.tasks:
             return []
         with translated_errors():
-            self._check_same_file(connection)
-            if connection.isolation_level is None and not connection.in_transaction:
-                raise ConfigurationError(
-                    "the connection is in autocommit mode with no open transaction: "
-                    "run BEGIN first, so the tasks commit with your own writes"
-                )
             ids = self._insert(connection, params)
         wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
+
+    def _check_caller(self, connection: Any) -> None:
+        """The caller's connection: a sqlite3.Connection on this file, in a transaction."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigurationError("transactional writes take the caller's sqlite3.Connection")
+        with translated_errors():
+            self._check_same_file(connection)
+        if connection.isolation_level is None and not connection.in_transaction:
+            raise ConfigurationError(
+                "the connection is in autocommit mode with no open transaction: "
+                "run BEGIN first, so these writes commit with your own"
+            )
 
     def _check_same_file(self, connection: sqlite3.Connection) -> None:
         for _seq, name, file in connection.execute("pragma database_list"):
@@ -262,27 +271,37 @@ class SQLiteBackend:
         if not completions:
             return FinishResult(frozenset(), frozenset())
 
+        parents: list[int | None] = []
+
+        effects = [c for c in completions if c.effects is not None]
+
         def record(conn: sqlite3.Connection) -> set[tuple[int, int]]:
             now = _clock(conn, params.now)
-            done = {
-                (r[0], r[1])
-                for r in conn.execute(
-                    SQL["finish"],
-                    {
-                        "now": now,
-                        "worker_id": params.worker_id,
-                        "completions": rows.completions_json(completions),
-                    },
-                )
-            }
+            if effects:
+                apply_effects(conn, holding(conn, params.worker_id, effects, now), now)
+            found = conn.execute(
+                SQL["finish"],
+                {
+                    "now": now,
+                    "worker_id": params.worker_id,
+                    "completions": rows.completions_json(completions),
+                },
+            ).fetchall()
+            parents.extend(r[2] for r in found)
+            done = {(r[0], r[1]) for r in found}
             applied = [c for c in completions if (c.token.task_id, c.token.attempt) in done]
             if applied:
                 conn.execute(
                     SQL["finish_log"], {"now": now, "completions": rows.completions_json(applied)}
                 )
+                rewake(conn, applied, now)
             return done
 
         done = await self._db.write(record)
+        if effects or any(p for p in parents):
+            # Sends, spawns and a child's end woke tasks the queues of which
+            # this process does not know: every local worker looks.
+            wake.notify_all(self._wake_key)
         tokens = [c.token for c in completions]
         applied = frozenset(t for t in tokens if (t.task_id, t.attempt) in done)
         return FinishResult(applied=applied, rejected=frozenset(tokens) - applied)
@@ -310,7 +329,38 @@ class SQLiteBackend:
         return transition_result(task_id, what, changed, current)
 
     async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
-        return await self._transition("cancel", task_id, now, "cancel")
+        state = await self._transition("cancel", task_id, now, "cancel")
+        wake.notify_all(self._wake_key)  # a parent may have an end message
+        return state
+
+    # -- messages --------------------------------------------------------
+
+    async def send(self, params: SendParams, connection: Any = None) -> list[int]:
+        if not params.deliveries:
+            return []
+        if connection is not None:
+            return self.send_sync(params, connection)
+
+        def put(conn: sqlite3.Connection) -> list[int]:
+            check_recipients(conn, params.deliveries)
+            return deliver(conn, params.deliveries, _clock(conn, params.now))
+
+        ids = await self._db.write(put)
+        wake.notify_all(self._wake_key)
+        return ids
+
+    def send_sync(self, params: SendParams, connection: Any) -> list[int]:
+        """Send on the caller's ``sqlite3.Connection`` inside its open
+        transaction (as for ``enqueue_sync``); the caller commits."""
+        self._check_caller(connection)
+        with translated_errors():
+            check_recipients(connection, params.deliveries)
+            ids = deliver(connection, params.deliveries, _clock(connection, params.now))
+        wake.notify_all(self._wake_key)
+        return ids
+
+    async def inbox(self, task_id: int) -> list[Message]:
+        return await self._db.read(lambda conn: read_inbox(conn, task_id))
 
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
         return await self._transition("retry", task_id, now, "retry")

@@ -55,6 +55,8 @@ def connect(path: str, busy_timeout: float, synchronous: str) -> sqlite3.Connect
         conn.execute("pragma journal_mode = wal")
         conn.execute(SYNCHRONOUS[synchronous])
         conn.execute("pragma foreign_keys = on")
+        # A cancelled coroutine cancels its children, and theirs (migration 0003).
+        conn.execute("pragma recursive_triggers = on")
     except sqlite3.Error as exc:
         raise BackendUnavailableError(f"cannot open SQLite database {path!r}: {exc}") from exc
     return conn

@@ -17,9 +17,9 @@ select coalesce(:now, (julianday('now') - 2440587.5) * 86400.0);
 -- One task; run many times in one transaction (executemany).
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, created_at, step)
+     timeout_seconds, lease_seconds, created_at, step, inbox, parent_id)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
-        :retry_policy, :timeout, :lease, :now, :step);
+        :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id);
 
 -- name: end_expired
 -- Expired leases that must not run again: the crash budget is spent or a
@@ -73,7 +73,7 @@ set state = 'in_progress',
     lease_expires_at = :now + coalesce(lease_seconds, :lease)
 where id in (select value from json_each(:ids))
 returning id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-          timeout_seconds, lease_seconds, lease_expires_at, step;
+          timeout_seconds, lease_seconds, lease_expires_at, step, parent_id;
 
 -- name: claim_log
 -- One attempt row per claimed task, in the same transaction as the claim.
@@ -101,31 +101,32 @@ returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.cancel_reque
 -- name: finish
 -- Record many attempt endings, each fenced by its lease token and a live
 -- lease; a late write from a lost lease changes nothing and is missing from
--- the result. A task whose cancel was requested is not made pending again.
--- An ending with a step moves a workflow to that step (state, run time,
--- options, a fresh budget).
+-- the result. A task whose cancel was requested is not made pending or
+-- waiting again. An ending with a new state (a workflow's next step, a
+-- coroutine's poll) stores it, its options and run time, with a fresh budget.
 -- :completions is a JSON array of objects (see rows.completions_json).
 update conveyor_tasks
-set state = case when conveyor_tasks.cancel_requested and i.state = 'pending'
+set state = case when conveyor_tasks.cancel_requested and i.state in ('pending', 'waiting')
                  then 'cancelled' else i.state end,
     result = case when i.state = 'succeeded' then i.result else conveyor_tasks.result end,
     run_at = case when i.state = 'pending' and not conveyor_tasks.cancel_requested
                   then coalesce(i.run_at, :now + coalesce(i.delay, 0))
                   else conveyor_tasks.run_at end,
-    spent = case when i.step is not null then 0
+    spent = case when i.step_state is not null then 0
                  else conveyor_tasks.spent - (i.outcome = 'interrupted') end,
-    -- A step transition: the next step, its state and its options.
-    step = coalesce(i.step, conveyor_tasks.step),
+    -- A new state: the next step (none for a coroutine), the state, its options.
+    step = case when i.step_state is not null then i.step else conveyor_tasks.step end,
     payload = coalesce(i.step_state, conveyor_tasks.payload),
     max_attempts = coalesce(i.max_attempts, conveyor_tasks.max_attempts),
     retry_policy = coalesce(i.retry_policy, conveyor_tasks.retry_policy),
-    timeout_seconds = case when i.step is not null then i.timeout_seconds
+    timeout_seconds = case when i.step_state is not null then i.timeout_seconds
                            else conveyor_tasks.timeout_seconds end,
-    lease_seconds = case when i.step is not null then i.lease_seconds
+    lease_seconds = case when i.step_state is not null then i.lease_seconds
                          else conveyor_tasks.lease_seconds end,
     worker_id = null,
     lease_expires_at = null,
-    finished_at = case when i.state <> 'pending' or conveyor_tasks.cancel_requested
+    finished_at = case when i.state in ('succeeded', 'failed', 'cancelled')
+                         or conveyor_tasks.cancel_requested
                        then :now end
 from (select json_extract(value, '$.id') as id, json_extract(value, '$.attempt') as attempt,
              json_extract(value, '$.state') as state,
@@ -144,7 +145,7 @@ where conveyor_tasks.id = i.id
   and conveyor_tasks.attempt = i.attempt
   and conveyor_tasks.worker_id = :worker_id
   and conveyor_tasks.lease_expires_at > :now
-returning conveyor_tasks.id, conveyor_tasks.attempt;
+returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.parent_id;
 
 -- name: finish_log
 -- Close the attempts of the endings `finish` applied (only those are passed).
@@ -186,7 +187,7 @@ select state from conveyor_tasks where id = :id;
 -- name: get_task
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
-       worker_id, lease_expires_at, cancel_requested, step
+       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox
 from conveyor_tasks
 where id = :id;
 
@@ -201,7 +202,7 @@ order by number;
 -- Newest first, each filter optional.
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
-       worker_id, lease_expires_at, cancel_requested, step
+       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox
 from conveyor_tasks
 where (:state is null or state = :state)
   and (:name is null or name = :name)
@@ -266,6 +267,9 @@ set outcome = 'lease_lost', finished_at = :now, error_type = 'LeaseExpired',
     error_message = :message
 where task_id = :task_id and outcome = 'in_progress';
 
+-- name: drop_messages
+drop table if exists conveyor_messages;
+
 -- name: drop_attempts
 drop table if exists conveyor_attempts;
 
@@ -277,3 +281,56 @@ drop table if exists conveyor_tasks;
 
 -- name: drop_migrations
 drop table if exists conveyor_migrations;
+
+-- name: recipient
+select state, inbox from conveyor_tasks where id = :id;
+
+-- name: deliver
+-- One message into a live coroutine task's inbox (others are skipped);
+-- `wake` follows it.
+insert into conveyor_messages (task_id, sender_id, kind, body, created_at)
+select id, :sender_id, 'message', :body, :now from conveyor_tasks
+where id = :task_id and inbox and state in ('pending', 'in_progress', 'waiting');
+
+-- name: wake
+-- A message arrived: a waiting task is pending again, a sleeping one due now
+-- (run_at never moves later).
+update conveyor_tasks
+set state = 'pending', run_at = min(run_at, :now)
+where id = :task_id
+  and (state = 'waiting' or (state = 'pending' and run_at > :now));
+
+-- name: first_message
+insert into conveyor_messages (task_id, sender_id, kind, body, created_at)
+values (:task_id, :sender_id, 'message', :body, :now);
+
+-- name: consume
+-- Delete the messages a poll saw (its completion was applied).
+delete from conveyor_messages
+where task_id = :task_id and id in (select value from json_each(:ids));
+
+-- name: rewake
+-- A poll ended waiting or sleeping while its inbox holds messages it did
+-- not see: due again now.
+update conveyor_tasks
+set state = 'pending', run_at = min(run_at, :now)
+where id = :task_id
+  and (state = 'waiting' or (state = 'pending' and run_at > :now))
+  and exists (select 1 from conveyor_messages m where m.task_id = :task_id);
+
+-- name: inbox
+select id, task_id, sender_id, kind, body, created_at
+from conveyor_messages
+where task_id = :task_id
+order by id;
+
+-- name: fence
+-- Which of these leases (a JSON array of [id, attempt]) are still held by
+-- :worker_id at :now: the endings `finish` will apply. A poll's effects are
+-- written first (under the write lock nothing can move the fence), so a
+-- child's last messages precede the end-of-stream its ending sends.
+select t.id, t.attempt
+from conveyor_tasks t
+join (select json_extract(value, '$[0]') as id, json_extract(value, '$[1]') as attempt
+      from json_each(:leases)) as l on l.id = t.id and l.attempt = t.attempt
+where t.worker_id = :worker_id and t.lease_expires_at > :now;

@@ -59,6 +59,8 @@ def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
             "timeout": t.timeout,
             "lease": t.lease,
             "step": t.step,
+            "inbox": t.inbox,
+            "parent_id": t.parent_id,
         }
         for t in params.tasks
     ]
@@ -112,6 +114,11 @@ def task(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> Task:
     values = list(_with_times(row, _TASK_TIMES))
     values[17] = bool(values[17])  # cancel_requested
     return task_row(tuple(values), attempts)
+
+
+def message(row: Sequence[Any]) -> tuple[Any, ...]:
+    """An inbox row with its time as a datetime."""
+    return _with_times(row, (5,))
 
 
 def attempt(row: Sequence[Any]) -> Attempt:

@@ -1,0 +1,129 @@
+"""Coroutine tasks on PostgreSQL: a poll's ending with its effects, and sends.
+
+A poll's ending is one transaction: lock the rows it touches in id order
+(its task, its parent, the recipients of its messages) and read each
+ending's fence under those locks; for the endings that hold their lease,
+consume the messages each poll saw, insert its spawned children with their
+first messages and deliver its messages; then write the fenced ``finish``
+at the same clock, and make due again each task that ended waiting or
+sleeping while its inbox still holds messages. A rejected ending writes
+none of it. Effects go first so that a child's last messages precede the
+end-of-stream message its ending makes the database send its parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from conveyor.backends.postgres.rows import (
+    deliver_args,
+    enqueue_statement,
+    finish_args,
+    first_messages_args,
+    ordered_ids,
+)
+from conveyor.backends.protocol import Completion, Delivery, EnqueueParams, NewTask
+from conveyor.backends.stored import check_recipient
+from conveyor.errors import BackendError
+from conveyor.model import TaskState
+
+Statements = Mapping[str, bytes]
+
+
+def has_effects(completions: Sequence[Completion]) -> bool:
+    return any(c.effects is not None for c in completions)
+
+
+def lock_args(completions: Sequence[Completion], now: datetime | None) -> dict[str, Any]:
+    own = [c.token.task_id for c in completions]
+    recipients = [d.task_id for c in completions if c.effects for d in c.effects.sends]
+    return {"ids": own + recipients, "own": own, "now": now}
+
+
+async def finish_with_effects(
+    conn: AsyncConnection[Any],
+    sql: Statements,
+    channel: str,
+    worker_id: str,
+    completions: Sequence[Completion],
+    now: datetime | None,
+) -> set[tuple[int, int]]:
+    """Record ``completions`` and their effects on ``conn``, inside its open
+    transaction; the (task id, attempt) of each applied one."""
+    cursor = await conn.execute(sql["lock_tasks"], lock_args(completions, now))
+    locked = await cursor.fetchall()
+    if not locked:
+        return set()
+    clock: datetime = locked[0][4]
+    live = {(int(r[0]), int(r[1])) for r in locked if r[2] == worker_id and r[3]}
+    holding = [c for c in completions if (c.token.task_id, c.token.attempt) in live]
+    await _apply_effects(conn, sql, channel, holding, clock)
+    cursor = await conn.execute(sql["finish"], finish_args(worker_id, completions, clock))
+    done = {(int(r[0]), int(r[1])) for r in await cursor.fetchall()}
+    if done != live & {(c.token.task_id, c.token.attempt) for c in completions}:
+        # Cannot happen under the locks; if it did, nothing of it may stay.
+        raise BackendError("a lease fence moved under its row lock; the ending is rolled back")
+    resting = [
+        c.token.task_id
+        for c in holding
+        if c.effects is not None and c.next_state in (TaskState.PENDING, TaskState.WAITING)
+    ]
+    if resting:
+        await conn.execute(sql["rewake"], {"ids": resting, "channel": channel, "now": clock})
+    return done
+
+
+async def _apply_effects(
+    conn: AsyncConnection[Any],
+    sql: Statements,
+    channel: str,
+    holding: Sequence[Completion],
+    now: datetime,
+) -> None:
+    consumed = [
+        (c.token.task_id, message_id)
+        for c in holding
+        if c.effects
+        for message_id in c.effects.consumed
+    ]
+    if consumed:
+        await conn.execute(
+            sql["consume"],
+            {"task_ids": [t for t, _ in consumed], "ids": [m for _, m in consumed]},
+        )
+    spawns = [new for c in holding if c.effects for new in c.effects.spawns]
+    if spawns:
+        await insert_tasks(conn, sql, spawns, now)
+    sends = [d for c in holding if c.effects for d in c.effects.sends]
+    if sends:
+        await conn.execute(sql["deliver"], deliver_args(sends, channel, now))
+
+
+async def insert_tasks(
+    conn: AsyncConnection[Any], sql: Statements, tasks: Sequence[NewTask], now: datetime | None
+) -> list[int]:
+    """Insert ``tasks`` and their first messages on ``conn`` (in a transaction
+    when any has a first message); their ids in order."""
+    name, args = enqueue_statement(EnqueueParams(tasks=tasks, now=now))
+    cursor = await conn.execute(sql[name], args)
+    ids = ordered_ids(await cursor.fetchall())
+    firsts = first_messages_args(tasks, ids, now)
+    if firsts is not None:
+        await conn.execute(sql["first_messages"], firsts)
+    return ids
+
+
+def check_recipients(rows: list[tuple[Any, ...]], deliveries: Sequence[Delivery]) -> None:
+    """Raise unless every recipient exists, has an inbox and is live."""
+    found = {int(r[0]): (str(r[1]), bool(r[2])) for r in rows}
+    for d in deliveries:
+        state, inbox = found.get(d.task_id, (None, False))
+        check_recipient(d.task_id, state, inbox)
+
+
+def recipients_args(deliveries: Sequence[Delivery]) -> dict[str, Any]:
+    return {"ids": sorted({d.task_id for d in deliveries})}

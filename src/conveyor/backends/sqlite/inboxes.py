@@ -1,0 +1,96 @@
+"""Tasks, messages and a poll's effects on a SQLite connection.
+
+Every function runs inside the caller's write transaction (BEGIN
+IMMEDIATE): with one writer at a time, a poll's ending, its effects and any
+send are serialised, so a message is either seen by a poll or wakes the
+task once that poll has ended.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import LiteralString
+
+from conveyor.backends import sqlfiles
+from conveyor.backends.protocol import Completion, Delivery, EnqueueParams
+from conveyor.backends.sqlite import rows
+from conveyor.backends.stored import check_recipient, message_row
+from conveyor.model import Message, TaskState
+
+SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
+
+
+def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) -> list[int]:
+    """Insert tasks and their first messages; their ids in input order."""
+    conn.executemany(SQL["enqueue"], rows.enqueue_rows(params, now))
+    # Under the write lock rowids are drawn one after another: the last
+    # one and the count give every id, in input order.
+    last: int = conn.execute("select last_insert_rowid()").fetchone()[0]
+    ids = list(range(last - len(params.tasks) + 1, last + 1))
+    firsts = [
+        {"task_id": task_id, "sender_id": t.parent_id, "body": t.message, "now": now}
+        for task_id, t in zip(ids, params.tasks, strict=True)
+        if t.message is not None
+    ]
+    if firsts:
+        conn.executemany(SQL["first_message"], firsts)
+    return ids
+
+
+def check_recipients(conn: sqlite3.Connection, deliveries: Sequence[Delivery]) -> None:
+    """Raise unless every recipient exists, has an inbox and is live."""
+    for d in deliveries:
+        found = conn.execute(SQL["recipient"], {"id": d.task_id}).fetchone()
+        check_recipient(d.task_id, found[0] if found else None, bool(found and found[1]))
+
+
+def deliver(conn: sqlite3.Connection, deliveries: Sequence[Delivery], now: float) -> list[int]:
+    """Put each message in its live recipient's inbox (others are skipped) and
+    wake the recipient; the ids of the messages stored."""
+    ids = []
+    for d in deliveries:
+        args = {"task_id": d.task_id, "sender_id": d.sender_id, "body": d.body, "now": now}
+        if conn.execute(SQL["deliver"], args).rowcount:
+            ids.append(int(conn.execute("select last_insert_rowid()").fetchone()[0]))
+            conn.execute(SQL["wake"], {"task_id": d.task_id, "now": now})
+    return ids
+
+
+def holding(
+    conn: sqlite3.Connection, worker_id: str, completions: Sequence[Completion], now: float
+) -> list[Completion]:
+    """The endings among ``completions`` whose lease is still held (``finish``
+    will apply exactly these, in the same transaction)."""
+    leases = rows.leases_json([c.token for c in completions])
+    args = {"leases": leases, "worker_id": worker_id, "now": now}
+    live = {(r[0], r[1]) for r in conn.execute(SQL["fence"], args)}
+    return [c for c in completions if (c.token.task_id, c.token.attempt) in live]
+
+
+def apply_effects(conn: sqlite3.Connection, holding: Sequence[Completion], now: float) -> None:
+    """The effects of poll endings about to be applied: consume what each poll
+    saw, spawn, send."""
+    for c in holding:
+        effects = c.effects
+        if effects is None:
+            continue
+        if effects.consumed:
+            args = {"task_id": c.token.task_id, "ids": json.dumps(list(effects.consumed))}
+            conn.execute(SQL["consume"], args)
+        if effects.spawns:
+            insert_tasks(conn, EnqueueParams(tasks=effects.spawns), now)
+        deliver(conn, effects.sends, now)
+
+
+def rewake(conn: sqlite3.Connection, applied: Sequence[Completion], now: float) -> None:
+    """Make due again a poll that rests while its inbox is not empty."""
+    for c in applied:
+        if c.effects is not None and c.next_state in (TaskState.PENDING, TaskState.WAITING):
+            conn.execute(SQL["rewake"], {"task_id": c.token.task_id, "now": now})
+
+
+def read_inbox(conn: sqlite3.Connection, task_id: int) -> list[Message]:
+    found = conn.execute(SQL["inbox"], {"task_id": task_id}).fetchall()
+    return [message_row(rows.message(r)) for r in found]
