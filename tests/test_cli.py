@@ -280,10 +280,18 @@ def test_send_wakes_a_waiting_coroutine(cli: Cli) -> None:
     finally:
         client.close()
     cli.ok("worker", APP, "--burst", "--poll-interval", "0.1", timeout=30)
-    assert cli.show(handle.id)["state"] == "waiting"
+    waiting = cli.show(handle.id)
+    assert (waiting["state"], waiting["messages"]) == ("waiting", [])
 
     assert cli.ok("send", str(handle.id), "--json", '{"n": 1}').startswith("message ")
     cli.ok("send", str(handle.id), "--json", "2")
+    unread = cli.show(handle.id)["messages"]
+    assert [(m["kind"], m["sender_id"], m["body"]) for m in unread] == [
+        ("message", None, {"n": 1}),
+        ("message", None, 2),
+    ]
+    text = cli.ok("show", str(handle.id))
+    assert "inbox: 2 unread message(s)" in text
     cli.ok("worker", APP, "--burst", "--poll-interval", "0.1", timeout=30)
     task = cli.show(handle.id)
     assert (task["state"], task["result"], task["inbox"]) == ("succeeded", [{"n": 1}, 2], True)

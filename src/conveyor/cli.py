@@ -23,7 +23,7 @@ from rich.table import Table
 from conveyor.app import App
 from conveyor.errors import ConveyorError
 from conveyor.logs import configure_logging
-from conveyor.model import Attempt, Task
+from conveyor.model import Attempt, Message, Task
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console()
@@ -59,6 +59,17 @@ def task_json(task: Task, with_attempts: bool) -> dict[str, Any]:
     if with_attempts:
         data["attempts"] = [attempt_json(a) for a in task.attempts]
     return data
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    """The JSON shape of an unread inbox message (``show``)."""
+    return {
+        "id": message.id,
+        "kind": message.kind.value,
+        "sender_id": message.sender_id,
+        "body": message.body,
+        "created_at": _iso(message.created_at),
+    }
 
 
 def attempt_json(attempt: Attempt) -> dict[str, Any]:
@@ -278,13 +289,17 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
     try:
         with _client(url, schema) as app:
             task = app.get(task_id)
+            inbox = app.inbox(task_id) if task is not None and task.inbox else []
     except ConveyorError as exc:
         _fail(str(exc))
     if task is None:
         _fail(f"no task with id {task_id}")
         return
     if as_json:
-        click.echo(json.dumps(task_json(task, with_attempts=True)))
+        data = task_json(task, with_attempts=True)
+        if task.inbox:
+            data["messages"] = [message_json(m) for m in inbox]
+        click.echo(json.dumps(data))
         return
     console.print(
         f"[bold]task {task.id}[/bold] {task.name} on {task.queue}: "
@@ -292,7 +307,15 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
     )
     if task.step is not None:
         console.print(f"step: {task.step}")
-    console.print(f"{'state' if task.step is not None else 'payload'}: {json.dumps(task.payload)}")
+    if task.parent_id is not None:
+        console.print(f"parent: {task.parent_id}")
+    stateful = task.step is not None or task.inbox
+    console.print(f"{'state' if stateful else 'payload'}: {json.dumps(task.payload)}")
+    if task.inbox:
+        console.print(f"inbox: {len(inbox)} unread message(s)")
+        for m in inbox:
+            sender = f"task {m.sender_id}" if m.sender_id is not None else "outside"
+            console.print(f"  {m.id} {m.kind.value} from {sender}: {json.dumps(m.body)}")
     if task.result is not None:
         console.print(f"result: {json.dumps(task.result)}")
     steps = any(a.step is not None for a in task.attempts)
