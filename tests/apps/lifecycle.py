@@ -89,3 +89,37 @@ class Arrive:
         if _first_run_of(self.marker, "Arrive"):
             await asyncio.sleep(120)
         return conveyor.done("arrived")
+
+
+@app.coroutine("ledger")
+async def ledger(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
+    """Keeps every message it gets; ends with them all on one marked ``last``."""
+    for message in poll.inbox:
+        poll.state["got"].append(message.body["saw"])
+        if message.body.get("last"):
+            return conveyor.done(poll.state["got"])
+    return conveyor.suspend()
+
+
+@app.coroutine("relay")
+async def relay(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
+    """Notes each poll's attempt, state and inbox as ``<attempt>: <seen> | <inbox>``.
+
+    Each poll adds its messages to ``seen`` and tells the ``ledger`` what it
+    saw. Attempt 2 (the second poll) also spawns a child and then hangs (until
+    the worker is killed). A poll that sees ``"d"`` ends with everything seen.
+    """
+    bodies = [message.body for message in poll.inbox]
+    _mark(
+        poll.state["marker"],
+        f"{poll.ctx.attempt}: {' '.join(poll.state['seen'])} | {' '.join(bodies)}",
+    )
+    poll.state["seen"] += bodies
+    last = "d" in bodies
+    poll.send(poll.state["ledger"], {"saw": bodies, "last": last})
+    if poll.ctx.attempt == 2:
+        poll.spawn(nap, args={"marker": poll.state["marker"], "seconds": 0})
+        await asyncio.sleep(120)
+    if last:
+        return conveyor.done(poll.state["seen"])
+    return conveyor.suspend()

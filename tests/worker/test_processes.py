@@ -277,3 +277,66 @@ def test_sigkill_mid_step_reruns_that_step_never_a_committed_one(
     ]
     last.send_signal(signal.SIGTERM)
     assert workers.wait(last, 10) == 0
+
+
+def test_sigkill_mid_poll_repolls_the_same_state_and_inbox_never_a_committed_poll(
+    client: conveyor.App, workers: Workers, tmp_path: Path
+) -> None:
+    from tests.apps.lifecycle import ledger, relay
+
+    marker = tmp_path / "marker"
+
+    def journal() -> list[str]:
+        return marker.read_text().splitlines() if marker.exists() else []
+
+    [ledger_handle] = client.enqueue_new([ledger.new_coroutine({"got": []})])
+    sink = ledger_handle.id
+    state = {"marker": str(marker), "ledger": sink, "seen": []}
+    [handle] = client.enqueue_new([relay.new_coroutine(state, "a")])
+    task_id = handle.id
+    # Poll 1 consumes "a", tells the ledger and commits before any kill.
+    first = workers.start("--burst")
+    assert workers.wait(first, 20) == 0, workers.log(first)
+    assert get(client, task_id).state is TaskState.WAITING
+    assert journal() == ["1:  | a"]
+
+    client.send(task_id, "b")
+    client.send(task_id, "c")
+    hung = workers.start("--lease", "1")
+    wait_until(lambda: "2: a | b c" in journal(), 20, "poll 2 to run")
+    time.sleep(0.3)  # the poll is inside its handler, its lease alive
+    os.kill(hung.pid, signal.SIGKILL)
+    assert workers.wait(hung, 10) == -signal.SIGKILL
+    # The killed poll consumed nothing; its send and spawn never happened.
+    assert [m.body for m in client.inbox(task_id)] == ["b", "c"]
+    assert client.inbox(sink) == []
+    client.send(task_id, "d")
+
+    last = workers.start("--lease", "1")
+    task, told = wait_until(
+        lambda: (
+            (t := get(client, task_id)).state.is_terminal
+            and (s := get(client, sink)).state.is_terminal
+            and (t, s)
+        ),
+        20,
+        "the relay and its ledger to end",
+    )
+    assert task.state is TaskState.SUCCEEDED, workers.log(last)
+    assert task.result == ["a", "b", "c", "d"]
+    # Poll 2 ran again from poll 1's state, with the same messages and "d";
+    # poll 1, committed before the kill, never ran again.
+    assert journal() == ["1:  | a", "2: a | b c", "3: a | b c d"]
+    assert outcomes(task) == [Outcome.SUCCEEDED, Outcome.LEASE_LOST, Outcome.SUCCEEDED]
+    lost = task.attempts[1]
+    assert lost.error_type == "LeaseExpired"
+    assert lost.finished_at is not None
+    assert lost.worker_id != task.attempts[2].worker_id
+    # Each committed poll's send arrived once: none from the killed one.
+    assert told.state is TaskState.SUCCEEDED, workers.log(last)
+    assert told.result == [["a"], ["b", "c", "d"]]
+    assert client.inbox(task_id) == [] and client.inbox(sink) == []
+    assert [t.id for t in client.list_tasks(limit=1000) if t.parent_id == task_id] == []
+
+    last.send_signal(signal.SIGTERM)
+    assert workers.wait(last, 10) == 0
