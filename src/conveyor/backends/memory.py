@@ -178,18 +178,24 @@ class _Store:
         self.make_pending(row)
         if new.parent_id is not None:
             self.children.setdefault(new.parent_id, set()).add(row.id)
-        if new.message is not None:
-            self.deliver(row, new.parent_id, MessageKind.MESSAGE, new.message, now)
+        if new.message is not None:  # its first input: it does not move a delayed start
+            self.append(row, new.parent_id, MessageKind.MESSAGE, new.message, now)
         return row
+
+    def append(
+        self, row: _Row, sender: int | None, kind: MessageKind, body: str, now: datetime
+    ) -> int:
+        message = Message(next(self.message_ids), row.id, sender, kind, codec.decode(body), now)
+        self.inboxes.setdefault(row.id, []).append(message)
+        return message.id
 
     def deliver(
         self, row: _Row, sender: int | None, kind: MessageKind, body: str, now: datetime
     ) -> int:
         """Put a message in ``row``'s inbox and wake it (the caller checked it takes one)."""
-        message = Message(next(self.message_ids), row.id, sender, kind, codec.decode(body), now)
-        self.inboxes.setdefault(row.id, []).append(message)
+        message_id = self.append(row, sender, kind, body, now)
         self.wake(row, now)
-        return message.id
+        return message_id
 
     def wake(self, row: _Row, now: datetime) -> None:
         """A message arrived: a waiting task is pending again, a sleeping one due now."""
@@ -409,12 +415,24 @@ class MemoryBackend:
         applied = set()
         store = self._store
         with store.lock:
-            for c in params.completions:
-                row = store.tasks.get(c.token.task_id)
-                if row is None or not row.live(c.token.attempt, params.worker_id, now):
-                    continue
+            holding = [
+                (row, c)
+                for c in params.completions
+                if (row := store.tasks.get(c.token.task_id)) is not None
+                and row.live(c.token.attempt, params.worker_id, now)
+            ]
+            # As on the SQL backends: every poll's effects first (a child's
+            # last messages precede its end), then the endings, then a resting
+            # poll with messages left in its inbox is due again.
+            for row, c in holding:
+                if c.effects is not None:
+                    self._apply(row, c.effects, now)
+            for row, c in holding:
                 self._finish_one(row, c, now)
                 applied.add(c.token)
+            for row, c in holding:
+                if c.effects is not None and store.inboxes.get(row.id):
+                    store.wake(row, now)
         self._notify_woken()
         tokens = frozenset(c.token for c in params.completions)
         return FinishResult(frozenset(applied), tokens - applied)
@@ -450,18 +468,14 @@ class MemoryBackend:
             error_message=error.message if error else None,
             traceback=error.traceback if error else None,
         )
-        if c.effects is not None:
-            self._apply(row, c.effects, now)
         if state.is_terminal:
             store.ended(row, now)
 
     def _apply(self, row: _Row, effects: Effects, now: datetime) -> None:
-        """A poll's consumed messages, sends and spawns; then, if its inbox
-        still holds messages, the task is due again now."""
+        """A poll's consumed messages, sends and spawns."""
         store = self._store
         consumed = set(effects.consumed)
-        inbox = [m for m in store.inboxes.get(row.id, ()) if m.id not in consumed]
-        store.inboxes[row.id] = inbox
+        store.inboxes[row.id] = [m for m in store.inboxes.get(row.id, ()) if m.id not in consumed]
         for new in effects.spawns:
             store.insert(dataclasses.replace(new, parent_id=row.id), now)
             store.woken.add(new.queue)
@@ -469,8 +483,6 @@ class MemoryBackend:
             target = store.tasks.get(send.task_id)
             if target is not None and target.inbox and not target.state.is_terminal:
                 store.deliver(target, row.id, MessageKind.MESSAGE, send.body, now)
-        if inbox:
-            store.wake(row, now)
 
     def _notify_woken(self) -> None:
         with self._store.lock:
