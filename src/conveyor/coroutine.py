@@ -31,7 +31,8 @@ lost its lease changes nothing, and its messages stay in the inbox for the
 next poll. A poll consumes exactly the messages it was given
 (``poll.inbox``); a message that arrives while it runs stays in the inbox
 and makes the task due again as soon as the poll ends, even if it chose to
-suspend. Messages reach a poll in the order of their ids (the order they
+suspend (a failed poll instead waits out its retry backoff, unless a
+message arrives after it ended). Messages reach a poll in the order of their ids (the order they
 were sent, except between senders writing at the same moment). When a
 child finishes (succeeded, failed or cancelled, however it ended), its
 parent gets an ``end`` message with the child's id, name, state and
