@@ -97,3 +97,29 @@ async def test_heartbeat_and_finish_use_primary_keys(history: PostgresBackend) -
     finish = await _plan(history, "finish", finish_args("w", completions, None))
     assert not {"tasks", "attempts"} & _scanned_tables(finish)
     assert {"tasks_pkey", "attempts_pkey"} <= {n.get("Index Name") for n in finish}
+
+
+async def test_a_poll_s_ending_and_a_send_use_primary_keys(history: PostgresBackend) -> None:
+    """The statements of a coroutine poll's ending and of a send reach their
+    rows by id (an OR with a subquery once made the lock scan every row)."""
+    ids = {"ids": [1, 2, 3], "own": [1, 2], "now": None}
+    deliver = {
+        "now": None,
+        "channel": "conveyor_x",
+        "task_ids": [1, 2],
+        "sender_ids": [3, 3],
+        "bodies": ["1", "2"],
+    }
+    for name, args in (
+        ("lock_tasks", ids),
+        ("recipients", {"ids": [1, 2]}),
+        ("deliver", deliver),
+        ("rewake", {"ids": [1, 2], "channel": "conveyor_x", "now": None}),
+    ):
+        plan = await _plan(history, name, args)
+        assert "tasks" not in _scanned_tables(plan), name
+        assert "tasks_pkey" in {n.get("Index Name") for n in plan}, name
+        # Every read of the tasks table is bounded by an index condition, not
+        # a walk of a whole index with a filter.
+        reads = [n for n in plan if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]]
+        assert all("Index Cond" in n for n in reads), (name, reads)

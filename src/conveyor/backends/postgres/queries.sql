@@ -397,13 +397,22 @@ order by started_at desc;
 -- the end-of-stream its ending sends).
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+-- The wanted ids are joined, not OR-ed into the filter (an OR with a
+-- subquery walks the whole primary key), and parents are found by their
+-- children's ids only (a `parent_id is not null` test would walk the index
+-- of every child ever spawned).
+wanted as (
+    select unnest(%(ids)s::bigint[]) as id
+    union
+    select p.parent_id from {schema}.tasks p  -- a null parent joins nothing
+    where p.id = any(%(own)s::bigint[])
 )
 select t.id, t.attempt, t.worker_id, coalesce(t.lease_expires_at > clock.now, false),
        clock.now
-from {schema}.tasks t, clock
-where t.id = any(%(ids)s::bigint[])
-   or t.id in (select p.parent_id from {schema}.tasks p
-               where p.id = any(%(own)s::bigint[]) and p.parent_id is not null)
+from {schema}.tasks t
+join wanted w on w.id = t.id
+cross join clock
 order by t.id
 for update of t;
 
@@ -445,7 +454,8 @@ woken as (
     update {schema}.tasks t
     set state = 'pending', run_at = least(t.run_at, clock.now)
     from clock
-    where t.id in (select id from target)
+    where t.id = any(%(task_ids)s::bigint[])  -- the primary key, whatever the statistics
+      and t.id in (select id from target)
       and (t.state = 'waiting' or (t.state = 'pending' and t.run_at > clock.now))
     returning t.queue
 ),
