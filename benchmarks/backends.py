@@ -26,8 +26,9 @@ fresh store, through the App API only:
    ``steps/s`` = every step run / the worker's wall time, checked: every
    workflow succeeded with exactly ``--steps`` attempts, all succeeded.
 6. Messages: two coroutine tasks (``bench_ping`` and the child it spawns)
-   send a ball back and forth ``--rounds`` times, one burst worker as in 2:
-   ``msgs/s`` = messages / the worker's wall time; ``send→poll p50`` = the
+   send a ball back and forth ``--rounds`` times, run by an idle worker as
+   in 4 (after a warm-up task): ``msgs/s`` = messages / (the root's
+   ``finished_at - created_at``, the backend's clock); ``send→poll p50`` = the
    median delay from a message's delivery (its ``created_at``, the backend's
    clock) to the start of the poll that reads it (the worker's clock, same
    machine), at 0.1 ms resolution. Checked: the ball reached ``--rounds``.
@@ -415,30 +416,36 @@ async def workflows(
 async def pingpong(
     target: Target, app: App, args: argparse.Namespace, result: BackendResult
 ) -> None:
-    """Two coroutines send a ball back and forth ``--rounds`` times."""
+    """Two coroutines send a ball back and forth ``--rounds`` times, run by an
+    idle long-running worker (as for the latency run: wake-ups, not polls,
+    start each poll); timed by the backend's clock, from the root's creation
+    to its end."""
     if not args.rounds:
         return
     ping = app.tasks[PING_NAME]
     assert isinstance(ping, Coroutine)
-    log(f"[{target.backend}] ping-pong for {args.rounds} rounds")
-    [handle] = await app.enqueue_new_async(
-        [ping.new_coroutine({"role": "ping", "rounds": args.rounds, "hist": {}})]
+    spec = WorkerSpec(
+        target.url, args.latency_concurrency, False, args.poll_interval, args.worker_log_level
     )
-    spec = WorkerSpec(target.url, args.concurrency, True, None, args.worker_log_level)
-    started = time.perf_counter()
     worker = start_worker(target, app, spec)
     try:
-        code = await worker.wait(args.timeout)
+        warm_up = await app.enqueue_async(TASK_NAME, {"i": -2})
+        if not await wait_finished(app, [warm_up.id], READY_TIMEOUT, worker):
+            raise BenchmarkError(f"[{target.backend}] the ping-pong worker did not start")
+        log(f"[{target.backend}] ping-pong for {args.rounds} rounds")
+        [handle] = await app.enqueue_new_async(
+            [ping.new_coroutine({"role": "ping", "rounds": args.rounds, "hist": {}})]
+        )
+        [task] = await wait_finished(app, [handle.id], args.timeout, worker) or [None]
     finally:
-        if worker.alive():
-            await worker.stop()
-    seconds = time.perf_counter() - started
+        code = await worker.stop()
     if code != 0:
         result.problems.append(f"the ping-pong worker exited with {code}")
-    task = await app.get_async(handle.id)
     if task is None or task.state is not TaskState.SUCCEEDED or task.result["ball"] < args.rounds:
         result.problems.append(f"the ping-pong did not finish: {task and task.state}")
         return
+    assert task.finished_at is not None
+    seconds = (task.finished_at - task.created_at).total_seconds()
     hist = {float(bucket): count for bucket, count in task.result["hist"].items()}
     result.messages = sum(hist.values())
     result.messages_per_s = result.messages / seconds
