@@ -1,0 +1,547 @@
+"""The chaos checker on synthetic histories: one clean run, and one breach per check."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from conveyor.model import DEFAULT_RETRY, Attempt, Outcome, Task, TaskState
+from tools.chaos.checker import (
+    Execution,
+    FaultEvent,
+    HistoryError,
+    Kind,
+    Report,
+    check,
+    read_events,
+    read_ledger,
+)
+
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+EPOCH = T0.timestamp()
+LEASE = 2.0
+POLL = 0.5  # reclaim bound: 2.0 + 0.5 + 1.0 = 3.5 s
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def attempt(
+    task_id: int,
+    number: int,
+    outcome: Outcome,
+    start: float,
+    end: float | None = None,
+    worker: str = "w1",
+) -> Attempt:
+    finished = None if end is None else at(end)
+    return Attempt(task_id, number, worker, outcome, at(start), finished)
+
+
+def task(task_id: int, state: TaskState, *attempts: Attempt) -> Task:
+    return Task(
+        id=task_id,
+        name="chaos_work",
+        queue="default",
+        payload={},
+        state=state,
+        priority=0,
+        run_at=T0,
+        attempt=len(attempts),
+        max_attempts=50,
+        retry=DEFAULT_RETRY,
+        timeout=None,
+        lease=None,
+        result=None,
+        created_at=T0,
+        finished_at=None,
+        worker_id=None,
+        lease_expires_at=None,
+        cancel_requested=False,
+        attempts=attempts,
+    )
+
+
+PIDS = {"w1": 101, "w2": 102, "w3": 103}
+
+
+def ran(
+    task_id: int, number: int, start: float, end: float | None, worker: str = "w1"
+) -> list[str]:
+    """Ledger lines of one execution (no ``end`` line when ``end`` is None)."""
+    lines = [_line("start", task_id, number, worker, start)]
+    if end is not None:
+        lines.append(_line("end", task_id, number, worker, end))
+    return lines
+
+
+def _line(event: str, task_id: int, number: int, worker: str, seconds: float) -> str:
+    record = {
+        "event": event,
+        "task": task_id,
+        "attempt": number,
+        "worker": worker,
+        "pid": PIDS[worker],
+        "at": EPOCH + seconds,
+    }
+    return json.dumps(record)
+
+
+def fault(event: str, worker: str, seconds: float) -> str:
+    return json.dumps({"event": event, "pid": PIDS[worker], "at": EPOCH + seconds})
+
+
+SPAWNS = [fault("spawn", "w1", -1.0), fault("spawn", "w2", -1.0)]
+
+
+def run(
+    tasks: Iterable[Task],
+    ledger: Iterable[str] = (),
+    faults: Sequence[str] = (),
+    *,
+    enqueued: Sequence[int] | None = None,
+    control: bool = False,
+) -> Report:
+    by_id = {t.id: t for t in tasks}
+    return check(
+        tasks=by_id,
+        enqueued=list(by_id) if enqueued is None else enqueued,
+        ledger=read_ledger(ledger),
+        faults=read_events([*SPAWNS, *faults]),
+        lease=LEASE,
+        poll_interval=POLL,
+        control=control,
+    )
+
+
+def kinds(report: Report) -> set[Kind]:
+    return {v.kind for v in report.violations}
+
+
+def succeeded_once(task_id: int) -> tuple[Task, list[str]]:
+    return (
+        task(task_id, TaskState.SUCCEEDED, attempt(task_id, 1, Outcome.SUCCEEDED, 0.0, 0.2)),
+        ran(task_id, 1, 0.05, 0.15),
+    )
+
+
+# -- a clean run ---------------------------------------------------------------
+
+
+def clean_history() -> tuple[list[Task], list[str], list[str]]:
+    one, one_ledger = succeeded_once(1)
+    # Task 2: w1 is killed while running it; w2 reclaims it 2.2 s later.
+    two = task(
+        2,
+        TaskState.SUCCEEDED,
+        attempt(2, 1, Outcome.LEASE_LOST, 0.4, 3.2, worker="w1"),
+        attempt(2, 2, Outcome.SUCCEEDED, 3.2, 3.5, worker="w2"),
+    )
+    two_ledger = ran(2, 1, 0.5, None) + ran(2, 2, 3.25, 3.4, worker="w2")
+    # Task 3: fails once, succeeds on its retry.
+    three = task(
+        3,
+        TaskState.SUCCEEDED,
+        attempt(3, 1, Outcome.FAILED, 0.0, 0.1, worker="w2"),
+        attempt(3, 2, Outcome.SUCCEEDED, 0.3, 0.4, worker="w2"),
+    )
+    three_ledger = ran(3, 1, 0.01, 0.09, "w2") + ran(3, 2, 0.31, 0.39, "w2")
+    four = task(4, TaskState.CANCELLED)  # cancelled before it ever ran
+    faults = [fault("kill", "w1", 1.0), fault("spawn", "w3", 1.1)]
+    return [one, two, three, four], one_ledger + two_ledger + three_ledger, faults
+
+
+def test_clean_history_passes_with_its_counts() -> None:
+    tasks, ledger, faults = clean_history()
+    report = run(tasks, ledger, faults)
+    assert report.ok, report.summary()
+    assert report.violations == ()
+    assert (report.enqueued, report.terminal, report.lost) == (4, 4, 0)
+    assert (report.succeeded, report.failed, report.cancelled) == (3, 0, 1)
+    assert report.duplicates == 2  # tasks 2 and 3 ran twice
+    assert report.duplicates_explained == 0  # their executions never overlapped
+    assert (report.stale_writes_rejected, report.stale_writes_accepted) == (0, 0)
+    assert report.reclaims == 1
+    assert report.worst_reclaim_seconds == pytest.approx(2.2)
+    assert report.worker_restarts == 1  # two spawns before the first fault
+
+
+def test_report_serialises_and_summarises() -> None:
+    tasks, ledger, faults = clean_history()
+    data = run(tasks, ledger, faults).to_json()
+    assert json.loads(json.dumps(data)) == data
+    assert data["ok"] is True
+    assert data["violations"] == []
+
+    lost = run([], enqueued=list(range(1, 41)))
+    text = lost.summary()
+    assert text.startswith("chaos check: FAILED (40 violations)")
+    assert "... and 25 more" in text
+    assert len(text.splitlines()) <= 25
+    assert lost.to_json()["violations"][0] == {
+        "kind": "lost",
+        "task_id": 1,
+        "detail": "acknowledged but missing from the store",
+    }
+
+
+# -- one breach per check --------------------------------------------------------
+
+
+def test_lost_missing_or_not_terminal() -> None:
+    pending = task(1, TaskState.PENDING, attempt(1, 1, Outcome.FAILED, 0.0, 0.1))
+    report = run([pending], ran(1, 1, 0.01, 0.05), enqueued=[1, 2])
+    assert kinds(report) == {Kind.LOST}
+    assert [v.task_id for v in report.violations] == [1, 2]
+    assert (report.enqueued, report.terminal, report.lost) == (2, 0, 2)
+
+
+def test_unacknowledged_task_is_not_lost() -> None:
+    pending = task(1, TaskState.PENDING)
+    assert run([pending], enqueued=[]).ok
+
+
+def test_double_success_two_succeeded_attempts() -> None:
+    twice = task(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.SUCCEEDED, 0.0, 0.1),
+        attempt(1, 2, Outcome.SUCCEEDED, 5.0, 5.2, worker="w2"),
+    )
+    ledger = ran(1, 1, 0.01, 0.05) + ran(1, 2, 5.05, 5.1, "w2")
+    report = run([twice], ledger)
+    assert kinds(report) == {Kind.DOUBLE_SUCCESS}
+    assert len(report.violations) == 1
+
+
+def test_double_success_succeeded_attempt_not_last() -> None:
+    again = task(
+        1,
+        TaskState.FAILED,
+        attempt(1, 1, Outcome.SUCCEEDED, 0.0, 0.1),
+        attempt(1, 2, Outcome.FAILED, 5.0, 5.2, worker="w2"),
+    )
+    report = run([again], ran(1, 1, 0.01, 0.05) + ran(1, 2, 5.05, 5.1, "w2"))
+    assert kinds(report) == {Kind.DOUBLE_SUCCESS}
+    assert "then attempt 2 ran" in report.violations[0].detail
+
+
+@pytest.mark.parametrize(
+    ("state", "attempts", "needle"),
+    [
+        pytest.param(
+            TaskState.SUCCEEDED,
+            [(1, Outcome.FAILED), (3, Outcome.SUCCEEDED)],
+            "numbers are [1, 3]",
+            id="gap",
+        ),
+        pytest.param(
+            TaskState.IN_PROGRESS,
+            [(1, Outcome.IN_PROGRESS), (2, Outcome.IN_PROGRESS)],
+            "all in_progress",
+            id="two-in-progress",
+        ),
+        pytest.param(
+            TaskState.PENDING,
+            [(1, Outcome.IN_PROGRESS), (2, Outcome.FAILED)],
+            "attempt 2 followed",
+            id="in-progress-not-last",
+        ),
+        pytest.param(
+            TaskState.CANCELLED,
+            [(1, Outcome.IN_PROGRESS)],
+            "task cancelled, but attempt 1 is in_progress",
+            id="in-progress-on-terminal",
+        ),
+    ],
+)
+def test_attempt_numbers(
+    state: TaskState, attempts: list[tuple[int, Outcome]], needle: str
+) -> None:
+    rows = [
+        attempt(1, n, o, 10.0 * n, None if o is Outcome.IN_PROGRESS else 10.0 * n + 1)
+        for n, o in attempts
+    ]
+    ledger = [line for n, _ in attempts for line in ran(1, n, 10.0 * n + 0.1, 10.0 * n + 0.5)]
+    report = run([task(1, state, *rows)], ledger, enqueued=[])
+    assert kinds(report) == {Kind.ATTEMPT_NUMBERS}
+    assert any(needle in v.detail for v in report.violations), report.summary()
+
+
+def test_stale_write_accepted_handler_ended_after_the_next_claim() -> None:
+    # w1 lost its lease (attempt 2 claimed at 4.0), finished at 5.0, and its
+    # success was still recorded: the fence let a stale write through.
+    stale = task(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.SUCCEEDED, 0.0, 5.1),
+        attempt(1, 2, Outcome.INTERRUPTED, 4.0, 4.5, worker="w2"),
+    )
+    report = run([stale], ran(1, 1, 0.1, 5.0))
+    assert kinds(report) == {Kind.STALE_WRITE_ACCEPTED}
+    details = [v.detail for v in report.violations]
+    assert any("handler ended 1.000s after attempt 2 started" in d for d in details)
+    assert any("last attempt 2 ended interrupted" in d for d in details)
+    assert report.stale_writes_accepted == 2
+
+
+def test_stale_write_accepted_recorded_after_the_next_claim() -> None:
+    stale = task(
+        1,
+        TaskState.FAILED,
+        attempt(1, 1, Outcome.SUCCEEDED, 0.0, 4.5),
+        attempt(1, 2, Outcome.FAILED, 4.0, 4.8, worker="w2"),
+    )
+    report = run([stale])
+    assert kinds(report) == {Kind.STALE_WRITE_ACCEPTED}
+    assert "recorded 0.500s after attempt 2 started" in report.violations[0].detail
+
+
+def test_stale_write_accepted_task_succeeded_by_a_lost_lease() -> None:
+    stale = task(1, TaskState.SUCCEEDED, attempt(1, 1, Outcome.LEASE_LOST, 0.0, 3.0))
+    report = run([stale], ran(1, 1, 0.1, 3.5))
+    assert kinds(report) == {Kind.STALE_WRITE_ACCEPTED}
+    assert report.stale_writes_rejected == 1  # the attempt row itself was fenced
+
+
+def test_overlapping_leases() -> None:
+    # Attempt 1 timed out at 1.0 but its handler ran on until 3.0, across attempt 2.
+    overlap = task(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.TIMED_OUT, 0.0, 1.0),
+        attempt(1, 2, Outcome.SUCCEEDED, 1.5, 2.1, worker="w2"),
+    )
+    report = run([overlap], ran(1, 1, 0.1, 3.0) + ran(1, 2, 1.6, 2.0, "w2"))
+    assert kinds(report) == {Kind.OVERLAPPING_LEASES}
+    assert (
+        report.violations[0].detail == "attempt 2 ran while attempt 1 (timed_out) was still running"
+    )
+    assert report.duplicates_explained == 0
+
+
+def test_a_kill_ends_an_execution_without_an_end() -> None:
+    # Attempt 1 never wrote "end": its process died at 1.0, before attempt 2
+    # began, though the attempt row was only closed at 2.0.
+    killed = task(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.INTERRUPTED, 0.0, 2.0),
+        attempt(1, 2, Outcome.SUCCEEDED, 1.4, 2.1, worker="w2"),
+    )
+    ledger = ran(1, 1, 0.1, None) + ran(1, 2, 1.5, 2.0, "w2")
+    assert run([killed], ledger, [fault("kill", "w1", 1.0)]).ok
+    report = run([killed], ledger)  # no kill: it ran until its row was closed
+    assert kinds(report) == {Kind.OVERLAPPING_LEASES}
+
+
+def test_explained_zombie_overlap_after_lease_lost() -> None:
+    # w1 is stopped for longer than its lease, w2 reclaims and finishes the
+    # task; w1 wakes, ends its handler, and its completion is refused.
+    zombie = task(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.LEASE_LOST, 0.0, 3.3),
+        attempt(1, 2, Outcome.SUCCEEDED, 3.3, 3.7, worker="w2"),
+    )
+    ledger = ran(1, 1, 0.5, 6.1) + ran(1, 2, 3.4, 3.6, "w2")
+    faults = [fault("stop", "w1", 1.0), fault("cont", "w1", 6.0)]
+    report = run([zombie], ledger, faults)
+    assert report.ok, report.summary()
+    assert (report.duplicates, report.duplicates_explained) == (1, 1)
+    assert report.stale_writes_rejected == 1
+    assert report.reclaims == 1
+    assert report.worst_reclaim_seconds == pytest.approx(2.3)
+
+
+@pytest.mark.parametrize(
+    ("attempts", "ledger", "needle"),
+    [
+        pytest.param(
+            [(1, Outcome.SUCCEEDED, "w1")],
+            ran(1, 1, 0.1, 0.2) + ran(1, 1, 0.3, 0.4, "w2"),
+            "attempt 1 executed 2 times",
+            id="same-attempt-twice",
+        ),
+        pytest.param(
+            [(1, Outcome.SUCCEEDED, "w1")],
+            ran(1, 1, 0.1, 0.2) + ran(1, 2, 0.3, 0.4, "w2"),
+            "attempt 2 executed, but there is no such attempt",
+            id="no-attempt-row",
+        ),
+        pytest.param(
+            [(1, Outcome.CANCELLED, "w1"), (2, Outcome.SUCCEEDED, "w2")],
+            ran(1, 1, 0.1, None) + ran(1, 2, 10.1, 10.2, "w2"),
+            "attempt 2 ran after attempt 1 was cancelled",
+            id="after-cancelled",
+        ),
+    ],
+)
+def test_unexplained_duplicate(
+    attempts: list[tuple[int, Outcome, str]], ledger: list[str], needle: str
+) -> None:
+    rows = [attempt(1, n, o, 10.0 * (n - 1), 10.0 * (n - 1) + 1, w) for n, o, w in attempts]
+    report = run([task(1, TaskState.SUCCEEDED, *rows)], ledger)
+    assert kinds(report) == {Kind.UNEXPLAINED_DUPLICATE}
+    assert [v.detail for v in report.violations] == [needle]
+
+
+@pytest.mark.parametrize(
+    "outcome", [Outcome.LEASE_LOST, Outcome.INTERRUPTED, Outcome.TIMED_OUT, Outcome.FAILED]
+)
+def test_a_later_attempt_is_expected_after(outcome: Outcome) -> None:
+    retried = task(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, outcome, 0.0, 1.0),
+        attempt(1, 2, Outcome.SUCCEEDED, 2.0, 2.5, worker="w2"),
+    )
+    assert run([retried], ran(1, 1, 0.1, None) + ran(1, 2, 2.1, 2.4, "w2")).ok
+
+
+def test_control_duplicate() -> None:
+    tasks, ledger, _faults = clean_history()
+    report = run(tasks, ledger, control=True)
+    assert kinds(report) == {Kind.CONTROL_DUPLICATE}
+    assert [v.task_id for v in report.violations] == [2, 3]
+    once, once_ledger = succeeded_once(1)
+    assert run([once], once_ledger, control=True).ok
+
+
+# -- reclaim latency -----------------------------------------------------------
+
+
+def reclaimed(after: float) -> tuple[Task, list[str]]:
+    """Task 1: attempt 1 on w1 from 0.0, lost, reclaimed by w2 at ``after``."""
+    t = task(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.LEASE_LOST, 0.0, after),
+        attempt(1, 2, Outcome.SUCCEEDED, after, after + 0.2, worker="w2"),
+    )
+    return t, ran(1, 1, 0.1, None) + ran(1, 2, after + 0.05, after + 0.1, "w2")
+
+
+def test_reclaim_within_the_bound() -> None:
+    t, ledger = reclaimed(4.4)
+    report = run([t], ledger, [fault("kill", "w1", 1.0)])
+    assert report.ok, report.summary()
+    assert report.worst_reclaim_seconds == pytest.approx(3.4)
+
+
+def test_slow_reclaim_over_the_bound() -> None:
+    t, ledger = reclaimed(4.6)
+    report = run([t], ledger, [fault("kill", "w1", 1.0)])
+    assert kinds(report) == {Kind.SLOW_RECLAIM}
+    assert report.worst_reclaim_seconds == pytest.approx(3.6)
+    assert "pid 101 (w1) reclaimed 3.60s after its worker died (bound 3.50s)" in str(
+        report.violations[0]
+    )
+
+
+def test_a_short_stop_is_not_a_death() -> None:
+    t, ledger = reclaimed(9.0)  # lost for some other reason, reclaimed late
+    short = [fault("stop", "w1", 1.0), fault("cont", "w1", 2.5)]  # 1.5 s < lease
+    report = run([t], ledger, short)
+    assert report.ok
+    assert (report.reclaims, report.worst_reclaim_seconds) == (0, None)
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        pytest.param([fault("stop", "w1", 1.0)], id="never-continued"),
+        pytest.param([fault("stop", "w1", 1.0), fault("cont", "w1", 3.5)], id="continued-late"),
+    ],
+)
+def test_a_long_stop_is_a_death(faults: list[str]) -> None:
+    t, ledger = reclaimed(5.0)
+    report = run([t], ledger, faults)
+    assert kinds(report) == {Kind.SLOW_RECLAIM}
+    assert report.worst_reclaim_seconds == pytest.approx(4.0)
+
+
+def test_worker_restarts_explicit_or_inferred() -> None:
+    events = read_events(
+        [*SPAWNS, fault("kill", "w1", 1.0), fault("spawn", "w3", 1.1), fault("term", "w2", 9.0)]
+    )
+
+    def restarts(initial: int | None) -> int:
+        report = check(
+            tasks={},
+            enqueued=[],
+            ledger=[],
+            faults=events,
+            lease=LEASE,
+            poll_interval=POLL,
+            initial_workers=initial,
+        )
+        return report.worker_restarts
+
+    assert restarts(None) == 1  # two spawns before the first fault
+    assert restarts(1) == 2
+
+
+# -- reading the files -------------------------------------------------------------
+
+
+def test_ledger_tolerates_blank_lines_and_a_torn_last_line() -> None:
+    lines = [*ran(1, 1, 0.1, 0.2), "", "   ", '{"event": "start", "task": 2, "att']
+    assert read_ledger(lines) == [
+        Execution("start", 1, 1, "w1", 101, EPOCH + 0.1),
+        Execution("end", 1, 1, "w1", 101, EPOCH + 0.2),
+    ]
+    assert read_ledger([*ran(1, 1, 0.1, None), ""]) == [
+        Execution("start", 1, 1, "w1", 101, EPOCH + 0.1)
+    ]
+    assert read_events([fault("kill", "w1", 1.0), '{"event": "sp']) == [
+        FaultEvent("kill", 101, EPOCH + 1.0)
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param('{"event": "sta', id="torn-in-the-middle"),
+        pytest.param("[1, 2]", id="not-an-object"),
+        pytest.param(_line("finish", 1, 1, "w1", 0.0), id="unknown-event"),
+        pytest.param(
+            '{"event": "start", "task": "1", "attempt": 1, "worker": "w", "pid": 1, "at": 0}',
+            id="string-id",
+        ),
+        pytest.param('{"event": "end", "task": 1, "attempt": 1, "pid": 1, "at": 0}', id="missing"),
+    ],
+)
+def test_ledger_rejects_a_malformed_line(bad: str) -> None:
+    with pytest.raises(HistoryError, match="line 2"):
+        read_ledger([ran(1, 1, 0.1, None)[0], bad, ran(1, 1, 0.1, 0.2)[1]])
+
+
+def test_a_sqlite_stop_counts_from_its_continue_minus_a_lease() -> None:
+    """A process frozen while holding SQLite's write lock freezes every
+    worker: its tasks can only be reclaimed once it continues (4 s here)."""
+    history = task(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.LEASE_LOST, -0.5, 4.2, worker="w1"),
+        attempt(1, 2, Outcome.SUCCEEDED, 4.3, 4.4, worker="w2"),
+    )
+    ledger = read_ledger([*ran(1, 1, -0.5, 4.1, "w1"), *ran(1, 2, 4.3, 4.35, "w2")])
+    faults = read_events([*SPAWNS, fault("stop", "w1", 0.0), fault("cont", "w1", 4.0)])
+    common = {
+        "tasks": {1: history},
+        "enqueued": [1],
+        "ledger": ledger,
+        "faults": faults,
+        "lease": LEASE,
+        "poll_interval": POLL,
+    }
+    many_writers = check(**common)  # type: ignore[arg-type]
+    assert [v.kind for v in many_writers.violations] == [Kind.SLOW_RECLAIM]
+    one_writer = check(**common, single_writer=True)  # type: ignore[arg-type]
+    assert one_writer.ok, one_writer.summary()
+    assert one_writer.worst_reclaim_seconds == pytest.approx(2.3)

@@ -1,0 +1,1 @@
+"""Tools run from a checkout: not part of the installed package."""

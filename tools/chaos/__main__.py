@@ -1,0 +1,61 @@
+"""``python -m tools.chaos``: run chaos scenarios against a backend and check them.
+
+    python -m tools.chaos --backend postgres --scenario kill            # smoke profile
+    python -m tools.chaos --backend sqlite --scenario all --profile soak
+
+Each run uses a fresh store (a throwaway PostgreSQL schema, a new SQLite file)
+and a work directory holding the ledger, the faults file, the worker logs and
+``report.json``. Prints a one-screen summary per run; exits 1 on any breach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from tools.chaos.harness import SCENARIOS, SMOKE, SOAK, run
+
+PG_URL = "postgresql://127.0.0.1:5432/test"
+
+
+def store(backend: str, workdir: Path, url: str) -> tuple[str, str | None]:
+    if backend == "sqlite":
+        return f"sqlite:///{workdir / 'chaos.db'}", None
+    return url, f"chaos_{uuid.uuid4().hex[:8]}"
+
+
+async def main(args: argparse.Namespace) -> int:
+    profile = {"smoke": SMOKE, "soak": SOAK}[args.profile]
+    scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="conveyor-chaos-"))
+    failed = False
+    for scenario in scenarios:
+        workdir = root / f"{args.backend}-{scenario}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        url, schema = store(args.backend, workdir, args.url)
+        report = await run(
+            url, scenario, workdir, profile, schema=schema, seed=args.seed, log=print
+        )
+        print(f"== {args.backend} / {scenario} ({workdir})")
+        print(report.summary())
+        failed |= not report.ok
+    return 1 if failed else 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tools.chaos", description=__doc__)
+    parser.add_argument("--backend", choices=("postgres", "sqlite"), default="postgres")
+    parser.add_argument("--scenario", choices=(*SCENARIOS, "all"), default="all")
+    parser.add_argument("--profile", choices=("smoke", "soak"), default="smoke")
+    parser.add_argument("--url", default=PG_URL, help="PostgreSQL URL (default %(default)s)")
+    parser.add_argument("--workdir", help="where runs keep their files (default: a temp dir)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse_args())))
