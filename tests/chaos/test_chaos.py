@@ -4,8 +4,8 @@ Each case runs ``tools.chaos.harness.run`` with the smoke profile (2000
 tasks, 4 workers of 4 slots, 2 s leases, faults until the work is done) in a
 fresh store, then asserts the checker found no breach: nothing lost, no
 stale write accepted, no unexplained duplicate, no duplicate at all in the
-control run, every reclaim within lease + poll interval + 1 s. The kill and
-stop cases must also show that their fault happened and was survived.
+control run, every reclaim within lease + poll interval + 1 s. The kill, stop
+and term cases must also show that their fault happened and was survived.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _store(backend: str, tmp_path: Path) -> tuple[str, str | None]:
     return PG_URL, f"chaos_{uuid.uuid4().hex[:8]}"
 
 
-@pytest.mark.parametrize("scenario", ["control", "kill", "stop"])
+@pytest.mark.parametrize("scenario", ["control", "kill", "stop", "term"])
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
 async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
     url, schema = _store(backend, tmp_path)
@@ -47,6 +47,8 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
         # A worker stopped for twice its lease loses what it held; when it
         # wakes, its late endings are refused.
         assert report.reclaims > 0 and report.stale_writes_rejected > 0
+    if scenario == "term":
+        assert report.worker_restarts > 0
     if backend == "sqlite":
         conn = sqlite3.connect(tmp_path / "chaos.db")
         try:

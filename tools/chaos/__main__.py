@@ -15,6 +15,7 @@ import asyncio
 import sys
 import tempfile
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from tools.chaos.harness import SCENARIOS, SMOKE, SOAK, run
@@ -30,6 +31,10 @@ def store(backend: str, workdir: Path, url: str) -> tuple[str, str | None]:
 
 async def main(args: argparse.Namespace) -> int:
     profile = {"smoke": SMOKE, "soak": SOAK}[args.profile]
+    if args.tasks is not None:
+        profile = replace(profile, tasks=args.tasks)
+    if args.fault_seconds is not None:
+        profile = replace(profile, fault_seconds=args.fault_seconds)
     scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     root = Path(args.workdir or tempfile.mkdtemp(prefix="conveyor-chaos-"))
     failed = False
@@ -54,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--url", default=PG_URL, help="PostgreSQL URL (default %(default)s)")
     parser.add_argument("--workdir", help="where runs keep their files (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tasks", type=int, help="override the profile's task count")
+    parser.add_argument(
+        "--fault-seconds", type=float, help="override the profile's longest fault window"
+    )
     return parser.parse_args(argv)
 
 

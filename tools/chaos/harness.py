@@ -13,7 +13,9 @@ stop, continue and stop request is recorded with its time.
 
 Scenarios: ``control`` (no fault: no task may run twice), ``kill`` (SIGKILL
 a random worker and start a new one), ``stop`` (SIGSTOP a random worker for
-twice the lease, then SIGCONT: its late endings must be rejected).
+twice the lease, then SIGCONT: its late endings must be rejected), ``term``
+(SIGTERM a random worker, which drains for one lease and releases the rest,
+and start a new one).
 
 Limits: times compare the worker's wall clock (ledger, faults) with the
 backend's clock (attempt rows); both are this machine's.
@@ -171,7 +173,24 @@ async def stop_one(workers: Workers, rng: random.Random) -> None:
     workers.stopped.discard(victim.pid)
 
 
-SCENARIOS: dict[str, Fault | None] = {"control": None, "kill": kill_one, "stop": stop_one}
+async def term_one(workers: Workers, rng: random.Random) -> None:
+    """SIGTERM a random running worker and start its replacement at once: it
+    drains for its grace (one lease), then releases what still runs (the long
+    tasks) as ``interrupted``, to be run again elsewhere."""
+    running = workers.running()
+    if running:
+        victim = rng.choice(running)
+        workers.signal(victim, "term", signal.SIGTERM)
+        workers.spawn()
+        await asyncio.to_thread(victim.wait)
+
+
+SCENARIOS: dict[str, Fault | None] = {
+    "control": None,
+    "kill": kill_one,
+    "stop": stop_one,
+    "term": term_one,
+}
 
 
 async def unfinished(client: App) -> int:
