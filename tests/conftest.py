@@ -15,7 +15,7 @@ import pytest
 
 import conveyor
 from conveyor.backends.postgres import PostgresBackend
-from tests.proxy import Proxy
+from tools.proxy import Proxy
 
 PG_URL = os.environ.get("CONVEYOR_TEST_URL", "postgresql://127.0.0.1:5432/test")
 

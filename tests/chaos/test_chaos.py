@@ -4,8 +4,10 @@ Each case runs ``tools.chaos.harness.run`` with the smoke profile (2000
 tasks, 4 workers of 4 slots, 2 s leases, faults until the work is done) in a
 fresh store, then asserts the checker found no breach: nothing lost, no
 stale write accepted, no unexplained duplicate, no duplicate at all in the
-control run, every reclaim within lease + poll interval + 1 s. The kill, stop
-and term cases must also show that their fault happened and was survived.
+control run, every reclaim within lease + poll interval + 1 s. The kill, stop,
+term and net (PostgreSQL only: a TCP proxy resets or black-holes the
+workers' connections) cases must also show that their fault happened and
+was survived.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PG_URL
-from tools.chaos.harness import SMOKE, run
+from tools.chaos.harness import NETWORK_SCENARIOS, SMOKE, run
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -28,8 +30,15 @@ def _store(backend: str, tmp_path: Path) -> tuple[str, str | None]:
     return PG_URL, f"chaos_{uuid.uuid4().hex[:8]}"
 
 
-@pytest.mark.parametrize("scenario", ["control", "kill", "stop", "term"])
-@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+CASES = [
+    (backend, scenario)
+    for backend in ("postgres", "sqlite")
+    for scenario in ("control", "kill", "stop", "term", "net")
+    if not (backend == "sqlite" and scenario in NETWORK_SCENARIOS)
+]
+
+
+@pytest.mark.parametrize(("backend", "scenario"), CASES)
 async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
     url, schema = _store(backend, tmp_path)
     lines: list[str] = []
@@ -49,6 +58,9 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
         assert report.reclaims > 0 and report.stale_writes_rejected > 0
     if scenario == "term":
         assert report.worker_restarts > 0
+    if scenario == "net":
+        # Cut and swallowed connections cost leases; their late endings are refused.
+        assert report.stale_writes_rejected > 0
     if backend == "sqlite":
         conn = sqlite3.connect(tmp_path / "chaos.db")
         try:

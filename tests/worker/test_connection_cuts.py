@@ -1,4 +1,4 @@
-"""A worker whose connections are cut or black-holed (through ``tests/proxy.py``).
+"""A worker whose connections are cut or black-holed (through ``tools/proxy.py``).
 
 The worker runs against ``conveyor.App(proxy.url)``: its pool, its heartbeat
 and its wake-up listener all go through the proxy. The test itself enqueues
@@ -23,8 +23,8 @@ from conveyor import Outcome, RetryPolicy, TaskContext, TaskState
 from conveyor.backends.protocol import HeartbeatParams, HeartbeatResult
 from conveyor.model import LeaseToken
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
-from tests.proxy import Proxy
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
+from tools.proxy import Proxy
 
 pytestmark = pytest.mark.slow
 

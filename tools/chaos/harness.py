@@ -15,7 +15,9 @@ Scenarios: ``control`` (no fault: no task may run twice), ``kill`` (SIGKILL
 a random worker and start a new one), ``stop`` (SIGSTOP a random worker for
 twice the lease, then SIGCONT: its late endings must be rejected), ``term``
 (SIGTERM a random worker, which drains for one lease and releases the rest,
-and start a new one).
+and start a new one), ``net`` (PostgreSQL only: the workers connect through
+a TCP proxy that alternately resets every connection or swallows every
+packet for twice the lease).
 
 Limits: times compare the worker's wall clock (ledger, faults) with the
 backend's clock (attempt rows); both are this machine's.
@@ -38,6 +40,7 @@ from pathlib import Path
 from conveyor import App, Task, TaskState
 from tools.chaos.app import LEDGER_ENV, RETRY, TASK_NAME
 from tools.chaos.checker import Report, check, read_events, read_ledger
+from tools.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVE_STATES = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
@@ -67,8 +70,11 @@ SOAK = Profile(tasks=20_000, workers=4, concurrency=8, fault_seconds=600.0)
 class Workers:
     """The worker processes of a run; every change is written to the faults file."""
 
-    def __init__(self, env: dict[str, str], profile: Profile, workdir: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], profile: Profile, workdir: Path, proxy: Proxy | None = None
+    ) -> None:
         self.env = env
+        self.proxy = proxy
         self.profile = profile
         self.workdir = workdir
         self.faults = workdir / "faults.jsonl"
@@ -185,12 +191,37 @@ async def term_one(workers: Workers, rng: random.Random) -> None:
         await asyncio.to_thread(victim.wait)
 
 
+async def cut_network(workers: Workers, rng: random.Random) -> None:
+    """Between the workers and PostgreSQL: reset every connection (RST), or
+    swallow every packet for twice the lease, then deliver again."""
+    proxy = workers.proxy
+    assert proxy is not None
+    log = workers.workdir / "network.jsonl"
+    if rng.random() < 0.5:
+        reset = proxy.cut()
+        _note(log, {"event": "cut", "connections": reset, "at": time.time()})
+        return
+    proxy.blackhole()
+    _note(log, {"event": "blackhole", "at": time.time()})
+    await asyncio.sleep(2 * workers.profile.lease)
+    proxy.restore()
+    _note(log, {"event": "restore", "at": time.time()})
+
+
+def _note(path: Path, record: dict[str, object]) -> None:
+    with path.open("a") as out:
+        out.write(json.dumps(record) + "\n")
+
+
 SCENARIOS: dict[str, Fault | None] = {
     "control": None,
     "kill": kill_one,
     "stop": stop_one,
     "term": term_one,
+    "net": cut_network,
 }
+NETWORK_SCENARIOS = frozenset({"net"})
+"""Scenarios whose workers reach PostgreSQL through a proxy (not SQLite)."""
 
 
 async def unfinished(client: App) -> int:
@@ -238,18 +269,46 @@ async def run(
 ) -> Report:
     """One chaos run in a fresh store; the checker's report (also written to
     ``workdir/report.json``)."""
-    fault = SCENARIOS[scenario]
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
     rng = random.Random(seed)
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     ledger = workdir / "ledger.jsonl"
     env = {**os.environ, "CONVEYOR_URL": url, LEDGER_ENV: str(ledger), "PYTHONPATH": str(ROOT)}
     if schema is not None:
         env["CONVEYOR_SCHEMA"] = schema
+    proxy = None
+    if scenario in NETWORK_SCENARIOS:
+        if not url.startswith("postgres"):
+            raise ValueError(f"the {scenario!r} scenario needs PostgreSQL")
+        proxy = Proxy(url)
+        proxy.start()
+        env["CONVEYOR_URL"] = proxy.url
+    try:
+        return await _run(url, scenario, workdir, profile, schema, rng, env, proxy, log)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+
+
+async def _run(
+    url: str,
+    scenario: str,
+    workdir: Path,
+    profile: Profile,
+    schema: str | None,
+    rng: random.Random,
+    env: dict[str, str],
+    proxy: Proxy | None,
+    log: Callable[[str], None],
+) -> Report:
+    fault = SCENARIOS[scenario]
+    ledger = Path(env[LEDGER_ENV])
     client = App(url, schema=schema, allow_unregistered=True)
     async with client:
         ids = await enqueue(client, profile, rng)
         log(f"{scenario}: {len(ids)} tasks enqueued; {profile.workers} workers")
-        workers = Workers(env, profile, workdir)
+        workers = Workers(env, profile, workdir, proxy)
         for _ in range(profile.workers):
             workers.spawn()
         initial = profile.workers
@@ -262,6 +321,8 @@ async def run(
                     await fault(workers, rng)
                 await asyncio.sleep(profile.fault_interval)
             log(f"{scenario}: faults over after {time.monotonic() - started:.1f}s; settling")
+            if proxy is not None:
+                proxy.restore()
             workers.heal()
             settled = await wait_until_done(client, profile.settle_seconds)
             log(f"{scenario}: {'settled' if settled else 'NOT settled'}")

@@ -1,4 +1,4 @@
-"""A TCP proxy in front of the test database, to cut or black-hole connections.
+"""A TCP proxy in front of a database, to cut or black-hole connections (tests, chaos runs).
 
 ``Proxy`` listens on 127.0.0.1 (a free port) and forwards every connection to
 the database a URL names. It runs its own event loop in a background thread,
@@ -209,7 +209,8 @@ class Proxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        assert task is not None and self._open is not None
+        assert task is not None
+        assert self._open is not None
         self.accepted += 1
         pair = _Pair(writer, task)
         self._pairs.add(pair)
