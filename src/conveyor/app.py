@@ -139,9 +139,7 @@ class App:
         )
 
         def register(handler: F) -> TaskDef:
-            task_name = name or handler.__name__
-            if task_name in self.tasks:
-                raise DuplicateTaskError(f"task name {task_name!r} is already registered")
+            task_name = self._free_name(name or handler.__name__)
             executor: Executor
             if process:
                 executor = "process"
@@ -163,9 +161,7 @@ class App:
         """
         from conveyor.workflow import Workflow
 
-        if name in self.tasks:
-            raise DuplicateTaskError(f"task name {name!r} is already registered")
-        found = Workflow(self, name, TaskOptions(queue=queue, priority=priority))
+        found = Workflow(self, self._free_name(name), TaskOptions(queue=queue, priority=priority))
         self.tasks[name] = found
         return found
 
@@ -193,14 +189,18 @@ class App:
         )
 
         def register(handler: F) -> Coroutine:
-            task_name = name or handler.__name__
-            if task_name in self.tasks:
-                raise DuplicateTaskError(f"task name {task_name!r} is already registered")
+            task_name = self._free_name(name or handler.__name__)
             found = Coroutine(self, handler, task_name, options)
             self.tasks[task_name] = found
             return found
 
         return register
+
+    def _free_name(self, name: str) -> str:
+        """``name``, if no task, workflow or coroutine has it yet."""
+        if name in self.tasks:
+            raise DuplicateTaskError(f"task name {name!r} is already registered")
+        return name
 
     def _definition(self, task: str | TaskDef) -> TaskDef:
         if isinstance(task, TaskDef):

@@ -218,20 +218,8 @@ class Coroutine(TaskDef):
         options = self.options.merge(priority=priority)
         when, seconds = run_at_from(delay, run_at)
         first = None if message is _NO_MESSAGE else codec.encode(codec.to_plain(message), max_bytes)
-        return NewTask(
-            name=self.name,
-            queue=options.queue,
-            payload=codec.encode(plain, max_bytes),
-            priority=options.priority,
-            max_attempts=options.retry.max_attempts,
-            retry=options.retry,
-            run_at=when,
-            delay=seconds,
-            timeout=options.timeout,
-            lease=options.lease,
-            inbox=True,
-            message=first,
-        )
+        payload = codec.encode(plain, max_bytes)
+        return options.new_task(self.name, payload, when, seconds, inbox=True, message=first)
 
     def start(
         self,

@@ -61,6 +61,24 @@ class TaskOptions:
         changes = {k: v for k, v in overrides.items() if v is not None}
         return dataclasses.replace(self, **changes) if changes else self
 
+    def new_task(
+        self, name: str, payload: str, run_at: datetime | None, delay: float, **extra: Any
+    ) -> NewTask:
+        """A task with these options (``extra``: step, inbox, message...)."""
+        return NewTask(
+            name=name,
+            queue=self.queue,
+            payload=payload,
+            priority=self.priority,
+            max_attempts=self.retry.max_attempts,
+            retry=self.retry,
+            run_at=run_at,
+            delay=delay,
+            timeout=self.timeout,
+            lease=self.lease,
+            **extra,
+        )
+
 
 def step_state(step: Any, max_bytes: int) -> str:
     """Encode a workflow step (a dataclass or pydantic model) as its stored state."""
@@ -170,18 +188,7 @@ class TaskDef:
         options = self.options.merge(**overrides)
         when, seconds = run_at_from(delay, run_at)
         return [
-            NewTask(
-                name=self.name,
-                queue=options.queue,
-                payload=self.encode_args(args, max_bytes),
-                priority=options.priority,
-                max_attempts=options.retry.max_attempts,
-                retry=options.retry,
-                run_at=when,
-                delay=seconds,
-                timeout=options.timeout,
-                lease=options.lease,
-            )
+            options.new_task(self.name, self.encode_args(args, max_bytes), when, seconds)
             for args in many
         ]
 

@@ -169,19 +169,8 @@ class Workflow(TaskDef):
         definition = self._definition_of(step)
         options = definition.options.merge(priority=priority)
         when, seconds = run_at_from(delay, run_at)
-        return NewTask(
-            name=self.name,
-            queue=options.queue,
-            payload=step_state(step, self.app.max_payload_bytes),
-            priority=options.priority,
-            max_attempts=options.retry.max_attempts,
-            retry=options.retry,
-            run_at=when,
-            delay=seconds,
-            timeout=options.timeout,
-            lease=options.lease,
-            step=definition.name,
-        )
+        payload = step_state(step, self.app.max_payload_bytes)
+        return options.new_task(self.name, payload, when, seconds, step=definition.name)
 
     def start(self, step: Any, *, connection: Any = None, **options: Any) -> TaskHandle:
         """Store a new workflow that begins at ``step``; its handle once durable.
