@@ -55,7 +55,13 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
     if scenario == "stop":
         # A worker stopped for twice its lease loses what it held; when it
         # wakes, its late endings are refused.
-        assert report.reclaims > 0 and report.stale_writes_rejected > 0
+        assert report.stale_writes_rejected > 0
+        if backend == "postgres":
+            assert report.reclaims > 0
+        # On SQLite the stopped process may hold the single write lock: every
+        # worker freezes with it, their leases expire too, and the stopped
+        # worker's own tasks may end before anyone reclaims them (so its
+        # reclaims can be 0; the refused late endings show the fault).
     if scenario == "term":
         assert report.worker_restarts > 0
     if scenario == "net":
