@@ -44,7 +44,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from conveyor import payload as codec
 from conveyor.backends.protocol import ClaimedTask, Completion, NewTask, Transition
@@ -110,6 +110,21 @@ class Workflow(TaskDef):
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name} ({len(self.steps)} steps)>"
+
+    @overload
+    def step(self, cls: S, /) -> S: ...
+
+    @overload
+    def step(
+        self,
+        cls: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        timeout: float | None = None,
+        lease: float | None = None,
+    ) -> Callable[[S], S]: ...
 
     def step(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,9 +12,11 @@ import pytest
 from conveyor.model import DEFAULT_RETRY, Attempt, Outcome, Task, TaskState
 from tools.chaos.checker import (
     Execution,
+    Expected,
     FaultEvent,
     HistoryError,
     Kind,
+    NameCounts,
     Report,
     check,
     read_events,
@@ -105,6 +108,7 @@ def run(
     *,
     enqueued: Sequence[int] | None = None,
     control: bool = False,
+    expected: dict[int, Expected] | None = None,
 ) -> Report:
     by_id = {t.id: t for t in tasks}
     return check(
@@ -115,6 +119,7 @@ def run(
         lease=LEASE,
         poll_interval=POLL,
         control=control,
+        expected=expected,
     )
 
 
@@ -168,6 +173,7 @@ def test_clean_history_passes_with_its_counts() -> None:
     assert report.reclaims == 1
     assert report.worst_reclaim_seconds == pytest.approx(2.2)
     assert report.worker_restarts == 1  # two spawns before the first fault
+    assert report.names == {"chaos_work": NameCounts(tasks=4, attempts=5, lease_lost=1)}
 
 
 def test_report_serialises_and_summarises() -> None:
@@ -545,3 +551,158 @@ def test_a_sqlite_stop_counts_from_its_continue_minus_a_lease() -> None:
     one_writer = check(**common, single_writer=True)  # type: ignore[arg-type]
     assert one_writer.ok, one_writer.summary()
     assert one_writer.worst_reclaim_seconds == pytest.approx(2.3)
+
+
+# -- workflows and coroutines: one attempt per step or poll -------------------------
+
+
+def flow(task_id: int, state: TaskState, *attempts: Attempt, result: object = None) -> Task:
+    """A step workflow (``step`` set): each attempt runs one step."""
+    return replace(task(task_id, state, *attempts), step="Hop", result=result)
+
+
+def step_ran(
+    task_id: int, number: int, seq: int, start: float, end: float | None, worker: str = "w1"
+) -> list[str]:
+    """Ledger lines of one step's execution, with its ``seq``."""
+    lines = ran(task_id, number, start, end, worker)
+    return [json.dumps({**json.loads(line), "seq": seq}) for line in lines]
+
+
+def committed_flow() -> tuple[Task, list[str]]:
+    """Three steps; the worker running step 1 dies and step 1 runs again."""
+    t = flow(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.SUCCEEDED, 0.0, 0.2),
+        attempt(1, 2, Outcome.LEASE_LOST, 0.3, 3.0),
+        attempt(1, 3, Outcome.SUCCEEDED, 3.0, 3.3, worker="w2"),
+        attempt(1, 4, Outcome.SUCCEEDED, 3.4, 3.6, worker="w2"),
+        result=[0, 1, 2],
+    )
+    ledger = (
+        step_ran(1, 1, 0, 0.05, 0.15)
+        + step_ran(1, 2, 1, 0.35, None)
+        + step_ran(1, 3, 1, 3.05, 3.25, "w2")
+        + step_ran(1, 4, 2, 3.45, 3.55, "w2")
+    )
+    return t, ledger
+
+
+def test_a_workflow_that_reran_an_uncommitted_step_is_clean() -> None:
+    t, ledger = committed_flow()
+    report = run([t], ledger, [fault("kill", "w1", 0.5)], expected={1: Expected([0, 1, 2])})
+    assert report.ok, report.summary()
+    assert report.duplicates == 1  # step 1 ran twice
+    assert report.reclaims == 1
+
+
+def test_a_step_run_again_after_its_transition_committed_is_a_rerun() -> None:
+    t = flow(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.SUCCEEDED, 0.0, 0.2),
+        attempt(1, 2, Outcome.SUCCEEDED, 0.3, 0.5),
+        result=[0, 1],
+    )
+    # Attempt 2 ran step 0 again though attempt 1 had committed it.
+    ledger = step_ran(1, 1, 0, 0.05, 0.15) + step_ran(1, 2, 0, 0.35, 0.45)
+    report = run([t], ledger)
+    assert kinds(report) == {Kind.STEP_RERUN, Kind.DOUBLE_SUCCESS}
+    rerun = next(v for v in report.violations if v.kind is Kind.STEP_RERUN)
+    assert rerun.detail == "step 0 ran again in attempt 2 after attempt 1 committed it"
+
+
+def test_a_step_committed_by_two_attempts_is_a_double_success() -> None:
+    t = flow(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.SUCCEEDED, 0.0, 0.2),
+        attempt(1, 2, Outcome.SUCCEEDED, 0.1, 0.3, worker="w2"),
+    )
+    ledger = step_ran(1, 1, 0, 0.05, 0.15) + step_ran(1, 2, 0, 0.12, 0.25, "w2")
+    report = run([t], ledger)
+    assert Kind.DOUBLE_SUCCESS in kinds(report)
+    assert any(v.detail == "attempts 1 and 2 both committed step 0" for v in report.violations)
+
+
+def test_a_late_step_commit_is_a_stale_write() -> None:
+    t = flow(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.SUCCEEDED, 0.0, 3.5),
+        attempt(1, 2, Outcome.SUCCEEDED, 3.0, 3.2, worker="w2"),
+    )
+    ledger = step_ran(1, 1, 0, 0.05, 3.4) + step_ran(1, 2, 1, 3.05, 3.1, "w2")
+    assert Kind.STALE_WRITE_ACCEPTED in kinds(run([t], ledger))
+
+
+def test_control_run_allows_one_committed_attempt_per_step_only() -> None:
+    three = flow(
+        1,
+        TaskState.SUCCEEDED,
+        *(attempt(1, n, Outcome.SUCCEEDED, n, n + 0.2) for n in (1, 2, 3)),
+    )
+    ledger = [line for n in (1, 2, 3) for line in step_ran(1, n, n - 1, n + 0.05, n + 0.1)]
+    assert run([three], ledger, control=True).ok
+
+    retried = flow(
+        2,
+        TaskState.SUCCEEDED,
+        attempt(2, 1, Outcome.FAILED, 0.0, 0.2),
+        attempt(2, 2, Outcome.SUCCEEDED, 0.3, 0.5),
+    )
+    ledger = step_ran(2, 1, 0, 0.05, 0.1) + step_ran(2, 2, 0, 0.35, 0.4)
+    report = run([retried], ledger, control=True)
+    assert kinds(report) == {Kind.CONTROL_DUPLICATE}
+
+
+def test_a_result_other_than_expected_is_wrong() -> None:
+    one, ledger = succeeded_once(1)
+    one = replace(one, result=7)
+    assert run([one], ledger, expected={1: Expected(7)}).ok
+    report = run([one], ledger, expected={1: Expected(8)})
+    assert kinds(report) == {Kind.WRONG_RESULT}
+    assert report.violations[0].detail == "result 7, expected 8"
+
+
+def gathered(result: object) -> Task:
+    t = task(1, TaskState.SUCCEEDED, attempt(1, 1, Outcome.SUCCEEDED, 0.0, 0.2))
+    return replace(t, inbox=True, result=result)
+
+
+def test_each_message_must_be_consumed_exactly_once() -> None:
+    ledger = step_ran(1, 1, 0, 0.05, 0.15)
+    want = Expected(messages=("child:0", "child:1", "m0", "last"), maybe=("m1", "last"))
+    ok = gathered(["child:0", "child:1", "last", "last", "m0"])  # "last" sent twice
+    assert run([ok], ledger, expected={1: want}).ok
+
+    report = run(
+        [gathered(["child:0", "last", "m0", "m0", "m1", "m1"])], ledger, expected={1: want}
+    )
+    assert sorted((v.kind, v.detail) for v in report.violations) == [
+        (Kind.MESSAGE_LOST, "message 'child:1' consumed 0 times, sent 1"),
+        (Kind.MESSAGE_TWICE, "message 'm0' consumed 2 times, sent 1 (+0 unknown)"),
+        (Kind.MESSAGE_TWICE, "message 'm1' consumed 2 times, sent 0 (+1 unknown)"),
+    ]
+
+    report = run([gathered(["child:0", "child:1", "m0", "last", "m9"])], ledger, expected={1: want})
+    assert [(v.kind, v.detail) for v in report.violations] == [
+        (Kind.WRONG_RESULT, "unexpected message 'm9'")
+    ]
+    report = run([gathered({"not": "a list"})], ledger, expected={1: want})
+    assert kinds(report) == {Kind.WRONG_RESULT}
+
+
+def test_results_of_tasks_that_did_not_succeed_are_not_checked() -> None:
+    failed = task(1, TaskState.FAILED, attempt(1, 1, Outcome.FAILED, 0.0, 0.2))
+    report = run([failed], ran(1, 1, 0.05, 0.1), expected={1: Expected(messages=("m0",))})
+    assert report.ok and report.failed == 1
+
+
+def test_ledger_seq_is_read_and_checked() -> None:
+    [start] = read_ledger(step_ran(1, 1, 4, 0.0, None))
+    assert start.seq == 4
+    assert read_ledger(ran(1, 1, 0.0, None))[0].seq == 0
+    with pytest.raises(HistoryError, match="seq"):
+        read_ledger([json.dumps({**json.loads(ran(1, 1, 0.0, None)[0]), "seq": "x"}), "{}"])

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from tools.chaos.harness import NETWORK_SCENARIOS, SCENARIOS, SMOKE, SOAK, run
+from tools.chaos.harness import POSTGRES_ONLY, SCENARIOS, SMOKE, SOAK, run
 
 PG_URL = "postgresql://127.0.0.1:5432/test"
 
@@ -36,8 +36,8 @@ async def main(args: argparse.Namespace) -> int:
     if args.fault_seconds is not None:
         profile = replace(profile, fault_seconds=args.fault_seconds)
     scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
-    if args.backend == "sqlite":  # no network between the workers and a file
-        scenarios = [s for s in scenarios if s not in NETWORK_SCENARIOS]
+    if args.backend == "sqlite":  # no network, no server to restart
+        scenarios = [s for s in scenarios if s not in POSTGRES_ONLY]
     root = Path(args.workdir or tempfile.mkdtemp(prefix="conveyor-chaos-"))
     failed = False
     for scenario in scenarios:

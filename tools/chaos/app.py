@@ -1,23 +1,52 @@
-"""The App that chaos workers run: a task that sleeps and keeps an effects ledger.
+"""The App that chaos workers run: tasks, workflows and coroutines that keep an effects ledger.
 
-Each execution of ``chaos_work`` appends a ``start`` line when it begins and
-an ``end`` line when its body has finished (before the worker records the
-attempt's ending) to the ledger file named by ``CONVEYOR_CHAOS_LEDGER``, so
-an execution whose ending the fence rejected, or that was killed, is still
-visible to the checker. Lines are single ``write`` calls on a file opened
-with ``O_APPEND``: concurrent workers never interleave within a line.
+Every execution appends a ``start`` line when it begins and an ``end`` line
+when its body has finished (before the worker records the attempt's ending)
+to the ledger file named by ``CONVEYOR_CHAOS_LEDGER``, so an execution whose
+ending the fence rejected, or that was killed, is still visible to the
+checker. Lines are single ``write`` calls on a file opened with
+``O_APPEND``: concurrent workers never interleave within a line. Each line
+carries ``seq``: how many transitions of its task had committed when the
+execution began (always 0 for a plain task; the step's position in a
+workflow; the poll's number in a coroutine), which is how the checker tells
+a step re-run after its transition committed from one re-run after a crash.
+
+The workload:
+
+* ``chaos_work``: a plain task that sleeps and returns its ``i``.
+* ``chaos_flow``: a workflow of ``hops`` steps (``Hop``); it ends with the
+  list of hops it committed, ``[0, 1, ..., hops - 1]``.
+* ``chaos_gather``: a coroutine that spawns ``children`` ``chaos_work``
+  children and collects their results from their end messages, plus every
+  outside message, until an outside ``"last"``; it ends with what it
+  collected, sorted: a message consumed twice or lost shows in that list.
+* ``chaos_cpu_thread`` / ``chaos_cpu_process``: hold the GIL (one C call that
+  does not release it) for ``hold_ms``; the thread handler only in its first
+  attempt, since a thread handler's GIL-holding call starves its worker's
+  heartbeat (a documented limit), while a process handler holds only its own
+  child's GIL and keeps its lease.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import time
+from dataclasses import dataclass
+from typing import Any
 
+import conveyor
 from conveyor import App, RetryPolicy, TaskContext
 
 TASK_NAME = "chaos_work"
+FLOW_NAME = "chaos_flow"
+GATHER_NAME = "chaos_gather"
+CPU_THREAD_NAME = "chaos_cpu_thread"
+CPU_PROCESS_NAME = "chaos_cpu_process"
+LAST = "last"
+"""The outside message that tells a gather no more outside messages come."""
 LEDGER_ENV = "CONVEYOR_CHAOS_LEDGER"
 # Faults reclaim tasks again and again: a budget this size is not spent by
 # them, so every task can end succeeded and a lost one stands out.
@@ -26,13 +55,14 @@ RETRY = RetryPolicy(max_attempts=50, initial_interval=0.05, max_interval=0.5, ji
 app = App()
 
 
-def record(event: str, ctx: TaskContext) -> None:
+def record(event: str, ctx: TaskContext, seq: int = 0) -> None:
     """Append one ledger line for this execution."""
     line = json.dumps(
         {
             "event": event,
             "task": ctx.task_id,
             "attempt": ctx.attempt,
+            "seq": seq,
             "worker": ctx.worker_id,
             "pid": os.getpid(),
             "at": time.time(),
@@ -52,4 +82,80 @@ async def chaos_work(ctx: TaskContext, i: int, sleep_ms: int) -> int:
     record("start", ctx)
     await asyncio.sleep(sleep_ms / 1000)
     record("end", ctx)
+    return i
+
+
+flow = app.workflow(FLOW_NAME)
+
+
+@flow.step(retry=RETRY)
+@dataclass
+class Hop:
+    """One step of a chain of ``hops``; ``trail`` lists the hops committed before it."""
+
+    hops: int
+    sleep_ms: int
+    trail: list[int]
+
+    async def run(self, ctx: TaskContext) -> conveyor.Next | conveyor.Done:
+        seq = len(self.trail)
+        record("start", ctx, seq)
+        await asyncio.sleep(self.sleep_ms / 1000)
+        record("end", ctx, seq)
+        trail = [*self.trail, seq]
+        if len(trail) >= self.hops:
+            return conveyor.done(trail)
+        return conveyor.next(Hop(self.hops, self.sleep_ms, trail))
+
+
+def gather_state(children: int, sleep_ms: int) -> dict[str, Any]:
+    """A new gather's state."""
+    return {"children": children, "sleep_ms": sleep_ms, "polls": 0, "got": [], "ended": 0}
+
+
+@app.coroutine(GATHER_NAME, retry=RETRY)
+async def chaos_gather(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
+    """The first poll spawns the children; every poll adds what its inbox
+    holds to ``got`` (a child's result as ``child:<i>``, an outside message as
+    itself); it ends once every child has ended and ``"last"`` has come."""
+    state = poll.state
+    seq = state["polls"]
+    record("start", poll.ctx, seq)
+    if seq == 0:
+        for i in range(state["children"]):
+            poll.spawn(chaos_work, args={"i": i, "sleep_ms": state["sleep_ms"]})
+    for message in poll.inbox:
+        if message.is_end:
+            state["ended"] += 1
+            state["got"].append(f"child:{message.body['result']}")
+        else:
+            state["got"].append(message.body)
+    state["polls"] = seq + 1
+    await asyncio.sleep(state["sleep_ms"] / 1000)
+    record("end", poll.ctx, seq)
+    if state["ended"] >= state["children"] and LAST in state["got"]:
+        return conveyor.done(sorted(state["got"]))
+    return conveyor.suspend()
+
+
+def hold_gil(milliseconds: int) -> None:
+    """Sleep inside one C call that keeps the GIL (``ctypes.PyDLL`` never
+    releases it): no other thread of this interpreter runs meanwhile."""
+    ctypes.PyDLL(None).usleep(milliseconds * 1000)
+
+
+@app.task(name=CPU_THREAD_NAME, retry=RETRY)
+def chaos_cpu_thread(ctx: TaskContext, i: int, hold_ms: int) -> int:
+    """In its first attempt, hold the GIL for ``hold_ms``; return ``i``."""
+    record("start", ctx)
+    if ctx.attempt == 1:
+        hold_gil(hold_ms)
+    record("end", ctx)
+    return i
+
+
+@app.task(name=CPU_PROCESS_NAME, retry=RETRY, process=True)
+def chaos_cpu_process(i: int, hold_ms: int) -> int:
+    """Hold the GIL of this child process for ``hold_ms``; return ``i``."""
+    hold_gil(hold_ms)
     return i

@@ -8,8 +8,11 @@ JSON lines the caller has read.
 What a :class:`Report` guarantees when ``ok``:
 
 * ``lost``: every acknowledged task exists and is terminal.
-* ``double_success``: at most one attempt of a task succeeded, and it is the
-  last attempt.
+* ``double_success``: at most one attempt of a plain task succeeded, and it
+  is the last attempt; in a step workflow or coroutine, at most one attempt
+  committed each step or poll (its ``seq``).
+* ``step_rerun``: no step or poll ran again (in a later attempt) after an
+  attempt committed its transition.
 * ``attempt_numbers``: attempts are numbered exactly 1..n; at most one is
   ``in_progress``, it is the last one, and only on a task that is not terminal.
 * ``stale_write_accepted``: no success was recorded for an execution whose
@@ -26,8 +29,12 @@ What a :class:`Report` guarantees when ``ok``:
   succeeded attempt is reported as ``double_success`` or
   ``stale_write_accepted``, one after an ``in_progress`` attempt as
   ``attempt_numbers``.
-* ``control_duplicate``: in a fault-free run, no task has more than one
-  attempt or execution.
+* ``control_duplicate``: in a fault-free run, no plain task has more than
+  one attempt or execution, and every attempt of a workflow or coroutine ran
+  once and committed.
+* ``wrong_result``, ``message_lost``, ``message_twice``: a succeeded task's
+  result is what ``expected`` says (see :class:`Expected`): for a coroutine
+  that collects its messages, each message exactly once.
 * ``slow_reclaim``: a task held by a worker that was killed (or stopped for
   longer than its lease) got its next attempt within
   ``lease + poll_interval + reclaim_slack`` seconds of the fault. On a
@@ -38,9 +45,9 @@ What a :class:`Report` guarantees when ``ok``:
 Limits: times compare the workers' and harness's wall clock (ledger, faults)
 with the backend's clock (attempt rows); both must be this machine's. Only
 tasks present in ``tasks`` are checked beyond ``lost``; ledger lines of other
-tasks are ignored. Plain tasks only: a step workflow or coroutine task
-records a succeeded attempt per step, which ``double_success`` would flag.
-An execution without an ``end`` is taken to last until its process was
+tasks are ignored. A workflow's or coroutine's ledger lines must carry
+``seq`` (transitions committed before the execution began); a plain task's
+is 0. An execution without an ``end`` is taken to last until its process was
 killed, else until its attempt finished, else forever.
 """
 
@@ -81,6 +88,10 @@ class Kind(enum.StrEnum):
     UNEXPLAINED_DUPLICATE = "unexplained_duplicate"
     CONTROL_DUPLICATE = "control_duplicate"
     SLOW_RECLAIM = "slow_reclaim"
+    STEP_RERUN = "step_rerun"
+    WRONG_RESULT = "wrong_result"
+    MESSAGE_LOST = "message_lost"
+    MESSAGE_TWICE = "message_twice"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +105,24 @@ class Execution:
     pid: int
     at: float
     """``time.time()`` when the line was written."""
+    seq: int = 0
+    """Transitions of the task committed when the execution began (0: a plain task)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What a succeeded task's result must be.
+
+    With ``messages`` None the result must equal ``result``. Otherwise the
+    result is a list of message bodies (strings): each of ``messages`` must
+    appear exactly as often as it is listed there, plus at most once more for
+    each time it is listed in ``maybe`` (a send whose outcome the sender does
+    not know); nothing else may appear.
+    """
+
+    result: Any = None
+    messages: tuple[str, ...] | None = None
+    maybe: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +149,22 @@ class Violation:
 
 
 @dataclass(frozen=True, slots=True)
+class NameCounts:
+    """The checked tasks of one name: how many, their attempts, and the
+    attempts that ended ``lease_lost``."""
+
+    tasks: int = 0
+    attempts: int = 0
+    lease_lost: int = 0
+
+    def add(self, task: Task) -> NameCounts:
+        lost = sum(a.outcome is Outcome.LEASE_LOST for a in task.attempts)
+        return NameCounts(
+            self.tasks + 1, self.attempts + len(task.attempts), self.lease_lost + lost
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """What :func:`check` found: counts, and every violation."""
 
@@ -130,7 +175,7 @@ class Report:
     cancelled: int
     lost: int
     duplicates: int
-    """Tasks executed (ledger ``start``) more than once."""
+    """Tasks with a step (a plain task's only one) executed more than once."""
     duplicates_explained: int
     """Tasks whose executions overlapped, each time with a ``lease_lost`` predecessor."""
     stale_writes_rejected: int
@@ -141,6 +186,8 @@ class Report:
     """Attempts held by a dead worker whose reclaim latency was measured."""
     worker_restarts: int
     violations: tuple[Violation, ...] = field(default=())
+    names: Mapping[str, NameCounts] = field(default_factory=dict)
+    """Every checked task (children too) by name."""
 
     @property
     def ok(self) -> bool:
@@ -162,6 +209,10 @@ class Report:
             "worst_reclaim_seconds": self.worst_reclaim_seconds,
             "reclaims": self.reclaims,
             "worker_restarts": self.worker_restarts,
+            "names": {
+                name: {"tasks": c.tasks, "attempts": c.attempts, "lease_lost": c.lease_lost}
+                for name, c in sorted(self.names.items())
+            },
             "violations": [v.to_json() for v in self.violations],
         }
 
@@ -180,6 +231,10 @@ class Report:
             f"reclaims: {self.reclaims}, worst "
             f"{'n/a' if worst is None else f'{worst:.2f}s'}; "
             f"worker restarts: {self.worker_restarts}",
+        ]
+        lines += [
+            f"  {name}: {c.tasks} tasks, {c.attempts} attempts, {c.lease_lost} lease lost"
+            for name, c in sorted(self.names.items())
         ]
         lines += [f"  {v}" for v in self.violations[:SUMMARY_VIOLATIONS]]
         if len(self.violations) > SUMMARY_VIOLATIONS:
@@ -263,6 +318,7 @@ def _execution(n: int, data: Mapping[str, Any]) -> Execution:
         worker=_str(n, data, "worker"),
         pid=_int(n, data, "pid"),
         at=_float(n, data, "at"),
+        seq=_int(n, data, "seq") if "seq" in data else 0,
     )
 
 
@@ -287,22 +343,27 @@ class _Run:
     pid: int
     start: float
     end: float | None
+    seq: int = 0
 
 
 def _pair(ledger: Iterable[Execution]) -> list[_Run]:
     """Match each ``start`` with the first later ``end`` of the same execution."""
-    starts: dict[tuple[int, int, str, int], list[float]] = defaultdict(list)
+    starts: dict[tuple[int, int, str, int], list[tuple[float, int]]] = defaultdict(list)
     ends: dict[tuple[int, int, str, int], list[float]] = defaultdict(list)
     for e in ledger:
-        (starts if e.event == "start" else ends)[(e.task, e.attempt, e.worker, e.pid)].append(e.at)
+        key = (e.task, e.attempt, e.worker, e.pid)
+        if e.event == "start":
+            starts[key].append((e.at, e.seq))
+        else:
+            ends[key].append(e.at)
     runs = []
-    for key, times in starts.items():
+    for key, begun in starts.items():
         pending = sorted(ends.get(key, []))
-        for at in sorted(times):
+        for at, seq in sorted(begun):
             end = next((t for t in pending if t >= at), None)
             if end is not None:
                 pending.remove(end)
-            runs.append(_Run(*key, start=at, end=end))
+            runs.append(_Run(*key, start=at, end=end, seq=seq))
     return sorted(runs, key=lambda r: (r.task, r.start))
 
 
@@ -333,6 +394,16 @@ class _History:
     def runs_of(self, number: int) -> list[_Run]:
         return [r for r in self.runs if r.attempt == number]
 
+    @property
+    def steps(self) -> bool:
+        """A step workflow or coroutine: each attempt runs one step or poll."""
+        return self.task.step is not None or self.task.inbox
+
+    @property
+    def duplicated(self) -> bool:
+        """Some step (a plain task's only one) executed more than once."""
+        return any(n > 1 for n in Counter(r.seq for r in self.runs).values())
+
 
 def _v(kind: Kind, task: Task, detail: str) -> Violation:
     return Violation(kind, task.id, detail)
@@ -354,9 +425,11 @@ def _check_lost(tasks: Mapping[int, Task], enqueued: Sequence[int]) -> list[Viol
 
 
 def _check_success(h: _History) -> list[Violation]:
-    """``double_success`` and ``stale_write_accepted``."""
+    """``double_success``, ``step_rerun`` and ``stale_write_accepted``."""
     task = h.task
     succeeded = [a for a in h.attempts if a.outcome is Outcome.SUCCEEDED]
+    if h.steps:
+        return _check_commits(h, succeeded) + _check_late(h, succeeded) + _check_terminal_write(h)
     found = []
     if len(succeeded) > 1:
         numbers = ", ".join(str(a.number) for a in succeeded)
@@ -372,6 +445,38 @@ def _check_success(h: _History) -> list[Violation]:
             detail = f"attempt {attempt.number} succeeded, then attempt {following.number} ran"
             found.append(_v(Kind.DOUBLE_SUCCESS, task, detail))
     return found + _check_terminal_write(h)
+
+
+def _check_commits(h: _History, succeeded: Sequence[Attempt]) -> list[Violation]:
+    """Each step or poll (``seq``) committed by one attempt, and never run after it."""
+    found = []
+    committed: dict[int, Attempt] = {}
+    for attempt in succeeded:
+        for seq in sorted({r.seq for r in h.runs_of(attempt.number)}):
+            first = committed.setdefault(seq, attempt)
+            if first is not attempt:
+                detail = f"attempts {first.number} and {attempt.number} both committed step {seq}"
+                found.append(_v(Kind.DOUBLE_SUCCESS, h.task, detail))
+    for run in h.runs:
+        committer = committed.get(run.seq)
+        if committer is not None and run.attempt > committer.number:
+            detail = (
+                f"step {run.seq} ran again in attempt {run.attempt} "
+                f"after attempt {committer.number} committed it"
+            )
+            found.append(_v(Kind.STEP_RERUN, h.task, detail))
+    return found
+
+
+def _check_late(h: _History, succeeded: Sequence[Attempt]) -> list[Violation]:
+    """A success written after the next attempt had begun."""
+    found = []
+    for attempt in succeeded:
+        following = h.after(attempt)
+        late = None if following is None else _late_write(h, attempt, following)
+        if late:
+            found.append(_v(Kind.STALE_WRITE_ACCEPTED, h.task, late))
+    return found
 
 
 def _check_terminal_write(h: _History) -> list[Violation]:
@@ -484,10 +589,51 @@ def _check_overlaps(h: _History, kills: Mapping[int, list[float]]) -> tuple[list
 
 
 def _check_control(h: _History) -> list[Violation]:
+    if h.steps:
+        uncommitted = [a.number for a in h.attempts if a.outcome is not Outcome.SUCCEEDED]
+        if uncommitted or len(h.runs) > len(h.attempts):
+            detail = (
+                f"{len(h.runs)} executions in {len(h.attempts)} attempts, attempts "
+                f"{uncommitted} not committed, in a fault-free run"
+            )
+            return [_v(Kind.CONTROL_DUPLICATE, h.task, detail)]
+        return []
     if len(h.attempts) > 1 or len(h.runs) > 1:
         detail = f"{len(h.attempts)} attempts, {len(h.runs)} executions in a fault-free run"
         return [_v(Kind.CONTROL_DUPLICATE, h.task, detail)]
     return []
+
+
+def _check_result(task: Task, expected: Expected) -> list[Violation]:
+    """``wrong_result``, ``message_lost`` and ``message_twice`` for a succeeded task."""
+    if task.state is not TaskState.SUCCEEDED:
+        return []
+    if expected.messages is None:
+        if task.result == expected.result:
+            return []
+        detail = f"result {task.result!r}, expected {expected.result!r}"
+        return [_v(Kind.WRONG_RESULT, task, detail)]
+    if not isinstance(task.result, list):
+        return [_v(Kind.WRONG_RESULT, task, f"result {task.result!r} is not a list of messages")]
+    got: Counter[Any] = Counter(
+        item if isinstance(item, str) else json.dumps(item) for item in task.result
+    )
+    need, maybe = Counter(expected.messages), Counter(expected.maybe)
+    found = []
+    for item in sorted(set(need) | set(maybe) | set(got)):
+        if got[item] < need[item]:
+            detail = f"message {item!r} consumed {got[item]} times, sent {need[item]}"
+            found.append(_v(Kind.MESSAGE_LOST, task, detail))
+        elif got[item] > need[item] + maybe[item]:
+            if need[item] + maybe[item] == 0:
+                found.append(_v(Kind.WRONG_RESULT, task, f"unexpected message {item!r}"))
+            else:
+                detail = (
+                    f"message {item!r} consumed {got[item]} times, sent {need[item]} "
+                    f"(+{maybe[item]} unknown)"
+                )
+                found.append(_v(Kind.MESSAGE_TWICE, task, detail))
+    return found
 
 
 # -- reclaim latency -----------------------------------------------------------
@@ -608,6 +754,7 @@ def check(
     initial_workers: int | None = None,
     reclaim_slack: float = DEFAULT_RECLAIM_SLACK,
     single_writer: bool = False,
+    expected: Mapping[int, Expected] | None = None,
 ) -> Report:
     """Check a run's history; every violation found, not just the first.
 
@@ -616,7 +763,8 @@ def check(
     workers' settings (a task's own lease wins). ``control``: a fault-free
     run. ``initial_workers``: workers spawned at the start (default: the
     spawns before the first kill, stop or term). ``single_writer``: the
-    store has one writer at a time (SQLite), see ``_deaths``.
+    store has one writer at a time (SQLite), see ``_deaths``. ``expected``:
+    what some succeeded tasks' results must be.
     """
     acknowledged = list(dict.fromkeys(enqueued))
     runs = _pair(ledger)
@@ -633,8 +781,10 @@ def check(
     violations = _check_lost(tasks, acknowledged)
     reclaims = _Reclaims()
     duplicates = explained = 0
+    names: dict[str, NameCounts] = defaultdict(NameCounts)
     for task_id in sorted(tasks):
         task = tasks[task_id]
+        names[task.name] = names[task.name].add(task)
         h = _History(
             task, tuple(sorted(task.attempts, key=lambda a: a.number)), tuple(runs_by_task[task_id])
         )
@@ -645,7 +795,9 @@ def check(
         violations += overlaps
         if control:
             violations += _check_control(h)
-        duplicates += len(h.runs) > 1
+        if expected is not None and task_id in expected:
+            violations += _check_result(task, expected[task_id])
+        duplicates += h.duplicated
         explained += zombie
         bound = lease + poll_interval + reclaim_slack
         _check_reclaims(h, workers, faults, lease, bound, reclaims, single_writer)
@@ -667,6 +819,7 @@ def check(
         reclaims=len(reclaims.latencies),
         worker_restarts=_restarts(faults, initial_workers),
         violations=tuple(violations),
+        names=dict(names),
     )
 
 
@@ -682,9 +835,11 @@ def _rejected(tasks: Mapping[int, Task], runs: Iterable[_Run]) -> int:
 
 __all__ = [
     "Execution",
+    "Expected",
     "FaultEvent",
     "HistoryError",
     "Kind",
+    "NameCounts",
     "Report",
     "Violation",
     "check",

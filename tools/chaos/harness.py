@@ -1,15 +1,18 @@
 """A chaos run: real ``conveyor worker`` processes on one backend, under a fault.
 
-The harness enqueues ``tasks`` tasks of ``chaos_work`` (see ``app.py``; each
-sleeps 20-200 ms, one in ``long_every`` sleeps 1.5 leases so the heartbeat
-must keep its lease), starts ``workers`` worker processes and, until every
-task has ended (at most ``fault_seconds``), applies the scenario's fault
-every ``fault_interval`` seconds. Then it heals the workers (continues the
-stopped ones, respawns the dead), waits up to ``settle_seconds`` for every
-task to end, stops the workers with SIGTERM and hands the history to
-:mod:`tools.chaos.checker`: the tasks with their attempt log, the effects
-ledger the handlers wrote, and the faults file where every spawn, kill,
-stop, continue and stop request is recorded with its time.
+The harness enqueues the workload of ``app.py``: ``tasks`` plain tasks (each
+sleeps 20-200 ms; one in ``long_every`` sleeps 1.5 leases so the heartbeat
+must keep its lease), ``flows`` workflows of ``hops`` steps, and ``gathers``
+coroutines that each spawn ``children`` tasks and take ``outside`` messages
+the harness sends them during the run, then ``"last"``. It starts
+``workers`` worker processes and, until every task has ended (at most
+``fault_seconds``), applies the scenario's fault every ``fault_interval``
+seconds. Then it heals the workers (continues the stopped ones, respawns
+the dead), waits up to ``settle_seconds`` for every task to end, stops the
+workers with SIGTERM and hands the history to :mod:`tools.chaos.checker`:
+the tasks with their attempt log and the results they must have, the
+effects ledger the handlers wrote, and the faults file where every spawn,
+kill, stop, continue and stop request is recorded with its time.
 
 Scenarios: ``control`` (no fault: no task may run twice), ``kill`` (SIGKILL
 a random worker and start a new one), ``stop`` (SIGSTOP a random worker for
@@ -17,7 +20,15 @@ twice the lease, then SIGCONT: its late endings must be rejected), ``term``
 (SIGTERM a random worker, which drains for one lease and releases the rest,
 and start a new one), ``net`` (PostgreSQL only: the workers connect through
 a TCP proxy that alternately resets every connection or swallows every
-packet for twice the lease).
+packet for twice the lease), ``restart`` (PostgreSQL only, the local
+cluster: an immediate shutdown, which kills every server process without a
+checkpoint, and a start with crash recovery), ``gil`` (no signal: the
+workload gains handlers that hold the GIL for three leases, in a thread in
+their first attempt, which freezes their worker and costs its leases, and
+in a process executor, which must keep its lease).
+
+A send whose outcome the harness cannot know (the connection failed) is
+recorded as ``maybe``: the checker allows it at most once.
 
 Limits: times compare the worker's wall clock (ledger, faults) with the
 backend's clock (attempt rows); both are this machine's.
@@ -33,13 +44,27 @@ import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from conveyor import App, Task, TaskState
-from tools.chaos.app import LEDGER_ENV, RETRY, TASK_NAME
-from tools.chaos.checker import Report, check, read_events, read_ledger
+from conveyor.errors import BackendUnavailableError, TaskFinishedError
+from tools.chaos.app import (
+    CPU_PROCESS_NAME,
+    CPU_THREAD_NAME,
+    LAST,
+    LEDGER_ENV,
+    RETRY,
+    TASK_NAME,
+    Hop,
+    chaos_gather,
+    flow,
+    gather_state,
+)
+from tools.chaos.checker import Expected, Report, check, read_events, read_ledger
 from tools.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,10 +86,21 @@ class Profile:
     min_sleep_ms: int = 20
     max_sleep_ms: int = 200
     long_every: int = 50
+    flows: int = 100
+    hops: int = 3
+    gathers: int = 20
+    children: int = 5
+    outside: int = 3
+    """Outside messages each gather gets (before ``"last"``), one every ``fault_interval``."""
+    cpu_tasks: int = 6
+    """GIL-holding tasks per executor (thread, process), in the ``gil`` scenario only."""
+    cpu_hold_leases: float = 3.0
 
 
 SMOKE = Profile()
-SOAK = Profile(tasks=20_000, workers=4, concurrency=8, fault_seconds=600.0)
+SOAK = Profile(
+    tasks=20_000, concurrency=8, fault_seconds=600.0, flows=1000, gathers=200, cpu_tasks=20
+)
 
 
 class Workers:
@@ -208,44 +244,140 @@ async def cut_network(workers: Workers, rng: random.Random) -> None:
     _note(log, {"event": "restore", "at": time.time()})
 
 
+async def restart_database(workers: Workers, rng: random.Random) -> None:
+    """Restart the local PostgreSQL cluster in immediate mode (every server
+    process killed, crash recovery at start), then let the workers work for
+    twice the lease."""
+    log = workers.workdir / "database.jsonl"
+    _note(log, {"event": "restart", "at": time.time()})
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    command = ["pg_ctlcluster", "--skip-systemctl-redirect", "-m", "immediate"]
+    proc = await asyncio.create_subprocess_exec(
+        *command, version, "main", "restart", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"pg_ctlcluster restart failed: {out.decode(errors='replace')}")
+    _note(log, {"event": "up", "at": time.time()})
+    await asyncio.sleep(2 * workers.profile.lease)
+
+
 def _note(path: Path, record: dict[str, object]) -> None:
     with path.open("a") as out:
         out.write(json.dumps(record) + "\n")
 
 
-SCENARIOS: dict[str, Fault | None] = {
-    "control": None,
-    "kill": kill_one,
-    "stop": stop_one,
-    "term": term_one,
-    "net": cut_network,
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A fault and what it needs."""
+
+    fault: Fault | None
+    postgres_only: bool = False
+    proxy: bool = False
+    """The workers reach PostgreSQL through a :class:`Proxy`."""
+    cpu: bool = False
+    """The workload gains the GIL-holding handlers."""
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "control": Scenario(None),
+    "kill": Scenario(kill_one),
+    "stop": Scenario(stop_one),
+    "term": Scenario(term_one),
+    "net": Scenario(cut_network, postgres_only=True, proxy=True),
+    "restart": Scenario(restart_database, postgres_only=True),
+    "gil": Scenario(None, cpu=True),
 }
-NETWORK_SCENARIOS = frozenset({"net"})
-"""Scenarios whose workers reach PostgreSQL through a proxy (not SQLite)."""
+POSTGRES_ONLY = frozenset(name for name, s in SCENARIOS.items() if s.postgres_only)
+"""Scenarios that need PostgreSQL (a network, a server to restart)."""
 
 
-async def unfinished(client: App) -> int:
-    """How many tasks have not ended (a lower bound past 1000 of one state)."""
+async def unfinished(client: App) -> int | None:
+    """How many tasks have not ended (a lower bound past 1000 of one state);
+    None while the backend cannot be reached."""
     found = 0
-    for state in LIVE_STATES:
-        found += len(await client.list_tasks_async(state=state, name=TASK_NAME, limit=1000))
+    try:
+        for state in LIVE_STATES:
+            found += len(await client.list_tasks_async(state=state, limit=1000))
+    except BackendUnavailableError:
+        return None
     return found
 
 
-async def enqueue(client: App, profile: Profile, rng: random.Random) -> list[int]:
+@dataclass(slots=True)
+class Workload:
+    """What was enqueued: ids in order, and what each succeeded task must return."""
+
+    ids: list[int] = field(default_factory=list)
+    expected: dict[int, Expected] = field(default_factory=dict)
+    gathers: list[int] = field(default_factory=list)
+    sent: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    maybe: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, ids: Sequence[int], results: Sequence[Any]) -> None:
+        self.ids += ids
+        self.expected.update((i, Expected(r)) for i, r in zip(ids, results, strict=True))
+
+    def close(self, children: int) -> None:
+        """Each gather's expected messages, once the harness has sent them all."""
+        for g in self.gathers:
+            mail = tuple(f"child:{i}" for i in range(children)) + tuple(self.sent[g])
+            self.expected[g] = Expected(messages=mail, maybe=tuple(self.maybe[g]))
+
+
+async def enqueue(client: App, profile: Profile, rng: random.Random, cpu: bool) -> Workload:
     def sleep_ms(i: int) -> int:
         if profile.long_every and i % profile.long_every == 0:
             return int(profile.lease * 1500)
         return rng.randint(profile.min_sleep_ms, profile.max_sleep_ms)
 
-    ids: list[int] = []
+    work = Workload()
     for start in range(0, profile.tasks, 500):
-        batch = [
-            {"i": i, "sleep_ms": sleep_ms(i)} for i in range(start, min(start + 500, profile.tasks))
-        ]
+        numbers = range(start, min(start + 500, profile.tasks))
+        batch = [{"i": i, "sleep_ms": sleep_ms(i)} for i in numbers]
         handles = await client.enqueue_many_async(TASK_NAME, batch, retry=RETRY)
-        ids += [h.id for h in handles]
-    return ids
+        work.add([h.id for h in handles], list(numbers))
+    flows = [flow.new_workflow(Hop(profile.hops, sleep_ms(1), [])) for _ in range(profile.flows)]
+    handles = await client.enqueue_new_async(flows)
+    work.add([h.id for h in handles], [list(range(profile.hops))] * len(flows))
+    gathers = [
+        chaos_gather.new_coroutine(gather_state(profile.children, sleep_ms(1)))
+        for _ in range(profile.gathers)
+    ]
+    work.gathers = [h.id for h in await client.enqueue_new_async(gathers)]
+    work.ids += work.gathers
+    if cpu:
+        hold_ms = int(profile.cpu_hold_leases * profile.lease * 1000)
+        for name in (CPU_THREAD_NAME, CPU_PROCESS_NAME):
+            batch = [{"i": i, "hold_ms": hold_ms} for i in range(profile.cpu_tasks)]
+            handles = await client.enqueue_many_async(name, batch, retry=RETRY)
+            work.add([h.id for h in handles], list(range(profile.cpu_tasks)))
+    return work
+
+
+async def send_mail(client: App, work: Workload, profile: Profile) -> None:
+    """Send each gather ``outside`` messages, one round every fault interval,
+    then ``"last"`` until it is known to have arrived."""
+    for n in range(profile.outside):
+        for g in work.gathers:
+            body = f"m{n}"
+            try:
+                await client.send_async(g, body)
+                work.sent[g].append(body)
+            except BackendUnavailableError:
+                work.maybe[g].append(body)
+        await asyncio.sleep(profile.fault_interval)
+    for g in work.gathers:
+        while True:
+            try:
+                await client.send_async(g, LAST)
+                work.sent[g].append(LAST)
+                break
+            except TaskFinishedError:  # a "last" whose outcome was unknown arrived
+                break
+            except BackendUnavailableError:
+                work.maybe[g].append(LAST)
+                await asyncio.sleep(0.5)
 
 
 async def wait_until_done(client: App, seconds: float, step: float = 0.5) -> bool:
@@ -271,6 +403,8 @@ async def run(
     ``workdir/report.json``)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
+    if SCENARIOS[scenario].postgres_only and not url.startswith("postgres"):
+        raise ValueError(f"the {scenario!r} scenario needs PostgreSQL")
     rng = random.Random(seed)
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     ledger = workdir / "ledger.jsonl"
@@ -278,9 +412,7 @@ async def run(
     if schema is not None:
         env["CONVEYOR_SCHEMA"] = schema
     proxy = None
-    if scenario in NETWORK_SCENARIOS:
-        if not url.startswith("postgres"):
-            raise ValueError(f"the {scenario!r} scenario needs PostgreSQL")
+    if SCENARIOS[scenario].proxy:
         proxy = Proxy(url)
         proxy.start()
         env["CONVEYOR_URL"] = proxy.url
@@ -302,16 +434,18 @@ async def _run(
     proxy: Proxy | None,
     log: Callable[[str], None],
 ) -> Report:
-    fault = SCENARIOS[scenario]
+    chosen = SCENARIOS[scenario]
+    fault = chosen.fault
     ledger = Path(env[LEDGER_ENV])
     client = App(url, schema=schema, allow_unregistered=True)
     async with client:
-        ids = await enqueue(client, profile, rng)
-        log(f"{scenario}: {len(ids)} tasks enqueued; {profile.workers} workers")
+        work = await enqueue(client, profile, rng, chosen.cpu)
+        log(f"{scenario}: {len(work.ids)} tasks enqueued; {profile.workers} workers")
         workers = Workers(env, profile, workdir, proxy)
         for _ in range(profile.workers):
             workers.spawn()
         initial = profile.workers
+        mail = asyncio.create_task(send_mail(client, work, profile))
         try:
             started = time.monotonic()
             while time.monotonic() - started < profile.fault_seconds:
@@ -324,27 +458,31 @@ async def _run(
             if proxy is not None:
                 proxy.restore()
             workers.heal()
+            await mail
             settled = await wait_until_done(client, profile.settle_seconds)
             log(f"{scenario}: {'settled' if settled else 'NOT settled'}")
         finally:
+            mail.cancel()
             await asyncio.to_thread(workers.stop_all, profile.lease + 10)
-        tasks: dict[int, Task] = {}
-        for task_id in ids:
-            found = await client.get_async(task_id)
-            if found is not None:
-                tasks[task_id] = found
+        work.close(profile.children)
+        tasks = await _stored(client, work.ids)
+        # The gathers' children: checked like every task, though not enqueued here.
+        children = await client.list_tasks_async(name=TASK_NAME, limit=len(tasks) + 10_000)
+        extra = [t.id for t in children if t.parent_id is not None]
+        tasks.update(await _stored(client, extra))
         if schema is not None:  # a throwaway schema; a SQLite file stays in workdir
             await (await client.backend()).destroy()
     report = check(
-        enqueued=ids,
+        enqueued=work.ids,
         tasks=tasks,
         ledger=read_ledger(_lines(ledger)),
         faults=read_events(_lines(workers.faults)),
         lease=profile.lease,
         poll_interval=profile.poll_interval,
-        control=fault is None,
+        control=scenario == "control",
         initial_workers=initial,
         single_writer=url.startswith("sqlite"),
+        expected=work.expected,
     )
     (workdir / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     for task in tasks.values():
@@ -353,6 +491,15 @@ async def _run(
             reason = f"{last.outcome}: {last.error_type}: {last.error_message}" if last else "-"
             log(f"{scenario}: task {task.id} failed after {task.attempt} attempts ({reason})")
     return report
+
+
+async def _stored(client: App, ids: Sequence[int]) -> dict[int, Task]:
+    tasks: dict[int, Task] = {}
+    for task_id in ids:
+        found = await client.get_async(task_id)
+        if found is not None:
+            tasks[task_id] = found
+    return tasks
 
 
 def _lines(path: Path) -> Sequence[str]:
