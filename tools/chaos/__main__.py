@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import tempfile
 import uuid
@@ -30,6 +31,9 @@ def store(backend: str, workdir: Path, url: str) -> tuple[str, str | None]:
 
 
 async def main(args: argparse.Namespace) -> int:
+    # The harness's own pool reports every connection a fault broke; the
+    # summary says what matters.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     profile = {"smoke": SMOKE, "soak": SOAK}[args.profile]
     if args.tasks is not None:
         profile = replace(profile, tasks=args.tasks)

@@ -49,6 +49,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from conveyor import App, Task, TaskState
 from conveyor.errors import BackendUnavailableError, TaskFinishedError
@@ -117,6 +118,8 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.stopped: set[int] = set()
         self.spawned = 0
+        self.cluster: tuple[str, str] | None = None
+        """The local PostgreSQL cluster (version, name) a scenario restarts."""
 
     def record(self, event: str, pid: int) -> None:
         with self.faults.open("a") as out:
@@ -244,16 +247,36 @@ async def cut_network(workers: Workers, rng: random.Random) -> None:
     _note(log, {"event": "restore", "at": time.time()})
 
 
+def local_cluster(url: str) -> tuple[str, str]:
+    """The (version, name) of the local PostgreSQL cluster that serves ``url``'s
+    port, from ``pg_lsclusters``; RuntimeError when there is none."""
+    port = str(urlsplit(url).port or 5432)
+    try:
+        listing = subprocess.run(
+            ["pg_lsclusters", "-h"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise RuntimeError(f"cannot list the local PostgreSQL clusters: {exc}") from exc
+    for line in listing.splitlines():
+        version, name, cluster_port, *_ = line.split()
+        if cluster_port == port:
+            return version, name
+    raise RuntimeError(f"no local PostgreSQL cluster listens on port {port}: cannot restart it")
+
+
 async def restart_database(workers: Workers, rng: random.Random) -> None:
     """Restart the local PostgreSQL cluster in immediate mode (every server
     process killed, crash recovery at start), then let the workers work for
     twice the lease."""
+    assert workers.cluster is not None
+    version, name = workers.cluster
     log = workers.workdir / "database.jsonl"
     _note(log, {"event": "restart", "at": time.time()})
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    command = ["pg_ctlcluster", "--skip-systemctl-redirect", "-m", "immediate"]
     proc = await asyncio.create_subprocess_exec(
-        *command, version, "main", "restart", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        *("pg_ctlcluster", "--skip-systemctl-redirect", "-m", "immediate"),
+        *(version, name, "restart"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     out, _ = await proc.communicate()
     if proc.returncode != 0:
@@ -442,6 +465,8 @@ async def _run(
         work = await enqueue(client, profile, rng, chosen.cpu)
         log(f"{scenario}: {len(work.ids)} tasks enqueued; {profile.workers} workers")
         workers = Workers(env, profile, workdir, proxy)
+        if fault is restart_database:
+            workers.cluster = local_cluster(url)
         for _ in range(profile.workers):
             workers.spawn()
         initial = profile.workers
