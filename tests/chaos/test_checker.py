@@ -362,6 +362,24 @@ def test_explained_zombie_overlap_after_lease_lost() -> None:
     assert report.stale_writes_rejected == 1
     assert report.reclaims == 1
     assert report.worst_reclaim_seconds == pytest.approx(2.3)
+    assert report.handlers_stopped == 0
+
+
+def test_a_handler_stopped_after_its_lease_was_lost_is_counted() -> None:
+    # As above, but w1's worker stops the handler when it wakes: no ``end``.
+    zombie = task(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.LEASE_LOST, 0.0, 3.3),
+        attempt(1, 2, Outcome.SUCCEEDED, 3.3, 3.7, worker="w2"),
+    )
+    ledger = ran(1, 1, 0.5, None) + ran(1, 2, 3.4, 3.6, "w2")
+    stopped = [fault("stop", "w1", 1.0), fault("cont", "w1", 6.0)]
+    report = run([zombie], ledger, stopped)
+    assert report.ok, report.summary()
+    assert (report.handlers_stopped, report.stale_writes_rejected) == (1, 0)
+    # A killed process's handler did not stop: it died.
+    assert run([zombie], ledger, [fault("kill", "w1", 1.0)]).handlers_stopped == 0
 
 
 @pytest.mark.parametrize(

@@ -181,6 +181,9 @@ class Report:
     stale_writes_rejected: int
     """Executions that reached their ``end`` but whose attempt ended ``lease_lost``."""
     stale_writes_accepted: int
+    handlers_stopped: int
+    """Executions under a lost lease that never reached their ``end`` though
+    their process was not killed: the worker stopped the handler."""
     worst_reclaim_seconds: float | None
     reclaims: int
     """Attempts held by a dead worker whose reclaim latency was measured."""
@@ -206,6 +209,7 @@ class Report:
             "duplicates_explained": self.duplicates_explained,
             "stale_writes_rejected": self.stale_writes_rejected,
             "stale_writes_accepted": self.stale_writes_accepted,
+            "handlers_stopped": self.handlers_stopped,
             "worst_reclaim_seconds": self.worst_reclaim_seconds,
             "reclaims": self.reclaims,
             "worker_restarts": self.worker_restarts,
@@ -227,7 +231,8 @@ class Report:
             f"duplicates: {self.duplicates} tasks run more than once, "
             f"{self.duplicates_explained} overlapping a lost lease",
             f"stale writes: {self.stale_writes_rejected} rejected, "
-            f"{self.stale_writes_accepted} accepted",
+            f"{self.stale_writes_accepted} accepted; "
+            f"{self.handlers_stopped} handlers stopped after losing their lease",
             f"reclaims: {self.reclaims}, worst "
             f"{'n/a' if worst is None else f'{worst:.2f}s'}; "
             f"worker restarts: {self.worker_restarts}",
@@ -815,11 +820,27 @@ def check(
         duplicates_explained=explained,
         stale_writes_rejected=_rejected(tasks, runs),
         stale_writes_accepted=sum(v.kind is Kind.STALE_WRITE_ACCEPTED for v in violations),
+        handlers_stopped=_stopped(tasks, runs, kills),
         worst_reclaim_seconds=max(reclaims.latencies, default=None),
         reclaims=len(reclaims.latencies),
         worker_restarts=_restarts(faults, initial_workers),
         violations=tuple(violations),
         names=dict(names),
+    )
+
+
+def _stopped(
+    tasks: Mapping[int, Task], runs: Iterable[_Run], kills: Mapping[int, list[float]]
+) -> int:
+    """Executions under a ``lease_lost`` attempt with no ``end`` in a process
+    not killed after they began."""
+    outcomes = {(t.id, a.number): a.outcome for t in tasks.values() for a in t.attempts}
+    return sum(
+        1
+        for r in runs
+        if r.end is None
+        and outcomes.get((r.task, r.attempt)) is Outcome.LEASE_LOST
+        and not any(k >= r.start for k in kills.get(r.pid, []))
     )
 
 
