@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 
 import pytest
 from hypothesis import given
@@ -96,3 +97,29 @@ def test_corrupt_stored_json_is_a_payload_error() -> None:
         codec.decode("{not json")
     with pytest.raises(PayloadError):
         codec.decode('{"x": NaN}')
+
+
+def test_json_nested_too_deep_for_the_decoder_is_a_payload_error() -> None:
+    with pytest.raises(PayloadError, match="does not decode"):
+        codec.decode("[" * 100_000 + "]" * 100_000)
+
+
+def test_a_value_that_fails_to_convert_is_a_payload_error() -> None:
+    @dataclasses.dataclass
+    class Locked:
+        lock: object
+
+    class Model:
+        def model_dump(self, mode: str) -> object:
+            raise RuntimeError("broken model")
+
+    with pytest.raises(PayloadError, match="Locked does not convert to JSON: cannot pickle"):
+        codec.encode({"x": Locked(threading.Lock())})
+    with pytest.raises(PayloadError, match="Model does not convert to JSON: broken model"):
+        codec.encode(Model())
+
+
+def test_a_payload_that_does_not_decode_is_shown_as_its_stored_text() -> None:
+    assert codec.decode_for_display("{not json") == "{not json"
+    assert codec.decode_for_display(b"\xff{") == "\\xff{"
+    assert codec.decode_for_display('{"a": 1}') == {"a": 1}

@@ -165,7 +165,12 @@ class Attempt:
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """A task as stored, with its state and (when asked for) its attempts."""
+    """A task as stored, with its state and (when asked for) its attempts.
+
+    A ``payload`` or ``result`` whose stored JSON does not decode (written
+    around conveyor) is given as its stored text, so that the task and the
+    failed attempt that reports it stay readable.
+    """
 
     id: int
     name: str

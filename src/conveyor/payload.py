@@ -25,12 +25,19 @@ _encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(","
 
 
 def to_plain(value: Any) -> Any:
-    """Turn dataclass instances and pydantic models into plain JSON values."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    model_dump = getattr(value, "model_dump", None)
-    if callable(model_dump) and not isinstance(value, type):
-        return model_dump(mode="json")
+    """Turn dataclass instances and pydantic models into plain JSON values.
+
+    A conversion that fails (a field that cannot be copied, a ``model_dump``
+    that raises) raises :class:`~conveyor.errors.PayloadError`.
+    """
+    try:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.asdict(value)
+        model_dump = getattr(value, "model_dump", None)
+        if callable(model_dump) and not isinstance(value, type):
+            return model_dump(mode="json")
+    except Exception as exc:
+        raise PayloadError(f"{type(value).__name__} does not convert to JSON: {exc}") from exc
     return value
 
 
@@ -84,10 +91,22 @@ _decoder = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def decode(text: str | bytes) -> Any:
-    """Decode stored JSON; a corrupt document raises :class:`PayloadError`."""
+    """Decode stored JSON; a corrupt document raises :class:`PayloadError`
+    (nesting too deep for Python's decoder included)."""
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
         return _decoder.decode(text)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise PayloadError(f"stored JSON does not decode: {exc}") from None
+
+
+def decode_for_display(text: str | bytes) -> Any:
+    """Decode stored JSON; a corrupt document (written around conveyor) is
+    returned as its text instead, so the task that holds it stays readable."""
+    try:
+        return decode(text)
+    except PayloadError:
+        if isinstance(text, bytes):
+            return text.decode("utf-8", "backslashreplace")
+        return text

@@ -144,6 +144,9 @@ class TaskDef:
 
     def encode_args(self, args: Mapping[str, Any] | None, max_bytes: int) -> str:
         """Check ``args`` against the handler and encode them (no I/O)."""
+        for key in args or {}:
+            if not isinstance(key, str):
+                raise PayloadError(f"argument names must be strings, not {type(key).__name__}")
         plain = {key: codec.to_plain(value) for key, value in (args or {}).items()}
         self._check_names(plain)
         return codec.encode(plain, max_bytes)
@@ -167,7 +170,12 @@ class TaskDef:
                 )
 
     def build_kwargs(self, args: Mapping[str, Any], ctx: TaskContext | None) -> dict[str, Any]:
-        """Handler keyword arguments from a decoded payload (and the context)."""
+        """Handler keyword arguments from a decoded payload (and the context).
+
+        Checks the names again: a stored payload may have been written around
+        ``enqueue``. Raises PayloadError if they do not fit the handler.
+        """
+        self._check_names(args)
         kwargs = {key: _rebuild(self._hints.get(key), value) for key, value in args.items()}
         if self.context_parameter:
             kwargs[self.context_parameter] = ctx

@@ -94,6 +94,8 @@ class RunningAttempt:
         self.ctx.payload = args
         try:
             return self.definition.build_kwargs(args, self.ctx)
+        except PayloadError:
+            raise
         except Exception as exc:
             raise PayloadError(f"payload does not fit the handler: {exc}") from exc
 
