@@ -370,10 +370,17 @@ async def enqueue(client: App, profile: Profile, rng: random.Random, cpu: bool) 
     work.gathers = [h.id for h in await client.enqueue_new_async(gathers)]
     work.ids += work.gathers
     if cpu:
-        hold_ms = int(profile.cpu_hold_leases * profile.lease * 1000)
-        for name in (CPU_THREAD_NAME, CPU_PROCESS_NAME):
-            batch = [{"i": i, "hold_ms": hold_ms} for i in range(profile.cpu_tasks)]
-            handles = await client.enqueue_many_async(name, batch, retry=RETRY)
+        # The process handlers run first (ahead of everything else), the
+        # thread handlers once they are over: a thread handler holding the
+        # GIL freezes its whole worker, heartbeat included, and so would cost
+        # a process handler running in that worker its lease too.
+        hold = profile.cpu_hold_leases * profile.lease
+        batch = [{"i": i, "hold_ms": int(hold * 1000)} for i in range(profile.cpu_tasks)]
+        later = {CPU_PROCESS_NAME: 0.0, CPU_THREAD_NAME: hold + 3 * profile.lease}
+        for name, delay in later.items():
+            handles = await client.enqueue_many_async(
+                name, batch, retry=RETRY, priority=10, delay=delay
+            )
             work.add([h.id for h in handles], list(range(profile.cpu_tasks)))
     return work
 
