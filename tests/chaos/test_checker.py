@@ -173,7 +173,9 @@ def test_clean_history_passes_with_its_counts() -> None:
     assert report.reclaims == 1
     assert report.worst_reclaim_seconds == pytest.approx(2.2)
     assert report.worker_restarts == 1  # two spawns before the first fault
-    assert report.names == {"chaos_work": NameCounts(tasks=4, attempts=5, lease_lost=1)}
+    assert report.names == {
+        "chaos_work": NameCounts(tasks=4, attempts=5, lease_lost=1, killed_in_body=1)
+    }
 
 
 def test_report_serialises_and_summarises() -> None:
@@ -724,3 +726,21 @@ def test_ledger_seq_is_read_and_checked() -> None:
     assert read_ledger(ran(1, 1, 0.0, None))[0].seq == 0
     with pytest.raises(HistoryError, match="seq"):
         read_ledger([json.dumps({**json.loads(ran(1, 1, 0.0, None)[0]), "seq": "x"}), "{}"])
+
+
+def test_where_a_kill_caught_each_execution_is_counted() -> None:
+    t, ledger = committed_flow()  # w1 ran steps 0 and 1; step 1 never ended
+    # Killed after step 1's body ended, before its ending was recorded.
+    ledger = [line for line in ledger if '"attempt": 2' not in line]
+    ledger += step_ran(1, 2, 1, 0.35, 0.45)
+    report = run([t], ledger, [fault("kill", "w1", 0.5)], expected={1: Expected([0, 1, 2])})
+    assert report.ok, report.summary()
+    assert report.names["chaos_work"] == NameCounts(
+        tasks=1, attempts=4, lease_lost=1, killed_in_body=0, killed_before_commit=1
+    )
+    assert "killed 0 in the body, 1 after it and before the commit" in report.summary()
+    # The same kill while step 1 still ran.
+    t, ledger = committed_flow()
+    counts = run([t], ledger, [fault("kill", "w1", 0.5)]).names["chaos_work"]
+    assert (counts.killed_in_body, counts.killed_before_commit) == (1, 0)
+    assert run([t], ledger).names["chaos_work"].killed_in_body == 0

@@ -150,18 +150,55 @@ class Violation:
 
 @dataclass(frozen=True, slots=True)
 class NameCounts:
-    """The checked tasks of one name: how many, their attempts, and the
-    attempts that ended ``lease_lost``."""
+    """The checked tasks of one name: how many, their attempts, the attempts
+    that ended ``lease_lost``, and where SIGKILL caught their executions."""
 
     tasks: int = 0
     attempts: int = 0
     lease_lost: int = 0
+    killed_in_body: int = 0
+    """Executions whose process was killed before their body ended."""
+    killed_before_commit: int = 0
+    """Executions whose body ended (its side effects done) but whose process
+    was killed before their ending was recorded (their attempt ``lease_lost``)."""
 
-    def add(self, task: Task) -> NameCounts:
-        lost = sum(a.outcome is Outcome.LEASE_LOST for a in task.attempts)
+    def add(self, h: _History, kills: Mapping[int, list[float]]) -> NameCounts:
+        lost = sum(a.outcome is Outcome.LEASE_LOST for a in h.attempts)
+        in_body = before_commit = 0
+        for run in h.runs:
+            killed = [t for t in kills.get(run.pid, []) if t >= run.start]
+            if not killed:
+                continue
+            attempt = h.attempt(run.attempt)
+            if run.end is None or run.end > killed[0]:
+                in_body += 1
+            elif attempt is not None and attempt.outcome is Outcome.LEASE_LOST:
+                before_commit += 1
         return NameCounts(
-            self.tasks + 1, self.attempts + len(task.attempts), self.lease_lost + lost
+            self.tasks + 1,
+            self.attempts + len(h.attempts),
+            self.lease_lost + lost,
+            self.killed_in_body + in_body,
+            self.killed_before_commit + before_commit,
         )
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "tasks": self.tasks,
+            "attempts": self.attempts,
+            "lease_lost": self.lease_lost,
+            "killed_in_body": self.killed_in_body,
+            "killed_before_commit": self.killed_before_commit,
+        }
+
+    def __str__(self) -> str:
+        text = f"{self.tasks} tasks, {self.attempts} attempts, {self.lease_lost} lease lost"
+        if self.killed_in_body or self.killed_before_commit:
+            text += (
+                f"; killed {self.killed_in_body} in the body, "
+                f"{self.killed_before_commit} after it and before the commit"
+            )
+        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +250,7 @@ class Report:
             "worst_reclaim_seconds": self.worst_reclaim_seconds,
             "reclaims": self.reclaims,
             "worker_restarts": self.worker_restarts,
-            "names": {
-                name: {"tasks": c.tasks, "attempts": c.attempts, "lease_lost": c.lease_lost}
-                for name, c in sorted(self.names.items())
-            },
+            "names": {name: c.to_json() for name, c in sorted(self.names.items())},
             "violations": [v.to_json() for v in self.violations],
         }
 
@@ -237,10 +271,7 @@ class Report:
             f"{'n/a' if worst is None else f'{worst:.2f}s'}; "
             f"worker restarts: {self.worker_restarts}",
         ]
-        lines += [
-            f"  {name}: {c.tasks} tasks, {c.attempts} attempts, {c.lease_lost} lease lost"
-            for name, c in sorted(self.names.items())
-        ]
+        lines += [f"  {name}: {c}" for name, c in sorted(self.names.items())]
         lines += [f"  {v}" for v in self.violations[:SUMMARY_VIOLATIONS]]
         if len(self.violations) > SUMMARY_VIOLATIONS:
             lines.append(f"  ... and {len(self.violations) - SUMMARY_VIOLATIONS} more")
@@ -789,10 +820,10 @@ def check(
     names: dict[str, NameCounts] = defaultdict(NameCounts)
     for task_id in sorted(tasks):
         task = tasks[task_id]
-        names[task.name] = names[task.name].add(task)
         h = _History(
             task, tuple(sorted(task.attempts, key=lambda a: a.number)), tuple(runs_by_task[task_id])
         )
+        names[task.name] = names[task.name].add(h, kills)
         violations += _check_success(h)
         violations += _check_attempt_numbers(h)
         violations += _check_executions(h)
