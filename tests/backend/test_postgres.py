@@ -5,12 +5,15 @@ The common contract is in tests/conformance/, run against every backend.
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 
 from conveyor.backends.postgres import PostgresBackend, queries
-from conveyor.backends.protocol import HeartbeatParams
+from conveyor.backends.protocol import Completion, HeartbeatParams
 from conveyor.errors import ConfigurationError
+from conveyor.model import Outcome, TaskState
 from tests.conformance.test_tasks import LEASE, claim, enqueue, later, new
 
 
@@ -53,3 +56,40 @@ async def test_heartbeat_skips_a_locked_row_without_calling_it_lost(
     busy_task = await backend.get_task(busy.token.task_id)
     assert busy_task is not None
     assert busy_task.lease_expires_at == later(LEASE)  # untouched, not extended
+
+
+async def test_a_session_frozen_inside_its_own_transaction_loses_its_row_locks(
+    backend: PostgresBackend,
+) -> None:
+    """A worker process frozen mid-transaction (SIGSTOP, a paused VM) must not
+    keep other workers from its tasks' rows: the server ends the session
+    after one idle second, its transaction rolls back and the lock is gone."""
+    [task_id] = await enqueue(backend, new())
+    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+    lock = psycopg.sql.SQL("select 1 from {} where id = %s for update nowait").format(tasks)
+    async with backend.pool.connection() as frozen:
+        await frozen.execute("begin")
+        await frozen.execute(lock, (task_id,))
+        async with await psycopg.AsyncConnection.connect(backend.url) as other:
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await other.execute(lock, (task_id,))
+            await other.rollback()
+            await asyncio.sleep(1.5)  # the frozen session says nothing meanwhile
+            await other.execute(lock, (task_id,))  # free again
+            await other.rollback()
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            await frozen.execute("select 1")
+
+
+async def test_an_attempt_transaction_may_wait_on_its_handler(backend: PostgresBackend) -> None:
+    """The bound on idle transactions is lifted for an attempt's own transaction:
+    its handler may work between statements for longer than a second."""
+    await enqueue(backend, new())
+    [held] = await claim(backend)
+    attempt = await backend.begin_attempt_transaction("w1")
+    await attempt.connection.execute("select 1")
+    await asyncio.sleep(1.5)
+    await attempt.connection.execute("select 1")
+    assert await attempt.commit_success(
+        Completion(held.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="null")
+    )

@@ -39,6 +39,7 @@ from conveyor.backends.postgres.rows import (
     ordered_ids,
 )
 from conveyor.backends.postgres.transactions import (
+    UNAVAILABLE,
     PostgresSyncTransaction,
     PostgresTransaction,
 )
@@ -83,7 +84,18 @@ CONNECT_TIMEOUT = 30.0
 # Every fence relies on READ COMMITTED re-checking a row after a concurrent
 # update; a server whose default is stricter would fail those statements.
 READ_COMMITTED = "set default_transaction_isolation to 'read committed'"
+# The worker's own transactions (an ending with its effects, a bulk enqueue)
+# send their statements back to back. A process frozen in the middle of one
+# (SIGSTOP, a paused VM, a thread handler holding the GIL in a C call) would
+# keep its row locks, and no other worker could reclaim those tasks (claims
+# skip locked rows) until it woke: the server ends such a session after one
+# second instead, and its transaction rolls back. An attempt transaction
+# waits on the handler, so it lifts the limit for itself.
+BOUND_IDLE_TRANSACTIONS = "set idle_in_transaction_session_timeout to '1s'"
 BEGIN_ATTEMPT = "begin isolation level read committed"
+BEGIN_UNBOUND_ATTEMPT = (
+    "begin isolation level read committed; set local idle_in_transaction_session_timeout to 0"
+)
 RECONNECT_MIN_DELAY = 0.1
 RECONNECT_MAX_DELAY = 5.0
 
@@ -139,6 +151,7 @@ class PostgresBackend:
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
         await conn.execute(READ_COMMITTED)
+        await conn.execute(BOUND_IDLE_TRANSACTIONS)
         self._connections.add(conn)
 
     @property
@@ -217,7 +230,7 @@ class PostgresBackend:
         try:
             async with self.pool.connection() as conn:
                 yield conn
-        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+        except (*UNAVAILABLE, PoolTimeout) as exc:
             raise BackendUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
         except psycopg.Error as exc:
             raise BackendError(f"PostgreSQL refused the statement: {exc}") from exc
@@ -351,7 +364,7 @@ class PostgresBackend:
     async def begin_attempt_transaction(self, worker_id: str) -> PostgresTransaction:
         conn = await self.pool.getconn()
         try:
-            await conn.execute(BEGIN_ATTEMPT)
+            await conn.execute(BEGIN_UNBOUND_ATTEMPT)
         except BaseException:
             await self.pool.putconn(conn)
             raise

@@ -20,6 +20,14 @@ from conveyor.backends.postgres.rows import finish_args
 from conveyor.backends.protocol import Completion
 from conveyor.errors import BackendError, BackendUnavailableError
 
+UNAVAILABLE = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    # The server ended a session left idle in a transaction (see backend.py).
+    psycopg.errors.IdleInTransactionSessionTimeout,
+)
+"""Errors that mean the connection, not the statement, failed."""
+
 
 @contextlib.contextmanager
 def translated_errors() -> Iterator[None]:
@@ -28,7 +36,7 @@ def translated_errors() -> Iterator[None]:
     COMMIT, say) pass through as they are: they are the attempt's error."""
     try:
         yield
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+    except UNAVAILABLE as exc:
         if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
             raise
         raise BackendUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
