@@ -92,6 +92,7 @@ from benchmarks.throughput import (  # noqa: E402
     drop_schema,
     environment,
     log,
+    paced,
     positive_float,
     positive_int,
     quantile,
@@ -486,14 +487,11 @@ async def paced_enqueue(app: App, total: int, rate: float) -> tuple[list[int], f
     """Enqueue ``total`` tasks one at a time on a fixed schedule of ``rate`` per
     second; their ids and the seconds it took."""
     ids: list[int] = []
-    loop = asyncio.get_running_loop()
-    begin = loop.time()
-    for i in range(total):
-        delay = begin + i / rate - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+
+    async def send(i: int) -> None:
         ids.append((await app.enqueue_async(TASK_NAME, {"i": i})).id)
-    return ids, loop.time() - begin
+
+    return ids, await paced(total, rate, send)
 
 
 async def latency(

@@ -15,12 +15,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import conveyor
+from benchmarks.peers.stamp import record_start
 from conveyor import App, TaskContext
 
 DEFAULT_URL = "postgresql://127.0.0.1:5432/test"
 TASK_NAME = "bench_noop"
 FLOW_NAME = "bench_flow"
 PING_NAME = "bench_ping"
+STAMP_NAME = "bench_stamp"
 
 
 @dataclass
@@ -41,6 +43,11 @@ def make_app(url: str | None = None, schema: str | None = None) -> App:
     async def bench_noop(i: int = 0) -> None:
         """Do nothing: the benchmark measures conveyor, not the handler."""
         return None
+
+    @application.task(name=STAMP_NAME)
+    async def bench_stamp(sent: float = 0.0) -> None:
+        """Record when it started, for the peer benchmark's latency run."""
+        record_start(sent)
 
     application.workflow(FLOW_NAME).step(Hop)
 

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -475,6 +475,19 @@ LISTENING = """
 select count(*) from pg_stat_activity
 where datname = current_database() and query = {listen}
 """
+
+
+async def paced(total: int, rate: float, send: Callable[[int], Awaitable[object]]) -> float:
+    """Call ``send(i)`` for i in 0..total-1 on a fixed schedule of ``rate`` per
+    second (a late call does not shift the ones after it); the seconds it took."""
+    loop = asyncio.get_running_loop()
+    begin = loop.time()
+    for i in range(total):
+        delay = begin + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await send(i)
+    return loop.time() - begin
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:

@@ -1,0 +1,401 @@
+"""conveyor next to its Python peers (PgQueuer, Procrastinate, Chancy), one table.
+
+The same workload, one system after the other in one invocation, each in a
+fresh database of its own on the same PostgreSQL server:
+
+1. Enqueue ``--tasks`` no-op tasks in bulk, the way each system's docs say
+   (timed: enqueue/s).
+2. Drain them with ONE worker process, then (after a fresh enqueue into a
+   fresh database) with TWO. processed/s = tasks / (first start to last
+   finish, from the system's own tables); the wall time from spawning the
+   processes to every task completed (interpreter start-up included) is the
+   ``e2e`` figure. Each drain is checked: the system's tables must count all
+   ``--tasks`` tasks succeeded, or the row says so.
+3. Latency: one idle worker; one task at a time at ``--rate`` per second for
+   ``--duration`` seconds. Each handler appends its start time next to the
+   enqueue time carried in its payload (``stamp.py``); p50/p99 in ms.
+
+Then a ceiling: pgbench runs ``peers/ceiling.sql`` (claim 100 rows with FOR
+UPDATE SKIP LOCKED and mark them done, one transaction) with 2 clients for
+``--ceiling-seconds``: rows/s = tps x 100.
+
+    pip install -e '.[dev,peers]'
+    python benchmarks/peers.py --tasks 20000 --systems conveyor,pgqueuer,procrastinate,chancy \\
+        --rate 200 --duration 20 [--json] [--keep]
+
+How each peer is configured, and why, is in its module under ``peers/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import math
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import throughput as tp  # noqa: E402
+from benchmarks.bench_app import DEFAULT_URL  # noqa: E402
+
+SYSTEMS = {
+    "conveyor": ("benchmarks.peers.conveyor_peer", "Conveyor"),
+    "pgqueuer": ("benchmarks.peers.pgqueuer_peer", "PgQueuerSystem"),
+    "procrastinate": ("benchmarks.peers.procrastinate_peer", "Procrastinate"),
+    "chancy": ("benchmarks.peers.chancy_peer", "ChancySystem"),
+}
+CEILING_SCRIPT = ROOT / "benchmarks" / "peers" / "ceiling.sql"
+CEILING_BATCH = 100
+"""Rows the ceiling script claims per transaction."""
+CEILING_HEADROOM = 150_000
+"""Queued rows per second of the ceiling run, so the table cannot run dry."""
+
+
+# -- results -------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    system: str
+    note: str = ""
+    enqueue_per_s: float | None = None
+    processed_1p: float | None = None
+    processed_2p: float | None = None
+    e2e_1p: float | None = None
+    e2e_2p: float | None = None
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    latency_sent: int = 0
+    latency_started: int = 0
+    problems: list[str] = field(default_factory=list)
+    databases: list[str] = field(default_factory=list)
+    drains: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class Ceiling:
+    seconds: float
+    clients: int
+    tps: float
+    rows_per_s: float
+    rows_left: int
+    """Still queued after the run: 0 means it ran dry and the figure is low."""
+    database: str
+
+
+# -- databases -----------------------------------------------------------------
+
+
+def database_url(url: str, name: str) -> str:
+    """``url`` pointing at database ``name`` on the same server."""
+    return urlunsplit(urlsplit(tp.libpq_url(url))._replace(path=f"/{name}"))
+
+
+async def create_database(url: str, name: str) -> str:
+    async with tp.connect(url) as conn:
+        await conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+    return database_url(url, name)
+
+
+async def drop_database(url: str, name: str) -> None:
+    async with tp.connect(url) as conn:
+        query = "drop database if exists {} with (force)"
+        await conn.execute(sql.SQL(query).format(sql.Identifier(name)))
+
+
+# -- one system ----------------------------------------------------------------
+
+
+def load_system(name: str) -> Callable[[int, str], Any]:
+    module_name, class_name = SYSTEMS[name]
+    cls: Callable[[int, str], Any] = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
+async def fresh(args: argparse.Namespace, result: Result, phase: str, make: Any) -> Any:
+    name = f"bench_{result.system}_{args.token}_{phase}"
+    dsn = await create_database(args.url, name)
+    result.databases.append(name)
+    system = make()
+    await system.setup(dsn)
+    return system
+
+
+async def throughput(args: argparse.Namespace, result: Result, make: Any, procs: int) -> None:
+    system = await fresh(args, result, f"{procs}p", make)
+    try:
+        enqueue_seconds = await system.enqueue(args.tasks)
+        tp.log(f"[{result.system}] enqueued {args.tasks} in {enqueue_seconds:.2f}s; {procs} proc")
+        run = await system.drain(procs, args.tasks, args.timeout)
+    finally:
+        await system.teardown()
+    done = run.completion
+    window = done.window()
+    if procs == 1:
+        result.enqueue_per_s = args.tasks / enqueue_seconds
+    rate = args.tasks / window if window > 0 else None
+    e2e = done.succeeded / run.wall_seconds
+    if procs == 1:
+        result.processed_1p, result.e2e_1p = rate, e2e
+    else:
+        result.processed_2p, result.e2e_2p = rate, e2e
+    result.drains.append({**asdict(run), "enqueue_seconds": enqueue_seconds})
+    if done.succeeded != args.tasks or done.unfinished:
+        result.problems.append(
+            f"{procs} proc: {done.succeeded} of {args.tasks} succeeded, "
+            f"{done.unfinished} unfinished{' (timed out)' if run.timed_out else ''}"
+        )
+
+
+async def latency(args: argparse.Namespace, result: Result, make: Any) -> None:
+    system = await fresh(args, result, "lat", make)
+    try:
+        seconds = await system.latency(args.rate, args.duration, args.timeout)
+    finally:
+        await system.teardown()
+    result.latency_sent = max(1, round(args.rate * args.duration))
+    result.latency_started = len(seconds)
+    if seconds:
+        result.latency_p50_ms = 1000 * tp.quantile(seconds, 0.5)
+        result.latency_p99_ms = 1000 * tp.quantile(seconds, 0.99)
+    if len(seconds) != result.latency_sent:
+        result.problems.append(f"latency: {len(seconds)} of {result.latency_sent} started")
+
+
+async def run_system(args: argparse.Namespace, name: str) -> Result:
+    result = Result(name)
+    try:
+        cls = load_system(name)
+    except ImportError as error:
+        result.problems.append(f"not installed ({error}); pip install -e '.[peers]'")
+        return result
+    concurrency = args.concurrency.get(name, cls.default_concurrency)  # type: ignore[attr-defined]
+
+    def make() -> Any:
+        return cls(concurrency, args.worker_log_level)
+
+    result.note = make().note
+    try:
+        await throughput(args, result, make, 1)
+        await throughput(args, result, make, 2)
+        await latency(args, result, make)
+    except Exception as error:  # report it in the table, go on with the next system
+        tp.log(f"[{name}] failed: {error!r}")
+        result.problems.append(f"failed: {error!r}")
+    finally:
+        if not args.keep:
+            for database in result.databases:
+                await drop_database(args.url, database)
+    return result
+
+
+# -- the pgbench ceiling -------------------------------------------------------
+
+
+async def ceiling(args: argparse.Namespace) -> Ceiling:
+    """pgbench's batched SKIP LOCKED claim on a bare table: the machine's limit."""
+    from benchmarks.peers.system import QUERIES
+
+    pgbench = shutil.which("pgbench")
+    if pgbench is None:
+        raise RuntimeError("pgbench is not on PATH (apt-get install postgresql-client)")
+    name = f"bench_ceiling_{args.token}"
+    dsn = await create_database(args.url, name)
+    try:
+        rows = max(args.tasks, math.ceil(CEILING_HEADROOM * args.ceiling_seconds))
+        async with tp.connect(dsn) as conn:
+            await conn.execute(QUERIES["ceiling_table"])
+            await conn.execute(QUERIES["ceiling_index"])
+            await conn.execute(QUERIES["ceiling_fill"], {"rows": rows})
+            await conn.execute("vacuum analyze jobs")
+        command = [pgbench, "-n", "-f", str(CEILING_SCRIPT), "-c", "2", "-j", "2"]
+        command += ["-T", str(max(1, round(args.ceiling_seconds))), dsn]
+        tp.log(f"[ceiling] {rows} rows; {' '.join(command[:-1])} {name}")
+        out = await asyncio.to_thread(
+            subprocess.run, command, capture_output=True, text=True, check=True
+        )
+        match = re.search(r"^tps = ([\d.]+)", out.stdout, re.MULTILINE)
+        if match is None:
+            raise RuntimeError(f"no tps in pgbench's output:\n{out.stdout}{out.stderr}")
+        async with tp.connect(dsn) as conn:
+            left, _done = await tp.fetch_one(conn, QUERIES["ceiling_left"])
+    finally:
+        if not args.keep:
+            await drop_database(args.url, name)
+    tps = float(match.group(1))
+    return Ceiling(args.ceiling_seconds, 2, tps, tps * CEILING_BATCH, left, name)
+
+
+# -- the table -----------------------------------------------------------------
+
+
+def _rate(value: float | None) -> str:
+    return f"{value:,.0f}" if value is not None else "-"
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+COLUMNS = [
+    # (header, attribute, format, higher is better)
+    ("enqueue/s", "enqueue_per_s", _rate, True),
+    ("processed/s 1p", "processed_1p", _rate, True),
+    ("processed/s 2p", "processed_2p", _rate, True),
+    ("e2e/s 1p", "e2e_1p", _rate, True),
+    ("e2e/s 2p", "e2e_2p", _rate, True),
+    ("p50 ms", "latency_p50_ms", _ms, False),
+    ("p99 ms", "latency_p99_ms", _ms, False),
+]
+
+
+def ratios(results: Sequence[Result]) -> list[str]:
+    """conveyor's value over the best peer's, per column (``-`` if either is missing)."""
+    ours = next((r for r in results if r.system == "conveyor"), None)
+    cells = []
+    for _header, attribute, _fmt, higher in COLUMNS:
+        peers = [getattr(r, attribute) for r in results if r.system != "conveyor"]
+        values = [v for v in peers if v]
+        mine = getattr(ours, attribute) if ours else None
+        if not values or not mine:
+            cells.append("-")
+            continue
+        best = max(values) if higher else min(values)
+        cells.append(f"{mine / best:.2f}x")
+    return cells
+
+
+def table(results: Sequence[Result], top: Ceiling | None) -> str:
+    widths = [max(len(h), 9) for h, *_ in COLUMNS]
+
+    def line(first: str, cells: Sequence[str]) -> str:
+        return f"{first:<14}" + "".join(f" {c:>{w}}" for c, w in zip(cells, widths, strict=True))
+
+    header = line("system", [h for h, *_ in COLUMNS]) + f" {'% ceiling':>9} {'check':>6}  config"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        share = "-"
+        if top is not None and r.processed_2p:
+            share = f"{100 * r.processed_2p / top.rows_per_s:.0f}%"
+        row = line(r.system, [fmt(getattr(r, attr)) for _h, attr, fmt, _hi in COLUMNS])
+        lines.append(row + f" {share:>9} {'ok' if r.ok else 'FAIL':>6}  {r.note}")
+    if len(results) > 1:
+        lines.append(line("conveyor/best", ratios(results)))
+    if top is not None:
+        dry = "" if top.rows_left else "  (ran dry: a lower bound)"
+        lines.append(
+            f"ceiling: pgbench, {CEILING_BATCH}-row FOR UPDATE SKIP LOCKED claim + mark done per "
+            f"transaction, {top.clients} clients, {top.seconds:g}s: "
+            f"{top.tps:,.0f} tps = {top.rows_per_s:,.0f} rows/s{dry}"
+        )
+    return "\n".join(lines)
+
+
+# -- main ----------------------------------------------------------------------
+
+
+def parse_systems(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = sorted(set(names) - set(SYSTEMS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(SYSTEMS)}; not {unknown}")
+    return names
+
+
+def parse_concurrency(text: str) -> dict[str, int]:
+    chosen: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in SYSTEMS or not value.isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"expected system=N, like pgqueuer=100: {part!r}")
+        chosen[name] = int(value)
+    return chosen
+
+
+async def run(args: argparse.Namespace) -> int:
+    args.token = secrets.token_hex(4)
+    report: dict[str, Any] = {"environment": await tp.environment(args.url)}
+    report["parameters"] = {
+        k: getattr(args, k)
+        for k in ("tasks", "systems", "rate", "duration", "concurrency", "ceiling_seconds")
+    }
+    results = [await run_system(args, name) for name in args.systems]
+    top = await ceiling(args) if args.ceiling_seconds > 0 else None
+    report["results"] = [asdict(r) for r in results]
+    report["ceiling"] = asdict(top) if top else None
+    env = report["environment"]
+    text = (
+        f"PostgreSQL {env['postgresql']} (synchronous_commit={env['synchronous_commit']}), "
+        f"Python {env['python']}, {env['cpus']} CPUs; {args.tasks} no-op tasks; latency "
+        f"{args.rate:g}/s for {args.duration:g}s\n" + table(results, top)
+    )
+    for r in results:
+        for problem in r.problems:
+            tp.log(f"{r.system}: {problem}")
+    if args.keep:
+        tp.log("kept databases: " + ", ".join(d for r in results for d in r.databases))
+    if args.json:
+        tp.log(text)
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(text)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="conveyor next to PgQueuer, Procrastinate and Chancy, one table."
+    )
+    parser.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help="any database on the PostgreSQL server; each system gets fresh ones beside it "
+        "(default %(default)s)",
+    )
+    parser.add_argument("--tasks", type=tp.positive_int, default=20_000, help="tasks per drain")
+    parser.add_argument(
+        "--systems", type=parse_systems, default=list(SYSTEMS), help="comma-separated, in order"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the benchmark databases")
+    parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
+    parser.add_argument(
+        "--concurrency",
+        type=parse_concurrency,
+        default={},
+        help="per-system override, e.g. conveyor=100,pgqueuer=200 (pgqueuer: its batch size)",
+    )
+    parser.add_argument("--rate", type=tp.positive_float, default=200.0, help="latency: tasks/s")
+    parser.add_argument(
+        "--duration", type=tp.positive_float, default=20.0, help="latency: seconds of enqueueing"
+    )
+    parser.add_argument(
+        "--ceiling-seconds", type=float, default=10.0, help="pgbench run length; 0 skips it"
+    )
+    parser.add_argument(
+        "--timeout", type=tp.positive_float, default=600.0, help="seconds per phase"
+    )
+    parser.add_argument("--worker-log-level", default="WARNING", help="the workers' log level")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(run(parse_args())))

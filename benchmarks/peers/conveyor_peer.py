@@ -1,0 +1,46 @@
+"""conveyor: the worker of ``benchmarks/throughput.py``, on a database of its own."""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+from benchmarks.bench_app import STAMP_NAME, TASK_NAME, make_app
+from benchmarks.peers.system import System
+from benchmarks.throughput import WorkerSpec, worker_command
+from conveyor import App
+
+SCHEMA = "bench"
+BATCH = 5_000
+"""Tasks per ``enqueue_many_async`` call, as in ``throughput.py``."""
+
+
+class Conveyor(System):
+    name: ClassVar[str] = "conveyor"
+    configuration = f"--concurrency {{concurrency}}, enqueue_many_async x{BATCH}"
+
+    app: App
+
+    async def install(self) -> None:
+        self.app = make_app(self.dsn, SCHEMA)
+        await self.app.backend()  # opens the pool and migrates the empty schema
+
+    async def enqueue(self, n: int) -> float:
+        started = time.perf_counter()
+        for first in range(0, n, BATCH):
+            payloads = [{"i": i} for i in range(first, min(first + BATCH, n))]
+            await self.app.enqueue_many_async(TASK_NAME, payloads)
+        return time.perf_counter() - started
+
+    async def enqueue_stamp(self, sent: float) -> None:
+        await self.app.enqueue_async(STAMP_NAME, {"sent": sent})
+
+    def worker_command(self, burst: bool) -> list[str]:
+        spec = WorkerSpec(self.dsn, self.concurrency, burst, None, self.log_level)
+        return worker_command(spec)
+
+    def worker_env(self) -> dict[str, str]:
+        return {"CONVEYOR_URL": self.dsn, "CONVEYOR_SCHEMA": SCHEMA}
+
+    async def close(self) -> None:
+        await self.app.aclose()

@@ -1,0 +1,50 @@
+"""Where a benchmark handler records when it started, for enqueue-to-start latency.
+
+The enqueuing side takes ``time.time()`` just before its enqueue call and
+carries it in the payload (``sent``); the handler, in a worker process on the
+same machine, appends ``sent started`` to the file named by
+``BENCH_STAMP_FILE``. One short ``O_APPEND`` write per line, so lines from
+several processes do not interleave.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+STAMP_ENV = "BENCH_STAMP_FILE"
+WARM_UP = -1.0
+"""The ``sent`` value of the warm-up task, left out of the latencies."""
+
+_fd: int | None = None
+
+
+def record_start(sent: float) -> None:
+    """Append ``sent`` and this moment to the stamp file (no-op without one)."""
+    started = time.time()
+    global _fd
+    if _fd is None:
+        path = os.environ.get(STAMP_ENV)
+        if not path:
+            return
+        _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(_fd, f"{sent!r} {started!r}\n".encode())
+
+
+def read_stamps(path: Path) -> list[tuple[float, float]]:
+    """The ``(sent, started)`` pairs written so far, warm-up included."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        return []
+    pairs = []
+    for line in text.splitlines():
+        sent, started = line.split()
+        pairs.append((float(sent), float(started)))
+    return pairs
+
+
+def latencies(path: Path) -> list[float]:
+    """Enqueue-to-start seconds of every stamped task but the warm-up, sorted."""
+    return sorted(started - sent for sent, started in read_stamps(path) if sent != WARM_UP)

@@ -1,0 +1,181 @@
+"""The interface every system under benchmark implements, and the parts they share.
+
+A system knows how to install itself into an empty database, bulk-enqueue
+no-op tasks, enqueue one stamped task, start a real worker process, and count
+what its own tables say completed. Draining with worker processes and the
+paced latency run are the same for all of them and live here.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import psycopg
+
+from benchmarks.peers.stamp import STAMP_ENV, WARM_UP, latencies, read_stamps
+from benchmarks.throughput import POLL_SECONDS, READY_TIMEOUT, ROOT, log, paced, stop_worker
+from conveyor.backends.sqlfiles import read_blocks
+
+QUERIES = read_blocks("benchmarks.peers", "queries.sql")
+IDLE_SECONDS = 1.0
+"""How long a latency worker sits idle after its warm-up task."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a system's own tables say about the tasks of one drain."""
+
+    succeeded: int
+    unfinished: int
+    """Tasks still queued, running or failed."""
+    first_start: datetime | None
+    last_finish: datetime | None
+
+    def window(self) -> float:
+        """Seconds from the first start to the last finish (0 if unknown)."""
+        if self.first_start is None or self.last_finish is None:
+            return 0.0
+        return (self.last_finish - self.first_start).total_seconds()
+
+
+@dataclass
+class DrainRun:
+    processes: int
+    wall_seconds: float
+    """Spawn of the worker processes to every task seen completed."""
+    completion: Completion
+    exit_codes: list[int]
+    timed_out: bool
+
+
+class System(abc.ABC):
+    """One task system under benchmark, installed in its own database."""
+
+    name: ClassVar[str]
+    default_concurrency: ClassVar[int] = 50
+    """Worker concurrency unless ``--concurrency name=N`` says otherwise."""
+    configuration: ClassVar[str]
+    """How it is configured, for the table; ``{concurrency}`` is filled in."""
+
+    def __init__(self, concurrency: int, log_level: str) -> None:
+        self.concurrency = concurrency
+        self.log_level = log_level
+        self.dsn = ""
+
+    # -- what each system provides -------------------------------------------------
+
+    @property
+    def note(self) -> str:
+        """How it is configured, for the table."""
+        return self.configuration.format(concurrency=self.concurrency)
+
+    @abc.abstractmethod
+    async def install(self) -> None:
+        """Create the system's tables in the empty database ``self.dsn``; open clients."""
+
+    @abc.abstractmethod
+    async def enqueue(self, n: int) -> float:
+        """Bulk-enqueue ``n`` no-op tasks the way the system's docs recommend; seconds."""
+
+    @abc.abstractmethod
+    async def enqueue_stamp(self, sent: float) -> None:
+        """Enqueue one task whose handler calls ``record_start(sent)``."""
+
+    @abc.abstractmethod
+    def worker_command(self, burst: bool) -> list[str]:
+        """A worker process; ``burst``: exit once the queue is empty, where supported."""
+
+    def worker_env(self) -> dict[str, str]:
+        """Extra environment for the worker process."""
+        return {}
+
+    async def close(self) -> None:  # noqa: B027 - optional: not every system opens one
+        """Close the clients ``install`` opened."""
+
+    # -- shared --------------------------------------------------------------------
+
+    async def setup(self, dsn: str) -> None:
+        self.dsn = dsn
+        await self.install()
+
+    async def teardown(self) -> None:
+        await self.close()
+
+    def spawn(self, burst: bool, stamp_file: Path | None = None) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env["BENCH_PEER_DSN"] = self.dsn
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        if stamp_file is not None:
+            env[STAMP_ENV] = str(stamp_file)
+        env.update(self.worker_env())
+        command = self.worker_command(burst)
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=sys.stderr, stderr=sys.stderr)
+
+    async def completion(self) -> Completion:
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            cursor = await conn.execute(QUERIES[f"{self.name}_completion"])
+            row: tuple[Any, ...] | None = await cursor.fetchone()
+        assert row is not None
+        return Completion(*row)
+
+    async def drain(self, processes: int, n: int, timeout: float) -> DrainRun:
+        """Start ``processes`` workers on ``n`` queued tasks; time until all completed."""
+        started = time.perf_counter()
+        workers = [self.spawn(burst=True) for _ in range(processes)]
+        timed_out = True
+        try:
+            while time.perf_counter() - started < timeout:
+                done = await self.completion()
+                if done.succeeded >= n:
+                    timed_out = False
+                    break
+                if all(w.poll() is not None for w in workers):
+                    done = await self.completion()  # the last ones may have just committed
+                    timed_out = done.succeeded < n
+                    break
+                await asyncio.sleep(POLL_SECONDS)
+            wall = time.perf_counter() - started
+        finally:
+            codes = [await stop_worker(w) for w in workers]
+        return DrainRun(processes, wall, await self.completion(), codes, timed_out)
+
+    async def latency(self, rate: float, duration: float, timeout: float) -> list[float]:
+        """Enqueue one stamped task at a time at ``rate``/s for ``duration`` s into an
+        idle worker; enqueue-to-start seconds, sorted (missing tasks are left out)."""
+        total = max(1, round(rate * duration))
+        with tempfile.TemporaryDirectory(prefix=f"bench_{self.name}_") as folder:
+            stamp_file = Path(folder) / "stamps"
+            worker = self.spawn(burst=False, stamp_file=stamp_file)
+            try:
+                await self.enqueue_stamp(WARM_UP)
+                if not await wait_stamps(stamp_file, 1, READY_TIMEOUT, worker):
+                    raise RuntimeError(f"{self.name}: the latency worker did not start")
+                await asyncio.sleep(IDLE_SECONDS)
+                await paced(total, rate, lambda _: self.enqueue_stamp(time.time()))
+                if not await wait_stamps(stamp_file, total + 1, timeout, worker):
+                    log(f"{self.name}: {total + 1 - len(read_stamps(stamp_file))} stamps missing")
+            finally:
+                await stop_worker(worker)
+            return latencies(stamp_file)
+
+
+async def wait_stamps(
+    path: Path, want: int, timeout: float, worker: subprocess.Popen[bytes]
+) -> bool:
+    """Wait until the stamp file has ``want`` lines; False on timeout or worker exit."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and worker.poll() is None:
+        if len(read_stamps(path)) >= want:
+            return True
+        await asyncio.sleep(POLL_SECONDS)
+    return False
