@@ -334,6 +334,8 @@ class Workload:
     ids: list[int] = field(default_factory=list)
     expected: dict[int, Expected] = field(default_factory=dict)
     gathers: list[int] = field(default_factory=list)
+    holders: list[int] = field(default_factory=list)
+    """The process handlers that hold the GIL (``gil`` only)."""
     sent: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
     maybe: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
 
@@ -370,19 +372,30 @@ async def enqueue(client: App, profile: Profile, rng: random.Random, cpu: bool) 
     work.gathers = [h.id for h in await client.enqueue_new_async(gathers)]
     work.ids += work.gathers
     if cpu:
-        # The process handlers run first (ahead of everything else), the
-        # thread handlers once they are over: a thread handler holding the
-        # GIL freezes its whole worker, heartbeat included, and so would cost
-        # a process handler running in that worker its lease too.
-        hold = profile.cpu_hold_leases * profile.lease
-        batch = [{"i": i, "hold_ms": int(hold * 1000)} for i in range(profile.cpu_tasks)]
-        later = {CPU_PROCESS_NAME: 0.0, CPU_THREAD_NAME: hold + 3 * profile.lease}
-        for name, delay in later.items():
-            handles = await client.enqueue_many_async(
-                name, batch, retry=RETRY, priority=10, delay=delay
-            )
-            work.add([h.id for h in handles], list(range(profile.cpu_tasks)))
+        work.holders = await enqueue_gil_holders(client, profile, CPU_PROCESS_NAME)
+        work.add(work.holders, list(range(profile.cpu_tasks)))
     return work
+
+
+async def enqueue_gil_holders(client: App, profile: Profile, name: str) -> list[int]:
+    """``cpu_tasks`` tasks of ``name`` that hold the GIL, ahead of every other task."""
+    hold_ms = int(profile.cpu_hold_leases * profile.lease * 1000)
+    batch = [{"i": i, "hold_ms": hold_ms} for i in range(profile.cpu_tasks)]
+    handles = await client.enqueue_many_async(name, batch, retry=RETRY, priority=10)
+    return [h.id for h in handles]
+
+
+async def hold_gil_in_threads(client: App, work: Workload, profile: Profile) -> None:
+    """Once every process handler has ended, enqueue the thread handlers: a
+    thread handler holding the GIL freezes its whole worker, heartbeat
+    included, and would cost a process handler running there its lease too."""
+    while True:  # polled: the store is the only place that knows
+        holders = await _stored(client, work.holders)
+        if all(t.state.is_terminal for t in holders.values()):
+            break
+        await asyncio.sleep(0.5)
+    threads = await enqueue_gil_holders(client, profile, CPU_THREAD_NAME)
+    work.add(threads, list(range(profile.cpu_tasks)))
 
 
 async def send_mail(client: App, work: Workload, profile: Profile) -> None:
@@ -477,11 +490,13 @@ async def _run(
         for _ in range(profile.workers):
             workers.spawn()
         initial = profile.workers
-        mail = asyncio.create_task(send_mail(client, work, profile))
+        background = [asyncio.create_task(send_mail(client, work, profile))]
+        if chosen.cpu:
+            background.append(asyncio.create_task(hold_gil_in_threads(client, work, profile)))
         try:
             started = time.monotonic()
             while time.monotonic() - started < profile.fault_seconds:
-                if await unfinished(client) == 0:
+                if await unfinished(client) == 0 and all(b.done() for b in background):
                     break
                 if fault is not None:
                     await fault(workers, rng)
@@ -490,11 +505,12 @@ async def _run(
             if proxy is not None:
                 proxy.restore()
             workers.heal()
-            await mail
+            await asyncio.gather(*background)
             settled = await wait_until_done(client, profile.settle_seconds)
             log(f"{scenario}: {'settled' if settled else 'NOT settled'}")
         finally:
-            mail.cancel()
+            for job in background:
+                job.cancel()
             await asyncio.to_thread(workers.stop_all, profile.lease + 10)
         work.close(profile.children)
         tasks = await _stored(client, work.ids)
