@@ -1,13 +1,14 @@
 """Query-plan guards: the hot statements stay on their indexes as history grows.
 
-100k finished tasks sit in the table; the claim must reach due work through
-the partial indexes, and heartbeat/finish through the primary keys, never by
-scanning the table.
+100k finished tasks sit in the table, each with its attempt; the claim must
+reach due work through the partial indexes, and heartbeat/finish through the
+primary keys, never by scanning the table.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import psycopg
@@ -17,6 +18,7 @@ from conveyor.backends.postgres import PostgresBackend
 from conveyor.backends.postgres.rows import finish_args
 from conveyor.backends.protocol import Completion
 from conveyor.model import LeaseToken, Outcome, TaskState
+from tests.conformance.test_tasks import claim, enqueue, later, new
 
 FINISHED = 100_000
 
@@ -56,7 +58,15 @@ async def history(backend: PostgresBackend) -> PostgresBackend:
                 " select 'job', 'default', '{{}}', 3, '{{}}' from generate_series(1, 50)"
             ).format(tasks)
         )
+        attempts = psycopg.sql.Identifier(backend.schema, "attempts")
+        await conn.execute(
+            psycopg.sql.SQL(
+                "insert into {} (task_id, number, worker_id, outcome, finished_at)"
+                " select id, 1, 'w', 'succeeded', now() from {} where state = 'succeeded'"
+            ).format(attempts, tasks)
+        )
         await conn.execute(psycopg.sql.SQL("analyze {}").format(tasks))
+        await conn.execute(psycopg.sql.SQL("analyze {}").format(attempts))
     return backend
 
 
@@ -123,3 +133,64 @@ async def test_a_poll_s_ending_and_a_send_use_primary_keys(history: PostgresBack
         # a walk of a whole index with a filter.
         reads = [n for n in plan if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]]
         assert all("Index Cond" in n for n in reads), (name, reads)
+
+
+async def _generic_plan(
+    backend: PostgresBackend, name: str, args: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """EXPLAIN ANALYZE of ``name`` as a prepared statement under its generic
+    plan, the one a pooled connection settles on after a few executions: it
+    knows nothing of the arrays it gets (it guesses 10 elements). Every
+    parameter of the statement must carry a cast."""
+    sql = backend.sql[name].decode()
+    names: list[str] = []
+    types: list[str] = []
+    for found in re.finditer(r"%\((\w+)\)s(::[\w\[\]]+)?", sql):
+        if found.group(2) is None:
+            raise AssertionError(f"{name}: every parameter needs a cast ({found.group(1)})")
+        if found.group(1) not in names:
+            names += [found.group(1)]
+            types += [found.group(2)[2:]]
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql)
+    async with backend.pool.connection() as conn:
+        await conn.execute("set plan_cache_mode = force_generic_plan")
+        try:
+            # PREPARE and EXPLAIN EXECUTE take no bound parameters: sent as text.
+            conn.pgconn.exec_(f"prepare probe ({', '.join(types)}) as {numbered}".encode())
+            cursor = psycopg.AsyncClientCursor(conn)
+            values = ", ".join(f"%s::{t}" for t in types)
+            await cursor.execute(
+                f"explain (analyze, format json) execute probe ({values})",  # type: ignore[arg-type]
+                [args[n] for n in names],
+            )
+            row = await cursor.fetchone()
+        finally:
+            await conn.execute("deallocate all")
+            await conn.execute("reset plan_cache_mode")
+    assert row is not None
+    document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return _nodes(document[0]["Plan"])
+
+
+async def test_finish_stays_linear_in_its_batch_under_a_generic_plan(
+    history: PostgresBackend,
+) -> None:
+    """A generic plan guesses 10 input rows: any join of the input with
+    itself or with the updated rows becomes a nested loop, quadratic in the
+    batch (300 endings: 90,000 row comparisons). Every join here must find
+    its rows through keys or hashes, never by filtering a cross product."""
+    backend = history
+    batch = 300
+    await enqueue(backend, *(new() for _ in range(batch)))
+    claimed = await claim(backend, limit=batch)
+    assert len(claimed) == batch
+    completions = [
+        Completion(c.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="null") for c in claimed
+    ]
+    nodes = await _generic_plan(backend, "finish", finish_args("w1", completions, later(1)))
+    removed = [n.get("Rows Removed by Join Filter", 0) for n in nodes]
+    assert max(removed) < batch, removed
+    updated = [n for n in nodes if n["Node Type"] == "ModifyTable"]
+    # Every ending was applied (the tasks update returns them; the attempts
+    # update returns nothing), so the plan ran on the whole batch.
+    assert [n["Actual Rows"] for n in updated] == [batch, 0]

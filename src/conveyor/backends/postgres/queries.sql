@@ -286,17 +286,19 @@ finished as (
       and t.attempt = i.attempt
       and t.worker_id = i.worker_id
       and t.lease_expires_at > i.now
-    returning t.id, t.attempt
+    -- The attempt's ending comes along, so that logging it needs no second
+    -- join with the input (a generic plan guesses 10 input rows and would
+    -- make that join a nested loop, quadratic in the batch).
+    returning t.id, t.attempt, i.outcome, i.now, i.error_type, i.error_message, i.traceback
 ),
 logged as (
     update {schema}.attempts a
-    set outcome = i.outcome,
-        finished_at = i.now,
-        error_type = i.error_type,
-        error_message = i.error_message,
-        traceback = i.traceback
+    set outcome = f.outcome,
+        finished_at = f.now,
+        error_type = f.error_type,
+        error_message = f.error_message,
+        traceback = f.traceback
     from finished f
-    join input i on i.id = f.id and i.attempt = f.attempt
     where a.task_id = f.id and a.number = f.attempt
 )
 select id, attempt from finished;
