@@ -53,6 +53,7 @@ killed, else until its attempt finished, else forever.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -183,13 +184,7 @@ class NameCounts:
         )
 
     def to_json(self) -> dict[str, int]:
-        return {
-            "tasks": self.tasks,
-            "attempts": self.attempts,
-            "lease_lost": self.lease_lost,
-            "killed_in_body": self.killed_in_body,
-            "killed_before_commit": self.killed_before_commit,
-        }
+        return dataclasses.asdict(self)
 
     def __str__(self) -> str:
         text = f"{self.tasks} tasks, {self.attempts} attempts, {self.lease_lost} lease lost"
@@ -464,23 +459,21 @@ def _check_success(h: _History) -> list[Violation]:
     """``double_success``, ``step_rerun`` and ``stale_write_accepted``."""
     task = h.task
     succeeded = [a for a in h.attempts if a.outcome is Outcome.SUCCEEDED]
+    late = _check_late(h, succeeded) + _check_terminal_write(h)
     if h.steps:
-        return _check_commits(h, succeeded) + _check_late(h, succeeded) + _check_terminal_write(h)
+        return _check_commits(h, succeeded) + late
     found = []
     if len(succeeded) > 1:
         numbers = ", ".join(str(a.number) for a in succeeded)
         found.append(_v(Kind.DOUBLE_SUCCESS, task, f"attempts {numbers} all succeeded"))
-    for attempt in succeeded:
-        following = h.after(attempt)
-        if following is None:
-            continue
-        late = _late_write(h, attempt, following)
-        if late:
-            found.append(_v(Kind.STALE_WRITE_ACCEPTED, task, late))
-        elif len(succeeded) == 1:
-            detail = f"attempt {attempt.number} succeeded, then attempt {following.number} ran"
-            found.append(_v(Kind.DOUBLE_SUCCESS, task, detail))
-    return found + _check_terminal_write(h)
+    elif (
+        succeeded
+        and (following := h.after(succeeded[0])) is not None
+        and _late_write(h, succeeded[0], following) is None  # a late one is reported above
+    ):
+        detail = f"attempt {succeeded[0].number} succeeded, then attempt {following.number} ran"
+        found.append(_v(Kind.DOUBLE_SUCCESS, task, detail))
+    return found + late
 
 
 def _check_commits(h: _History, succeeded: Sequence[Attempt]) -> list[Violation]:
