@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -44,6 +43,7 @@ from conveyor.errors import (
 )
 from conveyor.model import LeaseToken, Outcome, TaskState
 from conveyor.worker.attempt import RunningAttempt
+from conveyor.worker.claims import ClaimOutcome, Claims, Pace
 from conveyor.worker.completer import Completer
 from conveyor.worker.config import WorkerConfig
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
@@ -53,8 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.worker")
 
-CLAIM_RETRY_MIN = 0.1
-CLAIM_RETRY_MAX = 5.0
+REGISTER_RETRY_MIN = 0.1
+REGISTER_RETRY_MAX = 5.0
 
 
 class Worker:
@@ -77,8 +77,8 @@ class Worker:
         self._stop_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._work_hint: asyncio.Event | None = None
-        self._slot_freed: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._hinted = False
         self.backend: Backend | None = None
         self.heartbeat: Heartbeat | None = None
         self.completer: Completer | None = None
@@ -103,7 +103,7 @@ class Worker:
             immediate = True
         self._stopping = True
         self._immediate = self._immediate or immediate
-        for event in (self._stop_event, self._work_hint, self._slot_freed):
+        for event in (self._stop_event, self._wake):
             if event is not None:
                 event.set()
 
@@ -118,8 +118,7 @@ class Worker:
         if not self.names:
             log.warning("the app registers no tasks: nothing to run")
         self._stop_event = asyncio.Event()
-        self._work_hint = asyncio.Event()
-        self._slot_freed = asyncio.Event()
+        self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._loop, self._loop_thread = loop, threading.get_ident()
         backend = self.backend = self.app.make_backend(pool_size=self.config.connections())
@@ -170,7 +169,7 @@ class Worker:
             queues=tuple(self.queues),
             concurrency=self.config.concurrency,
         )
-        delay = CLAIM_RETRY_MIN
+        delay = REGISTER_RETRY_MIN
         while True:
             try:
                 await backend.register_worker(info)
@@ -180,7 +179,7 @@ class Worker:
                     raise
                 log.warning("cannot register the worker: %s; retrying in %.1fs", exc, delay)
                 await self._sleep(delay)
-                delay = min(delay * 2, CLAIM_RETRY_MAX)
+                delay = min(delay * 2, REGISTER_RETRY_MAX)
 
     def heartbeat_held(self) -> set[LeaseToken]:
         return set(self.heartbeat.held()) if self.heartbeat else set()
@@ -222,10 +221,11 @@ class Worker:
     async def _listen(self, backend: Backend) -> None:
         """Turn wake-ups into claim hints. Wake-ups are only hints: if the
         listener fails, the worker goes on polling, and says so."""
-        assert self._work_hint is not None
+        assert self._wake is not None
         try:
             async for _queue in backend.wakeups(self.queues):
-                self._work_hint.set()
+                self._hinted = True
+                self._wake.set()
         except Exception as exc:
             log.warning(
                 "wake-ups stopped (%s); polling every %.1fs", exc, self.config.poll_interval
@@ -234,58 +234,60 @@ class Worker:
     # -- claiming ------------------------------------------------------------
 
     async def _claim_loop(self, backend: Backend) -> None:
-        assert self._work_hint is not None
-        assert self._slot_freed is not None
-        retry_delay = CLAIM_RETRY_MIN
-        while not self._stopping:
-            self._work_hint.clear()
-            self._slot_freed.clear()
-            free = self.config.concurrency - len(self._running)
-            claimed: list[ClaimedTask] = []
-            if free > 0 and self.names:
-                sent_at = time.monotonic()
-                try:
-                    # Bounded: a connection that swallows packets must not stall
-                    # claiming. A claim that times out may still commit later; its
-                    # tasks then wait out their lease and are reclaimed.
-                    claimed = await asyncio.wait_for(
-                        backend.claim(
-                            ClaimParams(
-                                worker_id=self.id,
-                                names=self.names,
-                                queues=self.queues,
-                                limit=free,
-                                lease=self.config.lease,
-                            )
-                        ),
-                        self.config.lease,
-                    )
-                except Exception as exc:
-                    log.warning("claim failed: %s; retrying in %.1fs", exc, retry_delay)
-                    await self._sleep(retry_delay)
-                    retry_delay = min(retry_delay * 2, CLAIM_RETRY_MAX)
+        """Claim while slots are free and work is due (see :mod:`.claims`)."""
+        assert self._wake is not None
+        wake, loop = self._wake, asyncio.get_running_loop()
+        claims = Claims(self.config.concurrency, wake.set)
+        pace = Pace(self.config.poll_interval)
+        try:
+            while not self._stopping:
+                if self._hinted or (wake.is_set() and self.config.burst):
+                    self._hinted = False
+                    pace.hinted()  # in burst mode, an ending may be the last one
+                wake.clear()
+                for outcome in claims.collect():
+                    self._take(outcome, pace, loop.time(), backend)
+                now = loop.time()
+                free = self.config.concurrency - len(self._running) - claims.reserved
+                if self.names and pace.may_claim(now) and claims.may_send(free):
+                    claims.send(functools.partial(self._claim, backend), free)
                     continue
-                retry_delay = CLAIM_RETRY_MIN
-                self.claims_made += 1
-                for task in claimed:
-                    self._start(task, sent_at, backend)
-            if claimed and len(claimed) == free:
-                continue
-            if (
-                self.config.burst
-                and not claimed
-                and not self._running
-                and await self._nothing_due(backend)
-            ):
-                log.info("burst: nothing due or running; stopping")
-                return
-            if self.config.concurrency - len(self._running) <= 0:
-                await self._slot_freed.wait()
-            elif self.config.burst and self._running:
-                # Re-check as soon as a running attempt ends: it may be the last.
-                await self._wait_for_either(self.config.poll_interval)
-            else:
-                await self._wait_for_hint(self.config.poll_interval)
+                idle = not pace.due and not claims and not self._running
+                if self.config.burst and idle and await self._nothing_due(backend):
+                    log.info("burst: nothing due or running; stopping")
+                    return
+                await self._wait(pace.timeout(now))
+        finally:
+            # Claims already sent may have committed: their tasks are ours to
+            # run (or, on an immediate stop, to release) like every other.
+            for outcome in await claims.settle():
+                if not isinstance(outcome.result, BaseException):
+                    for task in outcome.result:
+                        self._start(task, outcome.sent_at, backend)
+
+    def _take(self, outcome: ClaimOutcome, pace: Pace, now: float, backend: Backend) -> None:
+        """Start a returned claim's tasks, or note its failure."""
+        if isinstance(outcome.result, BaseException):
+            delay = pace.failed(now)
+            log.warning("claim failed: %s; retrying in %.1fs", outcome.result, delay)
+            return
+        self.claims_made += 1
+        for task in outcome.result:
+            self._start(task, outcome.sent_at, backend)
+        pace.returned(len(outcome.result), outcome.limit, now)
+
+    def _claim(self, backend: Backend, limit: int) -> Awaitable[list[ClaimedTask]]:
+        # Bounded: a connection that swallows packets must not stall claiming.
+        # A claim that times out may still commit later; its tasks then wait
+        # out their lease and are reclaimed.
+        params = ClaimParams(
+            worker_id=self.id,
+            names=self.names,
+            queues=self.queues,
+            limit=limit,
+            lease=self.config.lease,
+        )
+        return asyncio.wait_for(backend.claim(params), self.config.lease)
 
     async def _nothing_due(self, backend: Backend) -> bool:
         if self.completer is not None:
@@ -297,23 +299,11 @@ class Worker:
             return False
         return left == 0
 
-    async def _wait_for_hint(self, timeout: float) -> None:
-        assert self._work_hint is not None
+    async def _wait(self, timeout: float | None) -> None:
+        """Until a claim returns, a slot frees, a wake-up or a stop arrives, or ``timeout``."""
+        assert self._wake is not None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._work_hint.wait(), timeout)
-
-    async def _wait_for_either(self, timeout: float) -> None:
-        assert self._work_hint is not None
-        assert self._slot_freed is not None
-        waits = {
-            asyncio.ensure_future(self._work_hint.wait()),
-            asyncio.ensure_future(self._slot_freed.wait()),
-        }
-        try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waits:
-                waiter.cancel()
+            await asyncio.wait_for(self._wake.wait(), timeout)
 
     async def _sleep(self, seconds: float) -> None:
         assert self._stop_event is not None
@@ -361,8 +351,8 @@ class Worker:
             completion = None
         finally:
             self._running.pop(token, None)
-            if self._slot_freed is not None:
-                self._slot_freed.set()
+            if self._wake is not None:
+                self._wake.set()
         if completion is None:
             self.heartbeat.release(token)
         else:

@@ -34,7 +34,7 @@ from conveyor.backends.postgres.migrate import apply_migrations
 from conveyor.backends.postgres.rows import (
     deliver_args,
     enqueue_statement,
-    finish_args,
+    finish_statement,
     first_messages_args,
     ordered_ids,
 )
@@ -353,9 +353,8 @@ class PostgresBackend:
                     conn, self.sql, self.channel, params.worker_id, completions, params.now
                 )
         else:
-            rows = await self._fetchall(
-                "finish", finish_args(params.worker_id, completions, params.now)
-            )
+            name, args = finish_statement(params.worker_id, completions, params.now)
+            rows = await self._fetchall(name, args)
             done = {(int(r[0]), int(r[1])) for r in rows}
         tokens = [c.token for c in completions]
         applied = frozenset(t for t in tokens if (t.task_id, t.attempt) in done)

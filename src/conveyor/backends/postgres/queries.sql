@@ -43,7 +43,7 @@ order by p.ord
 returning id;
 
 -- name: claim
--- Claim up to %(limit)s tasks in one statement: due pending tasks of the
+-- Claim up to %(limit)s::int tasks in one statement: due pending tasks of the
 -- worker's queues and names, plus in-progress tasks whose lease expired,
 -- merged in claim order (priority, run_at, id). Every candidate set sits
 -- behind a MATERIALIZED CTE: an optimisation fence, without which the
@@ -60,13 +60,13 @@ due as materialized (
     from unnest(%(queues)s::text[]) as q(name)
     cross join lateral (
         select t.id, t.priority, t.run_at
-        from {schema}.tasks t, clock
+        from {schema}.tasks t
         where t.state = 'pending'
           and t.queue = q.name
-          and t.run_at <= clock.now
+          and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
           and t.name = any(%(names)s::text[])
         order by t.priority desc, t.run_at, t.id
-        limit %(limit)s
+        limit %(limit)s::int
         for update of t skip locked
     ) as p
 ),
@@ -82,7 +82,7 @@ expired as materialized (
       and t.queue = any(%(queues)s::text[])
       and t.name = any(%(names)s::text[])
     order by t.priority desc, t.run_at, t.id
-    limit %(limit)s
+    limit %(limit)s::int
     for update of t skip locked
 ),
 -- Expired leases that must not run again: every one of them ends now.
@@ -113,16 +113,16 @@ chosen as (
         select id, priority, run_at from expired
     ) as c
     order by priority desc, run_at, id
-    limit %(limit)s
+    limit %(limit)s::int
 ),
 claimed as (
     update {schema}.tasks t
     set state = 'in_progress',
         attempt = t.attempt + 1,
         spent = t.spent + 1,
-        worker_id = %(worker_id)s,
+        worker_id = %(worker_id)s::text,
         lease_expires_at = clock.now
-            + make_interval(secs => coalesce(t.lease_seconds, %(lease)s))
+            + make_interval(secs => coalesce(t.lease_seconds, %(lease)s::float8))
     from chosen c, clock
     where t.id = c.id
     returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
@@ -157,7 +157,7 @@ lost as (
 ),
 logged as (
     insert into {schema}.attempts (task_id, number, worker_id, started_at, step)
-    select c.id, c.attempt, %(worker_id)s, clock.now, c.step from claimed c, clock
+    select c.id, c.attempt, %(worker_id)s::text, clock.now, c.step from claimed c, clock
 )
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
@@ -298,6 +298,41 @@ logged as (
         error_type = f.error_type,
         error_message = f.error_message,
         traceback = f.traceback
+    from finished f
+    where a.task_id = f.id and a.number = f.attempt
+)
+select id, attempt from finished;
+
+-- name: finish_succeeded
+-- The common case of finish, on its own: many plain successes (no next
+-- state, no error), each fenced by its lease token and a live lease, the
+-- same fence and the same planner care as finish; a third of its input to
+-- send and to unpack.
+with input as materialized (
+    select i.*, coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
+           %(worker_id)s::text as worker_id
+    from unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[])
+        as i(id, attempt, result)
+),
+finished as (
+    update {schema}.tasks t
+    set state = 'succeeded',
+        result = i.result::jsonb,
+        worker_id = null,
+        lease_expires_at = null,
+        finished_at = i.now
+    from input i
+    where t.id = any(%(ids)s::bigint[])
+      and t.id = i.id
+      and t.attempt = i.attempt
+      and t.worker_id = i.worker_id
+      and t.lease_expires_at > i.now
+    returning t.id, t.attempt, i.now
+),
+logged as (
+    update {schema}.attempts a
+    set outcome = 'succeeded',
+        finished_at = f.now
     from finished f
     where a.task_id = f.id and a.number = f.attempt
 )

@@ -12,6 +12,7 @@ from typing import Any
 
 from conveyor.backends.protocol import Completion, Delivery, EnqueueParams, NewTask
 from conveyor.backends.stored import retry_json
+from conveyor.model import Outcome, TaskState
 
 
 def _options(task: NewTask) -> tuple[Any, ...]:
@@ -97,6 +98,31 @@ def deliver_args(
         "sender_ids": [d.sender_id for d in deliveries],
         "bodies": [d.body for d in deliveries],
     }
+
+
+def _plain_success(completion: Completion) -> bool:
+    return (
+        completion.outcome is Outcome.SUCCEEDED
+        and completion.next_state is TaskState.SUCCEEDED
+        and completion.transition is None
+        and completion.error is None
+    )
+
+
+def finish_statement(
+    worker_id: str, completions: Sequence[Completion], now: datetime | None
+) -> tuple[str, dict[str, Any]]:
+    """The cheapest ``finish`` statement for these endings, and its arguments:
+    plain successes (the common case) send three columns, not sixteen."""
+    if all(_plain_success(c) for c in completions):
+        return "finish_succeeded", {
+            "now": now,
+            "worker_id": worker_id,
+            "ids": [c.token.task_id for c in completions],
+            "attempts": [c.token.attempt for c in completions],
+            "results": [c.result for c in completions],
+        }
+    return "finish", finish_args(worker_id, completions, now)
 
 
 def finish_args(

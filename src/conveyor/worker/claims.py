@@ -1,0 +1,126 @@
+"""Claims in flight: how many, how large, and what came of them.
+
+A worker keeps at most two claims in flight, each for at most half its
+slots, so the database prepares the next batch while the process starts the
+last one. The slots a claim asked for are reserved until it returns: a
+worker never holds more tasks than it has slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from conveyor.backends.protocol import ClaimedTask
+
+MAX_IN_FLIGHT = 2
+RETRY_MIN = 0.1
+RETRY_MAX = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOutcome:
+    """A claim that returned: its tasks, or why it failed."""
+
+    limit: int
+    sent_at: float
+    """``time.monotonic()`` before the claim was sent: leases count from here."""
+    result: list[ClaimedTask] | BaseException
+
+
+class Claims:
+    """The claims one worker has in flight."""
+
+    def __init__(self, concurrency: int, on_done: Callable[[], None]) -> None:
+        self.batch = max(1, (concurrency + 1) // 2)
+        self.reserved = 0
+        self._on_done = on_done
+        self._in_flight: dict[asyncio.Future[list[ClaimedTask]], tuple[int, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._in_flight)
+
+    def size(self, free: int) -> int:
+        """How many tasks the next claim asks for, with ``free`` slots unreserved."""
+        return min(free, self.batch)
+
+    def may_send(self, free: int) -> bool:
+        """Whether to send a claim now: any free slot when none is in flight; a
+        whole batch's worth to overlap one that is."""
+        if free <= 0 or len(self._in_flight) >= MAX_IN_FLIGHT:
+            return False
+        return not self._in_flight or free >= self.batch
+
+    def send(self, claim: Callable[[int], Awaitable[list[ClaimedTask]]], free: int) -> None:
+        """Start ``claim(limit)`` for the next batch; ``on_done`` runs when it returns."""
+        limit = self.size(free)
+        sent_at = time.monotonic()
+        future = asyncio.ensure_future(claim(limit))
+        future.add_done_callback(lambda _: self._on_done())
+        self._in_flight[future] = (limit, sent_at)
+        self.reserved += limit
+
+    def collect(self) -> list[ClaimOutcome]:
+        """The claims that returned since the last call, in the order sent."""
+        done = []
+        for future in [f for f in self._in_flight if f.done()]:
+            limit, sent_at = self._in_flight.pop(future)
+            self.reserved -= limit
+            result: list[ClaimedTask] | BaseException
+            if future.cancelled():
+                result = asyncio.CancelledError("the claim was cancelled")
+            else:
+                result = future.exception() or future.result()
+            done.append(ClaimOutcome(limit, sent_at, result))
+        return done
+
+    async def settle(self) -> list[ClaimOutcome]:
+        """Wait for every claim in flight, then collect them."""
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight))
+        return self.collect()
+
+
+@dataclass
+class Pace:
+    """When to claim: whether work may be due, and the back-off after failures.
+
+    Times are the event loop's clock. A claim that comes back short means
+    nothing more is due until a wake-up or ``poll_interval`` later; a failed
+    claim is retried after a delay that doubles up to ``RETRY_MAX``."""
+
+    poll_interval: float
+    due: bool = True
+    due_again_at: float = 0.0
+    retry_at: float = 0.0
+    retry_delay: float = RETRY_MIN
+
+    def hinted(self) -> None:
+        self.due = True
+
+    def failed(self, now: float) -> float:
+        """Note a failed claim; the delay before the next."""
+        delay = self.retry_delay
+        self.retry_at = now + delay
+        self.retry_delay = min(delay * 2, RETRY_MAX)
+        return delay
+
+    def returned(self, claimed: int, limit: int, now: float) -> None:
+        """Note a claim that returned ``claimed`` of the ``limit`` tasks it asked for."""
+        self.retry_delay = RETRY_MIN
+        if claimed < limit:
+            self.due, self.due_again_at = False, now + self.poll_interval
+
+    def may_claim(self, now: float) -> bool:
+        if not self.due and now >= self.due_again_at:
+            self.due = True
+        return self.due and now >= self.retry_at
+
+    def timeout(self, now: float) -> float | None:
+        """How long to wait for a wake-up before claiming again (None: no limit)."""
+        deadlines = [self.retry_at] if self.retry_at > now else []
+        if not self.due:
+            deadlines.append(self.due_again_at)
+        return max(0.0, min(deadlines) - now) if deadlines else None

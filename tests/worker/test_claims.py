@@ -1,0 +1,76 @@
+"""Claims in flight and the claim pace, without a backend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conveyor.worker.claims import RETRY_MAX, RETRY_MIN, Claims, Pace
+
+
+async def test_claims_overlap_in_half_batches_and_reserve_their_slots() -> None:
+    woken: list[int] = []
+    claims = Claims(concurrency=10, on_done=lambda: woken.append(1))
+    gates = [asyncio.get_running_loop().create_future() for _ in range(2)]
+    asked: list[int] = []
+
+    async def claim(limit: int) -> list:  # type: ignore[type-arg]
+        asked.append(limit)
+        return await gates[len(asked) - 1]
+
+    assert claims.batch == 5
+    assert claims.may_send(10)
+    claims.send(claim, 10)
+    assert claims.reserved == 5
+    # A second claim overlaps the first only for a whole batch of free slots.
+    assert not claims.may_send(4)
+    assert claims.may_send(5)
+    claims.send(claim, 5)
+    assert claims.reserved == 10 and len(claims) == 2
+    assert not claims.may_send(5)  # two in flight at most
+    await asyncio.sleep(0)
+    assert asked == [5, 5]
+    gates[1].set_result(["b"])
+    await asyncio.sleep(0)
+    [second] = claims.collect()
+    assert (second.limit, second.result) == (5, ["b"])
+    assert claims.reserved == 5
+    await asyncio.sleep(0)
+    assert woken == [1]  # the worker's loop is woken for each returned claim
+    gates[0].set_exception(OSError("gone"))
+    [first] = await claims.settle()
+    assert isinstance(first.result, OSError)
+    assert claims.reserved == 0 and len(claims) == 0
+
+
+async def test_one_free_slot_is_claimed_when_no_claim_is_in_flight() -> None:
+    claims = Claims(concurrency=1, on_done=lambda: None)
+    assert claims.batch == 1 and claims.size(1) == 1
+    assert not claims.may_send(0)
+    assert claims.may_send(1)
+
+
+def test_a_short_claim_waits_for_a_hint_or_the_poll_interval() -> None:
+    pace = Pace(poll_interval=2.0)
+    assert pace.may_claim(0.0) and pace.timeout(0.0) is None
+    pace.returned(claimed=3, limit=3, now=0.0)  # full: more may be due
+    assert pace.may_claim(0.1)
+    pace.returned(claimed=1, limit=3, now=1.0)  # short: nothing more is due
+    assert not pace.may_claim(1.5)
+    assert pace.timeout(1.5) == pytest.approx(1.5)
+    assert pace.may_claim(3.0)  # the poll interval passed
+    pace.returned(claimed=0, limit=3, now=4.0)
+    pace.hinted()
+    assert pace.may_claim(4.1)
+
+
+def test_failed_claims_back_off_doubling_up_to_the_cap() -> None:
+    pace = Pace(poll_interval=1.0)
+    delays = [pace.failed(now=0.0) for _ in range(8)]
+    assert delays[:3] == [RETRY_MIN, RETRY_MIN * 2, RETRY_MIN * 4]
+    assert max(delays) == RETRY_MAX
+    assert not pace.may_claim(RETRY_MAX - 0.01)
+    assert pace.timeout(0.0) == pytest.approx(RETRY_MAX)
+    pace.returned(claimed=1, limit=1, now=RETRY_MAX)
+    assert pace.failed(now=RETRY_MAX) == RETRY_MIN  # a success resets the delay
