@@ -24,12 +24,19 @@ MAX_DEPTH = 64
 _encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None), dict, list})
+"""Types that are plain JSON already (exact types: subclasses take the long way)."""
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def to_plain(value: Any) -> Any:
     """Turn dataclass instances and pydantic models into plain JSON values.
 
     A conversion that fails (a field that cannot be copied, a ``model_dump``
     that raises) raises :class:`~conveyor.errors.PayloadError`.
     """
+    if type(value) in _PLAIN:
+        return value
     try:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return dataclasses.asdict(value)
@@ -41,15 +48,39 @@ def to_plain(value: Any) -> Any:
     return value
 
 
+def _check_string(value: str) -> None:
+    if "\x00" in value:
+        raise PayloadError("strings must not contain the NUL character")
+
+
 def _check(value: Any, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise PayloadError(f"nesting is deeper than {MAX_DEPTH} levels")
+    kind = type(value)
+    if kind is str:
+        _check_string(value)
+        return
+    if kind in _SCALARS:
+        return  # NaN/Infinity are caught by the encoder (allow_nan=False)
+    if kind is dict:  # the common case, without the generic checks below
+        if value and depth >= MAX_DEPTH:
+            raise PayloadError(f"nesting is deeper than {MAX_DEPTH} levels")
+        for key, item in value.items():
+            if type(key) is not str:
+                raise PayloadError(f"object keys must be strings, not {type(key).__name__}")
+            _check_string(key)
+            if type(item) not in _SCALARS:
+                _check(item, depth + 1)
+        return
+    _check_other(value, depth)
+
+
+def _check_other(value: Any, depth: int) -> None:
     if isinstance(value, str):
-        if "\x00" in value:
-            raise PayloadError("strings must not contain the NUL character")
+        _check_string(value)
         return
     if value is None or isinstance(value, bool | int | float):
-        return  # NaN/Infinity are caught by the encoder (allow_nan=False)
+        return
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
@@ -66,18 +97,25 @@ def _check(value: Any, depth: int) -> None:
 
 def encode(value: Any, max_bytes: int | None = None) -> str:
     """Encode ``value`` as compact strict JSON text, enforcing the size cap."""
+    if value is None and (max_bytes is None or max_bytes >= len("null")):
+        return "null"
     value = to_plain(value)
-    if isinstance(value, Mapping):
+    if isinstance(value, Mapping) and not (
+        type(value) is dict and all(type(item) in _PLAIN for item in value.values())
+    ):
         value = {key: to_plain(item) for key, item in value.items()}
     _check(value, 0)
     try:
         text = _encoder.encode(value)
     except ValueError as exc:  # NaN or Infinity
         raise PayloadError(f"not strict JSON: {exc}") from None
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise PayloadError("strings must be valid Unicode (lone surrogate found)") from None
+    if text.isascii():  # one byte per character, and no surrogate
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise PayloadError("strings must be valid Unicode (lone surrogate found)") from None
     if max_bytes is not None and size > max_bytes:
         raise PayloadTooLargeError(size, max_bytes)
     return text

@@ -144,10 +144,11 @@ class TaskDef:
 
     def encode_args(self, args: Mapping[str, Any] | None, max_bytes: int) -> str:
         """Check ``args`` against the handler and encode them (no I/O)."""
-        for key in args or {}:
+        plain: dict[str, Any] = {}
+        for key, value in (args or {}).items():
             if not isinstance(key, str):
                 raise PayloadError(f"argument names must be strings, not {type(key).__name__}")
-        plain = {key: codec.to_plain(value) for key, value in (args or {}).items()}
+            plain[key] = codec.to_plain(value)
         self._check_names(plain)
         return codec.encode(plain, max_bytes)
 
@@ -155,13 +156,13 @@ class TaskDef:
         """The payload's keys must be the handler's keyword parameters."""
         if self.context_parameter and self.context_parameter in args:
             raise PayloadError(f"{self.context_parameter!r} is the handler's context, not data")
-        missing = self._required - args.keys()
+        missing = self._required - args.keys() if self._required else None
         if missing:
             raise PayloadError(
                 f"payload does not fit task {self.name!r}: "
                 f"missing a required argument: {', '.join(sorted(missing))}"
             )
-        if not self._open:
+        if not self._open and not self._accepted.issuperset(args):
             unknown = args.keys() - self._accepted
             if unknown:
                 raise PayloadError(

@@ -7,40 +7,49 @@
 -- attempt's own transaction) now() would be the stale transaction start.
 
 -- name: enqueue
--- Insert many tasks in one statement. Ids come back in insertion order.
-insert into {schema}.tasks
-    (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
-select i.name, i.queue, i.payload::jsonb, i.priority,
-       coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
-       i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
-       i.inbox, i.parent_id, coalesce(%(now)s::timestamptz, statement_timestamp())
-from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
-            %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
-            %(max_attempts)s::int[], %(retry_policies)s::text[],
-            %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
-            %(inboxes)s::boolean[], %(parent_ids)s::bigint[])
-    as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step, inbox, parent_id)
-returning id;
+-- Insert many tasks in one statement. Ids come back as one array, in
+-- insertion order (identity values are drawn in insertion order within one
+-- statement, so ascending ids are the input order): one row to decode, not
+-- one per task.
+with inserted as (
+    insert into {schema}.tasks
+        (name, queue, payload, priority, run_at, max_attempts, retry_policy,
+         timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
+    select i.name, i.queue, i.payload::jsonb, i.priority,
+           coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
+           i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
+           i.inbox, i.parent_id, coalesce(%(now)s::timestamptz, statement_timestamp())
+    from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
+                %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
+                %(max_attempts)s::int[], %(retry_policies)s::text[],
+                %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
+                %(inboxes)s::boolean[], %(parent_ids)s::bigint[])
+        as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
+             timeout_seconds, lease_seconds, step, inbox, parent_id)
+    returning id
+)
+select array_agg(id order by id) from inserted;
 
 -- name: enqueue_uniform
 -- Insert many tasks that share every option (what enqueue_many makes): the
 -- options travel once and the payloads as one JSON array, several times
--- cheaper to send than one array per column. Ids come back in order.
-insert into {schema}.tasks
-    (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
-select %(name)s::text, %(queue)s::text, p.value, %(priority)s::int,
-       coalesce(%(run_at)s::timestamptz,
-                coalesce(%(now)s::timestamptz, statement_timestamp())
-                + make_interval(secs => %(delay)s::float8)),
-       %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
-       %(lease)s::float8, %(step)s::text, %(inbox)s::boolean, %(parent_id)s::bigint,
-       coalesce(%(now)s::timestamptz, statement_timestamp())
-from jsonb_array_elements(%(payloads)s::jsonb) with ordinality as p(value, ord)
-order by p.ord
-returning id;
+-- cheaper to send than one array per column. Ids come back as in enqueue.
+with inserted as (
+    insert into {schema}.tasks
+        (name, queue, payload, priority, run_at, max_attempts, retry_policy,
+         timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
+    select %(name)s::text, %(queue)s::text, p.value, %(priority)s::int,
+           coalesce(%(run_at)s::timestamptz,
+                    coalesce(%(now)s::timestamptz, statement_timestamp())
+                    + make_interval(secs => %(delay)s::float8)),
+           %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
+           %(lease)s::float8, %(step)s::text, %(inbox)s::boolean, %(parent_id)s::bigint,
+           coalesce(%(now)s::timestamptz, statement_timestamp())
+    from jsonb_array_elements(%(payloads)s::jsonb) with ordinality as p(value, ord)
+    order by p.ord
+    returning id
+)
+select array_agg(id order by id) from inserted;
 
 -- name: claim
 -- Claim up to %(limit)s::int tasks in one statement: due pending tasks of the

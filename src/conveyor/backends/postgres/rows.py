@@ -155,6 +155,5 @@ def finish_args(
 
 
 def ordered_ids(rows: list[tuple[Any, ...]]) -> list[int]:
-    # Identity values are drawn in insertion order within one statement, so
-    # ascending ids are the input order.
-    return sorted(int(row[0]) for row in rows)
+    """The ids an enqueue statement returns (one array, in input order)."""
+    return list(rows[0][0] or ()) if rows else []
