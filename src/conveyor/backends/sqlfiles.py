@@ -25,8 +25,17 @@ def parse_blocks(text: str) -> dict[str, LiteralString]:
         body = text[match.end() : end].strip()
         if match.group(1) in blocks:
             raise ValueError(f"duplicate SQL block {match.group(1)!r}")
-        blocks[match.group(1)] = body  # from our own package file: trusted text
+        blocks[match.group(1)] = _without_comment_lines(body)  # our own file: trusted text
     return blocks
+
+
+def _without_comment_lines(body: LiteralString) -> LiteralString:
+    """The statement without its whole-line comments and indentation: they
+    stay in the file for readers, and a shorter statement is one psycopg keeps
+    parsed (it caches statements up to 4 KiB) instead of parsing it again at
+    every execution. No string literal of ours spans lines."""
+    lines = (line.strip() for line in body.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
 def read_blocks(package: str, name: str) -> dict[str, LiteralString]:

@@ -361,10 +361,12 @@ class Worker:
 
     def _log_ending(self, running: RunningAttempt, completion: Completion) -> None:
         token = completion.token
-        fields = {"task_id": token.task_id, "attempt": token.attempt, "worker_id": self.id}
         if completion.outcome is Outcome.SUCCEEDED:
-            log.debug("task %s succeeded", running.task.name, extra=fields)
+            if log.isEnabledFor(logging.DEBUG):
+                fields = {"task_id": token.task_id, "attempt": token.attempt, "worker_id": self.id}
+                log.debug("task %s succeeded", running.task.name, extra=fields)
             return
+        fields = {"task_id": token.task_id, "attempt": token.attempt, "worker_id": self.id}
         error = completion.error
         detail = f"{error.type}: {error.message}" if error else completion.outcome.value
         if completion.next_state is TaskState.PENDING and completion.retry_delay is not None:

@@ -357,8 +357,10 @@ class PostgresBackend:
             rows = await self._fetchall(name, args)
             done = {(int(r[0]), int(r[1])) for r in rows}
         tokens = [c.token for c in completions]
-        applied = frozenset(t for t in tokens if (t.task_id, t.attempt) in done)
-        return FinishResult(applied=applied, rejected=frozenset(tokens) - applied)
+        return FinishResult(
+            applied=frozenset(t for t in tokens if (t.task_id, t.attempt) in done),
+            rejected=frozenset(t for t in tokens if (t.task_id, t.attempt) not in done),
+        )
 
     async def begin_attempt_transaction(self, worker_id: str) -> PostgresTransaction:
         conn = await self.pool.getconn()
