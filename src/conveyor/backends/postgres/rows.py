@@ -6,7 +6,7 @@ Pure functions: no connection, no I/O. The statements themselves live in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -100,6 +100,11 @@ def deliver_args(
     }
 
 
+def _int_array(values: Iterable[int]) -> str:
+    """An array literal of integers: several times cheaper to send than a list."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 def _plain_success(completion: Completion) -> bool:
     return (
         completion.outcome is Outcome.SUCCEEDED
@@ -118,9 +123,9 @@ def finish_statement(
         return "finish_succeeded", {
             "now": now,
             "worker_id": worker_id,
-            "ids": [c.token.task_id for c in completions],
-            "attempts": [c.token.attempt for c in completions],
-            "results": [c.result for c in completions],
+            "ids": _int_array(c.token.task_id for c in completions),
+            "attempts": _int_array(c.token.attempt for c in completions),
+            "results": "[" + ",".join(c.result or "null" for c in completions) + "]",
         }
     return "finish", finish_args(worker_id, completions, now)
 
