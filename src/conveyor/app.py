@@ -11,9 +11,10 @@ import asyncio
 import atexit
 import contextlib
 import functools
+import itertools
 import os
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 SCHEMA_ENV = "CONVEYOR_SCHEMA"
+ENQUEUE_CHUNK = 1000
+"""Tasks per chunk of an ``enqueue_many`` without a caller's connection."""
 
 
 class App:
@@ -282,8 +285,13 @@ class App:
     async def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[TaskHandle]:
         backend = await self.backend()
         ids = await backend.enqueue(EnqueueParams(tasks=tasks), connection)
+        return await self._handles(backend, ids, sorted({t.queue for t in tasks}))
+
+    async def _handles(
+        self, backend: Backend, ids: list[int], queues: list[str]
+    ) -> list[TaskHandle]:
         if Capability.INLINE in backend.capabilities and not self._inline_running:
-            await self._run_inline(sorted({t.queue for t in tasks}))
+            await self._run_inline(queues)
         return [TaskHandle(self, task_id) for task_id in ids]
 
     async def _run_inline(self, queues: list[str]) -> None:
@@ -365,8 +373,16 @@ class App:
         connection: Any = None,
         **options: Any,
     ) -> list[TaskHandle]:
-        """Store many tasks of one kind in one round trip; handles in order."""
-        return self.enqueue_new(self._new_tasks(task, many, options), connection)
+        """Store many tasks of one kind, all or none; handles in order.
+
+        With ``connection``, in one statement inside the caller's transaction,
+        every payload checked before any I/O. Otherwise in one transaction of
+        the backend's own, in chunks of ``ENQUEUE_CHUNK``: a backend may insert
+        one chunk while the next is checked and encoded. A payload that fails
+        its check raises PayloadError, and nothing is stored."""
+        if connection is not None:
+            return self.enqueue_new(self._new_tasks(task, many, options), connection)
+        return self.portal.run(self.enqueue_many_async(task, many, **options))
 
     def enqueue_new(self, tasks: Sequence[NewTask], connection: Any = None) -> list[TaskHandle]:
         """Store tasks already checked and encoded (``TaskDef.new_tasks``,
@@ -391,8 +407,26 @@ class App:
         **options: Any,
     ) -> list[TaskHandle]:
         """Async form of :meth:`enqueue_many`."""
-        tasks = self._new_tasks(task, many, options)
-        return await self._insert(tasks, connection)
+        if connection is not None:
+            return await self._insert(self._new_tasks(task, many, options), connection)
+        definition = self._definition(task)
+        payloads = list(many)
+        queues: set[str] = set()
+
+        def chunks() -> Iterator[list[NewTask]]:
+            for start in range(0, len(payloads), ENQUEUE_CHUNK):
+                part = payloads[start : start + ENQUEUE_CHUNK]
+                tasks = definition.new_tasks(part, self.max_payload_bytes, **options)
+                queues.update(t.queue for t in tasks)
+                yield tasks
+
+        drawn = chunks()
+        first = next(drawn, None)  # checked before any I/O, like a small batch whole
+        if first is None:
+            return []
+        backend = await self.backend()
+        ids = await backend.enqueue_chunks(itertools.chain([first], drawn))
+        return await self._handles(backend, ids, sorted(queues))
 
     # -- messages --------------------------------------------------------------
 

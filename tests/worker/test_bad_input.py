@@ -163,6 +163,27 @@ async def test_enqueue_refuses_a_value_that_is_not_strict_json(
     assert not app._backends
 
 
+async def test_a_bad_payload_deep_in_a_large_batch_stores_nothing(app: conveyor.App) -> None:
+    """Past its first chunk, a large batch is checked while earlier chunks are
+    being inserted, in one transaction: a bad payload there rolls them back."""
+    from conveyor.app import ENQUEUE_CHUNK
+
+    @app.task()
+    async def take(x: object) -> None:
+        return None
+
+    payloads: list[dict[str, object]] = [{"x": n} for n in range(ENQUEUE_CHUNK * 2 + 500)]
+    payloads[-1] = {"x": float("nan")}
+    with pytest.raises(conveyor.PayloadError, match="not strict JSON"):
+        await app.enqueue_many_async(take, payloads)
+    assert await app.list_tasks_async(limit=10) == []
+    handles = await app.enqueue_many_async(take, payloads[:-1])
+    assert [h.id for h in handles] == sorted(h.id for h in handles)
+    assert len(set(h.id for h in handles)) == len(payloads) - 1
+    listed = await app.list_tasks_async(limit=len(payloads))
+    assert sorted(t.payload["x"] for t in listed) == list(range(len(payloads) - 1))
+
+
 @pytest.mark.parametrize(
     "args",
     [{1: "a"}, {(1, 2): 1}, {None: 1}, {"x": 1, 2: "b"}],

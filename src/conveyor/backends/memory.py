@@ -20,7 +20,7 @@ import dataclasses
 import heapq
 import itertools
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -314,6 +314,9 @@ class MemoryBackend:
             ids = [self._store.insert(new, now).id for new in params.tasks]
         wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
+
+    async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
+        return await self.enqueue(EnqueueParams.gathered(chunks))
 
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
         raise ConfigurationError("the memory backend cannot enqueue inside a transaction")

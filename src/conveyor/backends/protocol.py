@@ -23,7 +23,7 @@ Guarantees every implementation keeps (the conformance suite checks them):
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -72,6 +72,11 @@ class NewTask:
 class EnqueueParams:
     tasks: Sequence[NewTask]
     now: datetime | None = None
+
+    @classmethod
+    def gathered(cls, chunks: Iterable[Sequence[NewTask]]) -> EnqueueParams:
+        """Every chunk's tasks, in order, as one enqueue."""
+        return cls(tasks=[task for chunk in chunks for task in chunk])
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +290,13 @@ class Backend(Protocol):
 
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
         """Insert tasks on the caller's own synchronous connection, uncommitted."""
+
+    async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
+        """Insert every chunk's tasks, all or none; their ids in order.
+
+        Drawing a chunk from ``chunks`` may do work (check and encode its
+        payloads) and may raise: then nothing is stored. A backend may insert
+        one chunk while the next is drawn."""
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         """Claim up to ``limit`` due or reclaimable tasks, returned in claim

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -52,6 +52,7 @@ from conveyor.backends.protocol import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    NewTask,
     SendParams,
     TaskFilter,
     WorkerInfo,
@@ -257,6 +258,27 @@ class PostgresBackend:
                 "pass a sync psycopg Connection to the sync API"
             )
         return await insert_tasks(connection, self.sql, params.tasks, params.now)
+
+    async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
+        """One transaction; each chunk is sent before the next is drawn, so the
+        server inserts one chunk while this process encodes the next."""
+        ids: list[int] = []
+        async with self._connection() as conn, conn.transaction():
+            sending: asyncio.Future[list[int]] | None = None
+            try:
+                for chunk in chunks:
+                    if sending is not None:
+                        ids += await sending
+                    sending = asyncio.ensure_future(insert_tasks(conn, self.sql, chunk, None))
+                    await asyncio.sleep(0)  # sent: the next chunk is drawn meanwhile
+                if sending is not None:
+                    ids += await sending
+            finally:
+                # Drawing a chunk raised: the insert in flight ends before the rollback.
+                if sending is not None and not sending.done():
+                    with contextlib.suppress(Exception):
+                        await sending
+        return ids
 
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
         _check_sync(connection)

@@ -20,7 +20,7 @@ import asyncio
 import json
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, LiteralString
 
@@ -35,6 +35,7 @@ from conveyor.backends.protocol import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    NewTask,
     SendParams,
     TaskFilter,
     WorkerInfo,
@@ -141,6 +142,9 @@ class SQLiteBackend:
         ids = await self._db.write(lambda conn: self._insert(conn, params))
         wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
+
+    async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
+        return await self.enqueue(EnqueueParams.gathered(chunks))
 
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
         """Insert on the caller's ``sqlite3.Connection``, inside its open
