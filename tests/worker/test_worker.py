@@ -228,12 +228,15 @@ async def test_lost_lease_stops_the_handler_and_its_late_write_changes_nothing(
 async def test_cpu_bound_handler_for_three_leases_is_not_reclaimed(
     app: conveyor.App, task_def: conveyor.TaskDef
 ) -> None:
-    registered = app.task(name=task_def.name, process=task_def.executor == "process", lease=1.0)(
+    # Two-second leases: a heartbeat is bounded by a third of the lease, and
+    # with one-second leases a single 330 ms stall of a loaded CI machine
+    # (seen once) made the worker give up a lease the handler still held.
+    registered = app.task(name=task_def.name, process=task_def.executor == "process", lease=2.0)(
         task_def.fn
     )
     async with app:
-        handle = await registered.enqueue_async(seconds=3.0)
-        [task] = await run_all(app, [handle], lease=1.0)
+        handle = await registered.enqueue_async(seconds=6.0)
+        [task] = await run_all(app, [handle], lease=2.0)
     assert task.state is TaskState.SUCCEEDED, task.attempts
     assert [a.outcome for a in task.attempts] == [Outcome.SUCCEEDED]
 
