@@ -407,10 +407,10 @@ class App:
         **options: Any,
     ) -> list[TaskHandle]:
         """Async form of :meth:`enqueue_many`."""
-        if connection is not None:
-            return await self._insert(self._new_tasks(task, many, options), connection)
-        definition = self._definition(task)
         payloads = list(many)
+        if connection is not None or len(payloads) <= ENQUEUE_CHUNK:  # one statement
+            return await self._insert(self._new_tasks(task, payloads, options), connection)
+        definition = self._definition(task)
         queues: set[str] = set()
 
         def chunks() -> Iterator[list[NewTask]]:

@@ -36,7 +36,7 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
     """The cheapest ``enqueue`` statement for these tasks, and its arguments."""
     tasks = params.tasks
     first = _options(tasks[0])
-    if len(tasks) > 1 and all(_options(t) == first for t in tasks):
+    if all(_options(t) == first for t in tasks):
         head = tasks[0]
         return "enqueue_uniform", {
             "now": params.now,
