@@ -208,6 +208,37 @@ async def run_system(args: argparse.Namespace, name: str) -> Result:
     return result
 
 
+MEDIAN_FIELDS = (
+    "enqueue_per_s",
+    "processed_1p",
+    "processed_2p",
+    "e2e_1p",
+    "e2e_2p",
+    "latency_p50_ms",
+    "latency_p99_ms",
+)
+
+
+def median(rounds: list[Result]) -> Result:
+    """One system's rounds as one row: the median of each figure (the
+    systems take turns, so a slow spell of the machine hits each of them);
+    every round's problems, databases and drains."""
+    merged = Result(rounds[0].system, rounds[0].note)
+    for name in MEDIAN_FIELDS:
+        values = sorted(v for r in rounds if (v := getattr(r, name)) is not None)
+        if values:
+            middle = len(values) // 2
+            value = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+            setattr(merged, name, value)
+    merged.latency_sent = sum(r.latency_sent for r in rounds)
+    merged.latency_started = sum(r.latency_started for r in rounds)
+    for r in rounds:
+        merged.problems += r.problems
+        merged.databases += r.databases
+        merged.drains += r.drains
+    return merged
+
+
 # -- the pgbench ceiling -------------------------------------------------------
 
 
@@ -338,7 +369,16 @@ async def run(args: argparse.Namespace) -> int:
         k: getattr(args, k)
         for k in ("tasks", "systems", "rate", "duration", "concurrency", "ceiling_seconds")
     }
-    results = [await run_system(args, name) for name in args.systems]
+    token = args.token
+    rounds: list[list[Result]] = []
+    for number in range(args.rounds):
+        args.token = f"{token}r{number}" if args.rounds > 1 else token
+        rounds.append([await run_system(args, name) for name in args.systems])
+        if args.rounds > 1:
+            tp.log(f"round {number + 1} of {args.rounds}:\n{table(rounds[-1], None)}")
+    args.token = token
+    results = [median(list(each)) for each in zip(*rounds, strict=True)]
+    report["rounds"] = [[asdict(r) for r in one] for one in rounds]
     top = await ceiling(args) if args.ceiling_seconds > 0 else None
     report["results"] = [asdict(r) for r in results]
     report["ceiling"] = asdict(top) if top else None
@@ -346,7 +386,10 @@ async def run(args: argparse.Namespace) -> int:
     text = (
         f"PostgreSQL {env['postgresql']} (synchronous_commit={env['synchronous_commit']}), "
         f"Python {env['python']}, {env['cpus']} CPUs; {args.tasks} no-op tasks; latency "
-        f"{args.rate:g}/s for {args.duration:g}s\n" + table(results, top)
+        f"{args.rate:g}/s for {args.duration:g}s"
+        + (f"; medians of {args.rounds} rounds" if args.rounds > 1 else "")
+        + "\n"
+        + table(results, top)
     )
     for r in results:
         for problem in r.problems:
@@ -394,6 +437,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--timeout", type=tp.positive_float, default=600.0, help="seconds per phase"
     )
     parser.add_argument("--worker-log-level", default="WARNING", help="the workers' log level")
+    parser.add_argument(
+        "--rounds",
+        type=tp.positive_int,
+        default=1,
+        help="run every system this many times, taking turns; the table shows medians",
+    )
     return parser.parse_args(argv)
 
 
