@@ -297,6 +297,26 @@ def test_stale_write_accepted_handler_ended_after_the_next_claim() -> None:
     assert report.stale_writes_accepted == 2
 
 
+def test_a_handler_end_within_the_store_clock_s_resolution_is_not_a_late_write() -> None:
+    # A workflow's step committed and the next step was claimed 0.3 ms after
+    # the handler's end; SQLite's millisecond clock stamped the claim 0.4 ms
+    # before it. 5 ms would be a late write.
+    def check_end(end: float) -> Report:
+        history = flow(
+            1,
+            TaskState.SUCCEEDED,
+            attempt(1, 1, Outcome.SUCCEEDED, 0.0, 4.0),
+            attempt(1, 2, Outcome.SUCCEEDED, 4.0, 6.0, worker="w2"),
+        )
+        ledger = step_ran(1, 1, 0, 0.1, end) + step_ran(1, 2, 1, 4.1, 5.9, worker="w2")
+        return run([history], ledger)
+
+    assert not check_end(4.0004).violations
+    late = check_end(4.005).violations
+    assert [v.kind for v in late] == [Kind.STALE_WRITE_ACCEPTED]
+    assert "handler ended 0.005s after attempt 2 started" in late[0].detail
+
+
 def test_stale_write_accepted_recorded_after_the_next_claim() -> None:
     stale = task(
         1,

@@ -43,7 +43,8 @@ What a :class:`Report` guarantees when ``ok``:
   continue minus a lease.
 
 Limits: times compare the workers' and harness's wall clock (ledger, faults)
-with the backend's clock (attempt rows); both must be this machine's. Only
+with the backend's clock (attempt rows); both must be this machine's, and a
+late write within the store clock's resolution (1 ms) is not told apart. Only
 tasks present in ``tasks`` are checked beyond ``lost``; ledger lines of other
 tasks are ignored. A workflow's or coroutine's ledger lines must carry
 ``seq`` (transitions committed before the execution began); a plain task's
@@ -76,6 +77,11 @@ SUMMARY_VIOLATIONS = 15
 
 class HistoryError(ValueError):
     """A ledger or fault line that is not a well-formed record (and not a torn last line)."""
+
+
+STORE_CLOCK_RESOLUTION = 0.001
+"""Seconds the store's clock may lag the workers': SQLite's ``julianday('now')``
+keeps milliseconds."""
 
 
 class Kind(enum.StrEnum):
@@ -523,12 +529,18 @@ def _check_terminal_write(h: _History) -> list[Violation]:
 
 
 def _late_write(h: _History, attempt: Attempt, following: Attempt) -> str | None:
-    """Why the success of ``attempt`` was written after its lease moved on, if it was."""
+    """Why the success of ``attempt`` was written after its lease moved on, if it was.
+
+    The next attempt's start is the store's clock, which may run up to
+    ``STORE_CLOCK_RESOLUTION`` behind the ledger's (SQLite keeps
+    milliseconds): a handler's end within that of the next start is not
+    evidence of a late write. Two times of the store compare exactly."""
     moved_on = _started(following)
     ends = [r.end for r in h.runs_of(attempt.number) if r.end is not None]
-    if ends and max(ends) > moved_on:
+    if ends and max(ends) > moved_on + STORE_CLOCK_RESOLUTION:
         return (
-            f"attempt {attempt.number} succeeded; its handler ended {max(ends) - moved_on:.3f}s "
+            f"attempt {attempt.number} succeeded; its handler ended "
+            f"{max(ends) - moved_on:.3f}s "
             f"after attempt {following.number} started"
         )
     finished = _finished(attempt)
