@@ -43,7 +43,7 @@ from conveyor.errors import (
 )
 from conveyor.model import LeaseToken, Outcome, TaskState
 from conveyor.worker.attempt import RunningAttempt
-from conveyor.worker.claims import ClaimOutcome, Claims, Pace
+from conveyor.worker.claims import RETRY_MAX, RETRY_MIN, ClaimOutcome, Claims, Pace
 from conveyor.worker.completer import Completer
 from conveyor.worker.config import WorkerConfig
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
@@ -52,9 +52,6 @@ if TYPE_CHECKING:
     from conveyor.app import App
 
 log = logging.getLogger("conveyor.worker")
-
-REGISTER_RETRY_MIN = 0.1
-REGISTER_RETRY_MAX = 5.0
 
 
 class Worker:
@@ -169,7 +166,7 @@ class Worker:
             queues=tuple(self.queues),
             concurrency=self.config.concurrency,
         )
-        delay = REGISTER_RETRY_MIN
+        delay = RETRY_MIN
         while True:
             try:
                 await backend.register_worker(info)
@@ -179,7 +176,7 @@ class Worker:
                     raise
                 log.warning("cannot register the worker: %s; retrying in %.1fs", exc, delay)
                 await self._sleep(delay)
-                delay = min(delay * 2, REGISTER_RETRY_MAX)
+                delay = min(delay * 2, RETRY_MAX)
 
     def heartbeat_held(self) -> set[LeaseToken]:
         return set(self.heartbeat.held()) if self.heartbeat else set()
