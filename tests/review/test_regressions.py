@@ -551,7 +551,7 @@ from conveyor.worker.executors import ProcessExecution
 async def main():
     # Exactly what the worker does for a process=True task.
     execution = ProcessExecution(
-        "tests.apps.cpu", "spin_in_process", '{"seconds": 5}', "conveyor:review:1")
+        "tests.apps.cpu", "spin_in_process", '{"seconds": 60}', "conveyor:review:1")
     print(execution._process.pid, flush=True)
     await execution.wait()
 
@@ -583,7 +583,11 @@ def test_process_handler_dies_with_its_worker() -> None:
         time.sleep(0.2)  # the handler is running
         worker.kill()
         worker.wait(10)
-        time.sleep(0.5)
+        # The lifeline's end is seen within milliseconds; a loaded machine may
+        # take longer to schedule the child, never the 60 s the handler spins.
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
         survived = _alive(child)
     finally:
         if worker.poll() is None:
@@ -593,7 +597,7 @@ def test_process_handler_dies_with_its_worker() -> None:
             worker.stdout.close()
         if child is not None and _alive(child):
             os.kill(child, signal.SIGKILL)  # the orphan this test caused
-    assert not survived, "the handler process still runs 0.5 s after its worker was killed"
+    assert not survived, "the handler process still runs 10 s after its worker was killed"
 
 
 # ---------------------------------------------------------------------------
