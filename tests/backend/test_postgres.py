@@ -107,3 +107,35 @@ async def test_an_attempt_transaction_may_wait_on_its_handler(backend: PostgresB
     assert await attempt.commit_success(
         Completion(held.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="null")
     )
+
+
+async def test_an_attempt_logged_at_its_claim_is_shown_once_and_closed_by_a_reclaim(
+    backend: PostgresBackend,
+) -> None:
+    """Attempts that started before migration 0005 (or under a worker of an
+    older version) have an open row in the log; the log shows that row, not
+    a second copy from the task row, and a reclaim closes it in place."""
+    [task_id] = await enqueue(backend, new())
+    [first] = await claim(backend)
+    attempts = psycopg.sql.Identifier(backend.schema, "attempts")
+    async with backend.pool.connection() as conn:
+        await conn.execute(
+            psycopg.sql.SQL(
+                "insert into {} (task_id, number, worker_id, started_at) values (%s, 1, 'old', %s)"
+            ).format(attempts),
+            (task_id, later(-5)),
+        )
+    task = await backend.get_task(task_id)
+    assert task is not None
+    assert [(a.number, a.worker_id, a.outcome) for a in task.attempts] == [
+        (1, "old", Outcome.IN_PROGRESS)
+    ]
+    [second] = await claim(backend, "w2", at=later(LEASE + 1))
+    assert second.token.attempt == 2
+    task = await backend.get_task(task_id)
+    assert task is not None
+    assert [(a.number, a.worker_id, a.outcome, a.started_at) for a in task.attempts] == [
+        (1, "old", Outcome.LEASE_LOST, later(-5)),
+        (2, "w2", Outcome.IN_PROGRESS, later(LEASE + 1)),
+    ]
+    assert first.token.attempt == 1

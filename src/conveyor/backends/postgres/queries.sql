@@ -59,8 +59,10 @@ select array_agg(id order by id) from inserted;
 -- planner may lock more rows than the LIMIT asks for. An expired task whose
 -- attempts are spent (the crash budget) or whose cancellation was requested
 -- is finished here instead of being run again (all of them, not counted
--- against the limit); the attempt each expired lease lost is closed as
--- lease_lost in the same statement.
+-- against the limit); the attempt each expired lease lost is logged as
+-- lease_lost in the same statement. The running attempt is not logged at
+-- its claim: the task row holds it (attempt, worker_id, attempt_started_at,
+-- step) until its ending writes its one row to the attempt log.
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
@@ -82,7 +84,7 @@ due as materialized (
 -- Expired leases that may run again, in claim order (there are few rows in
 -- progress, so sorting them is cheap).
 expired as materialized (
-    select t.id, t.priority, t.run_at, t.attempt
+    select t.id, t.priority, t.run_at, t.attempt, t.worker_id, t.attempt_started_at, t.step
     from {schema}.tasks t, clock
     where t.state = 'in_progress'
       and t.lease_expires_at <= clock.now
@@ -96,7 +98,8 @@ expired as materialized (
 ),
 -- Expired leases that must not run again: every one of them ends now.
 exhausted as materialized (
-    select t.id, t.attempt, t.spent, t.max_attempts, t.cancel_requested
+    select t.id, t.attempt, t.spent, t.max_attempts, t.cancel_requested, t.worker_id,
+           t.attempt_started_at, t.step
     from {schema}.tasks t, clock
     where t.state = 'in_progress'
       and t.lease_expires_at <= clock.now
@@ -130,6 +133,7 @@ claimed as (
         attempt = t.attempt + 1,
         spent = t.spent + 1,
         worker_id = %(worker_id)s::text,
+        attempt_started_at = clock.now,
         lease_expires_at = clock.now
             + make_interval(secs => coalesce(t.lease_seconds, %(lease)s::float8))
     from chosen c, clock
@@ -141,7 +145,7 @@ claimed as (
 -- The attempts those expired leases lost: each ended task's, and each
 -- reclaimed task's previous one.
 lost_leases as (
-    select x.id, x.attempt,
+    select x.id, x.attempt, x.worker_id, x.attempt_started_at, x.step,
            case when x.cancel_requested
                 then 'lease expired; the task was cancelled meanwhile'
                 else 'lease expired and the crash budget is spent (' || x.spent || ' of '
@@ -150,23 +154,26 @@ lost_leases as (
            end as message
     from exhausted x
     union all
-    select e.id, e.attempt,
+    select e.id, e.attempt, e.worker_id, e.attempt_started_at, e.step,
            'lease expired: the worker stopped heartbeating (crash, kill or stall)'
     from expired e
     where e.id in (select id from claimed)
 ),
+-- The conflict arm serves an attempt logged at its claim, as before
+-- migration 0005, whose row is still open.
 lost as (
-    update {schema}.attempts a
-    set outcome = 'lease_lost',
-        finished_at = clock.now,
-        error_type = 'LeaseExpired',
-        error_message = l.message
+    insert into {schema}.attempts as a
+        (task_id, number, worker_id, outcome, started_at, finished_at, error_type,
+         error_message, step)
+    select l.id, l.attempt, l.worker_id, 'lease_lost',
+           coalesce(l.attempt_started_at, clock.now), clock.now, 'LeaseExpired', l.message, l.step
     from lost_leases l, clock
-    where a.task_id = l.id and a.number = l.attempt and a.outcome = 'in_progress'
-),
-logged as (
-    insert into {schema}.attempts (task_id, number, worker_id, started_at, step)
-    select c.id, c.attempt, %(worker_id)s::text, clock.now, c.step from claimed c, clock
+    on conflict (task_id, number) do update
+    set outcome = excluded.outcome,
+        finished_at = excluded.finished_at,
+        error_type = excluded.error_type,
+        error_message = excluded.error_message
+    where a.outcome = 'in_progress'
 )
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
@@ -297,18 +304,21 @@ finished as (
       and t.lease_expires_at > i.now
     -- The attempt's ending comes along, so that logging it needs no second
     -- join with the input (a generic plan guesses 10 input rows and would
-    -- make that join a nested loop, quadratic in the batch).
-    returning t.id, t.attempt, i.outcome, i.now, i.error_type, i.error_message, i.traceback
+    -- make that join a nested loop, quadratic in the batch). So does the
+    -- step the attempt ran: a new state replaces it in the row, and the
+    -- subquery reads the row as it was before this statement.
+    returning t.id, t.attempt, i.worker_id, t.attempt_started_at,
+              case when i.step_state is null then t.step
+                   else (select o.step from {schema}.tasks o where o.id = t.id) end as step,
+              i.outcome, i.now, i.error_type, i.error_message, i.traceback
 ),
 logged as (
-    update {schema}.attempts a
-    set outcome = f.outcome,
-        finished_at = f.now,
-        error_type = f.error_type,
-        error_message = f.error_message,
-        traceback = f.traceback
+    insert into {schema}.attempts
+        (task_id, number, worker_id, outcome, started_at, finished_at, error_type,
+         error_message, traceback, step)
+    select f.id, f.attempt, f.worker_id, f.outcome, coalesce(f.attempt_started_at, f.now),
+           f.now, f.error_type, f.error_message, f.traceback, f.step
     from finished f
-    where a.task_id = f.id and a.number = f.attempt
 )
 select id, attempt from finished;
 
@@ -338,14 +348,14 @@ finished as (
       and t.attempt = i.attempt
       and t.worker_id = i.worker_id
       and t.lease_expires_at > i.now
-    returning t.id, t.attempt, i.now
+    returning t.id, t.attempt, i.worker_id, t.attempt_started_at, t.step, i.now
 ),
 logged as (
-    update {schema}.attempts a
-    set outcome = 'succeeded',
-        finished_at = f.now
+    insert into {schema}.attempts
+        (task_id, number, worker_id, outcome, started_at, finished_at, step)
+    select f.id, f.attempt, f.worker_id, 'succeeded', coalesce(f.attempt_started_at, f.now),
+           f.now, f.step
     from finished f
-    where a.task_id = f.id and a.number = f.attempt
 )
 select id, attempt from finished;
 
@@ -385,10 +395,18 @@ from {schema}.tasks
 where id = %(id)s;
 
 -- name: get_attempts
+-- The logged attempts, and the running one, which its task row holds.
 select task_id, number, worker_id, outcome, started_at, finished_at, error_type,
        error_message, traceback, step
 from {schema}.attempts
 where task_id = %(id)s
+union all
+select t.id, t.attempt, t.worker_id, 'in_progress', t.attempt_started_at, null, null, null,
+       null, t.step
+from {schema}.tasks t
+where t.id = %(id)s and t.state = 'in_progress'
+  and not exists (select 1 from {schema}.attempts a
+                  where a.task_id = t.id and a.number = t.attempt)
 order by number;
 
 -- name: list_tasks
