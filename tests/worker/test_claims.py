@@ -54,15 +54,29 @@ async def test_one_free_slot_is_claimed_when_no_claim_is_in_flight() -> None:
 def test_a_short_claim_waits_for_a_hint_or_the_poll_interval() -> None:
     pace = Pace(poll_interval=2.0)
     assert pace.may_claim(0.0) and pace.timeout(0.0) is None
-    pace.returned(claimed=3, limit=3, now=0.0)  # full: more may be due
+    pace.returned(claimed=3, limit=3, sent_at=0.0, now=0.0)  # full: more may be due
     assert pace.may_claim(0.1)
-    pace.returned(claimed=1, limit=3, now=1.0)  # short: nothing more is due
+    pace.returned(claimed=1, limit=3, sent_at=0.9, now=1.0)  # short: nothing more is due
     assert not pace.may_claim(1.5)
     assert pace.timeout(1.5) == pytest.approx(1.5)
     assert pace.may_claim(3.0)  # the poll interval passed
-    pace.returned(claimed=0, limit=3, now=4.0)
-    pace.hinted()
+    pace.returned(claimed=0, limit=3, sent_at=3.9, now=4.0)
+    pace.hinted(4.05)
     assert pace.may_claim(4.1)
+
+
+def test_a_hint_that_arrives_while_a_claim_is_in_flight_outlives_its_short_result() -> None:
+    """The claim may have run before the hinted work was committed: its empty
+    result says nothing about that work, which must not wait for the poll."""
+    pace = Pace(poll_interval=60.0)
+    pace.hinted(1.0)  # before the claim was sent: the claim saw that work
+    pace.returned(claimed=0, limit=3, sent_at=1.5, now=2.0)
+    assert not pace.may_claim(2.1)
+    pace.hinted(2.2)  # while the next claim (sent at 2.1) was in flight
+    pace.returned(claimed=0, limit=3, sent_at=2.1, now=2.3)
+    assert pace.may_claim(2.3)
+    pace.returned(claimed=0, limit=3, sent_at=2.4, now=2.5)  # this one saw it
+    assert not pace.may_claim(2.6)
 
 
 def test_failed_claims_back_off_doubling_up_to_the_cap() -> None:
@@ -72,5 +86,5 @@ def test_failed_claims_back_off_doubling_up_to_the_cap() -> None:
     assert max(delays) == RETRY_MAX
     assert not pace.may_claim(RETRY_MAX - 0.01)
     assert pace.timeout(0.0) == pytest.approx(RETRY_MAX)
-    pace.returned(claimed=1, limit=1, now=RETRY_MAX)
+    pace.returned(claimed=1, limit=1, sent_at=RETRY_MAX, now=RETRY_MAX)
     assert pace.failed(now=RETRY_MAX) == RETRY_MIN  # a success resets the delay

@@ -87,8 +87,10 @@ class Claims:
 class Pace:
     """When to claim: whether work may be due, and the back-off after failures.
 
-    Times are the event loop's clock. A claim that comes back short means
-    nothing more is due until a wake-up or ``poll_interval`` later; a failed
+    Times are ``time.monotonic()``. A claim that comes back short means
+    nothing more was due when it ran: nothing is due until a wake-up or
+    ``poll_interval`` later. A wake-up that arrived while that claim was in
+    flight may be about work it did not see, so it still counts. A failed
     claim is retried after a delay that doubles up to ``RETRY_MAX``."""
 
     poll_interval: float
@@ -96,9 +98,11 @@ class Pace:
     due_again_at: float = 0.0
     retry_at: float = 0.0
     retry_delay: float = RETRY_MIN
+    hinted_at: float = float("-inf")
 
-    def hinted(self) -> None:
+    def hinted(self, now: float) -> None:
         self.due = True
+        self.hinted_at = now
 
     def failed(self, now: float) -> float:
         """Note a failed claim; the delay before the next."""
@@ -107,10 +111,11 @@ class Pace:
         self.retry_delay = min(delay * 2, RETRY_MAX)
         return delay
 
-    def returned(self, claimed: int, limit: int, now: float) -> None:
-        """Note a claim that returned ``claimed`` of the ``limit`` tasks it asked for."""
+    def returned(self, claimed: int, limit: int, sent_at: float, now: float) -> None:
+        """Note a claim sent at ``sent_at`` that returned ``claimed`` of the
+        ``limit`` tasks it asked for."""
         self.retry_delay = RETRY_MIN
-        if claimed < limit:
+        if claimed < limit and self.hinted_at < sent_at:
             self.due, self.due_again_at = False, now + self.poll_interval
 
     def may_claim(self, now: float) -> bool:

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -233,18 +234,18 @@ class Worker:
     async def _claim_loop(self, backend: Backend) -> None:
         """Claim while slots are free and work is due (see :mod:`.claims`)."""
         assert self._wake is not None
-        wake, loop = self._wake, asyncio.get_running_loop()
+        wake = self._wake
         claims = Claims(self.config.concurrency, wake.set)
         pace = Pace(self.config.poll_interval)
         try:
             while not self._stopping:
-                if self._hinted or (wake.is_set() and self.config.burst):
+                if self._hinted:
                     self._hinted = False
-                    pace.hinted()  # in burst mode, an ending may be the last one
+                    pace.hinted(time.monotonic())
                 wake.clear()
                 for outcome in claims.collect():
-                    self._take(outcome, pace, loop.time(), backend)
-                now = loop.time()
+                    self._take(outcome, pace, time.monotonic(), backend)
+                now = time.monotonic()
                 free = self.config.concurrency - len(self._running) - claims.reserved
                 if self.names and pace.may_claim(now) and claims.may_send(free):
                     claims.send(functools.partial(self._claim, backend), free)
@@ -271,7 +272,7 @@ class Worker:
         self.claims_made += 1
         for task in outcome.result:
             self._start(task, outcome.sent_at, backend)
-        pace.returned(len(outcome.result), outcome.limit, now)
+        pace.returned(len(outcome.result), outcome.limit, outcome.sent_at, now)
 
     def _claim(self, backend: Backend, limit: int) -> Awaitable[list[ClaimedTask]]:
         # Bounded: a connection that swallows packets must not stall claiming.
@@ -348,6 +349,9 @@ class Worker:
             completion = None
         finally:
             self._running.pop(token, None)
+            # In burst mode an ending may be the last one, or make work due
+            # that no wake-up announces: it counts as a hint.
+            self._hinted = self._hinted or self.config.burst
             if self._wake is not None:
                 self._wake.set()
         if completion is None:
