@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from conveyor.backends.protocol import Backend, HeartbeatParams, HeartbeatResult
@@ -74,8 +74,13 @@ class Heartbeat:
 
     def hold(self, token: LeaseToken, seconds: float, sent_at: float) -> None:
         """Start renewing ``token``; ``sent_at`` is when the claim was sent."""
+        self.hold_many([(token, seconds)], sent_at)
+
+    def hold_many(self, leases: Iterable[tuple[LeaseToken, float]], sent_at: float) -> None:
+        """Start renewing each ``(token, seconds)`` of one claim sent at ``sent_at``."""
         with self._lock:
-            self._leases[token] = HeldLease(seconds, sent_at + seconds)
+            for token, seconds in leases:
+                self._leases[token] = HeldLease(seconds, sent_at + seconds)
 
     def release(self, token: LeaseToken) -> None:
         with self._lock:

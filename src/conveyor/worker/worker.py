@@ -260,8 +260,7 @@ class Worker:
             # run (or, on an immediate stop, to release) like every other.
             for outcome in await claims.settle():
                 if not isinstance(outcome.result, BaseException):
-                    for task in outcome.result:
-                        self._start(task, outcome.sent_at, backend)
+                    self._start_all(outcome.result, outcome.sent_at, backend)
 
     def _take(self, outcome: ClaimOutcome, pace: Pace, now: float, backend: Backend) -> None:
         """Start a returned claim's tasks, or note its failure."""
@@ -270,8 +269,7 @@ class Worker:
             log.warning("claim failed: %s; retrying in %.1fs", outcome.result, delay)
             return
         self.claims_made += 1
-        for task in outcome.result:
-            self._start(task, outcome.sent_at, backend)
+        self._start_all(outcome.result, outcome.sent_at, backend)
         pace.returned(len(outcome.result), outcome.limit, outcome.sent_at, now)
 
     def _claim(self, backend: Backend, limit: int) -> Awaitable[list[ClaimedTask]]:
@@ -308,11 +306,17 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop_event.wait(), seconds)
 
-    def _start(self, task: ClaimedTask, sent_at: float, backend: Backend) -> None:
+    def _start_all(self, tasks: list[ClaimedTask], sent_at: float, backend: Backend) -> None:
+        """Run the tasks of one claim sent at ``sent_at``, their leases held first."""
         assert self.heartbeat is not None
+        lease = self.config.lease
+        self.heartbeat.hold_many(((t.token, t.lease or lease) for t in tasks), sent_at)
+        for task in tasks:
+            self._start(task, backend)
+
+    def _start(self, task: ClaimedTask, backend: Backend) -> None:
         definition = self.app.tasks[task.name]
         self.claimed_count += 1
-        self.heartbeat.hold(task.token, task.lease or self.config.lease, sent_at)
         opener = sync_opener = None
         if self._transactions:
             if definition.executor == "async":
@@ -334,31 +338,34 @@ class Worker:
         )
         running = RunningAttempt(task, definition, ctx, self.app.max_payload_bytes)
         self._running[task.token] = running
-        runner = asyncio.get_running_loop().create_task(self._run_attempt(running))
-        self._runners.add(runner)
-        runner.add_done_callback(self._runners.discard)
+        # The runner leaves the set itself, as its last step: a done callback
+        # would cost every attempt one more turn of the event loop.
+        self._runners.add(asyncio.get_running_loop().create_task(self._run_attempt(running)))
 
     async def _run_attempt(self, running: RunningAttempt) -> None:
         assert self.heartbeat is not None
         assert self.completer is not None
         token = running.task.token
         try:
-            completion = await running.run()
-        except Exception:  # a bug of ours must not lose the slot or the worker
-            log.exception("attempt crashed in the worker", extra={"task_id": token.task_id})
-            completion = None
+            try:
+                completion = await running.run()
+            except Exception:  # a bug of ours must not lose the slot or the worker
+                log.exception("attempt crashed in the worker", extra={"task_id": token.task_id})
+                completion = None
+            finally:
+                self._running.pop(token, None)
+                # In burst mode an ending may be the last one, or make work due
+                # that no wake-up announces: it counts as a hint.
+                self._hinted = self._hinted or self.config.burst
+                if self._wake is not None:
+                    self._wake.set()
+            if completion is None:
+                self.heartbeat.release(token)
+            else:
+                self._log_ending(running, completion)
+                self.completer.submit(completion)
         finally:
-            self._running.pop(token, None)
-            # In burst mode an ending may be the last one, or make work due
-            # that no wake-up announces: it counts as a hint.
-            self._hinted = self._hinted or self.config.burst
-            if self._wake is not None:
-                self._wake.set()
-        if completion is None:
-            self.heartbeat.release(token)
-        else:
-            self._log_ending(running, completion)
-            self.completer.submit(completion)
+            self._runners.discard(asyncio.current_task())
 
     def _log_ending(self, running: RunningAttempt, completion: Completion) -> None:
         token = completion.token
