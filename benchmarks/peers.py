@@ -15,6 +15,11 @@ fresh database of its own on the same PostgreSQL server:
    ``--duration`` seconds. Each handler appends its start time next to the
    enqueue time carried in its payload (``stamp.py``); p50/p99 in ms.
 
+With ``--rounds N`` all of it runs N times and the table shows each
+figure's median. Within a round the phases go one at a time, each on every
+system in turn (the order reversed every other round), so the machine's
+slow minutes spread over the systems.
+
 Then a ceiling: pgbench runs ``peers/ceiling.sql`` (claim 100 rows with FOR
 UPDATE SKIP LOCKED and mark them done, one transaction) with 2 clients for
 ``--ceiling-seconds``: rows/s = tps x 100.
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import json
 import math
@@ -38,7 +44,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,31 +187,49 @@ async def latency(args: argparse.Namespace, result: Result, make: Any) -> None:
         result.problems.append(f"latency: {len(seconds)} of {result.latency_sent} started")
 
 
-async def run_system(args: argparse.Namespace, name: str) -> Result:
-    result = Result(name)
-    try:
-        cls = load_system(name)
-    except ImportError as error:
-        result.problems.append(f"not installed ({error}); pip install -e '.[peers]'")
-        return result
-    concurrency = args.concurrency.get(name, cls.default_concurrency)  # type: ignore[attr-defined]
+PHASES: tuple[tuple[str, Callable[[argparse.Namespace, Result, Any], Awaitable[None]]], ...] = (
+    ("1 proc", lambda args, result, make: throughput(args, result, make, 1)),
+    ("2 procs", lambda args, result, make: throughput(args, result, make, 2)),
+    ("latency", latency),
+)
+"""A round's phases. Each phase runs on every system in turn before the next
+phase starts, so a slow minute of a shared machine falls on one phase of
+every system rather than on every phase of one."""
 
-    def make() -> Any:
-        return cls(concurrency, args.worker_log_level)
 
-    result.note = make().note
+async def run_round(args: argparse.Namespace, names: Sequence[str], number: int) -> list[Result]:
+    """One round: every phase on every system, phase by phase; the systems
+    take turns in the given order in even rounds and reversed in odd ones."""
+    results = {name: Result(name) for name in names}
+    makers: dict[str, Callable[[], Any]] = {}
+    for name in names:
+        try:
+            cls = load_system(name)
+        except ImportError as error:
+            results[name].problems.append(f"not installed ({error}); pip install -e '.[peers]'")
+            continue
+        concurrency = args.concurrency.get(name, cls.default_concurrency)  # type: ignore[attr-defined]
+        makers[name] = functools.partial(cls, concurrency, args.worker_log_level)
+        results[name].note = makers[name]().note
+    order = list(names) if number % 2 == 0 else list(reversed(names))
+    failed: set[str] = set()
     try:
-        await throughput(args, result, make, 1)
-        await throughput(args, result, make, 2)
-        await latency(args, result, make)
-    except Exception as error:  # report it in the table, go on with the next system
-        tp.log(f"[{name}] failed: {error!r}")
-        result.problems.append(f"failed: {error!r}")
+        for label, phase in PHASES:
+            for name in order:
+                if name not in makers or name in failed:
+                    continue
+                try:
+                    await phase(args, results[name], makers[name])
+                except Exception as error:  # report it in the table, go on with the rest
+                    tp.log(f"[{name}] {label} failed: {error!r}")
+                    results[name].problems.append(f"{label} failed: {error!r}")
+                    failed.add(name)
     finally:
         if not args.keep:
-            for database in result.databases:
-                await drop_database(args.url, database)
-    return result
+            for result in results.values():
+                for database in result.databases:
+                    await drop_database(args.url, database)
+    return [results[name] for name in names]
 
 
 MEDIAN_FIELDS = (
@@ -373,7 +397,7 @@ async def run(args: argparse.Namespace) -> int:
     rounds: list[list[Result]] = []
     for number in range(args.rounds):
         args.token = f"{token}r{number}" if args.rounds > 1 else token
-        rounds.append([await run_system(args, name) for name in args.systems])
+        rounds.append(await run_round(args, args.systems, number))
         if args.rounds > 1:
             tp.log(f"round {number + 1} of {args.rounds}:\n{table(rounds[-1], None)}")
     args.token = token
