@@ -127,3 +127,22 @@ def test_without_a_url_the_app_uses_sqlite_in_the_working_directory(
     assert app.get(handle.id) is not None
     app.close()
     assert (tmp_path / "conveyor.db").exists()
+
+
+def test_enqueue_chunks_start_small_and_grow_to_the_cap() -> None:
+    """The first chunk is what the server waits for: it is small; the next
+    ones double up to the cap; together they cover every task once, in order."""
+    import itertools
+
+    from conveyor.app import ENQUEUE_CHUNK, ENQUEUE_FIRST_CHUNK, chunk_bounds
+
+    total = ENQUEUE_CHUNK * 3 + 7
+    bounds = list(chunk_bounds(total))
+    sizes = [end - start for start, end in bounds]
+    assert sizes[0] == ENQUEUE_FIRST_CHUNK < ENQUEUE_CHUNK
+    assert all(b == min(a * 2, ENQUEUE_CHUNK) for a, b in itertools.pairwise(sizes[:-1]))
+    assert max(sizes) == ENQUEUE_CHUNK
+    assert [start for start, _ in bounds] == [0] + [end for _, end in bounds[:-1]]
+    assert bounds[-1][1] == total
+    assert list(chunk_bounds(0)) == []
+    assert list(chunk_bounds(3)) == [(0, 3)]

@@ -51,6 +51,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 SCHEMA_ENV = "CONVEYOR_SCHEMA"
 ENQUEUE_CHUNK = 1000
 """Tasks per chunk of an ``enqueue_many`` without a caller's connection."""
+ENQUEUE_FIRST_CHUNK = 125
+"""The first chunk's size; each next chunk doubles, up to ``ENQUEUE_CHUNK``.
+Only the first is encoded before the server has work: a small one starts
+the server early, and the larger ones after it save round trips."""
+
+
+def chunk_bounds(total: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each chunk of ``total`` tasks: ``ENQUEUE_FIRST_CHUNK``
+    first, doubling up to ``ENQUEUE_CHUNK``."""
+    start, size = 0, ENQUEUE_FIRST_CHUNK
+    while start < total:
+        end = min(start + size, total)
+        yield start, end
+        start, size = end, min(size * 2, ENQUEUE_CHUNK)
 
 
 class App:
@@ -377,8 +391,8 @@ class App:
 
         With ``connection``, in one statement inside the caller's transaction,
         every payload checked before any I/O. Otherwise in one transaction of
-        the backend's own, in chunks of ``ENQUEUE_CHUNK``: a backend may insert
-        one chunk while the next is checked and encoded. A payload that fails
+        the backend's own, in chunks (see ``chunk_bounds``): a backend may
+        insert one chunk while the next is checked and encoded. A payload that fails
         its check raises PayloadError, and nothing is stored."""
         if connection is not None:
             return self.enqueue_new(self._new_tasks(task, many, options), connection)
@@ -414,8 +428,8 @@ class App:
         queues: set[str] = set()
 
         def chunks() -> Iterator[list[NewTask]]:
-            for start in range(0, len(payloads), ENQUEUE_CHUNK):
-                part = payloads[start : start + ENQUEUE_CHUNK]
+            for start, end in chunk_bounds(len(payloads)):
+                part = payloads[start:end]
                 tasks = definition.new_tasks(part, self.max_payload_bytes, **options)
                 queues.update(t.queue for t in tasks)
                 yield tasks
