@@ -11,3 +11,25 @@ echo "== ruff format";  python3 -m ruff format --check src tests benchmarks exam
 echo "== mypy";         python3 -m mypy
 echo "== import-linter"; lint-imports --no-cache
 echo "== pytest";       python3 -m pytest "$@"
+
+# The worker starts attempts eagerly on Python 3.12+ (asyncio's eager_start):
+# where the machine has such a Python, the worker and conformance suites run
+# on it too, in a venv of their own.
+newer_python() {
+    for candidate in python3.13 python3.12 \
+        $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin/python 2>/dev/null); do
+        if "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+if newer=$(newer_python); then
+    echo "== pytest on $("$newer" --version) (worker, conformance)"
+    "$newer" -m venv .venv-newer
+    .venv-newer/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+    .venv-newer/bin/python -m pytest -q -p no:cacheprovider tests/worker tests/conformance
+else
+    echo "== no Python 3.12+ on this machine: the eager start of attempts is not tested"
+fi

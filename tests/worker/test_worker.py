@@ -341,3 +341,47 @@ async def test_idle_worker_wakes_on_enqueue_without_polling(app: conveyor.App) -
             # Far less than the poll interval: only a notification can explain it.
             [task] = await wait_terminal(app, [handle.id], timeout=30)
     assert task.state is TaskState.SUCCEEDED
+
+
+async def test_an_attempt_that_never_waits_ends_at_its_start_on_python_3_12() -> None:
+    """On Python 3.12+ an attempt's runner starts eagerly: a handler that
+    never waits has ended when its runner is returned; before 3.12 the runner
+    waits for a turn of the event loop."""
+    import sys
+
+    from conveyor.worker.worker import _start_runner
+
+    steps: list[str] = []
+
+    async def quick() -> None:
+        steps.append("ran")
+
+    runner = _start_runner(quick())
+    assert runner.done() is (sys.version_info >= (3, 12))
+    await runner
+    assert steps == ["ran"]
+
+
+async def test_ended_attempts_leave_nothing_in_the_worker(app: conveyor.App) -> None:
+    """Attempts that end at once (eagerly, on Python 3.12+) and attempts that
+    wait both leave the worker's runner set; none is kept after its end."""
+
+    @app.task()
+    async def instant() -> None:
+        return None
+
+    @app.task()
+    async def napping() -> None:
+        await asyncio.sleep(0.01)
+
+    handles = [await instant.enqueue_async() for _ in range(20)]
+    handles += [await napping.enqueue_async() for _ in range(20)]
+    async with RunningWorker(app, concurrency=8) as worker:
+        tasks = await wait_terminal(app, [h.id for h in handles])
+        await wait_for(lambda: _no_runners(worker))
+        assert worker._running == {}
+    assert [t.state for t in tasks] == [TaskState.SUCCEEDED] * len(handles)
+
+
+async def _no_runners(worker: conveyor.Worker) -> bool:
+    return not worker._runners

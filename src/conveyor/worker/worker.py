@@ -18,11 +18,12 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 from conveyor.backends.protocol import (
     AttemptTransaction,
@@ -53,6 +54,17 @@ if TYPE_CHECKING:
     from conveyor.app import App
 
 log = logging.getLogger("conveyor.worker")
+
+
+def _start_runner(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """Start an attempt's runner. On Python 3.12+ it starts eagerly: its first
+    step runs now, as the current task and in its own context, so an attempt
+    whose handler never waits ends without a turn of the event loop (several
+    microseconds less per attempt). Before 3.12 it is scheduled as usual."""
+    loop = asyncio.get_running_loop()
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, loop=loop, eager_start=True)
+    return loop.create_task(coro)
 
 
 class Worker:
@@ -338,9 +350,12 @@ class Worker:
         )
         running = RunningAttempt(task, definition, ctx, self.app.max_payload_bytes)
         self._running[task.token] = running
-        # The runner leaves the set itself, as its last step: a done callback
-        # would cost every attempt one more turn of the event loop.
-        self._runners.add(asyncio.get_running_loop().create_task(self._run_attempt(running)))
+        runner = _start_runner(self._run_attempt(running))
+        # The runner leaves the set itself, as its last step (a done callback
+        # would cost every attempt one more turn of the event loop); one that
+        # already ended, eagerly, is not added.
+        if not runner.done():
+            self._runners.add(runner)
 
     async def _run_attempt(self, running: RunningAttempt) -> None:
         assert self.heartbeat is not None
