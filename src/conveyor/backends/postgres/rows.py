@@ -38,7 +38,8 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
     first = _options(tasks[0])
     if all(_options(t) == first for t in tasks):
         head = tasks[0]
-        return "enqueue_uniform", {
+        one = len(tasks) == 1
+        return "enqueue_one" if one else "enqueue_uniform", {
             "now": params.now,
             "name": head.name,
             "queue": head.queue,
@@ -52,7 +53,7 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
             "step": head.step,
             "inbox": head.inbox,
             "parent_id": head.parent_id,
-            "payloads": "[" + ",".join(t.payload for t in tasks) + "]",
+            "payloads": head.payload if one else "[" + ",".join(t.payload for t in tasks) + "]",
         }
     return "enqueue", {
         "now": params.now,
