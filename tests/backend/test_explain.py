@@ -86,6 +86,7 @@ async def test_claim_uses_the_partial_indexes(history: PostgresBackend) -> None:
             "queues": ["default"],
             "limit": 10,
             "lease": 30.0,
+            "reclaim": True,
         },
     )
     assert not {"tasks", "attempts"} & _scanned_tables(nodes)
@@ -234,6 +235,7 @@ async def test_a_claim_reads_only_what_it_takes_from_a_fresh_backlog(
         "queues": ["default"],
         "limit": 100,
         "lease": 30.0,
+        "reclaim": True,
     }
     nodes = await (_generic_plan(backend, "claim", args) if generic else _analyzed(backend, args))
     # No trigger runs per claimed task (the attempt log's foreign key once

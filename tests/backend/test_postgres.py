@@ -156,3 +156,22 @@ async def test_one_task_takes_the_single_row_statement(backend: PostgresBackend)
     assert stored[0] is not None and stored[1] is not None
     fields = ("name", "queue", "payload", "priority", "run_at", "max_attempts", "retry")
     assert [getattr(stored[0], f) for f in fields] == [getattr(stored[1], f) for f in fields]
+
+
+async def test_a_claim_without_reclaim_leaves_expired_leases_for_a_later_claim(
+    backend: PostgresBackend,
+) -> None:
+    """Workers search for expired leases once per poll interval; the claims
+    between those take due work only."""
+    from conveyor.backends.protocol import ClaimParams
+
+    await enqueue(backend, new())
+    [first] = await claim(backend)
+    after = later(LEASE + 1)
+
+    def params(reclaim: bool) -> ClaimParams:
+        return ClaimParams("w2", ("job",), ("default",), 10, LEASE, now=after, reclaim=reclaim)
+
+    assert await backend.claim(params(reclaim=False)) == []
+    [again] = await backend.claim(params(reclaim=True))
+    assert (again.token.task_id, again.token.attempt) == (first.token.task_id, 2)

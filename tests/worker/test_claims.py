@@ -88,3 +88,36 @@ def test_failed_claims_back_off_doubling_up_to_the_cap() -> None:
     assert pace.timeout(0.0) == pytest.approx(RETRY_MAX)
     pace.returned(claimed=1, limit=1, sent_at=RETRY_MAX, now=RETRY_MAX)
     assert pace.failed(now=RETRY_MAX) == RETRY_MIN  # a success resets the delay
+
+
+async def test_a_worker_searches_for_expired_leases_once_per_poll_interval() -> None:
+    """Claims between those searches skip them (PostgreSQL's claim is leaner
+    without), so an expired lease waits at most a poll interval, as it did
+    for an idle worker."""
+    import time
+    import uuid
+
+    import conveyor
+    from conveyor.backends.memory import MemoryBackend
+    from conveyor.backends.protocol import ClaimedTask, ClaimParams
+
+    asked: list[bool] = []
+
+    class Recording(MemoryBackend):
+        async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+            asked.append(params.reclaim)
+            return await super().claim(params)
+
+    app = conveyor.App(f"memory://{uuid.uuid4().hex}")
+
+    @app.task()
+    async def job() -> None:
+        return None
+
+    worker = app.worker(poll_interval=0.3, handle_signals=False)
+    backend = Recording(uuid.uuid4().hex)
+    for _ in range(3):
+        await worker._claim(backend, 1)
+    time.sleep(0.35)
+    await worker._claim(backend, 1)
+    assert asked == [True, False, False, True]

@@ -88,6 +88,10 @@ class ClaimParams:
     lease: float
     """Lease seconds for tasks that do not set their own."""
     now: datetime | None = None
+    reclaim: bool = True
+    """Whether to look for expired leases too. False lets a backend leave
+    them to a later claim (PostgreSQL skips that search; the others always
+    search): a worker asks for it at least once per poll interval."""
 
 
 @dataclass(slots=True)  # not frozen: built per task, and frozen costs 7x

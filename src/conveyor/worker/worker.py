@@ -89,6 +89,7 @@ class Worker:
         self._loop_thread = 0
         self._wake: asyncio.Event | None = None
         self._hinted = False
+        self._reclaimed_at = float("-inf")
         self.backend: Backend | None = None
         self.heartbeat: Heartbeat | None = None
         self.completer: Completer | None = None
@@ -288,12 +289,19 @@ class Worker:
         # Bounded: a connection that swallows packets must not stall claiming.
         # A claim that times out may still commit later; its tasks then wait
         # out their lease and are reclaimed.
+        # Expired leases are searched for once per poll interval, as an idle
+        # worker's polls did: claims between those are leaner.
+        now = time.monotonic()
+        reclaim = now - self._reclaimed_at >= self.config.poll_interval
+        if reclaim:
+            self._reclaimed_at = now
         params = ClaimParams(
             worker_id=self.id,
             names=self.names,
             queues=self.queues,
             limit=limit,
             lease=self.config.lease,
+            reclaim=reclaim,
         )
         return asyncio.wait_for(backend.claim(params), self.config.lease)
 

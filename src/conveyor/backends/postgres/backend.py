@@ -341,6 +341,7 @@ class PostgresBackend:
                 "queues": list(params.queues),
                 "limit": params.limit,
                 "lease": params.lease,
+                "reclaim": params.reclaim,
             },
         )
         return [claimed_task(row, params.worker_id) for row in rows]

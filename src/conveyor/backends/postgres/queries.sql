@@ -98,11 +98,13 @@ due as materialized (
     ) as p
 ),
 -- Expired leases that may run again, in claim order (there are few rows in
--- progress, so sorting them is cheap).
+-- progress, so sorting them is cheap). Only when %(reclaim)s asks: both
+-- searches for expired leases are then skipped whole.
 expired as materialized (
     select t.id, t.priority, t.run_at, t.attempt, t.worker_id, t.attempt_started_at, t.step
     from {schema}.tasks t, clock
-    where t.state = 'in_progress'
+    where %(reclaim)s::boolean
+      and t.state = 'in_progress'
       and t.lease_expires_at <= clock.now
       and not t.cancel_requested
       and t.spent < t.max_attempts
@@ -117,7 +119,8 @@ exhausted as materialized (
     select t.id, t.attempt, t.spent, t.max_attempts, t.cancel_requested, t.worker_id,
            t.attempt_started_at, t.step
     from {schema}.tasks t, clock
-    where t.state = 'in_progress'
+    where %(reclaim)s::boolean
+      and t.state = 'in_progress'
       and t.lease_expires_at <= clock.now
       and (t.cancel_requested or t.spent >= t.max_attempts)
       and t.queue = any(%(queues)s::text[])
