@@ -100,6 +100,7 @@ async def test_a_worker_searches_for_expired_leases_once_per_poll_interval() -> 
     import conveyor
     from conveyor.backends.memory import MemoryBackend
     from conveyor.backends.protocol import ClaimedTask, ClaimParams
+    from conveyor.errors import BackendUnavailableError
 
     asked: list[bool] = []
 
@@ -114,6 +115,11 @@ async def test_a_worker_searches_for_expired_leases_once_per_poll_interval() -> 
     async def job() -> None:
         return None
 
+    class Failing(Recording):
+        async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+            asked.append(params.reclaim)
+            raise BackendUnavailableError("the store is away")
+
     worker = app.worker(poll_interval=0.3, handle_signals=False)
     backend = Recording(uuid.uuid4().hex)
     for _ in range(3):
@@ -121,3 +127,10 @@ async def test_a_worker_searches_for_expired_leases_once_per_poll_interval() -> 
     time.sleep(0.35)
     await worker._claim(backend, 1)
     assert asked == [True, False, False, True]
+    # A searching claim that fails leaves the search to the next claim.
+    time.sleep(0.35)
+    with pytest.raises(BackendUnavailableError):
+        await worker._claim(Failing(uuid.uuid4().hex), 1)
+    await worker._claim(backend, 1)
+    await worker._claim(backend, 1)
+    assert asked == [True, False, False, True, True, True, False]

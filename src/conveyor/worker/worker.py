@@ -303,7 +303,15 @@ class Worker:
             lease=self.config.lease,
             reclaim=reclaim,
         )
-        return asyncio.wait_for(backend.claim(params), self.config.lease)
+        return self._claiming(backend, params)
+
+    async def _claiming(self, backend: Backend, params: ClaimParams) -> list[ClaimedTask]:
+        try:
+            return await asyncio.wait_for(backend.claim(params), self.config.lease)
+        except BaseException:
+            if params.reclaim:  # the search did not happen: the next claim makes it
+                self._reclaimed_at = float("-inf")
+            raise
 
     async def _nothing_due(self, backend: Backend) -> bool:
         if self.completer is not None:
