@@ -42,6 +42,7 @@ import math
 import re
 import secrets
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -323,23 +324,45 @@ COLUMNS = [
 ]
 
 
-def ratios(results: Sequence[Result]) -> list[str]:
-    """conveyor's value over the best peer's, per column (``-`` if either is missing)."""
+def ratio_values(results: Sequence[Result]) -> list[float | None]:
+    """conveyor's value over the best peer's, per column (None if either is missing)."""
     ours = next((r for r in results if r.system == "conveyor"), None)
-    cells = []
+    found: list[float | None] = []
     for _header, attribute, _fmt, higher in COLUMNS:
         peers = [getattr(r, attribute) for r in results if r.system != "conveyor"]
         values = [v for v in peers if v]
         mine = getattr(ours, attribute) if ours else None
         if not values or not mine:
-            cells.append("-")
+            found.append(None)
             continue
-        best = max(values) if higher else min(values)
-        cells.append(f"{mine / best:.2f}x")
-    return cells
+        found.append(mine / (max(values) if higher else min(values)))
+    return found
 
 
-def table(results: Sequence[Result], top: Ceiling | None) -> str:
+def ratio_cells(values: Sequence[float | None]) -> list[str]:
+    return ["-" if v is None else f"{v:.2f}x" for v in values]
+
+
+def ratios(results: Sequence[Result]) -> list[str]:
+    """conveyor's value over the best peer's, per column (``-`` if either is missing)."""
+    return ratio_cells(ratio_values(results))
+
+
+def round_ratios(rounds: Sequence[Sequence[Result]]) -> list[str]:
+    """Per column, the median over the rounds of each round's conveyor/best:
+    each round's systems ran side by side, so the ratio within a round is
+    less exposed to the machine's drift than a ratio of medians."""
+    per_round = [ratio_values(one) for one in rounds]
+    cells: list[float | None] = []
+    for column in zip(*per_round, strict=True):
+        present = [v for v in column if v is not None]
+        cells.append(statistics.median(present) if present else None)
+    return ratio_cells(cells)
+
+
+def table(
+    results: Sequence[Result], top: Ceiling | None, rounds: Sequence[Sequence[Result]] = ()
+) -> str:
     widths = [max(len(h), 9) for h, *_ in COLUMNS]
 
     def line(first: str, cells: Sequence[str]) -> str:
@@ -355,6 +378,8 @@ def table(results: Sequence[Result], top: Ceiling | None) -> str:
         lines.append(row + f" {share:>9} {'ok' if r.ok else 'FAIL':>6}  {r.note}")
     if len(results) > 1:
         lines.append(line("conveyor/best", ratios(results)))
+        if len(rounds) > 1:
+            lines.append(line("  per round", round_ratios(rounds)))
     if top is not None:
         dry = "" if top.rows_left else "  (ran dry: a lower bound)"
         lines.append(
@@ -413,7 +438,7 @@ async def run(args: argparse.Namespace) -> int:
         f"{args.rate:g}/s for {args.duration:g}s"
         + (f"; medians of {args.rounds} rounds" if args.rounds > 1 else "")
         + "\n"
-        + table(results, top)
+        + table(results, top, rounds)
     )
     for r in results:
         for problem in r.problems:
