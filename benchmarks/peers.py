@@ -343,11 +343,6 @@ def ratio_cells(values: Sequence[float | None]) -> list[str]:
     return ["-" if v is None else f"{v:.2f}x" for v in values]
 
 
-def ratios(results: Sequence[Result]) -> list[str]:
-    """conveyor's value over the best peer's, per column (``-`` if either is missing)."""
-    return ratio_cells(ratio_values(results))
-
-
 def round_ratios(rounds: Sequence[Sequence[Result]]) -> list[str]:
     """Per column, the median over the rounds of each round's conveyor/best:
     each round's systems ran side by side, so the ratio within a round is
@@ -377,7 +372,7 @@ def table(
         row = line(r.system, [fmt(getattr(r, attr)) for _h, attr, fmt, _hi in COLUMNS])
         lines.append(row + f" {share:>9} {'ok' if r.ok else 'FAIL':>6}  {r.note}")
     if len(results) > 1:
-        lines.append(line("conveyor/best", ratios(results)))
+        lines.append(line("conveyor/best", ratio_cells(ratio_values(results))))
         if len(rounds) > 1:
             lines.append(line("  per round", round_ratios(rounds)))
     if top is not None:

@@ -285,12 +285,10 @@ class Worker:
         self._start_all(outcome.result, outcome.sent_at, backend)
         pace.returned(len(outcome.result), outcome.limit, outcome.sent_at, now)
 
-    def _claim(self, backend: Backend, limit: int) -> Awaitable[list[ClaimedTask]]:
-        # Bounded: a connection that swallows packets must not stall claiming.
-        # A claim that times out may still commit later; its tasks then wait
-        # out their lease and are reclaimed.
+    async def _claim(self, backend: Backend, limit: int) -> list[ClaimedTask]:
         # Expired leases are searched for once per poll interval, as an idle
-        # worker's polls did: claims between those are leaner.
+        # worker's polls did: claims between those are leaner. A searching
+        # claim that fails leaves the search to the next claim.
         now = time.monotonic()
         reclaim = now - self._reclaimed_at >= self.config.poll_interval
         if reclaim:
@@ -303,13 +301,13 @@ class Worker:
             lease=self.config.lease,
             reclaim=reclaim,
         )
-        return self._claiming(backend, params)
-
-    async def _claiming(self, backend: Backend, params: ClaimParams) -> list[ClaimedTask]:
+        # Bounded: a connection that swallows packets must not stall claiming.
+        # A claim that times out may still commit later; its tasks then wait
+        # out their lease and are reclaimed.
         try:
             return await asyncio.wait_for(backend.claim(params), self.config.lease)
         except BaseException:
-            if params.reclaim:  # the search did not happen: the next claim makes it
+            if reclaim:
                 self._reclaimed_at = float("-inf")
             raise
 
