@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.protocol import ClaimParams, Completion, EnqueueParams, NewTask
+from conveyor.backends.protocol import (
+    ClaimParams,
+    Completion,
+    EnqueueParams,
+    FinishParams,
+    FinishResult,
+    NewTask,
+)
 from conveyor.model import Outcome, RetryPolicy, TaskState
 from conveyor.worker.completer import Completer
 
@@ -42,3 +52,46 @@ async def test_a_completion_the_database_refuses_does_not_hold_back_the_others(
     }
     states = [(await backend.get_task(c.token.task_id)).state for c in claimed]  # type: ignore[union-attr]
     assert states == [TaskState.SUCCEEDED, TaskState.SUCCEEDED, TaskState.IN_PROGRESS]
+
+
+class _FirstFinishSwallowed:
+    """The real backend, but its first ending goes into a connection that
+    swallows packets: it never returns."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self._backend = backend
+        self.finishes = 0
+
+    async def finish(self, params: FinishParams) -> FinishResult:
+        self.finishes += 1
+        if self.finishes == 1:
+            await asyncio.sleep(3600)
+        return await self._backend.finish(params)
+
+
+async def test_a_write_that_never_returns_is_retried_after_the_timeout(
+    backend: PostgresBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    new = NewTask(
+        name="job", queue="default", payload="{}", priority=0, max_attempts=3, retry=RetryPolicy()
+    )
+    await backend.enqueue(EnqueueParams([new]))
+    [claimed] = await backend.claim(ClaimParams("w", ["job"], ["default"], 1, 30))
+    swallowing = _FirstFinishSwallowed(backend)
+    recorded: list[bool] = []
+    completer = Completer(
+        swallowing,  # type: ignore[arg-type]
+        "w",
+        lambda _token: True,
+        lambda _c, applied: recorded.append(applied),
+        timeout=0.2,
+    )
+    completer.start()
+    completer.submit(Completion(claimed.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="1"))
+    with caplog.at_level(logging.WARNING, logger="conveyor.worker.completer"):
+        await asyncio.wait_for(completer.wait_idle(), 10)
+    await completer.stop()
+    assert (swallowing.finishes, recorded) == (2, [True])
+    assert "TimeoutError" in caplog.text
+    task = await backend.get_task(claimed.token.task_id)
+    assert task is not None and task.state is TaskState.SUCCEEDED

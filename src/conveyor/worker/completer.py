@@ -5,6 +5,10 @@ flight, new completions queue up and go in the next one, so batches grow with
 load and latency stays one round trip when idle. A failed flush is retried
 until the heartbeat stops trusting the lease (then the task will be
 reclaimed and the completion is dropped, as a lost lease's write must be).
+A flush that has not returned after ``timeout`` seconds (a connection that
+swallows packets never answers) counts as failed: it is cancelled and
+retried. It may still have been applied; the retry is then refused by the
+fence, and the ending is reported as not applied.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ class Completer:
         worker_id: str,
         still_held: Callable[[LeaseToken], bool],
         on_recorded: Callable[[Completion, bool], None],
+        timeout: float | None = None,
     ) -> None:
         self._backend = backend
+        self._timeout = timeout
         self._worker_id = worker_id
         self._still_held = still_held
         self._on_recorded = on_recorded
@@ -75,12 +81,11 @@ class Completer:
         trusted; isolate a completion the backend refuses for good."""
         delay = RETRY_MIN_DELAY
         while batch:
+            params = FinishParams(worker_id=self._worker_id, completions=batch)
             try:
-                result = await self._backend.finish(
-                    FinishParams(worker_id=self._worker_id, completions=batch)
-                )
-            except BackendUnavailableError as exc:
-                log.warning("recording %d completions failed: %s", len(batch), exc)
+                result = await asyncio.wait_for(self._backend.finish(params), self._timeout)
+            except (BackendUnavailableError, TimeoutError) as exc:
+                log.warning("recording %d completions failed: %r", len(batch), exc)
                 batch = self._still_trusted(batch)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_DELAY)

@@ -145,8 +145,14 @@ class Worker:
             lambda result: self._post(loop, result),
         )
         self.heartbeat.start()
+        # Bounded like a claim: a connection that swallows packets must not
+        # hold the endings back for good.
         self.completer = Completer(
-            backend, self.id, lambda t: t in self.heartbeat_held(), self._recorded
+            backend,
+            self.id,
+            lambda t: t in self.heartbeat_held(),
+            self._recorded,
+            timeout=self.config.lease,
         )
         self._transactions = Capability.ATTEMPT_TRANSACTION in backend.capabilities
         self._open_transaction = functools.partial(backend.begin_attempt_transaction, self.id)
