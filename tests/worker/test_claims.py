@@ -12,7 +12,7 @@ from conveyor.worker.claims import RETRY_MAX, RETRY_MIN, Claims, Pace
 async def test_claims_overlap_in_half_batches_and_reserve_their_slots() -> None:
     woken: list[int] = []
     claims = Claims(concurrency=10, on_done=lambda: woken.append(1))
-    gates = [asyncio.get_running_loop().create_future() for _ in range(2)]
+    gates = [asyncio.get_running_loop().create_future() for _ in range(3)]
     asked: list[int] = []
 
     async def claim(limit: int) -> list:  # type: ignore[type-arg]
@@ -23,25 +23,59 @@ async def test_claims_overlap_in_half_batches_and_reserve_their_slots() -> None:
     assert claims.may_send(10)
     claims.send(claim, 10)
     assert claims.reserved == 5
-    # A second claim overlaps the first only for a whole batch of free slots.
+    # Nothing says more work is queued yet: the first claim goes alone.
+    assert not claims.may_send(5)
+    await asyncio.sleep(0)
+    gates[0].set_result(["a"] * 5)
+    await asyncio.sleep(0)
+    [first] = claims.collect()
+    assert (first.limit, first.result) == (5, ["a"] * 5)
+    assert claims.reserved == 0 and claims.flowing
+    await asyncio.sleep(0)
+    assert woken == [1]  # the worker's loop is woken for each returned claim
+    claims.send(claim, 5)
+    # It came back full: a second claim overlaps, for a whole batch of free slots.
     assert not claims.may_send(4)
     assert claims.may_send(5)
     claims.send(claim, 5)
     assert claims.reserved == 10 and len(claims) == 2
     assert not claims.may_send(5)  # two in flight at most
     await asyncio.sleep(0)
-    assert asked == [5, 5]
-    gates[1].set_result(["b"])
+    assert asked == [5, 5, 5]
+    gates[2].set_result(["b"])
     await asyncio.sleep(0)
-    [second] = claims.collect()
-    assert (second.limit, second.result) == (5, ["b"])
+    [third] = claims.collect()
+    assert (third.limit, third.result) == (5, ["b"])
     assert claims.reserved == 5
-    await asyncio.sleep(0)
-    assert woken == [1]  # the worker's loop is woken for each returned claim
-    gates[0].set_exception(OSError("gone"))
-    [first] = await claims.settle()
-    assert isinstance(first.result, OSError)
+    gates[1].set_exception(OSError("gone"))
+    [second] = await claims.settle()
+    assert isinstance(second.result, OSError)
     assert claims.reserved == 0 and len(claims) == 0
+
+
+async def test_a_short_or_failed_claim_ends_the_overlap() -> None:
+    """A worker woken for one task sends one claim: two would race for it."""
+    claims = Claims(concurrency=10, on_done=lambda: None)
+    loop = asyncio.get_running_loop()
+    gates: list[asyncio.Future[list[str]]] = []
+
+    async def claim(limit: int) -> list[str]:
+        gates.append(loop.create_future())
+        return await gates[-1]
+
+    overlap = []
+    for result in (["a"] * 5, ["b"], ["c"] * 5, OSError("gone"), []):
+        claims.send(claim, 10)
+        await asyncio.sleep(0)
+        overlap.append(claims.may_send(5))  # after the result before this one
+        if isinstance(result, BaseException):
+            gates[-1].set_exception(result)
+        else:
+            gates[-1].set_result(result)
+        await claims.settle()
+    # Nothing had come back before the first; then full, short, full, failed.
+    assert overlap == [False, True, False, True, False]
+    assert claims.may_send(10)  # none in flight: one claim may always go
 
 
 async def test_one_free_slot_is_claimed_when_no_claim_is_in_flight() -> None:

@@ -2,8 +2,11 @@
 
 A worker keeps at most two claims in flight, each for at most half its
 slots, so the database prepares the next batch while the process starts the
-last one. The slots a claim asked for are reserved until it returns: a
-worker never holds more tasks than it has slots.
+last one. A second claim overlaps the first only while claims come back full:
+a worker woken for one new task sends one claim, not two that race for it
+(the loser's round trip would slow the winner's). The slots a claim asked
+for are reserved until it returns: a worker never holds more tasks than it
+has slots.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class Claims:
     def __init__(self, concurrency: int, on_done: Callable[[], None]) -> None:
         self.batch = max(1, (concurrency + 1) // 2)
         self.reserved = 0
+        self.flowing = False
+        """Whether the last claim that returned filled its limit: more work
+        is likely queued, so a second claim may overlap the next."""
         self._on_done = on_done
         self._in_flight: dict[asyncio.Future[list[ClaimedTask]], tuple[int, float]] = {}
 
@@ -48,10 +54,10 @@ class Claims:
 
     def may_send(self, free: int) -> bool:
         """Whether to send a claim now: any free slot when none is in flight; a
-        whole batch's worth to overlap one that is."""
+        whole batch's worth to overlap one that is, while claims come back full."""
         if free <= 0 or len(self._in_flight) >= MAX_IN_FLIGHT:
             return False
-        return not self._in_flight or free >= self.batch
+        return not self._in_flight or (self.flowing and free >= self.batch)
 
     def send(self, claim: Callable[[int], Awaitable[list[ClaimedTask]]], free: int) -> None:
         """Start ``claim(limit)`` for the next batch; ``on_done`` runs when it returns."""
@@ -73,6 +79,7 @@ class Claims:
                 result = asyncio.CancelledError("the claim was cancelled")
             else:
                 result = future.exception() or future.result()
+            self.flowing = not isinstance(result, BaseException) and len(result) >= limit
             done.append(ClaimOutcome(limit, sent_at, result))
         return done
 
