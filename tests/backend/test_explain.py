@@ -16,7 +16,7 @@ import pytest
 
 from conveyor.backends.postgres import PostgresBackend
 from conveyor.backends.postgres.rows import finish_statement
-from conveyor.backends.protocol import Completion, EnqueueParams
+from conveyor.backends.protocol import ClaimParams, Completion, EnqueueParams
 from conveyor.model import LeaseToken, Outcome, TaskState
 from tests.conformance.test_tasks import claim, enqueue, later, new
 
@@ -75,26 +75,54 @@ def _scanned_tables(nodes: list[dict[str, Any]]) -> set[str]:
     return {n.get("Relation Name", "") for n in nodes if n["Node Type"] == "Seq Scan"}
 
 
-async def test_claim_uses_the_partial_indexes(history: PostgresBackend) -> None:
-    nodes = await _plan(
-        history,
-        "claim",
-        {
-            "now": None,
-            "worker_id": "w",
-            "names": ["job"],
-            "queues": ["default"],
-            "limit": 10,
-            "lease": 30.0,
-            "reclaim": True,
-        },
+CLAIM_ARGS = {
+    "now": None,
+    "worker_id": "w",
+    "names": ["job"],
+    "queues": ["default"],
+    "limit": 10,
+    "lease": 30.0,
+}
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("name", ["claim", "claim_reclaim"])
+async def test_claim_uses_the_partial_indexes(
+    history: PostgresBackend, name: str, generic: bool
+) -> None:
+    nodes = await (
+        _generic_plan(history, name, CLAIM_ARGS) if generic else _plan(history, name, CLAIM_ARGS)
     )
     assert not {"tasks", "attempts"} & _scanned_tables(nodes)
     indexes = {n.get("Index Name") for n in nodes}
     assert "tasks_pending_claim" in indexes
-    # The reclaim path reads in-progress rows through one of the partial or
-    # state indexes (the planner picks by their size), never the table.
-    assert indexes & {"tasks_in_progress_lease", "tasks_state_id"}
+    if name == "claim_reclaim":
+        # The reclaim path reads in-progress rows through one of the partial
+        # or state indexes (the planner picks by their size), never the table.
+        assert indexes & {"tasks_in_progress_lease", "tasks_state_id"}
+
+
+async def test_claims_are_planned_once_per_connection(backend: PostgresBackend) -> None:
+    """PostgreSQL's own choice re-planned the claim at every execution (its
+    generic plan looks costlier than one for a known limit and one queue),
+    and planning cost more than running it. The claim pool's connections
+    keep one generic plan: the one the guards here check."""
+    await enqueue(backend, *(new() for _ in range(4)))
+    for reclaim in (False, True, False, True):
+        params = ClaimParams(
+            "w", ("job",), ("default",), limit=1, lease=30.0, now=later(1), reclaim=reclaim
+        )
+        assert len(await backend.claim(params)) == 1
+    pool = await backend.claim_pool()
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "select generic_plans, custom_plans from pg_prepared_statements"
+            " where statement like '%%claimed as%%'"
+            " and statement not like '%%pg_prepared_statements%%'"
+        )
+        plans = await cursor.fetchall()
+    # Both statements ran twice on the one connection, on their generic plans.
+    assert sorted(plans) == [(2, 0), (2, 0)]
 
 
 async def test_heartbeat_and_finish_use_primary_keys(history: PostgresBackend) -> None:
@@ -215,8 +243,9 @@ async def test_finish_stays_linear_in_its_batch_under_a_generic_plan(
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("name", ["claim", "claim_reclaim"])
 async def test_a_claim_reads_only_what_it_takes_from_a_fresh_backlog(
-    backend: PostgresBackend, generic: bool
+    backend: PostgresBackend, name: str, generic: bool
 ) -> None:
     """A bulk enqueue leaves the table without statistics until autovacuum
     analyzes it (a minute or more). The planner then guesses a handful of
@@ -228,16 +257,10 @@ async def test_a_claim_reads_only_what_it_takes_from_a_fresh_backlog(
         await backend.enqueue(
             EnqueueParams(tasks=[new(run_at=None) for _ in range(5_000)], now=None)
         )
-    args = {
-        "now": None,
-        "worker_id": "w",
-        "names": ["job"],
-        "queues": ["default"],
-        "limit": 100,
-        "lease": 30.0,
-        "reclaim": True,
-    }
-    nodes = await (_generic_plan(backend, "claim", args) if generic else _analyzed(backend, args))
+    args = {**CLAIM_ARGS, "limit": 100}
+    nodes = await (
+        _generic_plan(backend, name, args) if generic else _analyzed(backend, name, args)
+    )
     # No trigger runs per claimed task (the attempt log's foreign key once
     # did: a lookup and a row lock each).
     assert not [n for n in nodes if n.get("Triggers")]
@@ -246,9 +269,11 @@ async def test_a_claim_reads_only_what_it_takes_from_a_fresh_backlog(
     assert not [n for n in nodes if n["Node Type"] == "Sort" and n["Actual Rows"] > 100]
 
 
-async def _analyzed(backend: PostgresBackend, args: dict[str, Any]) -> list[dict[str, Any]]:
+async def _analyzed(
+    backend: PostgresBackend, name: str, args: dict[str, Any]
+) -> list[dict[str, Any]]:
     async with backend.pool.connection() as conn:
-        cursor = await conn.execute(b"explain (analyze, format json) " + backend.sql["claim"], args)
+        cursor = await conn.execute(b"explain (analyze, format json) " + backend.sql[name], args)
         row = await cursor.fetchone()
     assert row is not None
     document = row[0] if not isinstance(row[0], str) else json.loads(row[0])

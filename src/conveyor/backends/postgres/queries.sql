@@ -68,8 +68,67 @@ values (%(name)s::text, %(queue)s::text, %(payloads)s::jsonb, %(priority)s::int,
 returning array[id];
 
 -- name: claim
--- Claim up to %(limit)s::int tasks in one statement: due pending tasks of the
--- worker's queues and names, plus in-progress tasks whose lease expired,
+-- Claim up to %(limit)s::int due pending tasks of the worker's queues and
+-- names, in claim order (priority, run_at, id), in one statement. The
+-- candidates sit behind a MATERIALIZED CTE: an optimisation fence, without
+-- which the planner may lock more rows than the LIMIT asks for. The running
+-- attempt is not logged at its claim: the task row holds it (attempt,
+-- worker_id, attempt_started_at, step) until its ending writes its one row
+-- to the attempt log.
+--
+-- This is the worker's usual claim; claim_reclaim, which also takes back
+-- expired leases, runs about once per poll interval. Kept apart, this one is
+-- planned once per connection (a generic plan): with the searches for
+-- expired leases in the same statement, even switched off by a parameter,
+-- the planner planned it anew at every execution, a third of a millisecond.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+due as materialized (
+    select p.id, p.priority, p.run_at
+    from unnest(%(queues)s::text[]) as q(name)
+    cross join lateral (
+        select t.id, t.priority, t.run_at
+        from {schema}.tasks t
+        where t.state = 'pending'
+          and t.queue = q.name
+          and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+          and t.name = any(%(names)s::text[])
+        order by t.priority desc, t.run_at, t.id
+        limit %(limit)s::int
+        for update of t skip locked
+    ) as p
+),
+chosen as (
+    select id from due
+    order by priority desc, run_at, id
+    limit %(limit)s::int
+),
+claimed as (
+    update {schema}.tasks t
+    set state = 'in_progress',
+        attempt = t.attempt + 1,
+        spent = t.spent + 1,
+        worker_id = %(worker_id)s::text,
+        attempt_started_at = clock.now,
+        lease_expires_at = clock.now
+            + make_interval(secs => coalesce(t.lease_seconds, %(lease)s::float8))
+    from chosen c, clock
+    where t.id = c.id
+    returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
+              t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
+              t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.priority, t.run_at
+)
+-- In claim order, like every backend.
+select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id
+from claimed
+order by priority desc, run_at, id;
+
+-- name: claim_reclaim
+-- claim, and take back expired leases: up to %(limit)s::int tasks in one
+-- statement, due pending tasks of the worker's queues and names plus
+-- in-progress tasks whose lease expired,
 -- merged in claim order (priority, run_at, id). Every candidate set sits
 -- behind a MATERIALIZED CTE: an optimisation fence, without which the
 -- planner may lock more rows than the LIMIT asks for. An expired task whose
@@ -98,13 +157,11 @@ due as materialized (
     ) as p
 ),
 -- Expired leases that may run again, in claim order (there are few rows in
--- progress, so sorting them is cheap). Only when %(reclaim)s asks: both
--- searches for expired leases are then skipped whole.
+-- progress, so sorting them is cheap).
 expired as materialized (
     select t.id, t.priority, t.run_at, t.attempt, t.worker_id, t.attempt_started_at, t.step
     from {schema}.tasks t, clock
-    where %(reclaim)s::boolean
-      and t.state = 'in_progress'
+    where t.state = 'in_progress'
       and t.lease_expires_at <= clock.now
       and not t.cancel_requested
       and t.spent < t.max_attempts
@@ -119,8 +176,7 @@ exhausted as materialized (
     select t.id, t.attempt, t.spent, t.max_attempts, t.cancel_requested, t.worker_id,
            t.attempt_started_at, t.step
     from {schema}.tasks t, clock
-    where %(reclaim)s::boolean
-      and t.state = 'in_progress'
+    where t.state = 'in_progress'
       and t.lease_expires_at <= clock.now
       and (t.cancel_requested or t.spent >= t.max_attempts)
       and t.queue = any(%(queues)s::text[])
