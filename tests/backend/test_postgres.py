@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.backends.postgres import PostgresBackend, queries
 from conveyor.backends.protocol import Completion, HeartbeatParams
-from conveyor.errors import ConfigurationError
+from conveyor.errors import BackendError, ConfigurationError
 from conveyor.model import Outcome, TaskState
 from tests.conformance.test_tasks import LEASE, claim, enqueue, later, new
 
@@ -175,3 +175,26 @@ async def test_a_claim_without_reclaim_leaves_expired_leases_for_a_later_claim(
     assert await backend.claim(params(reclaim=False)) == []
     [again] = await backend.claim(params(reclaim=True))
     assert (again.token.task_id, again.token.attempt) == (first.token.task_id, 2)
+
+
+async def test_claims_open_their_own_pool_which_closes_with_the_backend(
+    backend: PostgresBackend,
+) -> None:
+    own = PostgresBackend(backend.url, schema=backend.schema, migrate=False, pool_size=2)
+    await own.open()
+    try:
+        assert own._claim_pool is None  # a backend that only enqueues never opens it
+        await enqueue(own, new())
+        assert len(await claim(own, limit=1, at=later(1))) == 1
+        pool = await own.claim_pool()
+        async with pool.connection() as conn:
+            cursor = await conn.execute("show plan_cache_mode")
+            assert await cursor.fetchone() == ("force_generic_plan",)
+        async with own.pool.connection() as conn:  # the user's transactions keep the default
+            cursor = await conn.execute("show plan_cache_mode")
+            assert await cursor.fetchone() == ("auto",)
+    finally:
+        await own.close()
+    assert pool.closed
+    with pytest.raises(BackendError, match="not open"):
+        await own.claim_pool()

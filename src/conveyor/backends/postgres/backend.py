@@ -184,6 +184,9 @@ class PostgresBackend:
                     name=f"conveyor-{self.schema}-claims",
                 )
                 await claims.open()
+                if self._pool is None:  # closed meanwhile
+                    await claims.close()
+                    raise BackendError("the backend is not open")
                 self._claim_pool = claims
             return self._claim_pool
 
