@@ -1,7 +1,8 @@
 """How conveyor's processing rate scales, and what one worker's memory does.
 
 Three measurements on PostgreSQL, each in fresh schemas, with the no-op task
-of ``bench_app`` and burst workers (``python -m conveyor.cli worker ... --burst``):
+of ``bench_app`` and worker processes (``python -m conveyor.cli worker ...``,
+burst workers for the drains):
 
 - **processes**: enqueue ``--tasks``, then drain them with 1, 2 and 4 worker
   processes started together (``--processes``); the rate is by the database
@@ -11,8 +12,10 @@ of ``bench_app`` and burst workers (``python -m conveyor.cli worker ... --burst`
   as it is by default), then ANALYZE, as autovacuum would have by then; one
   worker drains.
 - **memory**: one worker drains ``--memory-tasks`` (default 100k); its RSS is
-  sampled from ``/proc`` with the count of tasks done so far, and the table
-  shows RSS when 10%, 50% and 100% of them were done, and the peak (VmHWM).
+  sampled from ``/proc`` with the count of tasks done so far, every 0.1 s
+  until a sample sees them all done (then the worker is stopped), and the
+  table shows RSS when 10%, 50% and 100% of them were done, and the peak
+  (VmHWM).
 
     python benchmarks/scaling.py
     python benchmarks/scaling.py --tasks 40000 --processes 1,2,4 --history 0,100000,1000000
@@ -168,25 +171,27 @@ async def memory(args: argparse.Namespace) -> MemoryRun:
     tasks = args.memory_tasks
     log(f"[{schema}] one worker draining {tasks} tasks; sampling its RSS")
     after = await _prepare(args, schema, 0, tasks)
-    spec = WorkerSpec(args.url, args.concurrency, True, None, "WARNING")
+    # Not a burst worker: one that exits as it runs dry could leave the last
+    # tasks unsampled. This one is stopped once a sample has seen them all.
+    spec = WorkerSpec(args.url, args.concurrency, False, None, "WARNING")
     worker = start_worker(spec, schema)
     result = MemoryRun(tasks)
     count = sql.SQL("select count(*) from {} where state = 'succeeded'").format(
         sql.Identifier(schema, "tasks")
     )
     deadline = time.monotonic() + args.timeout
+    done = 0
     async with connect(args.url) as conn:
-        while worker.poll() is None and time.monotonic() < deadline:
+        while done < tasks and worker.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
             rss, peak = _rss_kib(worker.pid)
             (done,) = await fetch_one(conn, count)
             if rss:
                 result.samples.append((int(done), rss))
                 result.peak_kib = max(result.peak_kib, peak)
-            await asyncio.sleep(0.1)
-    if worker.poll() is None:
-        await stop_worker(worker)
+    code = await stop_worker(worker)
     run = await _verify(args, schema, after, tasks)
-    result.ok = run.ok and worker.returncode == 0
+    result.ok = run.ok and code == 0
     if not args.keep:
         await drop_schema(args.url, schema)
     return result
