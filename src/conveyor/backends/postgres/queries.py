@@ -2,8 +2,9 @@
 
 A block starts with ``-- name: NAME``; the comment lines after it say what
 the statement does and why. Statements are composed once per backend with
-the validated schema identifier and kept as bytes, ready to execute (and to
-be prepared server-side by psycopg after a few executions).
+the validated schema identifier and the parts they name, and kept as bytes,
+ready to execute (and to be prepared server-side by psycopg after a few
+executions).
 """
 
 from __future__ import annotations
@@ -39,9 +40,24 @@ def compose(template: LiteralString, schema: str) -> bytes:
     return composed.as_bytes(None)
 
 
+PART = "part_"
+"""A block named so is a part of statements, composed in where they say
+``{part_...}``, not a statement of its own."""
+
+
 def load(schema: str) -> Mapping[str, bytes]:
-    """Every statement of ``queries.sql``, composed for ``schema``."""
-    return {name: compose(body, schema) for name, body in _BLOCKS.items()}
+    """Every statement of ``queries.sql``, composed for ``schema`` with its parts."""
+    identifier = sql.Identifier(validate_schema(schema))
+    parts = {
+        name: sql.SQL(body).format(schema=identifier)
+        for name, body in _BLOCKS.items()
+        if name.startswith(PART)
+    }
+    return {
+        name: sql.SQL(body).format(schema=identifier, **parts).as_bytes(None)
+        for name, body in _BLOCKS.items()
+        if not name.startswith(PART)
+    }
 
 
 def migrations() -> list[tuple[int, str, LiteralString]]:

@@ -1,6 +1,8 @@
 -- Every statement of the PostgreSQL backend, as named blocks.
 --
 -- {schema} is the validated schema identifier, composed in once at load.
+-- A block named part_* is not a statement: it is composed in once at load
+-- where a statement says {part_...}, for text that several statements share.
 -- %(now)s is NULL in production: the database clock is the only authority on
 -- lease expiry; tests pass a time to move the clock without sleeping. The
 -- clock is statement_timestamp(), not now(): inside a long transaction (an
@@ -67,6 +69,45 @@ values (%(name)s::text, %(queue)s::text, %(payloads)s::jsonb, %(priority)s::int,
         coalesce(%(now)s::timestamptz, statement_timestamp()))
 returning array[id];
 
+-- name: part_claim_due
+-- Part of both claims (composed in where they say {part_claim_due}): the due
+-- pending tasks of the worker's queues and names, up to %(limit)s::int per
+-- queue, each queue read in claim order off its index.
+due as materialized (
+    select p.id, p.priority, p.run_at
+    from unnest(%(queues)s::text[]) as q(name)
+    cross join lateral (
+        select t.id, t.priority, t.run_at
+        from {schema}.tasks t
+        where t.state = 'pending'
+          and t.queue = q.name
+          and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+          and t.name = any(%(names)s::text[])
+        order by t.priority desc, t.run_at, t.id
+        limit %(limit)s::int
+        for update of t skip locked
+    ) as p
+)
+
+-- name: part_claimed
+-- Part of both claims: the tasks of the statement's own `chosen` CTE start
+-- their attempt, under a lease from the statement's `clock`.
+claimed as (
+    update {schema}.tasks t
+    set state = 'in_progress',
+        attempt = t.attempt + 1,
+        spent = t.spent + 1,
+        worker_id = %(worker_id)s::text,
+        attempt_started_at = clock.now,
+        lease_expires_at = clock.now
+            + make_interval(secs => coalesce(t.lease_seconds, %(lease)s::float8))
+    from chosen c, clock
+    where t.id = c.id
+    returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
+              t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
+              t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.priority, t.run_at
+)
+
 -- name: claim
 -- Claim up to %(limit)s::int due pending tasks of the worker's queues and
 -- names, in claim order (priority, run_at, id), in one statement. The
@@ -84,41 +125,13 @@ returning array[id];
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
-due as materialized (
-    select p.id, p.priority, p.run_at
-    from unnest(%(queues)s::text[]) as q(name)
-    cross join lateral (
-        select t.id, t.priority, t.run_at
-        from {schema}.tasks t
-        where t.state = 'pending'
-          and t.queue = q.name
-          and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-          and t.name = any(%(names)s::text[])
-        order by t.priority desc, t.run_at, t.id
-        limit %(limit)s::int
-        for update of t skip locked
-    ) as p
-),
+{part_claim_due},
 chosen as (
     select id from due
     order by priority desc, run_at, id
     limit %(limit)s::int
 ),
-claimed as (
-    update {schema}.tasks t
-    set state = 'in_progress',
-        attempt = t.attempt + 1,
-        spent = t.spent + 1,
-        worker_id = %(worker_id)s::text,
-        attempt_started_at = clock.now,
-        lease_expires_at = clock.now
-            + make_interval(secs => coalesce(t.lease_seconds, %(lease)s::float8))
-    from chosen c, clock
-    where t.id = c.id
-    returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
-              t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
-              t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.priority, t.run_at
-)
+{part_claimed}
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
        timeout_seconds, lease_seconds, lease_expires_at, step, parent_id
@@ -141,21 +154,7 @@ order by priority desc, run_at, id;
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
-due as materialized (
-    select p.id, p.priority, p.run_at
-    from unnest(%(queues)s::text[]) as q(name)
-    cross join lateral (
-        select t.id, t.priority, t.run_at
-        from {schema}.tasks t
-        where t.state = 'pending'
-          and t.queue = q.name
-          and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-          and t.name = any(%(names)s::text[])
-        order by t.priority desc, t.run_at, t.id
-        limit %(limit)s::int
-        for update of t skip locked
-    ) as p
-),
+{part_claim_due},
 -- Expired leases that may run again, in claim order (there are few rows in
 -- progress, so sorting them is cheap).
 expired as materialized (
@@ -202,21 +201,7 @@ chosen as (
     order by priority desc, run_at, id
     limit %(limit)s::int
 ),
-claimed as (
-    update {schema}.tasks t
-    set state = 'in_progress',
-        attempt = t.attempt + 1,
-        spent = t.spent + 1,
-        worker_id = %(worker_id)s::text,
-        attempt_started_at = clock.now,
-        lease_expires_at = clock.now
-            + make_interval(secs => coalesce(t.lease_seconds, %(lease)s::float8))
-    from chosen c, clock
-    where t.id = c.id
-    returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
-              t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
-              t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.priority, t.run_at
-),
+{part_claimed},
 -- The attempts those expired leases lost: each ended task's, and each
 -- reclaimed task's previous one.
 lost_leases as (
