@@ -14,7 +14,7 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -174,15 +174,7 @@ class PostgresBackend:
         self.pool  # noqa: B018 - raises if the backend is not open
         async with self._claim_pool_lock:
             if self._claim_pool is None:
-                claims: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
-                    self.url,
-                    min_size=0,
-                    max_size=self._pool_size,
-                    kwargs={"autocommit": True},
-                    configure=self._configure_claims,
-                    open=False,
-                    name=f"conveyor-{self.schema}-claims",
-                )
+                claims = self._async_pool(0, self._configure_claims, "-claims")
                 await claims.open()
                 if self._pool is None:  # closed meanwhile
                     await claims.close()
@@ -208,18 +200,27 @@ class PostgresBackend:
                 self._sync_pool = pool
             return self._sync_pool
 
+    def _async_pool(
+        self,
+        min_size: int,
+        configure: Callable[[AsyncConnection[Any]], Awaitable[None]],
+        suffix: str = "",
+    ) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        """An unopened pool of autocommit connections, up to ``pool_size``."""
+        return AsyncConnectionPool(
+            self.url,
+            min_size=min_size,
+            max_size=self._pool_size,
+            kwargs={"autocommit": True},
+            configure=configure,
+            open=False,
+            name=f"conveyor-{self.schema}{suffix}",
+        )
+
     async def open(self) -> None:
         if self._pool is not None:
             return
-        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
-            self.url,
-            min_size=1,
-            max_size=self._pool_size,
-            kwargs={"autocommit": True},
-            configure=self._configure,
-            open=False,
-            name=f"conveyor-{self.schema}",
-        )
+        pool = self._async_pool(1, self._configure)
         try:
             await pool.open(wait=True, timeout=CONNECT_TIMEOUT)
         except BaseException as exc:
