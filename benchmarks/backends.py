@@ -237,6 +237,8 @@ class LoopWorker:
         }
         if spec.poll_interval is not None:
             config["poll_interval"] = spec.poll_interval
+        if spec.lease is not None:
+            config["lease"] = spec.lease
         self.worker = app.worker(**config)
         self.task = asyncio.create_task(self.worker.run(), name="bench-worker")
 

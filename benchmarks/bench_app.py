@@ -1,5 +1,7 @@
 """The App the benchmark's worker runs: a no-op ``async def`` task, a
-workflow of no-op steps, and a coroutine that plays ping-pong with a child.
+workflow of no-op steps, a coroutine that plays ping-pong with a child, and
+what ``reactions.py`` needs (a task that sleeps or waits to be stopped, one
+that raises a huge error, and a coroutine that times its inbox).
 
 ``throughput.py`` starts ``python -m conveyor.cli worker benchmarks.bench_app:app``
 with ``CONVEYOR_URL`` and ``CONVEYOR_SCHEMA`` set, so the worker process imports
@@ -9,6 +11,7 @@ with ``CONVEYOR_URL`` and ``CONVEYOR_SCHEMA`` set, so the worker process imports
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,6 +26,10 @@ TASK_NAME = "bench_noop"
 FLOW_NAME = "bench_flow"
 PING_NAME = "bench_ping"
 STAMP_NAME = "bench_stamp"
+SLEEP_NAME = "bench_sleep"
+WAIT_NAME = "bench_wait"
+HUGE_ERROR_NAME = "bench_huge_error"
+INBOX_NAME = "bench_inbox"
 
 
 @dataclass
@@ -50,6 +57,8 @@ def make_app(url: str | None = None, schema: str | None = None) -> App:
         record_start(sent)
 
     application.workflow(FLOW_NAME).step(Hop)
+
+    add_reaction_tasks(application)
 
     @application.coroutine(PING_NAME)
     async def bench_ping(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
@@ -82,6 +91,39 @@ def make_app(url: str | None = None, schema: str | None = None) -> App:
         return conveyor.suspend()
 
     return application
+
+
+def add_reaction_tasks(application: App) -> None:
+    """What ``reactions.py`` runs: a task that sleeps, one that waits to be
+    stopped, one that raises a huge error, and a coroutine timing its inbox."""
+
+    @application.task(name=SLEEP_NAME)
+    async def bench_sleep(seconds: float = 0.0) -> None:
+        """Sleep on the worker's loop (a neighbour, or a task to cancel)."""
+        await asyncio.sleep(seconds)
+
+    @application.task(name=WAIT_NAME)
+    def bench_wait(ctx: TaskContext, seconds: float = 0.0) -> None:
+        """A thread handler that runs until told to stop (or ``seconds``)."""
+        ctx.wait_for_stop(seconds)
+        ctx.check()
+
+    @application.task(name=HUGE_ERROR_NAME, retry=conveyor.RetryPolicy(max_attempts=1))
+    async def bench_huge_error(megabytes: int = 10, nul: bool = True) -> None:
+        """Fail with a message of ``megabytes`` million characters (NUL or x)."""
+        raise RuntimeError(("\x00" if nul else "x") * (megabytes * 1_000_000))
+
+    @application.coroutine(INBOX_NAME)
+    async def bench_inbox(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
+        """Record each message's delay from its delivery (the backend's clock)
+        to the start of the poll that reads it; end at ``{"stop": true}``."""
+        received = datetime.now(UTC)
+        for message in poll.inbox:
+            if message.body.get("stop"):
+                return conveyor.done(poll.state["delays"])
+            delay_ms = (received - message.created_at).total_seconds() * 1000
+            poll.state["delays"].append(round(delay_ms, 2))
+        return conveyor.suspend()
 
 
 def merge(into: dict[str, Any], more: dict[str, Any]) -> None:

@@ -209,6 +209,7 @@ class WorkerSpec:
     poll_interval: float | None
     log_level: str
     profile: Path | None = None
+    lease: float | None = None
 
 
 def worker_command(spec: WorkerSpec) -> list[str]:
@@ -227,6 +228,8 @@ def worker_command(spec: WorkerSpec) -> list[str]:
         command.append("--burst")
     if spec.poll_interval is not None:
         command += ["--poll-interval", str(spec.poll_interval)]
+    if spec.lease is not None:
+        command += ["--lease", str(spec.lease)]
     if spec.profile is not None:
         py_spy = shutil.which("py-spy")
         if py_spy is None:

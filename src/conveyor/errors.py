@@ -49,9 +49,12 @@ class PayloadError(ConveyorError, ValueError):
 class PayloadTooLargeError(PayloadError):
     """The encoded payload is larger than the configured cap."""
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"payload is {size} bytes encoded; the limit is {limit} bytes")
+    def __init__(self, size: int, limit: int, *, at_least: bool = False) -> None:
+        amount = f"at least {size}" if at_least else str(size)
+        super().__init__(f"payload is {amount} bytes encoded; the limit is {limit} bytes")
         self.size = size
+        """The encoded size, or with ``at_least`` a lower bound of it (the
+        check stopped as soon as the strings alone were over the limit)."""
         self.limit = limit
 
 

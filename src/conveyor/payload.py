@@ -53,11 +53,31 @@ def _check_string(value: str) -> None:
         raise PayloadError("strings must not contain the NUL character")
 
 
-def _check(value: Any, depth: int) -> None:
+class _Budget:
+    """Characters of strings (and entries of containers) a value may still
+    hold before its encoding is surely over the cap: the walk that checks a
+    value stops there, so an oversized value costs what the cap allows, not
+    what it holds."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.left = limit if limit is not None else -1
+
+    def spend(self, amount: int) -> None:
+        if self.limit is not None:
+            self.left -= amount
+            if self.left < 0:
+                raise PayloadTooLargeError(self.limit - self.left, self.limit, at_least=True)
+
+
+def _check(value: Any, depth: int, budget: _Budget) -> None:
     if depth > MAX_DEPTH:
         raise PayloadError(f"nesting is deeper than {MAX_DEPTH} levels")
     kind = type(value)
     if kind is str:
+        budget.spend(len(value))
         _check_string(value)
         return
     if kind in _SCALARS:
@@ -65,32 +85,38 @@ def _check(value: Any, depth: int) -> None:
     if kind is dict:  # the common case, without the generic checks below
         if value and depth >= MAX_DEPTH:
             raise PayloadError(f"nesting is deeper than {MAX_DEPTH} levels")
+        size = len(value)
         for key, item in value.items():
             if type(key) is not str:
                 raise PayloadError(f"object keys must be strings, not {type(key).__name__}")
+            size += len(key)
             _check_string(key)
             if type(item) not in _SCALARS:
-                _check(item, depth + 1)
+                _check(item, depth + 1, budget)
+        budget.spend(size)
         return
-    _check_other(value, depth)
+    _check_other(value, depth, budget)
 
 
-def _check_other(value: Any, depth: int) -> None:
+def _check_other(value: Any, depth: int, budget: _Budget) -> None:
     if isinstance(value, str):
+        budget.spend(len(value))
         _check_string(value)
         return
     if value is None or isinstance(value, bool | int | float):
         return
     if isinstance(value, Mapping):
+        budget.spend(len(value))
         for key, item in value.items():
             if not isinstance(key, str):
                 raise PayloadError(f"object keys must be strings, not {type(key).__name__}")
-            _check(key, depth + 1)
-            _check(item, depth + 1)
+            _check(key, depth + 1, budget)
+            _check(item, depth + 1, budget)
         return
     if isinstance(value, list | tuple):
+        budget.spend(len(value))
         for item in value:
-            _check(item, depth + 1)
+            _check(item, depth + 1, budget)
         return
     raise PayloadError(f"{type(value).__name__} is not a JSON type")
 
@@ -104,7 +130,7 @@ def encode(value: Any, max_bytes: int | None = None) -> str:
         type(value) is dict and all(type(item) in _PLAIN for item in value.values())
     ):
         value = {key: to_plain(item) for key, item in value.items()}
-    _check(value, 0)
+    _check(value, 0, _Budget(max_bytes))
     try:
         text = _encoder.encode(value)
     except ValueError as exc:  # NaN or Infinity

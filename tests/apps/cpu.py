@@ -33,3 +33,13 @@ def spin_in_thread(seconds: float) -> str:
 @app.task(process=True)
 def crash_process() -> None:
     os._exit(3)
+
+
+def huge_error(megabytes: int) -> None:
+    """Registered by tests with ``process=True``: a message of ``megabytes`` MB."""
+    raise RuntimeError("\x00" * (megabytes * 1_000_000))
+
+
+def huge_result(megabytes: int) -> str:
+    """Registered by tests with ``process=True``: a result of ``megabytes`` MB."""
+    return "r" * (megabytes * 1_000_000)

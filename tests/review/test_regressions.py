@@ -551,7 +551,7 @@ from conveyor.worker.executors import ProcessExecution
 async def main():
     # Exactly what the worker does for a process=True task.
     execution = ProcessExecution(
-        "tests.apps.cpu", "spin_in_process", '{"seconds": 60}', "conveyor:review:1")
+        "tests.apps.cpu", "spin_in_process", '{"seconds": 60}', "conveyor:review:1", 1 << 20)
     print(execution._process.pid, flush=True)
     await execution.wait()
 

@@ -26,7 +26,7 @@ import pytest
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskState
 from conveyor.model import Task
-from conveyor.worker.outcomes import MAX_ERROR_MESSAGE, MAX_TRACEBACK
+from conveyor.worker.texts import MAX_ERROR_MESSAGE, MAX_TRACEBACK
 from tests.conftest import PG_URL
 from tests.worker.helpers import RunningWorker, wait_terminal
 

@@ -106,7 +106,9 @@ class RunningAttempt:
         label = f"conveyor:{self.task.name}:{self.task.token.task_id}"
         if self.definition.executor == "thread":
             return ThreadExecution(lambda: fn(**kwargs), label)
-        return ProcessExecution(fn.__module__, fn.__qualname__, self.task.payload, label)
+        return ProcessExecution(
+            fn.__module__, fn.__qualname__, self.task.payload, label, self.max_result_bytes
+        )
 
     async def _wait(self, execution: Execution) -> tuple[Any, BaseException | None]:
         timer = None

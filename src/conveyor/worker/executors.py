@@ -22,12 +22,19 @@ import json
 import multiprocessing
 import os
 import threading
-import traceback
 from collections.abc import Callable, Coroutine
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from conveyor.errors import WorkerShutdown
+from conveyor import payload as codec
+from conveyor.errors import PayloadError, WorkerShutdown
+from conveyor.worker.texts import (
+    MAX_ERROR_MESSAGE,
+    MAX_TRACEBACK,
+    cut,
+    format_traceback,
+    type_name,
+)
 
 PROCESS_KILL_GRACE = 0.5
 """Seconds between SIGTERM and SIGKILL for a process handler told to stop."""
@@ -154,10 +161,15 @@ class ProcessExecution:
     """A handler in a fresh child process (forkserver), for CPU-bound work.
 
     The child imports the handler by module and qualified name, runs it, and
-    sends back JSON over a pipe; nothing is pickled but those strings.
+    sends back JSON over a pipe; nothing is pickled but those strings. The
+    child cuts an error to size and checks its result against
+    ``max_result_bytes`` before sending, so what this process reads and
+    decodes on its event loop stays small whatever the handler did.
     """
 
-    def __init__(self, module: str, qualname: str, payload: str, name: str) -> None:
+    def __init__(
+        self, module: str, qualname: str, payload: str, name: str, max_result_bytes: int
+    ) -> None:
         loop = asyncio.get_running_loop()
         receiver, sender = _mp_context().Pipe(duplex=False)
         # The lifeline: the child holds the reading end, only this process the
@@ -167,7 +179,7 @@ class ProcessExecution:
         self._receiver: Connection = receiver
         self._process = _mp_context().Process(
             target=_child_main,
-            args=(module, qualname, payload, sender, lifeline),
+            args=(module, qualname, payload, max_result_bytes, sender, lifeline),
             name=name,
             daemon=True,
         )
@@ -231,9 +243,15 @@ def _watch_lifeline(lifeline: Connection) -> None:
 
 
 def _child_main(
-    module: str, qualname: str, payload: str, sender: Connection, lifeline: Connection
+    module: str,
+    qualname: str,
+    payload: str,
+    max_result_bytes: int,
+    sender: Connection,
+    lifeline: Connection,
 ) -> None:
-    """Entry point of the child process: import, run, report as JSON."""
+    """Entry point of the child process: import, run, report as JSON (an
+    error cut to size; a result within ``max_result_bytes``)."""
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     try:
         target: Any = importlib.import_module(module)
@@ -246,12 +264,16 @@ def _child_main(
         value = fn(**kwargs)
         if asyncio.iscoroutine(value):
             value = asyncio.run(value)
-        sender.send_bytes(json.dumps({"result": value}, allow_nan=False).encode())
+        try:
+            result = codec.encode(value, max_result_bytes)
+        except PayloadError as exc:
+            raise PayloadError(f"the result is not stored: {exc}") from None
+        sender.send_bytes(('{"result":' + result + "}").encode())
     except BaseException as exc:
         error = {
-            "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-            "message": _safe_str(exc),
-            "traceback": traceback.format_exc(),
+            "type": type_name(type(exc)),
+            "message": cut(_safe_str(exc), MAX_ERROR_MESSAGE),
+            "traceback": format_traceback(exc, MAX_TRACEBACK),
         }
         with contextlib.suppress(Exception):
             sender.send_bytes(json.dumps({"error": error}).encode())

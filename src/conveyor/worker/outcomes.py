@@ -1,79 +1,51 @@
 """How an attempt's ending becomes a completion: retry, fail, or succeed.
 
 Pure functions of the claimed task and what the handler did; no I/O.
-Error text is stored truncated and never trusts ``str(exc)`` to work.
+Error text is stored cut to size (cut first, then cleaned: the cost does not
+grow with the error) and never trusts ``str(exc)`` to work.
 """
 
 from __future__ import annotations
 
-import traceback as tb_module
-
 from conveyor.backends.protocol import ClaimedTask, Completion, ErrorInfo
-from conveyor.errors import Fatal, PayloadError
+from conveyor.errors import Fatal, PayloadError, PayloadTooLargeError
 from conveyor.model import Outcome, TaskState
 from conveyor.worker.executors import RemoteError
-
-MAX_ERROR_MESSAGE = 4_000
-MAX_TRACEBACK = 32_000
-
-
-def storable(text: str) -> str:
-    """``text`` as any backend can store it: no NUL, no lone surrogate."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
-def _truncate(text: str, limit: int) -> str:
-    text = storable(text)
-    if len(text) <= limit:
-        return text
-    return text[: limit - 40] + f"... [{len(text) - limit + 40} characters cut]"
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except BaseException:
-        try:
-            return repr(exc)
-        except BaseException:
-            return f"<{type(exc).__name__} whose str() and repr() raise>"
+from conveyor.worker.texts import (
+    MAX_ERROR_MESSAGE,
+    MAX_TRACEBACK,
+    cut,
+    describe,
+    format_traceback,
+    type_name,
+)
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
     """Type, message and traceback of ``exc``, safe and truncated."""
     if isinstance(exc, RemoteError):
         return ErrorInfo(
-            type=_truncate(exc.type_name, MAX_ERROR_MESSAGE),
-            message=_truncate(_describe(exc), MAX_ERROR_MESSAGE),
-            traceback=_truncate(exc.remote_traceback, MAX_TRACEBACK),
+            type=cut(exc.type_name, MAX_ERROR_MESSAGE),
+            message=cut(describe(exc), MAX_ERROR_MESSAGE),
+            traceback=cut(exc.remote_traceback, MAX_TRACEBACK),
         )
-    kind = type(exc)
-    type_name = (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else (f"{kind.__module__}.{kind.__qualname__}")
-    )
-    try:
-        trace = "".join(tb_module.format_exception(exc))
-    except BaseException:
-        trace = f"{type_name}: (traceback unavailable)"
     return ErrorInfo(
-        type=_truncate(type_name, MAX_ERROR_MESSAGE),
-        message=_truncate(_describe(exc), MAX_ERROR_MESSAGE),
-        traceback=_truncate(trace, MAX_TRACEBACK),
+        type=cut(type_name(type(exc)), MAX_ERROR_MESSAGE),
+        message=cut(describe(exc), MAX_ERROR_MESSAGE),
+        traceback=format_traceback(exc, MAX_TRACEBACK),
     )
+
+
+REMOTE_FATAL = frozenset(
+    f"conveyor.errors.{kind.__name__}" for kind in (Fatal, PayloadError, PayloadTooLargeError)
+)
+"""What a process handler's child reports for the errors no retry can fix."""
 
 
 def is_fatal(exc: BaseException) -> bool:
     """Errors that no retry can fix: ``Fatal`` and payloads that do not decode."""
     if isinstance(exc, RemoteError):
-        return exc.type_name.endswith(".Fatal") or exc.type_name == "conveyor.errors.Fatal"
+        return exc.type_name.endswith(".Fatal") or exc.type_name in REMOTE_FATAL
     return isinstance(exc, Fatal | PayloadError)
 
 
@@ -99,7 +71,7 @@ def interrupted(
     task: ClaimedTask, reason: str = "the worker shut down before the handler ended"
 ) -> Completion:
     """Released: pending again at once, the attempt not counted against the budget."""
-    info = ErrorInfo(type="Interrupted", message=_truncate(reason, MAX_ERROR_MESSAGE))
+    info = ErrorInfo(type="Interrupted", message=cut(reason, MAX_ERROR_MESSAGE))
     return Completion(
         task.token, Outcome.INTERRUPTED, TaskState.PENDING, error=info, retry_delay=0.0
     )
