@@ -303,3 +303,52 @@ def test_send_wakes_a_waiting_coroutine(cli: Cli) -> None:
     assert "has finished" in cli.fails("send", str(handle.id), "--json", "3")
     assert "--json is not JSON" in cli.fails("send", str(handle.id), "--json", "{nope")
     assert "no task with id" in cli.fails("send", "999999", "--json", "1")
+
+
+def test_enqueue_and_send_with_an_idempotency_key_can_be_repeated(cli: Cli) -> None:
+    from tests.apps.cli_app import echo
+
+    first = cli.enqueue("add", {"a": 1, "b": 2}, "--idempotency-key", "order-1")
+    assert cli.enqueue("add", {"a": 1, "b": 2}, "--idempotency-key", "order-1") == first
+    assert cli.enqueue("add", {"a": 1, "b": 2}, "--idempotency-key", "order-2") != first
+    assert cli.show(first)["idempotency_key"] == "order-1"
+
+    client = conveyor.App(cli.env["CONVEYOR_URL"], schema=cli.env["CONVEYOR_SCHEMA"])
+    try:
+        [handle] = client.enqueue_new([echo.new_coroutine({"want": 9})])
+    finally:
+        client.close()
+    sent = cli.ok("send", str(handle.id), "--json", "1", "--idempotency-key", "hook-1")
+    assert cli.ok("send", str(handle.id), "--json", "1", "--idempotency-key", "hook-1") == sent
+    assert len(cli.show(handle.id)["messages"]) == 1
+
+
+def test_worker_takes_the_store_from_url_and_schema(cli: Cli, tmp_path: Path) -> None:
+    """``--url``/``--schema`` point the worker at a store other than the
+    app's (the app here reads CONVEYOR_URL, which points elsewhere)."""
+    task_id = cli.enqueue("add", {"a": 20, "b": 22})
+    elsewhere = {**cli.env, "CONVEYOR_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "conveyor.cli",
+            "worker",
+            APP,
+            "--burst",
+            "--poll-interval",
+            "0.1",
+            "--url",
+            cli.env["CONVEYOR_URL"],
+            "--schema",
+            cli.env["CONVEYOR_SCHEMA"],
+        ],
+        cwd=ROOT,
+        env=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert cli.show(task_id)["result"] == 42

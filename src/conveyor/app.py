@@ -39,6 +39,8 @@ from conveyor.model import (
     RetryPolicy,
     Task,
     TaskState,
+    batch_keys,
+    check_idempotency_key,
 )
 from conveyor.portal import INHERITED_AT_FORK, Portal
 from conveyor.task import Executor, TaskDef, TaskOptions
@@ -234,6 +236,20 @@ class App:
 
     # -- backends ------------------------------------------------------------
 
+    def rebind(self, url: str | None = None, *, schema: str | None = None) -> None:
+        """Point this app at another store (``url``) or PostgreSQL schema, as
+        ``conveyor worker --url/--schema`` does; None keeps the current one.
+        Only before the app has opened a backend: raises ConfigurationError
+        after."""
+        if self._backends or self.portal.started:
+            raise ConfigurationError("rebind() must come before the app opens its store")
+        options = dict(self._backend_options)
+        if schema is not None:
+            options["schema"] = schema
+        new_url = resolve_url(url) if url is not None else self.url
+        statements = backend_from_url(new_url, **options)  # validates first
+        self.url, self._backend_options, self._statements = new_url, options, statements
+
     def make_backend(self, **overrides: Any) -> Backend:
         """A new, unopened backend for this app's URL."""
         return backend_from_url(self.url, **{**self._backend_options, **overrides})
@@ -293,8 +309,10 @@ class App:
         task: str | TaskDef,
         many: Iterable[Mapping[str, Any] | None],
         options: Mapping[str, Any],
+        keys: Sequence[str | None] | None = None,
     ) -> list[NewTask]:
-        return self._definition(task).new_tasks(many, self.max_payload_bytes, **options)
+        definition = self._definition(task)
+        return definition.new_tasks(many, self.max_payload_bytes, keys=keys, **options)
 
     async def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[TaskHandle]:
         backend = await self.backend()
@@ -330,13 +348,24 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        idempotency_key: str | None = None,
         connection: Any = None,
     ) -> TaskHandle:
         """Store one task; return its handle once it is durable.
 
         With ``connection`` (a psycopg ``Connection`` on PostgreSQL, a
         ``sqlite3.Connection`` on SQLite), the insert runs inside the caller's
-        transaction and exists only if that transaction commits.
+        transaction and exists only if that transaction commits (if your
+        COMMIT itself fails, the driver's error is yours to handle: whether
+        it committed is unknown, as for any write of yours).
+
+        ``idempotency_key`` makes the call safe to repeat: an enqueue of
+        this task name with a key already stored inserts nothing and returns
+        the stored task's handle, whatever its state (until retention
+        deletes it), on every backend and under concurrent calls from many
+        processes. Repeat a call that raised BackendUnavailableError with
+        the same key: the first may have been stored.
+
         Raises PayloadError, UnknownTaskError or ConfigurationError before
         any I/O.
         """
@@ -349,7 +378,8 @@ class App:
             timeout=timeout,
             lease=lease,
         )
-        return self.enqueue_many(task, [args], connection=connection, **options)[0]
+        keys = [check_idempotency_key(idempotency_key)]
+        return self._enqueue(task, [args], keys, connection, options)[0]
 
     async def enqueue_async(
         self,
@@ -363,6 +393,7 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        idempotency_key: str | None = None,
         connection: Any = None,
     ) -> TaskHandle:
         """Async form of :meth:`enqueue` (``connection``: a psycopg ``AsyncConnection``,
@@ -376,8 +407,8 @@ class App:
             timeout=timeout,
             lease=lease,
         )
-        handles = await self.enqueue_many_async(task, [args], connection=connection, **options)
-        return handles[0]
+        keys = [check_idempotency_key(idempotency_key)]
+        return (await self._enqueue_async(task, [args], keys, connection, options))[0]
 
     def enqueue_many(
         self,
@@ -385,6 +416,7 @@ class App:
         many: Iterable[Mapping[str, Any] | None],
         *,
         connection: Any = None,
+        idempotency_key: str | None = None,
         **options: Any,
     ) -> list[TaskHandle]:
         """Store many tasks of one kind, all or none; handles in order.
@@ -393,10 +425,26 @@ class App:
         every payload checked before any I/O. Otherwise in one transaction of
         the backend's own, in chunks (see ``chunk_bounds``): a backend may
         insert one chunk while the next is checked and encoded. A payload that fails
-        its check raises PayloadError, and nothing is stored."""
+        its check raises PayloadError, and nothing is stored.
+
+        With ``idempotency_key``, task *i* of the batch gets the key
+        ``{idempotency_key}#{i}`` (see :meth:`enqueue`): repeating the call
+        returns the handles of the tasks the first one stored."""
+        payloads = list(many)
+        keys = batch_keys(idempotency_key, len(payloads))
+        return self._enqueue(task, payloads, keys, connection, options)
+
+    def _enqueue(
+        self,
+        task: str | TaskDef,
+        payloads: list[Mapping[str, Any] | None],
+        keys: list[str | None],
+        connection: Any,
+        options: Mapping[str, Any],
+    ) -> list[TaskHandle]:
         if connection is not None:
-            return self.enqueue_new(self._new_tasks(task, many, options), connection)
-        return self.portal.run(self.enqueue_many_async(task, many, **options))
+            return self.enqueue_new(self._new_tasks(task, payloads, options, keys), connection)
+        return self.portal.run(self._enqueue_async(task, payloads, keys, None, options))
 
     def enqueue_new(self, tasks: Sequence[NewTask], connection: Any = None) -> list[TaskHandle]:
         """Store tasks already checked and encoded (``TaskDef.new_tasks``,
@@ -418,19 +466,34 @@ class App:
         many: Iterable[Mapping[str, Any] | None],
         *,
         connection: Any = None,
+        idempotency_key: str | None = None,
         **options: Any,
     ) -> list[TaskHandle]:
         """Async form of :meth:`enqueue_many`."""
         payloads = list(many)
+        keys = batch_keys(idempotency_key, len(payloads))
+        return await self._enqueue_async(task, payloads, keys, connection, options)
+
+    async def _enqueue_async(
+        self,
+        task: str | TaskDef,
+        payloads: list[Mapping[str, Any] | None],
+        keys: list[str | None],
+        connection: Any,
+        options: Mapping[str, Any],
+    ) -> list[TaskHandle]:
         if connection is not None or len(payloads) <= ENQUEUE_CHUNK:  # one statement
-            return await self._insert(self._new_tasks(task, payloads, options), connection)
+            tasks = self._new_tasks(task, payloads, options, keys)
+            return await self._insert(tasks, connection)
         definition = self._definition(task)
         queues: set[str] = set()
 
         def chunks() -> Iterator[list[NewTask]]:
             for start, end in chunk_bounds(len(payloads)):
                 part = payloads[start:end]
-                tasks = definition.new_tasks(part, self.max_payload_bytes, **options)
+                tasks = definition.new_tasks(
+                    part, self.max_payload_bytes, keys=keys[start:end], **options
+                )
                 queues.update(t.queue for t in tasks)
                 yield tasks
 
@@ -444,34 +507,58 @@ class App:
 
     # -- messages --------------------------------------------------------------
 
-    def _deliveries(self, task_id: int, message: Any) -> SendParams:
+    def _deliveries(self, task_id: int, message: Any, key: str | None) -> SendParams:
         if not isinstance(task_id, int) or isinstance(task_id, bool):
             raise ConfigurationError("task_id must be an int")
         body = codec.encode(codec.to_plain(message), self.max_payload_bytes)
-        return SendParams(deliveries=[Delivery(task_id, body)])
+        key = check_idempotency_key(key)
+        return SendParams(deliveries=[Delivery(task_id, body, idempotency_key=key)])
 
-    def send(self, task_id: int, message: Any, *, connection: Any = None) -> int:
+    def send(
+        self,
+        task_id: int,
+        message: Any,
+        *,
+        idempotency_key: str | None = None,
+        connection: Any = None,
+    ) -> int:
         """Put ``message`` (strict JSON) in coroutine task ``task_id``'s inbox
         and wake it; the message's id once durable. With ``connection`` (a
         sync native connection on a SQL backend), inside the caller's
         transaction: it is sent when the caller commits.
 
+        ``idempotency_key`` makes the call safe to repeat: a send to this task
+        with a key it already got delivers nothing and returns the first
+        message's id, even if the task has since consumed it or finished.
+        Repeat a send that raised BackendUnavailableError with the same key.
+
         Raises PayloadError (before any I/O) for a message that is not strict
         JSON or is over the payload cap, TaskNotFoundError, TaskFinishedError
         or NoInboxError (nothing is sent then).
         """
-        params = self._deliveries(task_id, message)
+        params = self._deliveries(task_id, message, idempotency_key)
         if connection is not None:
             return self._statements.send_sync(params, connection)[0]
-        return self.portal.run(self.send_async(task_id, message))
+        return self.portal.run(self._send_async(params))
 
-    async def send_async(self, task_id: int, message: Any, *, connection: Any = None) -> int:
+    async def send_async(
+        self,
+        task_id: int,
+        message: Any,
+        *,
+        idempotency_key: str | None = None,
+        connection: Any = None,
+    ) -> int:
         """Async form of :meth:`send` (``connection``: an async native connection)."""
-        params = self._deliveries(task_id, message)
+        return await self._send_async(
+            self._deliveries(task_id, message, idempotency_key), connection
+        )
+
+    async def _send_async(self, params: SendParams, connection: Any = None) -> int:
         backend = await self.backend()
         ids = await backend.send(params, connection)
         if Capability.INLINE in backend.capabilities and not self._inline_running:
-            task = await backend.get_task(task_id, with_attempts=False)
+            task = await backend.get_task(params.deliveries[0].task_id, with_attempts=False)
             if task is not None:
                 await self._run_inline([task.queue])
         return ids[0]
@@ -510,9 +597,11 @@ class App:
         return self.portal.run(self.list_tasks_async(**filters))
 
     async def cancel_async(self, task_id: int) -> TaskState:
-        """Cancel a task. Pending/waiting ones end ``cancelled`` now; a running one
-        is stopped by its worker within one heartbeat interval (and this
-        returns ``in_progress``). Raises TaskNotFoundError, InvalidTransitionError.
+        """Cancel a task. Pending/waiting ones end ``cancelled`` now; a running
+        one is stopped by its worker as soon as it hears of it, within about a
+        second through the wake-up channel (at worst at its next heartbeat),
+        and this returns ``in_progress``. Raises TaskNotFoundError,
+        InvalidTransitionError.
         """
         return await (await self.backend()).cancel(task_id)
 

@@ -1,7 +1,8 @@
 """The ``conveyor`` command: rich output for people, ``--json`` for scripts.
 
 Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
-(default ``CONVEYOR_SCHEMA``, then ``conveyor``). A failed operation prints
+(default ``CONVEYOR_SCHEMA``, then ``conveyor``); ``worker`` (and ``enqueue
+--app``) use the app's own store unless ``--url``/``--schema`` are given. A failed operation prints
 one line (``error: ...``) to stderr and exits 1; a malformed command line
 gets click's usage message and exit code 2.
 """
@@ -55,6 +56,7 @@ def task_json(task: Task, with_attempts: bool) -> dict[str, Any]:
         "step": task.step,
         "parent_id": task.parent_id,
         "inbox": task.inbox,
+        "idempotency_key": task.idempotency_key,
     }
     if with_attempts:
         data["attempts"] = [attempt_json(a) for a in task.attempts]
@@ -115,7 +117,10 @@ def json_option(fn: F) -> F:
 
 def _client(url: str | None, schema: str | None, app_spec: str | None = None) -> App:
     if app_spec:
-        return load_app(app_spec)
+        app = load_app(app_spec)
+        if url is not None or schema is not None:
+            app.rebind(url, schema=schema)
+        return app
     return App(url, schema=schema, allow_unregistered=True)
 
 
@@ -169,6 +174,10 @@ def migrate(url: str | None, schema: str | None) -> None:
 @click.option("--burst", is_flag=True, help="Exit 0 once no task is due or running.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--url", help="Backend URL, instead of the app's (an App() without one reads CONVEYOR_URL)."
+)
+@click.option("--schema", help="PostgreSQL schema, instead of the app's (or CONVEYOR_SCHEMA).")
 def worker(
     app_spec: str,
     concurrency: int,
@@ -180,10 +189,15 @@ def worker(
     burst: bool,
     log_format: str,
     log_level: str,
+    url: str | None,
+    schema: str | None,
 ) -> None:
     """Run a worker for the App at MODULE:ATTR."""
     configure_logging(log_format, log_level)
-    app = load_app(app_spec)
+    try:
+        app = _client(url, schema, app_spec)
+    except ConveyorError as exc:
+        _fail(str(exc))
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     try:
         app.run_worker(
@@ -206,6 +220,11 @@ def worker(
 @click.option("--priority", type=int)
 @click.option("--delay", type=click.FloatRange(min=0), help="Seconds before it is due.")
 @click.option("--max-attempts", type=click.IntRange(min=1))
+@click.option(
+    "--idempotency-key",
+    help="Store at most one task of NAME under this key: repeating the command prints "
+    "the first task's id.",
+)
 @click.option("--app", "app_spec", help="MODULE:ATTR to check the name and payload against.")
 @backend_options
 @json_option
@@ -216,12 +235,14 @@ def enqueue(
     priority: int | None,
     delay: float | None,
     max_attempts: int | None,
+    idempotency_key: str | None,
     app_spec: str | None,
     url: str | None,
     schema: str | None,
     as_json: bool,
 ) -> None:
-    """Enqueue task NAME; prints the new task id."""
+    """Enqueue task NAME; prints the new task id (or, with a key already used,
+    the stored one's)."""
     from conveyor.model import RetryPolicy
 
     try:
@@ -234,7 +255,13 @@ def enqueue(
     try:
         with _client(url, schema, app_spec) as app:
             handle = app.enqueue(
-                name, args, queue=queue, priority=priority, delay=delay, retry=retry
+                name,
+                args,
+                queue=queue,
+                priority=priority,
+                delay=delay,
+                retry=retry,
+                idempotency_key=idempotency_key,
             )
     except ConveyorError as exc:
         _fail(str(exc))
@@ -351,8 +378,18 @@ def _transition(action: str, task_id: int, url: str | None, schema: str | None) 
 @main.command()
 @click.argument("task_id", type=int)
 @click.option("--json", "message_json", required=True, help="The message, as JSON text.")
+@click.option(
+    "--idempotency-key",
+    help="Send at most once under this key: repeating the command prints the first id.",
+)
 @backend_options
-def send(task_id: int, message_json: str, url: str | None, schema: str | None) -> None:
+def send(
+    task_id: int,
+    message_json: str,
+    idempotency_key: str | None,
+    url: str | None,
+    schema: str | None,
+) -> None:
     """Send a message to coroutine task TASK_ID (it wakes if it waits); prints its id."""
     try:
         message = json.loads(message_json)
@@ -360,7 +397,7 @@ def send(task_id: int, message_json: str, url: str | None, schema: str | None) -
         _fail(f"--json is not JSON: {exc}")
     try:
         with _client(url, schema) as app:
-            message_id = app.send(task_id, message)
+            message_id = app.send(task_id, message, idempotency_key=idempotency_key)
     except ConveyorError as exc:
         _fail(str(exc))
     click.echo(f"message {message_id} sent to task {task_id}")
@@ -370,7 +407,7 @@ def send(task_id: int, message_json: str, url: str | None, schema: str | None) -
 @click.argument("task_id", type=int)
 @backend_options
 def cancel(task_id: int, url: str | None, schema: str | None) -> None:
-    """Cancel a task (a running one stops within one heartbeat)."""
+    """Cancel a task (a running one is told at once and stops within about a second)."""
     _transition("cancel", task_id, url, schema)
 
 

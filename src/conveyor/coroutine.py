@@ -67,7 +67,7 @@ from conveyor.backends.protocol import (
 )
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, Fatal, PayloadError
-from conveyor.model import Message, Outcome, TaskState
+from conveyor.model import Message, Outcome, TaskState, check_idempotency_key
 from conveyor.task import TaskDef, TaskOptions, run_at_from
 from conveyor.workflow import Done
 
@@ -211,6 +211,7 @@ class Coroutine(TaskDef):
         delay: float | timedelta | None = None,
         run_at: datetime | None = None,
         priority: int | None = None,
+        idempotency_key: str | None = None,
     ) -> NewTask:
         """The task that starts this coroutine (checked and encoded, no I/O)."""
         max_bytes = self.app.max_payload_bytes
@@ -219,7 +220,10 @@ class Coroutine(TaskDef):
         when, seconds = run_at_from(delay, run_at)
         first = None if message is _NO_MESSAGE else codec.encode(codec.to_plain(message), max_bytes)
         payload = codec.encode(plain, max_bytes)
-        return options.new_task(self.name, payload, when, seconds, inbox=True, message=first)
+        key = check_idempotency_key(idempotency_key)
+        return options.new_task(
+            self.name, payload, when, seconds, inbox=True, message=first, idempotency_key=key
+        )
 
     def start(
         self,
@@ -231,7 +235,9 @@ class Coroutine(TaskDef):
     ) -> TaskHandle:
         """Store a new coroutine task with ``state`` (a JSON object) and,
         optionally, a first ``message``; its handle once durable. Options:
-        ``delay`` or ``run_at``, ``priority``; ``connection`` as for
+        ``delay`` or ``run_at``, ``priority``, ``idempotency_key`` (a start
+        with a key already used for this coroutine returns the stored task
+        and stores no second first message); ``connection`` as for
         :meth:`App.enqueue`."""
         new = self.new_coroutine(state, message, **options)
         return self.app.enqueue_new([new], connection)[0]

@@ -99,7 +99,14 @@ class BackendError(ConveyorError):
 class BackendUnavailableError(BackendError):
     """The backend cannot be reached right now (connection lost, pool exhausted).
 
-    Transient: the same operation may succeed later.
+    Transient: the same operation may succeed later. But a write whose
+    connection dropped after its commit was sent may have been applied:
+    repeating an ``enqueue``, ``enqueue_many``, workflow or coroutine
+    ``start`` or ``send`` could then store it twice. Give such calls an
+    ``idempotency_key`` and repeat them with the same key: the repeat
+    returns what the first call stored, if it did. ``cancel`` and ``retry``
+    can be repeated as they are (a second one raises InvalidTransitionError
+    or finds the state it wanted).
     """
 
 

@@ -57,6 +57,16 @@ DEFAULT_QUEUE = "default"
 DEFAULT_LEASE_SECONDS = 30.0
 MIN_LEASE_SECONDS = 0.5
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_SECONDS = 100 * 365.25 * 86400
+"""The longest duration conveyor takes (a delay, lease, timeout or retry
+interval): 100 years. Anything longer is a mistake, and a time that far
+ahead would not fit the stores' timestamps (or Python's ``datetime``)."""
+MAX_ATTEMPTS = 1_000_000_000
+"""The largest ``max_attempts``; attempt counters are 32-bit integers."""
+MAX_COUNTER = 2_147_483_645
+"""The largest attempt or spent counter a claim still takes: the next claim
+must fit a 32-bit integer. The stores refuse larger ones, and a task whose
+counter stands at the limit (written around conveyor) ends ``failed``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +86,17 @@ class RetryPolicy:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigurationError("RetryPolicy.max_attempts must be at least 1")
+        if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            raise ConfigurationError(
+                f"RetryPolicy.max_attempts must be an integer from 1 to {MAX_ATTEMPTS}"
+            )
         for name in ("initial_interval", "max_interval", "backoff_coefficient", "jitter"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigurationError(f"RetryPolicy.{name} must be a finite number >= 0")
+        for name in ("initial_interval", "max_interval"):
+            if getattr(self, name) > MAX_SECONDS:
+                raise ConfigurationError(f"RetryPolicy.{name} must be at most {MAX_SECONDS:.0f}s")
         if self.backoff_coefficient < 1:
             raise ConfigurationError("RetryPolicy.backoff_coefficient must be at least 1")
         if self.jitter > 1:
@@ -124,13 +139,54 @@ DEFAULT_RETRY = RetryPolicy()
 
 
 def check_duration(name: str, value: float | None, minimum: float = 0.0) -> float | None:
-    """Validate an optional duration in seconds; return it as a float."""
+    """Validate an optional duration in seconds (from ``minimum`` to
+    ``MAX_SECONDS``); return it as a float."""
     if value is None:
         return None
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < minimum:
-        raise ConfigurationError(f"{name} must be a finite number of seconds >= {minimum}")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{name} must be a number of seconds, not {value!r}") from None
+    if not math.isfinite(seconds) or not minimum <= seconds <= MAX_SECONDS:
+        raise ConfigurationError(
+            f"{name} must be a finite number of seconds from {minimum} to {MAX_SECONDS:.0f}"
+        )
     return seconds
+
+
+MAX_IDEMPOTENCY_KEY = 255
+"""The longest idempotency key, in characters."""
+
+
+def check_idempotency_key(key: str | None) -> str | None:
+    """Validate an optional idempotency key: 1 to ``MAX_IDEMPOTENCY_KEY``
+    characters of text every store can hold (no NUL, no lone surrogate)."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise ConfigurationError(
+            f"an idempotency key must be a string of 1 to {MAX_IDEMPOTENCY_KEY} characters"
+        )
+    if "\x00" in key or not _encodable(key):
+        raise ConfigurationError("an idempotency key must be valid text without NUL")
+    return key
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def batch_keys(key: str | None, count: int) -> list[str | None]:
+    """The idempotency keys of a batch of ``count`` tasks enqueued under
+    ``key``: ``key#0``, ``key#1``, ... (none without a key)."""
+    checked = check_idempotency_key(key)
+    if checked is None:
+        return [None] * count
+    return [f"{checked}#{index}" for index in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +253,8 @@ class Task:
     """The coroutine task that spawned this one (None for a root task)."""
     inbox: bool = False
     """True for a coroutine task: it takes messages (``payload`` is its state)."""
+    idempotency_key: str | None = None
+    """The key it was enqueued under, if any (see ``App.enqueue``)."""
 
     @property
     def last_attempt(self) -> Attempt | None:

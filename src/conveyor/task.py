@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -189,17 +189,23 @@ class TaskDef:
         many: Iterable[Mapping[str, Any] | None],
         max_bytes: int,
         *,
+        keys: Sequence[str | None] | None = None,
         delay: float | timedelta | None = None,
         run_at: datetime | None = None,
         **overrides: Any,
     ) -> list[NewTask]:
-        """Checked, encoded tasks for these payloads, all with the same options."""
+        """Checked, encoded tasks for these payloads, all with the same
+        options; ``keys``, if given, their idempotency keys in order."""
         options = self.options.merge(**overrides)
         when, seconds = run_at_from(delay, run_at)
-        return [
+        tasks = [
             options.new_task(self.name, self.encode_args(args, max_bytes), when, seconds)
             for args in many
         ]
+        if keys is not None:
+            for task, key in zip(tasks, keys, strict=True):
+                task.idempotency_key = key
+        return tasks
 
     def enqueue(self, **args: Any) -> TaskHandle:
         """Enqueue with the task's default options (sync)."""

@@ -50,7 +50,7 @@ from conveyor import payload as codec
 from conveyor.backends.protocol import ClaimedTask, Completion, NewTask, Transition
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, DuplicateTaskError, Fatal
-from conveyor.model import DEFAULT_RETRY, Outcome, RetryPolicy, TaskState
+from conveyor.model import DEFAULT_RETRY, Outcome, RetryPolicy, TaskState, check_idempotency_key
 from conveyor.task import TaskDef, TaskOptions, run_at_from, step_state
 
 if TYPE_CHECKING:
@@ -179,19 +179,24 @@ class Workflow(TaskDef):
         delay: float | timedelta | None = None,
         run_at: datetime | None = None,
         priority: int | None = None,
+        idempotency_key: str | None = None,
     ) -> NewTask:
         """The task that starts this workflow at ``step`` (checked, no I/O)."""
         definition = self._definition_of(step)
         options = definition.options.merge(priority=priority)
         when, seconds = run_at_from(delay, run_at)
         payload = step_state(step, self.app.max_payload_bytes)
-        return options.new_task(self.name, payload, when, seconds, step=definition.name)
+        key = check_idempotency_key(idempotency_key)
+        return options.new_task(
+            self.name, payload, when, seconds, step=definition.name, idempotency_key=key
+        )
 
     def start(self, step: Any, *, connection: Any = None, **options: Any) -> TaskHandle:
         """Store a new workflow that begins at ``step``; its handle once durable.
 
-        Options: ``delay`` or ``run_at``, ``priority``; ``connection`` as for
-        :meth:`App.enqueue`."""
+        Options: ``delay`` or ``run_at``, ``priority``, ``idempotency_key``;
+        ``connection`` as for :meth:`App.enqueue` (a start with a key already
+        used for this workflow returns the stored workflow)."""
         return self.app.enqueue_new([self.new_workflow(step, **options)], connection)[0]
 
     async def start_async(self, step: Any, *, connection: Any = None, **options: Any) -> TaskHandle:

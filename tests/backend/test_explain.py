@@ -279,3 +279,33 @@ async def _analyzed(
     document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
     triggers = {"Node Type": "Triggers", "Triggers": document[0].get("Triggers")}
     return [triggers, *_nodes(document[0]["Plan"])]
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+async def test_the_quarantine_reads_only_its_own_small_index(
+    history: PostgresBackend, generic: bool
+) -> None:
+    """It runs with every claim that looks for expired leases: it must not
+    walk the backlog or the history to find the (nearly always no) tasks
+    whose counters stand at the limit."""
+    nodes = await (
+        _generic_plan(history, "quarantine", CLAIM_ARGS)
+        if generic
+        else _plan(history, "quarantine", CLAIM_ARGS)
+    )
+    assert "tasks" not in _scanned_tables(nodes)
+    reads = [n for n in nodes if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]]
+    assert reads and {n.get("Index Name") for n in reads} <= {"tasks_unclaimable", "tasks_pkey"}
+
+
+async def test_idempotency_keys_and_cancel_checks_use_their_indexes(
+    history: PostgresBackend,
+) -> None:
+    for name, args, index in (
+        ("stored_keys", {"names": ["job"], "keys": ["k"]}, "tasks_idempotency"),
+        ("sent_keys", {"task_ids": [1], "keys": ["k"]}, "message_keys_pkey"),
+        ("cancel_requested", {"worker_id": "w", "ids": [1, 2], "attempts": [1, 1]}, "tasks_pkey"),
+    ):
+        plan = await _plan(history, name, args)
+        assert not {"tasks", "message_keys"} & _scanned_tables(plan), name
+        assert index in {n.get("Index Name") for n in plan}, name

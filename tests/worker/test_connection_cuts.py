@@ -236,7 +236,7 @@ async def test_a_success_whose_commit_is_cut_off_is_not_charged_to_the_handler(
 
 
 async def test_a_stranded_connection_does_not_stall_the_claim_loop(
-    app: conveyor.App, proxied: conveyor.App, proxy: Proxy
+    app: conveyor.App, proxied: conveyor.App, proxy: Proxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def quick(n: int) -> int:
         return n
@@ -250,11 +250,17 @@ async def test_a_stranded_connection_does_not_stall_the_claim_loop(
             # silence without a reset, while new connections go through.
             assert proxy.strand()
             try:
-                second = await app.enqueue_async("quick", {"n": 2})
-                [task] = await wait_terminal(app, [second.id], timeout=STRANDED_DEADLINE)
+                with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+                    second = await app.enqueue_async("quick", {"n": 2})
+                    [task] = await wait_terminal(app, [second.id], timeout=STRANDED_DEADLINE)
             finally:
                 proxy.cut()  # release what is stuck, so the worker can stop
     assert task.state is TaskState.SUCCEEDED
+    # The claim stuck on the stranded connection timed out, and says so.
+    failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("claim failed")]
+    assert failed, "no claim timed out on the stranded connection"
+    assert all(not m.startswith("claim failed: ;") for m in failed), failed
+    assert any("TimeoutError" in m for m in failed), failed
 
 
 class _SwallowedBackend:

@@ -43,6 +43,7 @@ from conveyor.backends.protocol import (
     SendParams,
     TaskFilter,
     Transition,
+    Wakeup,
     WorkerInfo,
     WorkFilter,
 )
@@ -90,6 +91,7 @@ class _Row:
     step: str | None = None
     parent_id: int | None = None
     inbox: bool = False
+    idempotency_key: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
 
     def snapshot(self, with_attempts: bool) -> Task:
@@ -116,6 +118,7 @@ class _Row:
             step=self.step,
             parent_id=self.parent_id,
             inbox=self.inbox,
+            idempotency_key=self.idempotency_key,
         )
 
     def close_attempt(self, now: datetime, outcome: Outcome, **fields: Any) -> None:
@@ -150,6 +153,13 @@ class _Store:
     children: dict[int, set[int]] = field(default_factory=dict)
     woken: set[str] = field(default_factory=set)
     """Queues where tasks became due under the lock; notified after it."""
+    keys: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Task ids by (name, idempotency key)."""
+    message_keys: dict[tuple[int, str], int] = field(default_factory=dict)
+    """Message ids by (recipient, idempotency key)."""
+    cancelling: set[int] = field(default_factory=set)
+    """Running tasks whose cancel was requested under the lock; their
+    workers are told after it."""
 
     def make_pending(self, row: _Row) -> None:
         """Mark ``row`` pending (at its run_at) and index it for claims."""
@@ -158,6 +168,11 @@ class _Store:
         heapq.heappush(self.pending.setdefault(row.queue, []), _entry(row))
 
     def insert(self, new: NewTask, now: datetime) -> _Row:
+        """Store ``new`` (pending); a task whose name and idempotency key are
+        stored already is not inserted again: the stored one comes back."""
+        key = new.idempotency_key
+        if key is not None and (new.name, key) in self.keys:
+            return self.tasks[self.keys[(new.name, key)]]
         row = _Row(
             id=next(self.ids),
             name=new.name,
@@ -173,8 +188,11 @@ class _Store:
             step=new.step,
             parent_id=new.parent_id,
             inbox=new.inbox,
+            idempotency_key=key,
         )
         self.tasks[row.id] = row
+        if key is not None:
+            self.keys[(new.name, key)] = row.id
         self.make_pending(row)
         if new.parent_id is not None:
             self.children.setdefault(new.parent_id, set()).add(row.id)
@@ -228,6 +246,7 @@ class _Store:
             self.ended(row, now)
         elif row.state is TaskState.IN_PROGRESS:
             row.cancel_requested = True
+            self.cancelling.add(row.id)
 
     def due(self, queue: str, names: set[str], now: datetime, limit: int) -> list[_Row]:
         """The head of ``queue``'s due pending tasks of ``names``, in claim order.
@@ -413,6 +432,19 @@ class MemoryBackend:
             frozenset(renewed), frozenset(params.tokens) - renewed, frozenset(cancel)
         )
 
+    async def cancel_requested(
+        self, worker_id: str, tokens: Sequence[LeaseToken]
+    ) -> frozenset[LeaseToken]:
+        with self._store.lock:
+            return frozenset(
+                t
+                for t in tokens
+                if (row := self._store.tasks.get(t.task_id)) is not None
+                and row.attempt == t.attempt
+                and row.worker_id == worker_id
+                and row.cancel_requested
+            )
+
     async def finish(self, params: FinishParams) -> FinishResult:
         now = _clock(params.now)
         applied = set()
@@ -461,6 +493,8 @@ class MemoryBackend:
                 else now + _seconds(c.retry_delay or 0.0)
             )
             store.make_pending(row)
+            if row.run_at <= now:  # a workflow's next step, a release: due at once
+                store.woken.add(row.queue)
         row.worker_id = row.lease_expires_at = None
         row.finished_at = now if state.is_terminal else None
         error = c.error
@@ -490,8 +524,11 @@ class MemoryBackend:
     def _notify_woken(self) -> None:
         with self._store.lock:
             woken, self._store.woken = self._store.woken, set()
+            cancelling, self._store.cancelling = self._store.cancelling, set()
         if woken:
             wake.notify(self._wake_key, woken)
+        if cancelling:
+            wake.notify_cancel(self._wake_key, sorted(cancelling))
 
     async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction:
         raise ConfigurationError("the memory backend has no attempt transactions")
@@ -523,12 +560,30 @@ class MemoryBackend:
         if connection is not None:
             raise ConfigurationError("the memory backend cannot send inside a transaction")
         now = _clock(params.now)
-        with self._store.lock:
-            targets = [self._recipient(d.task_id) for d in params.deliveries]
-            ids = [
-                self._store.deliver(row, d.sender_id, MessageKind.MESSAGE, d.body, now)
-                for row, d in zip(targets, params.deliveries, strict=True)
-            ]
+        store = self._store
+        with store.lock:
+            sent = {
+                index: store.message_keys[(d.task_id, d.idempotency_key)]
+                for index, d in enumerate(params.deliveries)
+                if d.idempotency_key is not None
+                and (d.task_id, d.idempotency_key) in store.message_keys
+            }
+            targets = {
+                index: self._recipient(d.task_id)
+                for index, d in enumerate(params.deliveries)
+                if index not in sent
+            }
+            ids = []
+            for index, d in enumerate(params.deliveries):
+                if index in sent:
+                    ids.append(sent[index])
+                    continue
+                message_id = store.deliver(
+                    targets[index], d.sender_id, MessageKind.MESSAGE, d.body, now
+                )
+                if d.idempotency_key is not None:
+                    store.message_keys[(d.task_id, d.idempotency_key)] = message_id
+                ids.append(message_id)
         self._notify_woken()
         return ids
 
@@ -626,6 +681,6 @@ class MemoryBackend:
                 reverse=True,
             )
 
-    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
-        async for queue in wake.listen(self._wake_key, queues):
-            yield queue
+    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+        async for wakeup in wake.listen(self._wake_key, queues):
+            yield wakeup

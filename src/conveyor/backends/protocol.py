@@ -26,7 +26,7 @@ import enum
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from conveyor.model import LeaseToken, Message, Outcome, RetryPolicy, Task, TaskState
 
@@ -66,6 +66,10 @@ class NewTask:
     """The coroutine task that spawns this one: it gets this one's end-of-stream."""
     message: str | None = None
     """A first message (encoded JSON) for the new task's inbox, from ``parent_id``."""
+    idempotency_key: str | None = None
+    """Identifies this enqueue among those of its task name: an enqueue whose
+    name and key are already stored inserts nothing (nor its first message)
+    and returns the stored task's id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +163,14 @@ class Transition:
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """A message for a task's inbox: ``body`` is encoded strict JSON;
-    ``sender_id`` the sending task (None from outside)."""
+    ``sender_id`` the sending task (None from outside). A send with an
+    ``idempotency_key`` already used for this recipient delivers nothing
+    and returns the first message's id (whatever the task's state now)."""
 
     task_id: int
     body: str
     sender_id: int | None = None
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +250,23 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class CancelHint:
+    """A wake-up about a running task: its cancel may have been requested.
+
+    ``task_id`` names it, or is None when the backend cannot tell which task
+    (SQLite sees only that another process wrote something). A hint is only
+    a hint: the worker asks :meth:`Backend.cancel_requested` before it stops
+    anything, and its heartbeat reports cancels anyway."""
+
+    task_id: int | None = None
+
+
+Wakeup: TypeAlias = str | CancelHint
+"""What :meth:`Backend.wakeups` yields: a queue name where work may be due,
+or a :class:`CancelHint`."""
+
+
+@dataclass(frozen=True, slots=True)
 class WorkFilter:
     names: Sequence[str]
     queues: Sequence[str]
@@ -290,7 +314,10 @@ class Backend(Protocol):
 
     async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
         """Insert tasks, returning their ids in order; with ``connection``, inside
-        the caller's transaction (needs ``TRANSACTIONAL_ENQUEUE``)."""
+        the caller's transaction (needs ``TRANSACTIONAL_ENQUEUE``). A task
+        whose name and idempotency key are stored already is not inserted
+        again: its stored id comes back. Race-free: concurrent enqueues of
+        one key store one task."""
 
     def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
         """Insert tasks on the caller's own synchronous connection, uncommitted."""
@@ -307,6 +334,13 @@ class Backend(Protocol):
         order: priority (highest first), then run_at, then id."""
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult: ...
+
+    async def cancel_requested(
+        self, worker_id: str, tokens: Sequence[LeaseToken]
+    ) -> frozenset[LeaseToken]:
+        """The leases among ``tokens``, held by ``worker_id``, whose task's
+        cancel was requested. Reads only: a worker asks it when a
+        :class:`CancelHint` arrives, sooner than its next heartbeat."""
 
     async def finish(self, params: FinishParams) -> FinishResult: ...
 
@@ -358,8 +392,9 @@ class Backend(Protocol):
 
     async def list_workers(self) -> list[WorkerInfo]: ...
 
-    def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
-        """Yield a queue name whenever work may have become due there.
+    def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+        """Yield a queue name whenever work may have become due there, and a
+        :class:`CancelHint` whenever a running task may have been cancelled.
 
         Reconnects on its own; ends only when the consumer stops iterating.
         Backends without ``NOTIFICATIONS`` yield nothing and never end.

@@ -46,6 +46,15 @@ def lease_lost_message(cancelled: bool, spent: int, max_attempts: int) -> str:
     )
 
 
+def corrupt_counter_message(attempt: object, spent: object) -> str:
+    """Why a task whose counter stands at the limit ended failed (PostgreSQL
+    says it in SQL)."""
+    return (
+        f"the task cannot be claimed: its attempt counter ({attempt}) or spent counter "
+        f"({spent}) stands at the limit of a 32-bit integer (written around conveyor)"
+    )
+
+
 def transition_result(
     task_id: int, what: str, changed: str | None, current: str | None
 ) -> TaskState:
@@ -147,6 +156,7 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         step,
         parent_id,
         inbox,
+        idempotency_key,
     ) = row
     return Task(
         id=task_id,
@@ -171,6 +181,7 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         step=step,
         parent_id=parent_id,
         inbox=bool(inbox),
+        idempotency_key=idempotency_key,
     )
 
 

@@ -3,8 +3,10 @@
 Backends without a server-side notification channel (SQLite, memory) use
 this registry, keyed by what identifies their store (a database file, a
 store name). ``notify`` may be called from any thread; every subscription
-gets the queue name on its own event loop. A wake-up is a hint: a worker
-that misses one still finds the work at its next poll.
+gets the queue name on its own event loop, and ``notify_cancel`` a
+:class:`~conveyor.backends.protocol.CancelHint`. A wake-up is a hint: a
+worker that misses one still finds the work at its next poll, and the
+cancel at its next heartbeat.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
+
+from conveyor.backends.protocol import CancelHint, Wakeup
 
 _subscriptions: dict[str, set[Subscription]] = {}
 _lock = threading.Lock()
@@ -28,17 +32,17 @@ class Subscription:
         self.key = key
         self.queues = frozenset(queues)
         self._loop = asyncio.get_running_loop()
-        self._inbox: asyncio.Queue[str] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Wakeup] = asyncio.Queue()
         with _lock:
             _subscriptions.setdefault(key, set()).add(self)
 
-    def _deliver(self, queue_name: str) -> None:
-        if queue_name in self.queues:
+    def _deliver(self, wakeup: Wakeup) -> None:
+        if isinstance(wakeup, CancelHint) or wakeup in self.queues:
             with contextlib.suppress(RuntimeError):  # its loop has closed
-                self._loop.call_soon_threadsafe(self._inbox.put_nowait, queue_name)
+                self._loop.call_soon_threadsafe(self._inbox.put_nowait, wakeup)
 
-    async def next(self) -> str:
-        """The next queue name notified."""
+    async def next(self) -> Wakeup:
+        """The next queue name (or cancel hint) notified."""
         return await self._inbox.get()
 
     def close(self) -> None:
@@ -70,7 +74,17 @@ def notify_all(key: str) -> None:
             subscription._deliver(queue_name)
 
 
-async def listen(key: str, queues: Sequence[str]) -> AsyncIterator[str]:
+def notify_cancel(key: str, task_ids: Iterable[int | None]) -> None:
+    """Tell every subscription on ``key`` that these running tasks' cancels
+    were requested (None: some task's, which one is not known)."""
+    with _lock:
+        subscribed = list(_subscriptions.get(key, ()))
+    for task_id in task_ids:
+        for subscription in subscribed:
+            subscription._deliver(CancelHint(task_id))
+
+
+async def listen(key: str, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
     """Every queue once (work may have arrived before we listened), then each
     queue name ``notify`` names on ``key``."""
     subscription = Subscription(key, queues)

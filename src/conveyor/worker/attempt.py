@@ -63,7 +63,8 @@ class RunningAttempt:
             self.execution.stop()
 
     def abandon(self) -> None:
-        """Stop waiting for a thread handler that ignores the order to stop."""
+        """Stop waiting for a thread handler that ignores the order to stop:
+        the attempt then records nothing (its lease is left to expire)."""
         self._abandoned = True
         if self.execution is not None:
             self.execution.abandon()
@@ -81,8 +82,15 @@ class RunningAttempt:
         except Exception as exc:
             return outcomes.failed(self.task, exc)
         value, error = await self._wait(self.execution)
-        completion = self._completion(value, error)
         transaction: AttemptTransaction | None = self.ctx._transaction
+        if self._abandoned:
+            # The handler may still be running: its task must not be released
+            # (its lease is left to expire), and its transaction is ended from
+            # outside, since its thread may still be writing on it.
+            if transaction is not None:
+                await transaction.abandon()
+            return None
+        completion = self._completion(value, error)
         if transaction is not None:
             return await self._settle_transaction(transaction, completion)
         return completion
@@ -165,10 +173,6 @@ class RunningAttempt:
         self, transaction: AttemptTransaction, completion: Completion | None
     ) -> Completion | None:
         """Commit the handler's writes with its success, or roll them back."""
-        if self._abandoned:
-            # The handler's thread may still be writing on this connection.
-            await transaction.abandon()
-            return completion
         if completion is None or completion.outcome is not Outcome.SUCCEEDED:
             await transaction.rollback()
             return completion

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from conveyor.backends.protocol import Backend, Completion, FinishParams
 from conveyor.errors import BackendUnavailableError
 from conveyor.model import LeaseToken
+from conveyor.worker.texts import reason
 
 log = logging.getLogger("conveyor.worker.completer")
 
@@ -85,7 +86,7 @@ class Completer:
             try:
                 result = await asyncio.wait_for(self._backend.finish(params), self._timeout)
             except (BackendUnavailableError, TimeoutError) as exc:
-                log.warning("recording %d completions failed: %r", len(batch), exc)
+                log.warning("recording %d completions failed: %s", len(batch), reason(exc))
                 batch = self._still_trusted(batch)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_DELAY)

@@ -6,17 +6,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conveyor.errors import ConfigurationError
-from conveyor.model import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS
+from conveyor.model import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS, check_duration
 
 DEFAULT_CONCURRENCY = 10
 DEFAULT_POLL_INTERVAL = 1.0
 """Seconds between claims when no wake-up arrives (delayed tasks, reclaims)."""
+MIN_POLL_INTERVAL = 0.001
 DEFAULT_GRACE = 30.0
+"""Seconds a shutdown lets running handlers drain before ordering them to stop."""
 DEFAULT_STOP_TIMEOUT = 10.0
-"""Seconds a shutdown waits for handlers told to stop before leaving them."""
+"""Seconds a shutdown waits for handlers told to stop (their leases still
+renewed) before it gives them up (their leases are then left to expire)."""
 MIN_POOL_SIZE = 10
 MAX_DEFAULT_POOL_SIZE = 44
-"""Seconds a shutdown waits for running handlers before releasing them."""
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,11 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ConfigurationError("concurrency must be at least 1")
-        if self.lease < MIN_LEASE_SECONDS:
-            raise ConfigurationError(f"lease must be at least {MIN_LEASE_SECONDS} seconds")
+        check_duration("lease", self.lease, minimum=MIN_LEASE_SECONDS)
         if self.heartbeat_interval is not None and not 0 < self.heartbeat_interval < self.lease:
             raise ConfigurationError(
                 "heartbeat_interval must be positive and shorter than the lease"
             )
-        if self.poll_interval <= 0:
-            raise ConfigurationError("poll_interval must be positive")
-        if self.grace < 0:
-            raise ConfigurationError("grace must be >= 0")
+        check_duration("poll_interval", self.poll_interval, minimum=MIN_POLL_INTERVAL)
+        check_duration("grace", self.grace)
+        check_duration("stop_timeout", self.stop_timeout)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from conveyor.backends.protocol import Backend, HeartbeatParams, HeartbeatResult
 from conveyor.model import LeaseToken
+from conveyor.worker.texts import reason
 
 log = logging.getLogger("conveyor.worker.heartbeat")
 
@@ -114,7 +115,7 @@ class Heartbeat:
             # Bounded: a call stuck on a dead connection must not hold back fencing.
             result = await asyncio.wait_for(backend.heartbeat(params), self.interval())
         except Exception as exc:
-            log.warning("heartbeat failed: %s", str(exc) or type(exc).__name__)
+            log.warning("heartbeat failed: %s", reason(exc))
             self.fence_untrusted()
             return None
         self.beats += 1
@@ -212,7 +213,7 @@ class Heartbeat:
         try:
             await asyncio.wait_for(backend.open(), self.interval())
         except Exception as exc:
-            log.warning("heartbeat cannot connect: %s", str(exc) or type(exc).__name__)
+            log.warning("heartbeat cannot connect: %s", reason(exc))
             with contextlib.suppress(Exception):
                 await backend.close()
             self.fence_untrusted()

@@ -75,3 +75,18 @@ def interrupted(
     return Completion(
         task.token, Outcome.INTERRUPTED, TaskState.PENDING, error=info, retry_delay=0.0
     )
+
+
+def makes_work_due(completion: Completion) -> bool:
+    """Whether writing ``completion`` may make work due at once: its task
+    pending again without delay (a workflow's next step, a release, a retry
+    without backoff), or a coroutine poll's effects (children spawned,
+    recipients woken, the task itself woken by messages that came meanwhile)."""
+    if completion.effects is not None:
+        return True
+    if completion.next_state is not TaskState.PENDING:
+        return False
+    move = completion.transition
+    if move is not None:
+        return move.run_at is None and move.delay <= 0
+    return completion.retry_delay is not None and completion.retry_delay <= 0

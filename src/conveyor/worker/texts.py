@@ -49,6 +49,13 @@ def type_name(kind: type) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+def reason(exc: BaseException) -> str:
+    """A one-line reason for a log: the error's text, or its type where the
+    text is empty (a timeout's is)."""
+    text = describe(exc)
+    return cut(text, MAX_ERROR_MESSAGE) if text else type_name(type(exc))
+
+
 def describe(exc: BaseException) -> str:
     """``str(exc)``, or something readable when that raises."""
     try:

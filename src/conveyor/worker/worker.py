@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.backends.protocol import (
     AttemptTransaction,
     Backend,
+    CancelHint,
     Capability,
     ClaimedTask,
     ClaimParams,
@@ -44,16 +45,23 @@ from conveyor.errors import (
     WorkerShutdown,
 )
 from conveyor.model import LeaseToken, Outcome, TaskState
+from conveyor.worker import outcomes
 from conveyor.worker.attempt import RunningAttempt
+from conveyor.worker.cancels import CancelConfig, CancelWatch
 from conveyor.worker.claims import RETRY_MAX, RETRY_MIN, ClaimOutcome, Claims, Pace
 from conveyor.worker.completer import Completer
 from conveyor.worker.config import WorkerConfig
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
+from conveyor.worker.texts import reason
 
 if TYPE_CHECKING:
     from conveyor.app import App
 
 log = logging.getLogger("conveyor.worker")
+
+ABANDON_SETTLE = 2.0
+"""Seconds a shutdown gives the runners of abandoned handlers to end their
+attempt transactions before it goes on."""
 
 
 def _start_runner(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -93,6 +101,7 @@ class Worker:
         self.backend: Backend | None = None
         self.heartbeat: Heartbeat | None = None
         self.completer: Completer | None = None
+        self.cancels: CancelWatch | None = None
         self.claimed_count = 0
         self.claims_made = 0
         self._transactions = False
@@ -160,6 +169,10 @@ class Worker:
             backend.begin_attempt_transaction_sync, self.id
         )
         self.completer.start()
+        self.cancels = CancelWatch(
+            CancelConfig(self.id), backend, lambda: list(self._running), self._stop_cancelled
+        )
+        self.cancels.start()
         listener = None
         if Capability.NOTIFICATIONS in backend.capabilities:
             listener = loop.create_task(self._listen(backend), name="conveyor-listener")
@@ -194,7 +207,7 @@ class Worker:
             except BackendUnavailableError as exc:
                 if self._stopping:
                     raise
-                log.warning("cannot register the worker: %s; retrying in %.1fs", exc, delay)
+                log.warning("cannot register the worker: %s; retrying in %.1fs", reason(exc), delay)
                 await self._sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
 
@@ -216,7 +229,11 @@ class Worker:
                 running.stop(
                     LeaseLostError(f"lease on task {token.task_id} attempt {token.attempt} lost")
                 )
-        for token in result.cancel_requested:
+        self._stop_cancelled(result.cancel_requested)
+
+    def _stop_cancelled(self, tokens: frozenset[LeaseToken]) -> None:
+        """Stop the handlers of these leases: their tasks were cancelled."""
+        for token in tokens:
             running = self._running.get(token)
             if running is not None:
                 running.stop(CancelledByRequest(f"task {token.task_id} was cancelled"))
@@ -240,12 +257,16 @@ class Worker:
         listener fails, the worker goes on polling, and says so."""
         assert self._wake is not None
         try:
-            async for _queue in backend.wakeups(self.queues):
+            async for wakeup in backend.wakeups(self.queues):
+                if isinstance(wakeup, CancelHint):
+                    if self._running and self.cancels is not None:
+                        self.cancels.hint(wakeup.task_id)
+                    continue
                 self._hinted = True
                 self._wake.set()
         except Exception as exc:
             log.warning(
-                "wake-ups stopped (%s); polling every %.1fs", exc, self.config.poll_interval
+                "wake-ups stopped (%s); polling every %.1fs", reason(exc), self.config.poll_interval
             )
 
     # -- claiming ------------------------------------------------------------
@@ -285,7 +306,7 @@ class Worker:
         """Start a returned claim's tasks, or note its failure."""
         if isinstance(outcome.result, BaseException):
             delay = pace.failed(now)
-            log.warning("claim failed: %s; retrying in %.1fs", outcome.result, delay)
+            log.warning("claim failed: %s; retrying in %.1fs", reason(outcome.result), delay)
             return
         self.claims_made += 1
         self._start_all(outcome.result, outcome.sent_at, backend)
@@ -323,7 +344,7 @@ class Worker:
         try:
             left = await backend.count_unfinished(WorkFilter(names=self.names, queues=self.queues))
         except Exception as exc:
-            log.warning("cannot count unfinished tasks: %s", exc)
+            log.warning("cannot count unfinished tasks: %s", reason(exc))
             return False
         return left == 0
 
@@ -436,6 +457,12 @@ class Worker:
         token = completion.token
         if self.heartbeat is not None:
             self.heartbeat.release(token)
+        if applied and outcomes.makes_work_due(completion):
+            # A workflow's next step (or a release, a poll's effects) is due
+            # now: claim it at once rather than at the next poll.
+            self._hinted = True
+            if self._wake is not None:
+                self._wake.set()
         if not applied:
             log.warning(
                 "completion rejected: the lease was lost",
@@ -450,24 +477,13 @@ class Worker:
                 "draining %d running attempts (grace %.0fs)", len(self._runners), self.config.grace
             )
             await self._drain(self.config.grace)
-        if self._running:
-            log.info("releasing %d attempts still running", len(self._running))
-            for running in list(self._running.values()):
-                running.stop(WorkerShutdown("the worker is shutting down"))
-                if running.definition.executor == "thread":
-                    running.abandon()
-        if self._runners:
-            _, stuck = await asyncio.wait(set(self._runners), timeout=self.config.stop_timeout)
-            if stuck:
-                log.error(
-                    "%d handlers ignored the order to stop; their tasks stay in progress "
-                    "until their leases expire, then are reclaimed",
-                    len(stuck),
-                )
+        await self._stop_running()
         if listener is not None:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+        if self.cancels is not None:
+            await self.cancels.stop()
         if self.completer is not None:
             await self.completer.stop()
         if self.heartbeat is not None:
@@ -476,6 +492,35 @@ class Worker:
             await backend.stop_worker(self.id)
         await backend.close()
         log.info("worker %s stopped", self.id)
+
+    async def _stop_running(self) -> None:
+        """Order every running handler to stop and wait up to ``stop_timeout``
+        for them, their leases still renewed: a handler that stops in time
+        is released (``interrupted``). Handlers that ignore the order are
+        given up: their tasks are never released while they may still run;
+        each lease is left to expire (the task is then reclaimed), and an
+        abandoned thread's attempt transaction is ended so that nothing it
+        writes afterwards commits."""
+        if self._running:
+            log.info("stopping %d attempts still running", len(self._running))
+            for running in list(self._running.values()):
+                running.stop(WorkerShutdown("the worker is shutting down"))
+        if not self._runners:
+            return
+        _, stuck = await asyncio.wait(set(self._runners), timeout=self.config.stop_timeout)
+        if not stuck:
+            return
+        log.error(
+            "%d handlers ignored the order to stop for %.0fs; their tasks stay in progress "
+            "until their leases expire, then are reclaimed",
+            len(stuck),
+            self.config.stop_timeout,
+        )
+        for running in list(self._running.values()):
+            running.abandon()
+        # An abandoned thread's runner ends at once, writing nothing; an
+        # async handler that swallows cancellation stays stuck.
+        await asyncio.wait(stuck, timeout=ABANDON_SETTLE)
 
     async def _drain(self, grace: float) -> None:
         assert self._stop_event is not None

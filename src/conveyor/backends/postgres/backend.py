@@ -22,20 +22,17 @@ import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from conveyor.backends.postgres import queries
+from conveyor.backends.postgres import queries, scripts
 from conveyor.backends.postgres.inboxes import (
-    check_recipients,
     finish_with_effects,
     has_effects,
     insert_tasks,
-    recipients_args,
 )
+from conveyor.backends.postgres.loaders import ADAPTERS
 from conveyor.backends.postgres.migrate import apply_migrations
 from conveyor.backends.postgres.rows import (
-    deliver_args,
     enqueue_statement,
     finish_statement,
-    first_messages_args,
     ordered_ids,
 )
 from conveyor.backends.postgres.transactions import (
@@ -44,6 +41,7 @@ from conveyor.backends.postgres.transactions import (
     PostgresTransaction,
 )
 from conveyor.backends.protocol import (
+    CancelHint,
     Capability,
     ClaimedTask,
     ClaimParams,
@@ -55,6 +53,7 @@ from conveyor.backends.protocol import (
     NewTask,
     SendParams,
     TaskFilter,
+    Wakeup,
     WorkerInfo,
     WorkFilter,
 )
@@ -72,6 +71,7 @@ from conveyor.errors import (
 )
 from conveyor.model import (
     Attempt,
+    LeaseToken,
     Message,
     Task,
     TaskState,
@@ -137,7 +137,7 @@ class PostgresBackend:
         self.url = url
         self.schema = queries.validate_schema(schema)
         self.sql: Mapping[str, bytes] = queries.load(self.schema)
-        self.channel = f"conveyor_{self.schema}"
+        self.channel = queries.channel(self.schema)
         self._auto_migrate = migrate
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
@@ -191,7 +191,7 @@ class PostgresBackend:
                     self.url,
                     min_size=0,
                     max_size=self._pool_size,
-                    kwargs={"autocommit": True},
+                    kwargs={"autocommit": True, "context": ADAPTERS},
                     configure=_configure_sync,
                     open=False,
                     name=f"conveyor-{self.schema}-sync",
@@ -211,7 +211,7 @@ class PostgresBackend:
             self.url,
             min_size=min_size,
             max_size=self._pool_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "context": ADAPTERS},
             configure=configure,
             open=False,
             name=f"conveyor-{self.schema}{suffix}",
@@ -277,6 +277,8 @@ class PostgresBackend:
         except (*UNAVAILABLE, PoolTimeout) as exc:
             raise BackendUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
         except psycopg.Error as exc:
+            if exc.sqlstate is None:  # raised here, not by the server
+                raise BackendError(f"a stored value cannot be read: {exc}") from exc
             raise BackendError(f"PostgreSQL refused the statement: {exc}") from exc
 
     async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
@@ -290,7 +292,7 @@ class PostgresBackend:
         if not params.tasks:
             return []
         if connection is None:
-            if not any(t.message for t in params.tasks):
+            if not any(t.message or t.idempotency_key for t in params.tasks):
                 name, args = enqueue_statement(params)
                 return ordered_ids(await self._fetchall(name, args))
             async with self._connection() as conn, conn.transaction():
@@ -327,12 +329,7 @@ class PostgresBackend:
         _check_sync(connection)
         if not params.tasks:
             return []
-        name, args = enqueue_statement(params)
-        ids = ordered_ids(connection.execute(self.sql[name], args).fetchall())
-        firsts = first_messages_args(params.tasks, ids, params.now)
-        if firsts is not None:
-            connection.execute(self.sql["first_messages"], firsts)
-        return ids
+        return scripts.run_sync(connection, scripts.insert(self.sql, params.tasks, params.now))
 
     # -- messages --------------------------------------------------------
 
@@ -350,22 +347,13 @@ class PostgresBackend:
         return await self._send_on(connection, params)
 
     async def _send_on(self, conn: AsyncConnection[Any], params: SendParams) -> list[int]:
-        cursor = await conn.execute(self.sql["recipients"], recipients_args(params.deliveries))
-        check_recipients(await cursor.fetchall(), params.deliveries)
-        args = deliver_args(params.deliveries, self.channel, params.now)
-        cursor = await conn.execute(self.sql["deliver"], args)
-        return [int(r[0]) for r in await cursor.fetchall()]
+        return await scripts.run(conn, scripts.send(self.sql, params.deliveries, params.now))
 
     def send_sync(self, params: SendParams, connection: Any) -> list[int]:
         _check_sync(connection)
         if not params.deliveries:
             return []
-        rows = connection.execute(
-            self.sql["recipients"], recipients_args(params.deliveries)
-        ).fetchall()
-        check_recipients(rows, params.deliveries)
-        args = deliver_args(params.deliveries, self.channel, params.now)
-        return [int(r[0]) for r in connection.execute(self.sql["deliver"], args).fetchall()]
+        return scripts.run_sync(connection, scripts.send(self.sql, params.deliveries, params.now))
 
     async def inbox(self, task_id: int) -> list[Message]:
         return [message_row(r) for r in await self._fetchall("inbox", {"id": task_id})]
@@ -391,6 +379,14 @@ class PostgresBackend:
             "lease": params.lease,
         }
         async with self._connection(await self.claim_pool()) as conn:
+            if params.reclaim:
+                quarantined = await (await conn.execute(self.sql["quarantine"], args)).fetchall()
+                if quarantined:
+                    log.error(
+                        "failed %d tasks whose attempt counters stand at their limit: %s",
+                        len(quarantined),
+                        ", ".join(str(r[0]) for r in quarantined),
+                    )
             statement = self.sql["claim_reclaim" if params.reclaim else "claim"]
             rows = await (await conn.execute(statement, args)).fetchall()
         return [claimed_task(row, params.worker_id) for row in rows]
@@ -415,6 +411,19 @@ class PostgresBackend:
             cancel_requested=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][4]),
         )
 
+    async def cancel_requested(
+        self, worker_id: str, tokens: Sequence[LeaseToken]
+    ) -> frozenset[LeaseToken]:
+        if not tokens:
+            return frozenset()
+        args = {
+            "worker_id": worker_id,
+            "ids": [t.task_id for t in tokens],
+            "attempts": [t.attempt for t in tokens],
+        }
+        found = {(int(r[0]), int(r[1])) for r in await self._fetchall("cancel_requested", args)}
+        return frozenset(t for t in tokens if (t.task_id, t.attempt) in found)
+
     async def finish(self, params: FinishParams) -> FinishResult:
         completions = list(params.completions)
         if not completions:
@@ -422,7 +431,7 @@ class PostgresBackend:
         if has_effects(completions):
             async with self._connection() as conn, conn.transaction():
                 done = await finish_with_effects(
-                    conn, self.sql, self.channel, params.worker_id, completions, params.now
+                    conn, self.sql, params.worker_id, completions, params.now
                 )
         else:
             name, args = finish_statement(params.worker_id, completions, params.now)
@@ -544,9 +553,14 @@ class PostgresBackend:
 
     # -- wake-ups --------------------------------------------------------
 
-    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
+    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+        """Queue names from the wake-up channel, cancel hints (task ids) from
+        the cancel channel; one connection listens to both."""
         wanted = set(queues)
-        listen = sql.SQL("listen {}").format(sql.Identifier(self.channel))
+        cancels = queries.cancel_channel(self.schema)
+        listen = sql.SQL("listen {}; listen {}").format(
+            sql.Identifier(self.channel), sql.Identifier(cancels)
+        )
         delay = RECONNECT_MIN_DELAY
         while True:
             try:
@@ -554,11 +568,15 @@ class PostgresBackend:
                 async with conn:
                     await conn.execute(listen)
                     delay = RECONNECT_MIN_DELAY
-                    # Anything enqueued while we were not listening is due now.
+                    # Anything enqueued (or cancelled) while we were not
+                    # listening may be due (or to stop) now.
                     for queue in queues:
                         yield queue
+                    yield CancelHint()
                     async for note in conn.notifies():
-                        if note.payload in wanted:
+                        if note.channel == cancels:
+                            yield CancelHint(int(note.payload) if note.payload.isdigit() else None)
+                        elif note.payload in wanted:
                             yield note.payload
             except psycopg.Error as exc:
                 log.warning(

@@ -1,6 +1,8 @@
 """Coroutine tasks on PostgreSQL: a poll's ending with its effects, and sends.
 
-A poll's ending is one transaction: lock the rows it touches in id order
+A poll's ending is one transaction: take the advisory lock that orders it
+after the outside sends to its task under way (see ``guard_send`` in
+queries.sql), lock the rows it touches in id order
 (its task, its parent, the recipients of its messages) and read each
 ending's fence under those locks; for the endings that hold their lease,
 consume the messages each poll saw, insert its spawned children with their
@@ -19,15 +21,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from conveyor.backends.postgres.rows import (
-    deliver_args,
-    enqueue_statement,
-    finish_args,
-    first_messages_args,
-    ordered_ids,
-)
-from conveyor.backends.protocol import Completion, Delivery, EnqueueParams, NewTask
-from conveyor.backends.stored import check_recipient
+from conveyor.backends.postgres import scripts
+from conveyor.backends.postgres.rows import deliver_args, finish_args
+from conveyor.backends.protocol import Completion, NewTask
 from conveyor.errors import BackendError
 from conveyor.model import TaskState
 
@@ -47,13 +43,14 @@ def lock_args(completions: Sequence[Completion], now: datetime | None) -> dict[s
 async def finish_with_effects(
     conn: AsyncConnection[Any],
     sql: Statements,
-    channel: str,
     worker_id: str,
     completions: Sequence[Completion],
     now: datetime | None,
 ) -> set[tuple[int, int]]:
     """Record ``completions`` and their effects on ``conn``, inside its open
     transaction; the (task id, attempt) of each applied one."""
+    own = sorted({c.token.task_id for c in completions if c.effects is not None})
+    await conn.execute(sql["guard_endings"], {"ids": own})
     cursor = await conn.execute(sql["lock_tasks"], lock_args(completions, now))
     locked = await cursor.fetchall()
     if not locked:
@@ -61,7 +58,7 @@ async def finish_with_effects(
     clock: datetime = locked[0][4]
     live = {(int(r[0]), int(r[1])) for r in locked if r[2] == worker_id and r[3]}
     holding = [c for c in completions if (c.token.task_id, c.token.attempt) in live]
-    await _apply_effects(conn, sql, channel, holding, clock)
+    await _apply_effects(conn, sql, holding, clock)
     cursor = await conn.execute(sql["finish"], finish_args(worker_id, completions, clock))
     done = {(int(r[0]), int(r[1])) for r in await cursor.fetchall()}
     if done != live & {(c.token.task_id, c.token.attempt) for c in completions}:
@@ -73,14 +70,13 @@ async def finish_with_effects(
         if c.effects is not None and c.next_state in (TaskState.PENDING, TaskState.WAITING)
     ]
     if resting:
-        await conn.execute(sql["rewake"], {"ids": resting, "channel": channel, "now": clock})
+        await conn.execute(sql["rewake"], {"ids": resting, "now": clock})
     return done
 
 
 async def _apply_effects(
     conn: AsyncConnection[Any],
     sql: Statements,
-    channel: str,
     holding: Sequence[Completion],
     now: datetime,
 ) -> None:
@@ -100,30 +96,13 @@ async def _apply_effects(
         await insert_tasks(conn, sql, spawns, now)
     sends = [d for c in holding if c.effects for d in c.effects.sends]
     if sends:
-        await conn.execute(sql["deliver"], deliver_args(sends, channel, now))
+        await conn.execute(sql["deliver"], deliver_args(sends, now))
 
 
 async def insert_tasks(
     conn: AsyncConnection[Any], sql: Statements, tasks: Sequence[NewTask], now: datetime | None
 ) -> list[int]:
     """Insert ``tasks`` and their first messages on ``conn`` (in a transaction
-    when any has a first message); their ids in order."""
-    name, args = enqueue_statement(EnqueueParams(tasks=tasks, now=now))
-    cursor = await conn.execute(sql[name], args)
-    ids = ordered_ids(await cursor.fetchall())
-    firsts = first_messages_args(tasks, ids, now)
-    if firsts is not None:
-        await conn.execute(sql["first_messages"], firsts)
-    return ids
-
-
-def check_recipients(rows: list[tuple[Any, ...]], deliveries: Sequence[Delivery]) -> None:
-    """Raise unless every recipient exists, has an inbox and is live."""
-    found = {int(r[0]): (str(r[1]), bool(r[2])) for r in rows}
-    for d in deliveries:
-        state, inbox = found.get(d.task_id, (None, False))
-        check_recipient(d.task_id, state, inbox)
-
-
-def recipients_args(deliveries: Sequence[Delivery]) -> dict[str, Any]:
-    return {"ids": sorted({d.task_id for d in deliveries})}
+    when any has a first message or an idempotency key); their ids in order
+    (see :func:`conveyor.backends.postgres.scripts.insert`)."""
+    return await scripts.run(conn, scripts.insert(sql, tasks, now))

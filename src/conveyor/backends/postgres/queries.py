@@ -2,7 +2,8 @@
 
 A block starts with ``-- name: NAME``; the comment lines after it say what
 the statement does and why. Statements are composed once per backend with
-the validated schema identifier and the parts they name, and kept as bytes,
+the validated schema identifier, its wake-up channel and the parts they
+name, and kept as bytes,
 ready to execute (and to be prepared server-side by psycopg after a few
 executions).
 """
@@ -10,6 +11,7 @@ executions).
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Mapping
 from typing import LiteralString
 
@@ -45,16 +47,41 @@ PART = "part_"
 ``{part_...}``, not a statement of its own."""
 
 
+def channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of ``schema``'s wake-ups (the triggers of the
+    migrations name it the same way): each payload is a queue name."""
+    return f"conveyor_{validate_schema(schema)}"
+
+
+def cancel_channel(schema: str) -> str:
+    """The channel that tells workers a running task's cancel was requested:
+    each payload is a task id."""
+    return f"{channel(schema)}_cancel"
+
+
+def lock_space(schema: str) -> int:
+    """The first key of ``schema``'s two-key advisory locks: a signed 32-bit
+    integer drawn from the schema name, the same in every process."""
+    return zlib.crc32(f"conveyor.{validate_schema(schema)}".encode()) - 2**31
+
+
 def load(schema: str) -> Mapping[str, bytes]:
-    """Every statement of ``queries.sql``, composed for ``schema`` with its parts."""
-    identifier = sql.Identifier(validate_schema(schema))
+    """Every statement of ``queries.sql``, composed for ``schema`` (with its
+    wake-up ``{channel}``, ``{cancel_channel}`` and advisory ``{lock_space}``)
+    and its parts."""
+    names = {
+        "schema": sql.Identifier(validate_schema(schema)),
+        "channel": sql.Literal(channel(schema)),
+        "cancel_channel": sql.Literal(cancel_channel(schema)),
+        "lock_space": sql.Literal(lock_space(schema)),
+    }
     parts = {
-        name: sql.SQL(body).format(schema=identifier)
+        name: sql.SQL(body).format(**names)
         for name, body in _BLOCKS.items()
         if name.startswith(PART)
     }
     return {
-        name: sql.SQL(body).format(schema=identifier, **parts).as_bytes(None)
+        name: sql.SQL(body).format(**names, **parts).as_bytes(None)
         for name, body in _BLOCKS.items()
         if not name.startswith(PART)
     }

@@ -1,6 +1,9 @@
 -- Every statement of the PostgreSQL backend, as named blocks.
 --
--- {schema} is the validated schema identifier, composed in once at load.
+-- {schema} is the validated schema identifier, composed in once at load,
+-- {channel} the schema's wake-up channel for pg_notify (a string literal),
+-- {cancel_channel} the one for cancels of running tasks, and {lock_space}
+-- the first key of the schema's advisory locks (an integer).
 -- A block named part_* is not a statement: it is composed in once at load
 -- where a statement says {part_...}, for text that several statements share.
 -- %(now)s is NULL in production: the database clock is the only authority on
@@ -69,10 +72,50 @@ values (%(name)s::text, %(queue)s::text, %(payloads)s::jsonb, %(priority)s::int,
         coalesce(%(now)s::timestamptz, statement_timestamp()))
 returning array[id];
 
+-- name: enqueue_keyed
+-- Insert tasks some of which carry an idempotency key. A task whose name
+-- and key are stored already is skipped, by the unique index (so concurrent
+-- enqueues of one key store one task: the later waits for the earlier's
+-- commit, then skips). The inserted rows come back with their name and key;
+-- unkeyed ones in input order (ids are drawn in insertion order). The ids
+-- of skipped tasks are read by stored_keys, in a statement of its own,
+-- whose snapshot sees the commit that made this one skip.
+insert into {schema}.tasks
+    (name, queue, payload, priority, run_at, max_attempts, retry_policy,
+     timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, created_at)
+select i.name, i.queue, i.payload::jsonb, i.priority,
+       coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
+       i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
+       i.inbox, i.parent_id, i.idempotency_key, coalesce(%(now)s::timestamptz, statement_timestamp())
+from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
+            %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
+            %(max_attempts)s::int[], %(retry_policies)s::text[],
+            %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
+            %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(keys)s::text[])
+    with ordinality
+    as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
+         timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, ord)
+order by i.ord
+on conflict (name, idempotency_key) where idempotency_key is not null do nothing
+returning id, name, idempotency_key;
+
+-- name: stored_keys
+-- The tasks stored under these names and idempotency keys.
+select t.name, t.idempotency_key, t.id
+from {schema}.tasks t
+join unnest(%(names)s::text[], %(keys)s::text[]) as k(name, key)
+  on t.name = k.name and t.idempotency_key = k.key;
+
 -- name: part_claim_due
 -- Part of both claims (composed in where they say {part_claim_due}): the due
 -- pending tasks of the worker's queues and names, up to %(limit)s::int per
 -- queue, each queue read in claim order off its index.
+--
+-- Every claim, reclaim, renewal and ending locks its rows FOR NO KEY UPDATE
+-- (the lock its own UPDATE takes), never FOR UPDATE: that one conflicts
+-- with the KEY SHARE lock that storing a message takes on its recipient's
+-- row (the messages' foreign key) until the send commits, and a busy inbox
+-- would keep its task from being claimed or its lease from being renewed.
 due as materialized (
     select p.id, p.priority, p.run_at
     from unnest(%(queues)s::text[]) as q(name)
@@ -83,9 +126,10 @@ due as materialized (
           and t.queue = q.name
           and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
           and t.name = any(%(names)s::text[])
+          and t.attempt <= 2147483645 and t.spent <= 2147483645  -- see quarantine
         order by t.priority desc, t.run_at, t.id
         limit %(limit)s::int
-        for update of t skip locked
+        for no key update of t skip locked
     ) as p
 )
 
@@ -166,9 +210,10 @@ expired as materialized (
       and t.spent < t.max_attempts
       and t.queue = any(%(queues)s::text[])
       and t.name = any(%(names)s::text[])
+      and t.attempt <= 2147483645 and t.spent <= 2147483645  -- see quarantine
     order by t.priority desc, t.run_at, t.id
     limit %(limit)s::int
-    for update of t skip locked
+    for no key update of t skip locked
 ),
 -- Expired leases that must not run again: every one of them ends now.
 exhausted as materialized (
@@ -180,7 +225,7 @@ exhausted as materialized (
       and (t.cancel_requested or t.spent >= t.max_attempts)
       and t.queue = any(%(queues)s::text[])
       and t.name = any(%(names)s::text[])
-    for update of t skip locked
+    for no key update of t skip locked
 ),
 ended as (
     update {schema}.tasks t
@@ -241,6 +286,48 @@ select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
 from claimed
 order by priority desc, run_at, id;
 
+-- name: quarantine
+-- Tasks the claims pass by because a counter stands at the limit (the next
+-- attempt number would not fit; conveyor's own claims stop short of it, so
+-- only a row written around conveyor gets there): due, or with an expired
+-- lease, in the worker's queues and names. Each ends failed now, its
+-- attempt log saying why, so it neither blocks its queue nor hides in it.
+-- The worker runs this with its claims that look for expired leases (about
+-- once per poll interval); tasks_unclaimable keeps it to the few such rows.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+stuck as materialized (
+    select t.id, t.attempt, t.spent, t.state, t.worker_id, t.attempt_started_at, t.step
+    from {schema}.tasks t, clock
+    where t.state in ('pending', 'in_progress')
+      and (t.attempt > 2147483645 or t.spent > 2147483645)
+      and ((t.state = 'pending' and t.run_at <= clock.now)
+           or (t.state = 'in_progress' and t.lease_expires_at <= clock.now))
+      and t.queue = any(%(queues)s::text[])
+      and t.name = any(%(names)s::text[])
+    for no key update of t skip locked
+),
+ended as (
+    update {schema}.tasks t
+    set state = 'failed', worker_id = null, lease_expires_at = null, finished_at = clock.now
+    from stuck s, clock
+    where t.id = s.id
+)
+insert into {schema}.attempts as a
+    (task_id, number, worker_id, outcome, started_at, finished_at, error_type, error_message,
+     step)
+select s.id, s.attempt + (s.state = 'pending')::int, coalesce(s.worker_id, %(worker_id)s::text),
+       'failed', coalesce(s.attempt_started_at, clock.now), clock.now, 'CorruptTask',
+       'the task cannot be claimed: its attempt counter (' || s.attempt || ') or spent '
+       || 'counter (' || s.spent || ') stands at the limit of a 32-bit integer '
+       || '(written around conveyor)', s.step
+from stuck s, clock
+on conflict (task_id, number) do update
+set outcome = excluded.outcome, finished_at = excluded.finished_at,
+    error_type = excluded.error_type, error_message = excluded.error_message
+returning task_id;
+
 -- name: heartbeat
 -- Renew every lease the worker still holds, fenced by the lease token, and
 -- mark the worker alive. A lease that already expired is not renewed: it may
@@ -290,7 +377,7 @@ free as materialized (
       and t.attempt = l.attempt
       and t.worker_id = l.worker_id
       and t.lease_expires_at > l.now
-    for update of t skip locked
+    for no key update of t skip locked
 ),
 renewed as (
     update {schema}.tasks t
@@ -317,9 +404,10 @@ left join renewed r on r.id = l.id and r.attempt = l.attempt;
 -- state (retry or not) from the task's retry policy, except that a task
 -- whose cancellation was requested while it ran is not made pending or
 -- waiting again: it ends cancelled (its worker may not have heard of the
--- cancel yet). The
--- fence is written as join conditions only, for the planner's sake (see
--- heartbeat).
+-- cancel yet). A task made due at once (a workflow's next step, a release,
+-- a retry without backoff) wakes the idle workers of its queue, as an
+-- enqueue does: no insert trigger sees it. The fence is written as join
+-- conditions only, for the planner's sake (see heartbeat).
 with input as materialized (
     select i.*, coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
            %(worker_id)s::text as worker_id
@@ -370,7 +458,8 @@ finished as (
     returning t.id, t.attempt, i.worker_id, t.attempt_started_at,
               case when i.step_state is null then t.step
                    else (select o.step from {schema}.tasks o where o.id = t.id) end as step,
-              i.outcome, i.now, i.error_type, i.error_message, i.traceback
+              i.outcome, i.now, i.error_type, i.error_message, i.traceback,
+              t.queue, t.state = 'pending' and t.run_at <= i.now as due
 ),
 logged as (
     insert into {schema}.attempts
@@ -379,8 +468,12 @@ logged as (
     select f.id, f.attempt, f.worker_id, f.outcome, coalesce(f.attempt_started_at, f.now),
            f.now, f.error_type, f.error_message, f.traceback, f.step
     from finished f
+),
+notified as (
+    select count(pg_notify({channel}, q.queue)) as n
+    from (select distinct queue from finished where due) as q
 )
-select id, attempt from finished;
+select f.id, f.attempt from finished f, notified;
 
 -- name: finish_succeeded
 -- The common case of finish, on its own: many plain successes (no next
@@ -421,14 +514,33 @@ select id, attempt from finished;
 
 -- name: cancel
 -- Cancel a task: pending and waiting ones at once; a running one is flagged
--- and its worker stops it at the next heartbeat. Returns the state after.
-update {schema}.tasks
-set state = case when state = 'in_progress' then state else 'cancelled' end,
-    cancel_requested = (state = 'in_progress'),
-    finished_at = case when state = 'in_progress' then null
-                       else coalesce(%(now)s::timestamptz, statement_timestamp()) end
-where id = %(id)s and state in ('pending', 'waiting', 'in_progress')
-returning state;
+-- and its worker is told on the cancel channel (the payload is the task id;
+-- its heartbeat would find the flag too). Returns the state after.
+with cancelled as (
+    update {schema}.tasks
+    set state = case when state = 'in_progress' then state else 'cancelled' end,
+        cancel_requested = (state = 'in_progress'),
+        finished_at = case when state = 'in_progress' then null
+                           else coalesce(%(now)s::timestamptz, statement_timestamp()) end
+    where id = %(id)s and state in ('pending', 'waiting', 'in_progress')
+    returning id, state
+),
+notified as (
+    select count(pg_notify({cancel_channel}, c.id::text)) as n
+    from cancelled c where c.state = 'in_progress'
+)
+select c.state from cancelled c, notified;
+
+-- name: cancel_requested
+-- Which of these leases (ids and attempts, held by %(worker_id)s) have a
+-- cancel requested: read when the cancel channel names one of them.
+select t.id, t.attempt
+from {schema}.tasks t
+join unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt)
+  on l.id = t.id and l.attempt = t.attempt
+where t.id = any(%(ids)s::bigint[])
+  and t.worker_id = %(worker_id)s
+  and t.cancel_requested;
 
 -- name: retry
 -- Run a failed or cancelled task again now, with a fresh attempt budget.
@@ -450,7 +562,7 @@ select state from {schema}.tasks where id = %(id)s;
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at, worker_id, lease_expires_at,
-       cancel_requested, step, parent_id, inbox
+       cancel_requested, step, parent_id, inbox, idempotency_key
 from {schema}.tasks
 where id = %(id)s;
 
@@ -474,7 +586,7 @@ order by number;
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at, worker_id, lease_expires_at,
-       cancel_requested, step, parent_id, inbox
+       cancel_requested, step, parent_id, inbox, idempotency_key
 from {schema}.tasks
 where (%(state)s::text is null or state = %(state)s::text)
   and (%(name)s::text is null or name = %(name)s::text)
@@ -540,14 +652,63 @@ from {schema}.tasks t
 join wanted w on w.id = t.id
 cross join clock
 order by t.id
-for update of t;
+for no key update of t;
 
 -- name: recipients
--- The recipients of an outside send, locked in id order (see lock_tasks).
+-- The recipients of an outside send, in id order: read, not locked, so a
+-- busy inbox never keeps its task from being claimed or renewed. The send
+-- holds guard_send's locks instead.
 select id, state, inbox from {schema}.tasks
 where id = any(%(ids)s::bigint[])
-order by id
-for update;
+order by id;
+
+-- name: guard_send
+-- An outside send takes a shared advisory lock per recipient (in id order,
+-- before anything else) until it commits; a coroutine poll's ending takes
+-- the exclusive one of its own task (guard_endings) before it locks its
+-- rows. So an ending waits for the sends already under way, whose messages
+-- its `rewake` then sees, and a send that comes later waits for the ending
+-- and then finds the task waiting (and wakes it): a message is never left
+-- behind a task that suspended without seeing it. Senders never wait for
+-- each other, and claims, renewals and other endings take no advisory
+-- lock. Advisory locks queue fairly: a stream of sends cannot starve an
+-- ending. The two-key space of advisory locks ({lock_space}: this schema's)
+-- is apart from the one-key space applications often use; ids are folded
+-- into 31 bits (two tasks 2^31 ids apart share a lock: harmless).
+select count(pg_advisory_xact_lock_shared({lock_space}, (i.id & 2147483647)::int))
+from unnest(%(ids)s::bigint[]) with ordinality as i(id, ord);
+
+-- name: guard_endings
+-- The exclusive advisory lock of each ending poll's own task, in id order
+-- (see guard_send).
+select count(pg_advisory_xact_lock({lock_space}, (i.id & 2147483647)::int))
+from unnest(%(ids)s::bigint[]) with ordinality as i(id, ord);
+
+-- name: sent_keys
+-- The messages already sent under these (recipient, idempotency key) pairs;
+-- a null message_id is a send under way (it holds the key, uncommitted) or
+-- one that delivered nothing.
+select m.task_id, m.key, m.message_id
+from {schema}.message_keys m
+join unnest(%(task_ids)s::bigint[], %(keys)s::text[]) as k(task_id, key)
+  on m.task_id = k.task_id and m.key = k.key;
+
+-- name: take_keys
+-- Take the idempotency keys of a send: a key taken already (or being taken
+-- by a send not yet committed, which this waits for) is skipped; the taken
+-- ones come back.
+insert into {schema}.message_keys (task_id, key)
+select k.task_id, k.key from unnest(%(task_ids)s::bigint[], %(keys)s::text[]) as k(task_id, key)
+on conflict (task_id, key) do nothing
+returning task_id, key;
+
+-- name: keep_keys
+-- Record the message each taken key sent.
+update {schema}.message_keys m
+set message_id = k.message_id
+from unnest(%(task_ids)s::bigint[], %(keys)s::text[], %(message_ids)s::bigint[])
+    as k(task_id, key, message_id)
+where m.task_id = k.task_id and m.key = k.key;
 
 -- name: deliver
 -- Put messages in the inboxes of live coroutine tasks (others are skipped)
@@ -586,7 +747,7 @@ woken as (
     returning t.queue
 ),
 notified as (
-    select count(pg_notify(%(channel)s, q.queue)) as n
+    select count(pg_notify({channel}, q.queue)) as n
     from (select distinct queue from woken) as q
 )
 select s.id from sent s, notified order by s.id;
@@ -621,7 +782,7 @@ woken as (
       and exists (select 1 from {schema}.messages m where m.task_id = t.id)
     returning t.queue
 )
-select count(pg_notify(%(channel)s, q.queue))
+select count(pg_notify({channel}, q.queue))
 from (select distinct queue from woken) as q;
 
 -- name: inbox

@@ -12,6 +12,7 @@ from typing import Any
 
 from conveyor.backends.protocol import Completion, Delivery, EnqueueParams, NewTask
 from conveyor.backends.stored import retry_json
+from conveyor.errors import BackendError
 from conveyor.model import Outcome, TaskState
 
 
@@ -33,7 +34,8 @@ def _options(task: NewTask) -> tuple[Any, ...]:
 
 
 def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
-    """The cheapest ``enqueue`` statement for these tasks, and its arguments."""
+    """The cheapest ``enqueue`` statement for these tasks (none of which
+    carries an idempotency key: see ``enqueue_keyed``), and its arguments."""
     tasks = params.tasks
     first = _options(tasks[0])
     if all(_options(t) == first for t in tasks):
@@ -55,8 +57,13 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
             "parent_id": head.parent_id,
             "payloads": head.payload if one else "[" + ",".join(t.payload for t in tasks) + "]",
         }
-    return "enqueue", {
-        "now": params.now,
+    return "enqueue", _columns(tasks, params.now)
+
+
+def _columns(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]:
+    """One array per column (``enqueue``, ``enqueue_keyed``)."""
+    return {
+        "now": now,
         "names": [t.name for t in tasks],
         "queues": [t.queue for t in tasks],
         "payloads": [t.payload for t in tasks],
@@ -73,11 +80,76 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
     }
 
 
+def keyed(tasks: Sequence[NewTask]) -> bool:
+    """Whether any of ``tasks`` carries an idempotency key."""
+    return any(t.idempotency_key is not None for t in tasks)
+
+
+def keyed_args(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]:
+    """Arguments of ``enqueue_keyed``."""
+    return {**_columns(tasks, now), "keys": [t.idempotency_key for t in tasks]}
+
+
+def keyed_ids(
+    tasks: Sequence[NewTask], returned: list[tuple[Any, ...]]
+) -> tuple[list[int | None], list[bool]]:
+    """From ``enqueue_keyed``'s rows: each task's id (None where a keyed
+    task was skipped: its key is stored already) and whether it is new."""
+    rows = sorted((int(r[0]), r[1], r[2]) for r in returned)
+    by_key = {(name, key): task_id for task_id, name, key in rows if key is not None}
+    unkeyed = iter(task_id for task_id, _name, key in rows if key is None)
+    ids: list[int | None] = []
+    fresh: list[bool] = []
+    claimed: set[tuple[str, str]] = set()
+    for task in tasks:
+        if task.idempotency_key is None:
+            ids.append(next(unkeyed))
+            fresh.append(True)
+            continue
+        pair = (task.name, task.idempotency_key)
+        ids.append(by_key.get(pair))
+        fresh.append(pair in by_key and pair not in claimed)  # a repeat in one batch is not
+        claimed.add(pair)
+    return ids, fresh
+
+
+def stored_keys_args(tasks: Sequence[NewTask], ids: Sequence[int | None]) -> dict[str, Any]:
+    """Arguments of ``stored_keys`` for the skipped tasks."""
+    skipped = [t for t, task_id in zip(tasks, ids, strict=True) if task_id is None]
+    return {"names": [t.name for t in skipped], "keys": [t.idempotency_key for t in skipped]}
+
+
+def with_stored(
+    tasks: Sequence[NewTask], ids: Sequence[int | None], stored: list[tuple[Any, ...]]
+) -> list[int]:
+    """``ids`` with each skipped task's stored id filled in."""
+    found = {(r[0], r[1]): int(r[2]) for r in stored}
+    complete = []
+    for task, task_id in zip(tasks, ids, strict=True):
+        if task_id is None:
+            task_id = found.get((task.name, task.idempotency_key))
+            if task_id is None:  # nothing deletes tasks while this runs
+                raise BackendError(
+                    f"task {task.name!r} with idempotency key {task.idempotency_key!r} "
+                    "was neither stored nor found; retry the call"
+                )
+        complete.append(task_id)
+    return complete
+
+
 def first_messages_args(
-    tasks: Sequence[NewTask], ids: Sequence[int], now: datetime | None
+    tasks: Sequence[NewTask],
+    ids: Sequence[int],
+    now: datetime | None,
+    fresh: Sequence[bool] | None = None,
 ) -> dict[str, Any] | None:
-    """Arguments of ``first_messages`` for new tasks that carry one, or None."""
-    firsts = [(task_id, t) for task_id, t in zip(ids, tasks, strict=True) if t.message]
+    """Arguments of ``first_messages`` for new tasks that carry one (only the
+    ``fresh`` ones, if given: a task stored earlier has its first message),
+    or None."""
+    news = fresh if fresh is not None else [True] * len(tasks)
+    firsts = [
+        (task_id, t) for task_id, t, new in zip(ids, tasks, news, strict=True) if t.message and new
+    ]
     if not firsts:
         return None
     return {
@@ -88,13 +160,10 @@ def first_messages_args(
     }
 
 
-def deliver_args(
-    deliveries: Sequence[Delivery], channel: str, now: datetime | None
-) -> dict[str, Any]:
+def deliver_args(deliveries: Sequence[Delivery], now: datetime | None) -> dict[str, Any]:
     """Arguments of ``deliver``."""
     return {
         "now": now,
-        "channel": channel,
         "task_ids": [d.task_id for d in deliveries],
         "sender_ids": [d.sender_id for d in deliveries],
         "bodies": [d.body for d in deliveries],

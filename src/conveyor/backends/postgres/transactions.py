@@ -72,7 +72,7 @@ class PostgresTransaction:
             if completion.effects is not None:
                 backend = self._backend
                 applied = await finish_with_effects(
-                    self._conn, backend.sql, backend.channel, self._worker_id, [completion], None
+                    self._conn, backend.sql, self._worker_id, [completion], None
                 )
             else:
                 cursor = await self._conn.execute(

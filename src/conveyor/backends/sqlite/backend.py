@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -27,6 +28,7 @@ from typing import Any, LiteralString
 from conveyor.backends import sqlfiles, wake
 from conveyor.backends.protocol import (
     AttemptTransaction,
+    CancelHint,
     Capability,
     ClaimedTask,
     ClaimParams,
@@ -38,6 +40,7 @@ from conveyor.backends.protocol import (
     NewTask,
     SendParams,
     TaskFilter,
+    Wakeup,
     WorkerInfo,
     WorkFilter,
 )
@@ -52,19 +55,24 @@ from conveyor.backends.sqlite.database import (
 )
 from conveyor.backends.sqlite.inboxes import (
     apply_effects,
-    check_recipients,
-    deliver,
     holding,
     insert_tasks,
     read_inbox,
     rewake,
+    send,
 )
 from conveyor.backends.sqlite.migrate import apply_migrations
-from conveyor.backends.stored import LEASE_EXPIRED, lease_lost_message, transition_result
+from conveyor.backends.stored import (
+    LEASE_EXPIRED,
+    corrupt_counter_message,
+    lease_lost_message,
+    transition_result,
+)
 from conveyor.errors import ConfigurationError
-from conveyor.model import Attempt, Message, Task, TaskState
+from conveyor.model import Attempt, LeaseToken, Message, Task, TaskState
 
 SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
+log = logging.getLogger("conveyor.sqlite")
 CHANGE_POLL_INTERVAL = 0.01
 """Seconds between checks for commits made by other processes (wake-ups)."""
 
@@ -123,7 +131,7 @@ class SQLiteBackend:
 
     async def destroy(self) -> None:
         def drop(conn: sqlite3.Connection) -> None:
-            for table in ("messages", "attempts", "workers", "tasks", "migrations"):
+            for table in ("message_keys", "messages", "attempts", "workers", "tasks", "migrations"):
                 conn.execute(SQL[f"drop_{table}"])
 
         await self._db.write(drop)
@@ -195,6 +203,8 @@ class SQLiteBackend:
             "queues": json.dumps(list(params.queues)),
             "names": json.dumps(list(params.names)),
         }
+        if params.reclaim:
+            self._quarantine(conn, params, scope)
         ended = conn.execute(SQL["end_expired"], scope).fetchall()
         if ended:
             conn.executemany(
@@ -229,6 +239,24 @@ class SQLiteBackend:
         order = {task_id: index for index, (task_id, _state) in enumerate(picked)}
         taken.sort(key=lambda row: order[row[0]])
         return [rows.claimed_task(row, params.worker_id) for row in taken]
+
+    @staticmethod
+    def _quarantine(conn: sqlite3.Connection, params: ClaimParams, scope: dict[str, Any]) -> None:
+        """End failed the tasks whose counters stand at the limit (see
+        queries.sql), saying why in their attempt log."""
+        for task_id, attempt, spent, state in conn.execute(SQL["quarantine_find"], scope):
+            conn.execute(SQL["quarantine_end"], {"task_id": task_id, "now": scope["now"]})
+            conn.execute(
+                SQL["quarantine_log"],
+                {
+                    "task_id": task_id,
+                    "number": attempt if state == TaskState.IN_PROGRESS else attempt + 1,
+                    "worker_id": params.worker_id,
+                    "now": scope["now"],
+                    "message": corrupt_counter_message(attempt, spent),
+                },
+            )
+            log.error("failed task %s: %s", task_id, corrupt_counter_message(attempt, spent))
 
     @staticmethod
     def _pick(
@@ -276,6 +304,7 @@ class SQLiteBackend:
             return FinishResult(frozenset(), frozenset())
 
         parents: list[int | None] = []
+        due: set[str] = set()
 
         effects = [c for c in completions if c.effects is not None]
 
@@ -292,6 +321,7 @@ class SQLiteBackend:
                 },
             ).fetchall()
             parents.extend(r[2] for r in found)
+            due.update(r[3] for r in found if r[4])
             done = {(r[0], r[1]) for r in found}
             applied = [c for c in completions if (c.token.task_id, c.token.attempt) in done]
             if applied:
@@ -306,6 +336,8 @@ class SQLiteBackend:
             # Sends, spawns and a child's end woke tasks the queues of which
             # this process does not know: every local worker looks.
             wake.notify_all(self._wake_key)
+        elif due:  # a workflow's next step, a release: due at once
+            wake.notify(self._wake_key, due)
         tokens = [c.token for c in completions]
         applied = frozenset(t for t in tokens if (t.task_id, t.attempt) in done)
         return FinishResult(applied=applied, rejected=frozenset(tokens) - applied)
@@ -335,7 +367,22 @@ class SQLiteBackend:
     async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
         state = await self._transition("cancel", task_id, now, "cancel")
         wake.notify_all(self._wake_key)  # a parent may have an end message
+        # Workers of this process hear of it at once (without an id: the
+        # cancel of a coroutine task reaches its running children too);
+        # others see the file change (see wakeups).
+        wake.notify_cancel(self._wake_key, [None])
         return state
+
+    async def cancel_requested(
+        self, worker_id: str, tokens: Sequence[LeaseToken]
+    ) -> frozenset[LeaseToken]:
+        if not tokens:
+            return frozenset()
+        args = {"worker_id": worker_id, "leases": rows.leases_json(tokens)}
+        found = await self._db.read(
+            lambda conn: {(r[0], r[1]) for r in conn.execute(SQL["cancel_requested"], args)}
+        )
+        return frozenset(t for t in tokens if (t.task_id, t.attempt) in found)
 
     # -- messages --------------------------------------------------------
 
@@ -345,11 +392,9 @@ class SQLiteBackend:
         if connection is not None:
             return self.send_sync(params, connection)
 
-        def put(conn: sqlite3.Connection) -> list[int]:
-            check_recipients(conn, params.deliveries)
-            return deliver(conn, params.deliveries, _clock(conn, params.now))
-
-        ids = await self._db.write(put)
+        ids = await self._db.write(
+            lambda conn: send(conn, params.deliveries, _clock(conn, params.now))
+        )
         wake.notify_all(self._wake_key)
         return ids
 
@@ -358,8 +403,7 @@ class SQLiteBackend:
         transaction (as for ``enqueue_sync``); the caller commits."""
         self._check_caller(connection)
         with translated_errors():
-            check_recipients(connection, params.deliveries)
-            ids = deliver(connection, params.deliveries, _clock(connection, params.now))
+            ids = send(connection, params.deliveries, _clock(connection, params.now))
         wake.notify_all(self._wake_key)
         return ids
 
@@ -444,17 +488,19 @@ class SQLiteBackend:
 
     # -- wake-ups --------------------------------------------------------
 
-    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[str]:
-        """Every queue once at the start; then enqueues of this process at
-        once, and commits of other processes within CHANGE_POLL_INTERVAL (a
-        change of ``PRAGMA data_version``)."""
+    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+        """Every queue once at the start; then enqueues (and cancels) of this
+        process at once, and commits of other processes within
+        CHANGE_POLL_INTERVAL (a change of ``PRAGMA data_version``): every
+        queue, and a CancelHint without an id (the commit may have been a
+        cancel; the worker reads whether its tasks' were)."""
         subscription = wake.Subscription(self._wake_key, queues)
         try:
             watcher = connect(self.path, self._busy_timeout, self._synchronous)
         except BaseException:
             subscription.close()
             raise
-        nearby: asyncio.Future[str] | None = None
+        nearby: asyncio.Future[Wakeup] | None = None
         try:
             version = self._data_version(watcher)
             for queue in queues:
@@ -471,6 +517,7 @@ class SQLiteBackend:
                     version = current
                     for queue in queues:
                         yield queue
+                    yield CancelHint()
         finally:
             if nearby is not None:
                 nearby.cancel()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
-from typing import LiteralString
+from typing import Any, LiteralString
 
 from conveyor.backends import sqlfiles
 from conveyor.backends.protocol import Completion, Delivery, EnqueueParams
@@ -23,27 +23,70 @@ SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlit
 
 
 def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) -> list[int]:
-    """Insert tasks and their first messages; their ids in input order."""
-    conn.executemany(SQL["enqueue"], rows.enqueue_rows(params, now))
-    # Under the write lock rowids are drawn one after another: the last
-    # one and the count give every id, in input order.
-    last: int = conn.execute("select last_insert_rowid()").fetchone()[0]
-    ids = list(range(last - len(params.tasks) + 1, last + 1))
+    """Insert tasks and their first messages; their ids in input order. A
+    task whose name and idempotency key are stored already is not inserted
+    (nor its first message): the stored task's id comes back."""
+    values = rows.enqueue_rows(params, now)
+    if any(t.idempotency_key is not None for t in params.tasks):
+        ids, fresh = _insert_keyed(conn, values)
+    else:
+        conn.executemany(SQL["enqueue"], values)
+        # Under the write lock rowids are drawn one after another: the last
+        # one and the count give every id, in input order.
+        last: int = conn.execute("select last_insert_rowid()").fetchone()[0]
+        ids = list(range(last - len(params.tasks) + 1, last + 1))
+        fresh = [True] * len(ids)
     firsts = [
         {"task_id": task_id, "sender_id": t.parent_id, "body": t.message, "now": now}
-        for task_id, t in zip(ids, params.tasks, strict=True)
-        if t.message is not None
+        for task_id, t, new in zip(ids, params.tasks, fresh, strict=True)
+        if t.message is not None and new
     ]
     if firsts:
         conn.executemany(SQL["first_message"], firsts)
     return ids
 
 
-def check_recipients(conn: sqlite3.Connection, deliveries: Sequence[Delivery]) -> None:
-    """Raise unless every recipient exists, has an inbox and is live."""
-    for d in deliveries:
-        found = conn.execute(SQL["recipient"], {"id": d.task_id}).fetchone()
-        check_recipient(d.task_id, found[0] if found else None, bool(found and found[1]))
+def _insert_keyed(
+    conn: sqlite3.Connection, values: list[dict[str, Any]]
+) -> tuple[list[int], list[bool]]:
+    """Insert one task at a time: each id, and whether it is new."""
+    ids, fresh = [], []
+    for value in values:
+        inserted = conn.execute(SQL["enqueue_keyed"], value).fetchone()
+        fresh.append(inserted is not None)
+        if inserted is None:
+            inserted = conn.execute(SQL["stored_key"], value).fetchone()
+        ids.append(int(inserted[0]))
+    return ids, fresh
+
+
+def send(conn: sqlite3.Connection, deliveries: Sequence[Delivery], now: float) -> list[int]:
+    """An outside send, all or none: every recipient is checked before any
+    message is stored. A delivery whose idempotency key its recipient got
+    already sends nothing: the first message's id comes back."""
+    sent: dict[int, int] = {}
+    for index, d in enumerate(deliveries):
+        if d.idempotency_key is not None:
+            found = conn.execute(SQL["sent_key"], _key(d)).fetchone()
+            if found is not None:
+                sent[index] = int(found[0])
+                continue
+        row = conn.execute(SQL["recipient"], {"id": d.task_id}).fetchone()
+        check_recipient(d.task_id, row[0] if row else None, bool(row and row[1]))
+    ids = []
+    for index, d in enumerate(deliveries):
+        if index in sent:
+            ids.append(sent[index])
+            continue
+        [message_id] = deliver(conn, [d], now)
+        if d.idempotency_key is not None:
+            conn.execute(SQL["keep_key"], {**_key(d), "message_id": message_id})
+        ids.append(message_id)
+    return ids
+
+
+def _key(delivery: Delivery) -> dict[str, Any]:
+    return {"task_id": delivery.task_id, "key": delivery.idempotency_key}
 
 
 def deliver(conn: sqlite3.Connection, deliveries: Sequence[Delivery], now: float) -> list[int]:

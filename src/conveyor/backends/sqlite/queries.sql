@@ -17,9 +17,23 @@ select coalesce(:now, (julianday('now') - 2440587.5) * 86400.0);
 -- One task; run many times in one transaction (executemany).
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, created_at, step, inbox, parent_id)
+     timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
-        :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id);
+        :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key);
+
+-- name: enqueue_keyed
+-- One task that may carry an idempotency key: skipped when its name and key
+-- are stored already (then stored_key reads the stored task's id).
+insert into conveyor_tasks
+    (name, queue, payload, priority, run_at, max_attempts, retry_policy,
+     timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key)
+values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
+        :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key)
+on conflict (name, idempotency_key) where idempotency_key is not null do nothing
+returning id;
+
+-- name: stored_key
+select id from conveyor_tasks where name = :name and idempotency_key = :idempotency_key;
 
 -- name: end_expired
 -- Expired leases that must not run again: the crash budget is spent or a
@@ -48,6 +62,7 @@ where state = 'pending'
   and queue = :queue
   and run_at <= :now
   and name in (select value from json_each(:names))
+  and attempt <= 2147483645 and spent <= 2147483645  -- see quarantine
 order by priority desc, run_at, id
 limit :limit;
 
@@ -60,8 +75,37 @@ where state = 'in_progress'
   and lease_expires_at <= :now
   and queue in (select value from json_each(:queues))
   and name in (select value from json_each(:names))
+  and attempt <= 2147483645 and spent <= 2147483645  -- see quarantine
 order by priority desc, run_at, id
 limit :limit;
+
+-- name: quarantine_find
+-- Tasks the claims pass by because a counter stands at the limit (only a
+-- row written around conveyor gets there): due, or with an expired lease,
+-- in the worker's queues and names. quarantine_end ends each one failed and
+-- quarantine_log says why in its attempt log, so it neither blocks its
+-- queue nor hides in it.
+select id, attempt, spent, state from conveyor_tasks indexed by conveyor_tasks_unclaimable
+where state in ('pending', 'in_progress') and (attempt > 2147483645 or spent > 2147483645)
+  and ((state = 'pending' and run_at <= :now)
+       or (state = 'in_progress' and lease_expires_at <= :now))
+  and queue in (select value from json_each(:queues))
+  and name in (select value from json_each(:names));
+
+-- name: quarantine_end
+update conveyor_tasks
+set state = 'failed', worker_id = null, lease_expires_at = null, finished_at = :now
+where id = :task_id;
+
+-- name: quarantine_log
+-- The open attempt of a task that was running is closed with the reason; a
+-- pending one gets an attempt row of its own for it.
+insert into conveyor_attempts
+    (task_id, number, worker_id, outcome, started_at, finished_at, error_type, error_message)
+values (:task_id, :number, :worker_id, 'failed', :now, :now, 'CorruptTask', :message)
+on conflict (task_id, number) do update
+set outcome = excluded.outcome, finished_at = excluded.finished_at,
+    error_type = excluded.error_type, error_message = excluded.error_message;
 
 -- name: claim_take
 -- Hand the picked tasks to the worker under a fresh lease.
@@ -104,7 +148,8 @@ returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.cancel_reque
 -- the result. A task whose cancel was requested is not made pending or
 -- waiting again. An ending with a new state (a workflow's next step, a
 -- coroutine's poll) stores it, its options and run time, with a fresh budget.
--- :completions is a JSON array of objects (see rows.completions_json).
+-- Each row says whether its task is due at once (its queue's idle workers
+-- are woken). :completions is a JSON array of objects (see rows.completions_json).
 update conveyor_tasks
 set state = case when conveyor_tasks.cancel_requested and i.state in ('pending', 'waiting')
                  then 'cancelled' else i.state end,
@@ -145,7 +190,8 @@ where conveyor_tasks.id = i.id
   and conveyor_tasks.attempt = i.attempt
   and conveyor_tasks.worker_id = :worker_id
   and conveyor_tasks.lease_expires_at > :now
-returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.parent_id;
+returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.parent_id, conveyor_tasks.queue,
+          conveyor_tasks.state = 'pending' and conveyor_tasks.run_at <= :now;
 
 -- name: finish_log
 -- Close the attempts of the endings `finish` applied (only those are passed).
@@ -165,13 +211,23 @@ where conveyor_attempts.task_id = i.id and conveyor_attempts.number = i.attempt;
 
 -- name: cancel
 -- Cancel a task: pending and waiting ones at once; a running one is flagged
--- and its worker stops it at the next heartbeat. Returns the state after.
+-- and its worker stops it once it hears of it (a cancel hint, or its next
+-- heartbeat). Returns the state after.
 update conveyor_tasks
 set state = case when state = 'in_progress' then state else 'cancelled' end,
     cancel_requested = (state = 'in_progress'),
     finished_at = case when state = 'in_progress' then null else :now end
 where id = :id and state in ('pending', 'waiting', 'in_progress')
 returning state;
+
+-- name: cancel_requested
+-- Which of these leases (a JSON array of [id, attempt]), held by
+-- :worker_id, have a cancel requested.
+select t.id, t.attempt
+from conveyor_tasks t
+join (select json_extract(value, '$[0]') as id, json_extract(value, '$[1]') as attempt
+      from json_each(:leases)) as l on l.id = t.id and l.attempt = t.attempt
+where t.worker_id = :worker_id and t.cancel_requested;
 
 -- name: retry
 -- Run a failed or cancelled task again now, with a fresh attempt budget.
@@ -187,7 +243,7 @@ select state from conveyor_tasks where id = :id;
 -- name: get_task
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
-       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox
+       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key
 from conveyor_tasks
 where id = :id;
 
@@ -202,7 +258,7 @@ order by number;
 -- Newest first, each filter optional.
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
-       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox
+       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key
 from conveyor_tasks
 where (:state is null or state = :state)
   and (:name is null or name = :name)
@@ -299,6 +355,17 @@ update conveyor_tasks
 set state = 'pending', run_at = min(run_at, :now)
 where id = :task_id
   and (state = 'waiting' or (state = 'pending' and run_at > :now));
+
+-- name: sent_key
+-- The message already sent to :task_id under this idempotency key.
+select message_id from conveyor_message_keys where task_id = :task_id and key = :key;
+
+-- name: keep_key
+insert into conveyor_message_keys (task_id, key, message_id)
+values (:task_id, :key, :message_id);
+
+-- name: drop_message_keys
+drop table if exists conveyor_message_keys;
 
 -- name: first_message
 insert into conveyor_messages (task_id, sender_id, kind, body, created_at)

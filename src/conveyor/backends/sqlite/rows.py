@@ -32,8 +32,20 @@ def seconds(moment: datetime | None) -> float | None:
     return moment.timestamp() if moment is not None else None
 
 
+EARLIEST = datetime.min.replace(tzinfo=UTC)
+LATEST = datetime.max.replace(tzinfo=UTC)
+
+
 def moment(value: float | None) -> datetime | None:
-    return datetime.fromtimestamp(value, UTC) if value is not None else None
+    """A stored time as an aware datetime. One a datetime cannot hold (±inf,
+    or not a number at all: written around conveyor) reads as its nearest
+    end, so that the row stays readable."""
+    if value is None:
+        return None
+    try:
+        return datetime.fromtimestamp(value, UTC)
+    except (OverflowError, OSError, ValueError, TypeError):
+        return EARLIEST if isinstance(value, int | float) and value < 0 else LATEST
 
 
 def _with_times(row: Sequence[Any], positions: Sequence[int]) -> tuple[Any, ...]:
@@ -61,6 +73,7 @@ def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
             "step": t.step,
             "inbox": t.inbox,
             "parent_id": t.parent_id,
+            "idempotency_key": t.idempotency_key,
         }
         for t in params.tasks
     ]

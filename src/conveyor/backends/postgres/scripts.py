@@ -1,0 +1,169 @@
+"""Writes of several statements, written once, run on async or sync connections.
+
+A script is a generator: it yields ``(statement, arguments)`` and is sent
+back that statement's rows, until it returns its result. :func:`run` drives
+one on an ``AsyncConnection`` (the backend's pool, an application's async
+connection), :func:`run_sync` on a ``Connection`` (an application's own,
+for a transactional enqueue or send): one text of the logic for both. A
+script runs inside the caller's transaction; it commits nothing itself.
+
+Scripts here: inserting tasks (with idempotency keys and first messages)
+and an outside send (its advisory locks, checks, idempotency keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from psycopg import AsyncConnection, Connection
+
+from conveyor.backends.postgres.rows import (
+    deliver_args,
+    enqueue_statement,
+    first_messages_args,
+    keyed,
+    keyed_args,
+    keyed_ids,
+    ordered_ids,
+    stored_keys_args,
+    with_stored,
+)
+from conveyor.backends.protocol import Delivery, EnqueueParams, NewTask
+from conveyor.backends.stored import check_recipient
+from conveyor.errors import TaskFinishedError
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+Step = tuple[bytes, Mapping[str, Any]]
+Script = Generator[Step, Rows, T]
+Statements = Mapping[str, bytes]
+
+
+async def run(conn: AsyncConnection[Any], script: Script[T]) -> T:
+    """Run ``script`` on ``conn``; its result."""
+    try:
+        step = next(script)
+        while True:
+            cursor = await conn.execute(*step)
+            rows = await cursor.fetchall() if cursor.description else []
+            step = script.send(rows)
+    except StopIteration as finished:
+        result: T = finished.value
+        return result
+
+
+def run_sync(conn: Connection[Any], script: Script[T]) -> T:
+    """Run ``script`` on the synchronous ``conn``; its result."""
+    try:
+        step = next(script)
+        while True:
+            cursor = conn.execute(*step)
+            rows = cursor.fetchall() if cursor.description else []
+            step = script.send(rows)
+    except StopIteration as finished:
+        result: T = finished.value
+        return result
+
+
+def insert(sql: Statements, tasks: Sequence[NewTask], now: datetime | None) -> Script[list[int]]:
+    """Insert ``tasks`` and their first messages; their ids in order. A task
+    whose idempotency key is stored already is not inserted (nor its first
+    message): the stored task's id comes back."""
+    fresh = None
+    if keyed(tasks):
+        found, fresh = keyed_ids(tasks, (yield sql["enqueue_keyed"], keyed_args(tasks, now)))
+        stored: Rows = []
+        if None in found:
+            stored = yield sql["stored_keys"], stored_keys_args(tasks, found)
+        ids = with_stored(tasks, found, stored)
+    else:
+        name, args = enqueue_statement(EnqueueParams(tasks=tasks, now=now))
+        ids = ordered_ids((yield sql[name], args))
+    firsts = first_messages_args(tasks, ids, now, fresh)
+    if firsts is not None:
+        yield sql["first_messages"], firsts
+    return ids
+
+
+def _pair(delivery: Delivery) -> tuple[int, str | None]:
+    return delivery.task_id, delivery.idempotency_key
+
+
+def _keys(deliveries: Sequence[Delivery]) -> dict[str, Any]:
+    return {
+        "task_ids": [d.task_id for d in deliveries],
+        "keys": [d.idempotency_key for d in deliveries],
+    }
+
+
+def send(
+    sql: Statements, deliveries: Sequence[Delivery], now: datetime | None
+) -> Script[list[int]]:
+    """An outside send: the recipients' advisory locks (see ``guard_send`` in
+    queries.sql), their checks, the messages; their ids in order. A delivery
+    whose idempotency key its recipient got already sends nothing: the
+    first message's id comes back (whatever the task's state now)."""
+    everyone = {"ids": sorted({d.task_id for d in deliveries})}
+    yield sql["guard_send"], everyone
+    sent: dict[tuple[int, str | None], int] = {}
+    keyed_ones = [d for d in deliveries if d.idempotency_key is not None]
+    if keyed_ones:
+        rows = yield sql["sent_keys"], _keys(keyed_ones)
+        sent = {(r[0], r[1]): int(r[2]) for r in rows if r[2] is not None}
+    todo = [i for i, d in enumerate(deliveries) if _pair(d) not in sent]
+    taken: list[int] = []
+    if todo:
+        pending = [deliveries[i] for i in todo]
+        rows = yield sql["recipients"], {"ids": sorted({d.task_id for d in pending})}
+        found = {int(r[0]): (str(r[1]), bool(r[2])) for r in rows}
+        for d in pending:
+            state, inbox = found.get(d.task_id, (None, False))
+            check_recipient(d.task_id, state, inbox)
+        todo, taken = yield from _take_keys(sql, deliveries, todo, sent)
+    ids = yield from _deliver(sql, deliveries, todo, now)
+    if taken:
+        kept = [(deliveries[i], ids[i]) for i in taken]
+        yield (
+            sql["keep_keys"],
+            {
+                **_keys([d for d, _ in kept]),
+                "message_ids": [message_id for _, message_id in kept],
+            },
+        )
+    return [ids[i] if i in ids else sent[_pair(d)] for i, d in enumerate(deliveries)]
+
+
+def _take_keys(
+    sql: Statements,
+    deliveries: Sequence[Delivery],
+    todo: list[int],
+    sent: dict[tuple[int, str | None], int],
+) -> Generator[Step, Rows, tuple[list[int], list[int]]]:
+    """Take the keys of the keyed deliveries among ``todo``; those another
+    send took meanwhile (and committed) go to ``sent``. The deliveries still
+    to make, and the keyed ones among them."""
+    keyed_todo = [i for i in todo if deliveries[i].idempotency_key is not None]
+    if not keyed_todo:
+        return todo, []
+    rows = yield sql["take_keys"], _keys([deliveries[i] for i in keyed_todo])
+    won = {(int(r[0]), r[1]) for r in rows}
+    lost = [deliveries[i] for i in keyed_todo if _pair(deliveries[i]) not in won]
+    if lost:
+        rows = yield sql["sent_keys"], _keys(lost)
+        sent.update({(r[0], r[1]): int(r[2]) for r in rows if r[2] is not None})
+    still = [i for i in todo if _pair(deliveries[i]) not in sent]
+    return still, [i for i in still if deliveries[i].idempotency_key is not None]
+
+
+def _deliver(
+    sql: Statements, deliveries: Sequence[Delivery], todo: list[int], now: datetime | None
+) -> Generator[Step, Rows, dict[int, int]]:
+    """Deliver ``todo``; each one's message id, by its position."""
+    if not todo:
+        return {}
+    rows = yield sql["deliver"], deliver_args([deliveries[i] for i in todo], now)
+    if len(rows) != len(todo):  # a recipient finished since it was checked
+        raise TaskFinishedError("a recipient finished while the message was being sent")
+    return {i: int(r[0]) for i, r in zip(todo, rows, strict=True)}

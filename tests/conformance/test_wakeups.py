@@ -1,0 +1,134 @@
+"""Wake-ups on every backend: what an idle worker hears, and when.
+
+A task made due at once by an ending (a workflow's next step, a release)
+wakes its queue like an enqueue does, or the next step would wait for the
+poll interval. A cancel of a running task reaches its worker as a
+CancelHint, and ``cancel_requested`` tells which held leases it concerns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from conveyor import payload as codec
+from conveyor.backends.protocol import (
+    Backend,
+    CancelHint,
+    Completion,
+    FinishParams,
+    NewTask,
+    Transition,
+    Wakeup,
+)
+from conveyor.model import LeaseToken, Outcome, RetryPolicy, TaskState
+from tests.conformance.test_tasks import claim, enqueue, later, new
+
+WAIT = 10.0
+"""Seconds to wait for a wake-up that should come at once."""
+
+
+class Listener:
+    """Every wake-up of ``backend`` for the default queue, collected in the
+    background from the moment the listener is connected."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.heard: list[Wakeup] = []
+        self._changed = asyncio.Event()
+        self._stream = backend.wakeups(["default"])
+        self._task: asyncio.Task[None] | None = None
+
+    async def _collect(self) -> None:
+        async for wakeup in self._stream:
+            self.heard.append(wakeup)
+            self._changed.set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._collect())
+        await self.expect(lambda w: w == "default")  # connected: it says so once
+        await asyncio.sleep(0.2)  # and everything it says at connection time is said
+        self.heard.clear()
+
+    async def expect(self, wanted: object) -> Wakeup:
+        """The first wake-up heard (from now on) for which ``wanted`` holds."""
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while True:
+            for wakeup in self.heard:
+                if wanted(wakeup):  # type: ignore[operator]
+                    return wakeup
+            self._changed.clear()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise AssertionError(f"no such wake-up in {WAIT}s; heard {self.heard}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._stream.aclose()
+
+
+@contextlib.asynccontextmanager
+async def listening(backend: Backend) -> AsyncIterator[Listener]:
+    listener = Listener(backend)
+    await listener.start()
+    try:
+        yield listener
+    finally:
+        await listener.stop()
+
+
+def step(name: str) -> NewTask:
+    return NewTask(
+        name="flow",
+        queue="default",
+        payload=codec.encode({"n": 1}),
+        priority=0,
+        max_attempts=3,
+        retry=RetryPolicy(max_attempts=3),
+        run_at=later(0),
+        step=name,
+    )
+
+
+async def test_a_next_step_due_at_once_wakes_its_queue(backend: Backend) -> None:
+    [task_id] = await enqueue(backend, step("first"))
+    [claimed] = await claim(backend, names=("flow",))
+    move = Transition(
+        step="second", state=codec.encode({"n": 2}), max_attempts=3, retry=RetryPolicy()
+    )
+    completion = Completion(claimed.token, Outcome.SUCCEEDED, TaskState.PENDING, transition=move)
+    async with listening(backend) as listener:
+        result = await backend.finish(FinishParams("w1", [completion], now=later(1)))
+        assert result.applied == {claimed.token}
+        assert await listener.expect(lambda w: w == "default") == "default"
+    [again] = await claim(backend, names=("flow",), at=later(1))
+    assert (again.token.task_id, again.step) == (task_id, "second")
+
+
+async def test_a_release_wakes_its_queue(backend: Backend) -> None:
+    await enqueue(backend, new())
+    [claimed] = await claim(backend)
+    released = Completion(claimed.token, Outcome.INTERRUPTED, TaskState.PENDING, retry_delay=0.0)
+    async with listening(backend) as listener:
+        await backend.finish(FinishParams("w1", [released], now=later(1)))
+        await listener.expect(lambda w: w == "default")
+
+
+async def test_a_cancel_of_a_running_task_reaches_its_worker(backend: Backend) -> None:
+    [task_id] = await enqueue(backend, new())
+    [claimed] = await claim(backend)
+    token = claimed.token
+    foreign = LeaseToken(task_id, token.attempt, "w2")
+    stale = LeaseToken(task_id, token.attempt - 1, "w1")
+    assert await backend.cancel_requested("w1", [token]) == frozenset()
+    async with listening(backend) as listener:
+        assert await backend.cancel(task_id) is TaskState.IN_PROGRESS
+        hint = await listener.expect(lambda w: isinstance(w, CancelHint))
+    assert isinstance(hint, CancelHint) and hint.task_id in (task_id, None)
+    assert await backend.cancel_requested("w1", [token, stale]) == {token}
+    assert await backend.cancel_requested("w2", [foreign]) == frozenset()

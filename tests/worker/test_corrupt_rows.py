@@ -1,0 +1,363 @@
+"""Rows written around conveyor, on PostgreSQL and SQLite: the store refuses
+values no claim can compute with, a row that still cannot be claimed fails
+alone while its queue keeps moving, a migration brings old rows within the
+bounds, and listings read times no ``datetime`` can hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import conveyor
+from conveyor import Outcome, RetryPolicy, TaskState
+from conveyor.backends.postgres import queries as pg_queries
+from conveyor.backends.sqlfiles import migrations as sql_migrations
+from conveyor.backends.sqlite import migrate as sqlite_migrate
+from conveyor.backends.sqlite.backend import SQL as SQLITE_SQL
+from conveyor.model import MAX_SECONDS
+from tests.conftest import PG_URL
+from tests.worker.helpers import RunningWorker, wait_terminal
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 2_147_483_646
+"""A counter standing here cannot be claimed again: the next would not fit."""
+
+
+class Store:
+    """Raw SQL on the store under test, around conveyor (``{tasks}`` names
+    the tasks table)."""
+
+    def __init__(self, kind: str, schema: str, tmp_path: Path) -> None:
+        self.kind = kind
+        self.schema = schema
+        self.path = tmp_path / "tasks.db"
+        self.url = PG_URL if kind == "postgres" else f"sqlite:///{self.path}"
+
+    @property
+    def tasks(self) -> str:
+        return f'"{self.schema}".tasks' if self.kind == "postgres" else "conveyor_tasks"
+
+    def execute(self, statement: str, *args: object) -> list[tuple[Any, ...]]:
+        text = statement.format(tasks=self.tasks)
+        if self.kind == "postgres":
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                cursor = conn.execute(sql.SQL(text), args or None)  # type: ignore[arg-type]
+                return cursor.fetchall() if cursor.description else []
+        with contextlib.closing(sqlite3.connect(self.path, isolation_level=None)) as conn:
+            found = conn.execute(text.replace("%s", "?"), args).fetchall()
+            return found
+
+    def app(self) -> conveyor.App:
+        return conveyor.App(self.url, schema=self.schema)
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def store(request: pytest.FixtureRequest, schema: str, tmp_path: Path) -> Store:
+    return Store(request.param, schema, tmp_path)
+
+
+@pytest.fixture
+def app(store: Store) -> Iterator[conveyor.App]:
+    application = store.app()
+    yield application
+    application.close()
+
+
+def _refused(store: Store) -> type[Exception]:
+    return psycopg.errors.CheckViolation if store.kind == "postgres" else sqlite3.IntegrityError
+
+
+NUMBER = {
+    # what to write, per store: PostgreSQL text casts, SQLite values
+    "nan": ("'NaN'::float8", "nan"),
+    "huge": ("1e300", "1e300"),
+    "infinity": ("'Infinity'::float8", "9e999"),
+    "text": (None, "'abc'"),
+}
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("attempt", "2147483647"),
+        ("spent", "-1"),
+        ("lease_seconds", "nan"),
+        ("lease_seconds", "huge"),
+        ("lease_seconds", "text"),
+        ("timeout_seconds", "infinity"),
+        ("timeout_seconds", "-1"),
+        ("run_at", "infinity"),
+    ],
+)
+async def test_the_store_refuses_values_no_claim_can_compute_with(
+    app: conveyor.App, store: Store, column: str, value: str
+) -> None:
+    @app.task()
+    async def job() -> None:
+        return None
+
+    async with app:
+        handle = await job.enqueue_async()
+    written = NUMBER.get(value, (value, value))[0 if store.kind == "postgres" else 1]
+    if column == "run_at":
+        written = "'infinity'::timestamptz" if store.kind == "postgres" else "9e999"
+    if written is None:
+        pytest.skip("PostgreSQL's types refuse it already")
+    if store.kind == "sqlite" and value == "nan":
+        pytest.skip("SQLite stores NaN as NULL (no lease of its own: the worker's applies)")
+    with pytest.raises(_refused(store), match=r"range|violates check"):
+        store.execute(f"update {{tasks}} set {column} = {written} where id = %s", handle.id)
+
+
+async def test_a_task_at_the_counter_limit_fails_alone_while_its_queue_moves_on(
+    app: conveyor.App, store: Store
+) -> None:
+    @app.task(retry=RetryPolicy(max_attempts=3, initial_interval=0, jitter=0))
+    async def job(n: int) -> int:
+        return n
+
+    async with app:
+        good = await app.enqueue_many_async(job, [{"n": n} for n in range(100)])
+        at_limit = await job.enqueue_async(n=-1)
+        spent_out = await job.enqueue_async(n=-2)
+        # Ahead of every good task in claim order, and at the limit.
+        store.execute(
+            "update {tasks} set priority = 10, attempt = %s where id = %s", LIMIT, at_limit.id
+        )
+        store.execute(
+            "update {tasks} set priority = 10, spent = %s where id = %s", LIMIT, spent_out.id
+        )
+        async with RunningWorker(app, concurrency=4):
+            ended = await wait_terminal(app, [h.id for h in [*good, at_limit, spent_out]], 60)
+    *fine, first, second = ended
+    assert all((t.state, t.result) == (TaskState.SUCCEEDED, t.payload["n"]) for t in fine)
+    for bad in (first, second):
+        assert bad.state is TaskState.FAILED
+        last = bad.attempts[-1]
+        assert (last.outcome, last.error_type) == (Outcome.FAILED, "CorruptTask")
+        assert "stands at the limit" in (last.error_message or "")
+
+
+async def test_a_running_task_at_the_counter_limit_fails_when_its_lease_expires(
+    app: conveyor.App, store: Store
+) -> None:
+    @app.task()
+    async def job() -> str:
+        return "ran"
+
+    async with app:
+        stuck = await job.enqueue_async()
+        other = await job.enqueue_async()
+        # As a worker that died mid-attempt would leave it, its counters then
+        # pushed to the limit around conveyor.
+        store.execute(
+            "update {tasks} set state = 'in_progress', worker_id = 'gone', attempt = 1, spent = %s,"
+            " lease_expires_at = %s where id = %s",
+            LIMIT,
+            "2000-01-01 00:00:00+00" if store.kind == "postgres" else 946684800.0,
+            stuck.id,
+        )
+        async with RunningWorker(app):
+            first, second = await wait_terminal(app, [stuck.id, other.id])
+    assert (second.state, second.result) == (TaskState.SUCCEEDED, "ran")
+    assert first.state is TaskState.FAILED
+    assert first.attempts[-1].error_type == "CorruptTask"
+
+
+async def test_listings_read_times_no_datetime_can_hold(app: conveyor.App, store: Store) -> None:
+    @app.task()
+    async def job() -> None:
+        return None
+
+    async with app:
+        handle = await job.enqueue_async()
+        async with RunningWorker(app):
+            await wait_terminal(app, [handle.id])
+        if store.kind == "postgres":
+            store.execute(
+                "update {tasks} set finished_at = 'infinity', created_at = '-infinity'"
+                " where id = %s",
+                handle.id,
+            )
+        else:
+            store.execute(
+                "update {tasks} set finished_at = 9e999, created_at = 'x' where id = %s",
+                handle.id,
+            )
+        task = await handle.get_async()
+        [listed] = await app.list_tasks_async()
+    assert task.finished_at is not None and task.finished_at.year == 9999
+    assert listed.id == handle.id
+    env = {"CONVEYOR_URL": store.url, "CONVEYOR_SCHEMA": store.schema, "PATH": ""}
+    for command in (
+        ["show", str(handle.id), "--json"],
+        ["tasks", "--json"],
+        ["show", str(handle.id)],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "conveyor.cli", *command],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+    shown = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "conveyor.cli", "show", str(handle.id), "--json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )
+    assert shown["finished_at"].startswith("9999-12-31")
+
+
+# ---------------------------------------------------------------------------
+# Rows from before the bounds: the migration brings them within.
+# ---------------------------------------------------------------------------
+
+BEFORE_BOUNDS = {"postgres": 5, "sqlite": 3}
+
+
+async def _store_before_bounds(store: Store) -> None:
+    """The store at the schema version before the bounds, as an older
+    conveyor left it."""
+    before = BEFORE_BOUNDS[store.kind]
+    if store.kind == "postgres":
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(pg_queries.compose("create schema {schema}", store.schema))
+            conn.execute(
+                pg_queries.compose(
+                    "create table {schema}.migrations (version integer primary key, "
+                    "name text not null, applied_at timestamptz not null default now())",
+                    store.schema,
+                )
+            )
+            for version, name, text in pg_queries.migrations():
+                if version <= before:
+                    conn.execute(pg_queries.compose(text, store.schema))
+                    conn.execute(
+                        sql.SQL("insert into {} (version, name) values (%s, %s)").format(
+                            sql.Identifier(store.schema, "migrations")
+                        ),
+                        (version, name),
+                    )
+        return
+    with contextlib.closing(sqlite3.connect(store.path, isolation_level=None)) as conn:
+        conn.execute(SQLITE_SQL["migrations_table"])
+        for version, name, text in sql_migrations("conveyor.backends.sqlite"):
+            if version <= before:
+                for statement in sqlite_migrate.statements(text):
+                    conn.execute(statement)
+                conn.execute(SQLITE_SQL["record_migration"], {"version": version, "name": name})
+
+
+async def test_the_migration_brings_old_rows_within_the_bounds(store: Store) -> None:
+    await _store_before_bounds(store)
+    app = conveyor.App(store.url, schema=store.schema)
+
+    @app.task()
+    async def job(n: int) -> int:
+        return n
+
+    # Enqueued by an older conveyor, on the store as it left it.
+    policy = json.dumps(RetryPolicy().to_json())
+    insert = (
+        "insert into {tasks} (name, queue, payload, max_attempts, retry_policy, run_at, created_at)"
+        " values ('job', 'default', %s, 5, %s, {now}, {now}) returning id"
+    )
+    now = "now()" if store.kind == "postgres" else "(julianday('now') - 2440587.5) * 86400.0"
+    ids = [
+        store.execute(insert.replace("{now}", now), json.dumps({"n": n}), policy)[0][0]
+        for n in range(5)
+    ]
+    nan, infinite = (
+        ("'NaN'::float8", "'Infinity'::float8") if store.kind == "postgres" else ("1e300", "9e999")
+    )
+    far = "'infinity'::timestamptz" if store.kind == "postgres" else "9e999"
+    store.execute(f"update {{tasks}} set lease_seconds = {nan} where id = %s", ids[0])
+    store.execute(f"update {{tasks}} set timeout_seconds = {infinite} where id = %s", ids[1])
+    store.execute("update {tasks} set attempt = 2147483647 where id = %s", ids[2])
+    store.execute(f"update {{tasks}} set run_at = {far} where id = %s", ids[3])
+    store.execute("update {tasks} set spent = -3 where id = %s", ids[4])
+
+    try:
+        async with app:
+            assert (await app.migrate_async()) == []  # opening the App migrated already
+            rows = store.execute(
+                "select id, lease_seconds, timeout_seconds, attempt, spent from {tasks} order by id"
+            )
+            assert [r[1:] for r in rows] == [
+                (None, None, 0, 0),
+                (None, None, 0, 0),
+                (None, None, LIMIT, 0),
+                (None, None, 0, 0),
+                (None, None, 0, 0),
+            ]
+            async with RunningWorker(app):
+                done = await wait_terminal(app, [ids[0], ids[1], ids[2], ids[4]])
+            far_off = await app.get_async(ids[3])
+    finally:
+        app.close()
+    assert [t.state for t in done] == [
+        TaskState.SUCCEEDED,
+        TaskState.SUCCEEDED,
+        TaskState.FAILED,
+        TaskState.SUCCEEDED,
+    ]
+    assert done[2].attempts[-1].error_type == "CorruptTask"
+    assert far_off is not None and far_off.state is TaskState.PENDING
+    assert far_off.run_at.year == 9999
+
+
+# ---------------------------------------------------------------------------
+# The API refuses durations and budgets no store can hold, before any I/O.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"delay": MAX_SECONDS * 2},
+        {"delay": timedelta(days=365 * 1000)},
+        {"delay": math.nan},
+        {"lease": 1e300},
+        {"timeout": math.inf},
+        {"retry": None},  # replaced below: a policy that waits longer than that
+    ],
+)
+def test_enqueue_refuses_durations_beyond_a_hundred_years(options: dict[str, object]) -> None:
+    app = conveyor.App("memory://bounds")
+
+    @app.task()
+    async def job() -> None:
+        return None
+
+    if options.get("retry", 0) is None:
+        with pytest.raises(conveyor.ConfigurationError, match="at most"):
+            RetryPolicy(max_interval=MAX_SECONDS * 2)
+        with pytest.raises(conveyor.ConfigurationError, match="max_attempts"):
+            RetryPolicy(max_attempts=2**40)
+        return
+    with pytest.raises(conveyor.ConfigurationError):
+        app.enqueue(job, {}, **options)  # type: ignore[arg-type]
+    assert app.list_tasks() == []
