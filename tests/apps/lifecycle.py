@@ -48,6 +48,15 @@ async def long_nap(marker: str, seconds: float, ctx: TaskContext) -> str:
     return "resumed"
 
 
+@app.task()
+def wait_for_stop(marker: str, seconds: float, ctx: TaskContext) -> str:
+    """A thread handler that runs until told to stop (or ``seconds``)."""
+    _mark(marker, ctx.attempt)
+    ctx.wait_for_stop(seconds)
+    ctx.check()
+    return "never told"
+
+
 @app.task(retry=RetryPolicy(max_attempts=2))
 def crash(marker: str, ctx: TaskContext) -> None:
     """Kill the worker process: no completion is ever written."""

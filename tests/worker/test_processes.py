@@ -217,6 +217,28 @@ def test_sigterm_past_the_grace_releases_without_burning_an_attempt(
     assert marks(marker) == [1, 2]
 
 
+@pytest.mark.parametrize("name", ["long_nap", "wait_for_stop"])
+def test_a_cancel_reaches_a_worker_process_long_before_its_next_heartbeat(
+    client: conveyor.App, workers: Workers, tmp_path: Path, name: str
+) -> None:
+    """From another process (the client), on PostgreSQL (NOTIFY) and SQLite
+    (the file watch): the worker's lease of 90 s renews every 30 s, and the
+    cancel must stop the handler well before that."""
+    marker = tmp_path / "marker"
+    task_id = client.enqueue(name, {"marker": str(marker), "seconds": 120.0}).id
+    proc = workers.start("--lease", "90")
+    wait_until(lambda: running_attempt_one(client, task_id, marker), 15, "the task to run")
+
+    assert client.cancel(task_id) is TaskState.IN_PROGRESS
+    task = wait_until(
+        lambda: (t := get(client, task_id)).state.is_terminal and t, 10, "the cancel to land"
+    )
+    assert task.state is TaskState.CANCELLED, workers.log(proc)
+    assert outcomes(task) == [Outcome.CANCELLED]
+    proc.send_signal(signal.SIGTERM)
+    assert workers.wait(proc, 20) == 0, workers.log(proc)
+
+
 def test_a_task_that_kills_every_worker_fails_on_its_crash_budget(
     client: conveyor.App, workers: Workers, tmp_path: Path
 ) -> None:
