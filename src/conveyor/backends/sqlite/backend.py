@@ -244,7 +244,10 @@ class SQLiteBackend:
     def _quarantine(conn: sqlite3.Connection, params: ClaimParams, scope: dict[str, Any]) -> None:
         """End failed the tasks whose counters stand at the limit (see
         queries.sql), saying why in their attempt log."""
-        for task_id, attempt, spent, state in conn.execute(SQL["quarantine_find"], scope):
+        # Read them all first: each update below takes its row out of the
+        # index the query walks.
+        stuck = conn.execute(SQL["quarantine_find"], scope).fetchall()
+        for task_id, attempt, spent, state in stuck:
             conn.execute(SQL["quarantine_end"], {"task_id": task_id, "now": scope["now"]})
             conn.execute(
                 SQL["quarantine_log"],
