@@ -153,3 +153,27 @@ async def test_a_thread_handler_that_outlives_stop_timeout_is_given_up_not_relea
         task = await handle.get_async()
     assert task.state is TaskState.IN_PROGRESS
     assert task.result is None
+
+
+async def test_a_message_that_came_during_a_poll_is_read_without_waiting_for_a_poll(
+    app: conveyor.App,
+) -> None:
+    """The poll suspends without seeing it; its store wakes the task at once
+    (announced on the wake-up channel), not at the worker's next poll."""
+    polling = threading.Event()
+
+    @app.coroutine("listener")
+    async def listener(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
+        if any(m.body == "late" for m in poll.inbox):
+            return conveyor.done("heard")
+        polling.set()
+        await asyncio.sleep(0.5)  # the message arrives meanwhile
+        return conveyor.suspend()
+
+    async with app, RunningWorker(app, poll_interval=LONG_POLL) as worker:
+        await wait_for(_listening(worker))
+        handle = await listener.start_async({})
+        assert await asyncio.to_thread(polling.wait, WAIT)
+        await app.send_async(handle.id, "late")
+        [task] = await wait_terminal(app, [handle.id], timeout=WAIT)
+    assert (task.state, task.result) == (TaskState.SUCCEEDED, "heard")

@@ -80,9 +80,11 @@ def interrupted(
 def makes_work_due(completion: Completion) -> bool:
     """Whether writing ``completion`` may make work due at once: its task
     pending again without delay (a workflow's next step, a release, a retry
-    without backoff), or a coroutine poll's effects (children spawned,
-    recipients woken, the task itself woken by messages that came meanwhile)."""
-    if completion.effects is not None:
+    without backoff), or a coroutine poll's children and messages. (A poll
+    that rests while messages came meanwhile is woken by its store, which
+    announces it on the wake-up channel: every poll ending is not a hint.)"""
+    effects = completion.effects
+    if effects is not None and (effects.spawns or effects.sends):
         return True
     if completion.next_state is not TaskState.PENDING:
         return False
