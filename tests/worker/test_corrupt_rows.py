@@ -10,8 +10,6 @@ import contextlib
 import json
 import math
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -29,9 +27,9 @@ from conveyor.backends.sqlite import migrate as sqlite_migrate
 from conveyor.backends.sqlite.backend import SQL as SQLITE_SQL
 from conveyor.model import MAX_SECONDS
 from tests.conftest import PG_URL
+from tests.test_cli import Cli
 from tests.worker.helpers import RunningWorker, wait_terminal
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 2_147_483_646
 """A counter standing here cannot be claimed again: the next would not fit."""
 
@@ -201,25 +199,10 @@ async def test_listings_read_times_no_datetime_can_hold(app: conveyor.App, store
         [listed] = await app.list_tasks_async()
     assert task.finished_at is not None and task.finished_at.year == 9999
     assert listed.id == handle.id
-    env = {"CONVEYOR_URL": store.url, "CONVEYOR_SCHEMA": store.schema, "PATH": ""}
-    printed = {}
-    for command in (
-        ("show", str(handle.id), "--json"),
-        ("tasks", "--json"),
-        ("show", str(handle.id)),
-    ):
-        done = subprocess.run(
-            [sys.executable, "-m", "conveyor.cli", *command],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        printed[command] = done.stdout
-    shown = json.loads(printed[("show", str(handle.id), "--json")])
+    cli = Cli(store.url, store.schema)
+    assert cli.ok("tasks", "--json")
+    assert "succeeded" in cli.ok("show", str(handle.id))
+    shown = json.loads(cli.ok("show", str(handle.id), "--json"))
     assert shown["finished_at"].startswith("9999-12-31")
 
 
