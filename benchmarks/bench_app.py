@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import conveyor
-from benchmarks.peers.stamp import record_start
+from benchmarks.systems.stamp import record_start
 from conveyor import App, TaskContext
 
 DEFAULT_URL = "postgresql://127.0.0.1:5432/test"

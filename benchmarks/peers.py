@@ -20,7 +20,7 @@ figure's median. Within a round the phases go one at a time, each on every
 system in turn (the order reversed every other round), so the machine's
 slow minutes spread over the systems.
 
-Then a ceiling: pgbench runs ``peers/ceiling.sql`` (claim 100 rows with FOR
+Then a ceiling: pgbench runs ``systems/ceiling.sql`` (claim 100 rows with FOR
 UPDATE SKIP LOCKED and mark them done, one transaction) with 2 clients for
 ``--ceiling-seconds``: rows/s = tps x 100.
 
@@ -28,7 +28,7 @@ UPDATE SKIP LOCKED and mark them done, one transaction) with 2 clients for
     python benchmarks/peers.py --tasks 20000 --systems conveyor,pgqueuer,procrastinate,chancy \\
         --rate 200 --duration 20 [--json] [--keep]
 
-How each peer is configured, and why, is in its module under ``peers/``.
+How each peer is configured, and why, is in its module under ``systems/``.
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ from benchmarks import throughput as tp  # noqa: E402
 from benchmarks.bench_app import DEFAULT_URL  # noqa: E402
 
 SYSTEMS = {
-    "conveyor": ("benchmarks.peers.conveyor_peer", "Conveyor"),
-    "pgqueuer": ("benchmarks.peers.pgqueuer_peer", "PgQueuerSystem"),
-    "procrastinate": ("benchmarks.peers.procrastinate_peer", "Procrastinate"),
-    "chancy": ("benchmarks.peers.chancy_peer", "ChancySystem"),
+    "conveyor": ("benchmarks.systems.conveyor_peer", "Conveyor"),
+    "pgqueuer": ("benchmarks.systems.pgqueuer_peer", "PgQueuerSystem"),
+    "procrastinate": ("benchmarks.systems.procrastinate_peer", "Procrastinate"),
+    "chancy": ("benchmarks.systems.chancy_peer", "ChancySystem"),
 }
-CEILING_SCRIPT = ROOT / "benchmarks" / "peers" / "ceiling.sql"
+CEILING_SCRIPT = ROOT / "benchmarks" / "systems" / "ceiling.sql"
 CEILING_BATCH = 100
 """Rows the ceiling script claims per transaction."""
 CEILING_HEADROOM = 150_000
@@ -272,7 +272,7 @@ def median(rounds: list[Result]) -> Result:
 
 async def ceiling(args: argparse.Namespace) -> Ceiling:
     """pgbench's batched SKIP LOCKED claim on a bare table: the machine's limit."""
-    from benchmarks.peers.system import QUERIES
+    from benchmarks.systems.system import QUERIES
 
     pgbench = shutil.which("pgbench")
     if pgbench is None:

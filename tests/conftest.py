@@ -25,10 +25,16 @@ def pg_url() -> str:
     return PG_URL
 
 
+def new_schema_name() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
 @pytest.fixture
 def schema() -> Iterator[str]:
-    """A schema of its own for each test, dropped afterwards."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+    """A PostgreSQL schema of its own for each test, dropped afterwards: the
+    drop connects to PostgreSQL, so a fixture that runs on several kinds of
+    store takes it through ``schema_for``, for its PostgreSQL case only."""
+    name = new_schema_name()
     yield name
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(
@@ -37,6 +43,15 @@ def schema() -> Iterator[str]:
 
 
 BACKENDS = ["postgres", "sqlite", "memory"]
+
+
+def schema_for(kind: str, request: pytest.FixtureRequest) -> str:
+    """The test's ``schema`` (dropped after it) for a PostgreSQL store; for a
+    SQLite or memory store, which ignore it, a fresh name nothing creates, so
+    those cases never connect to PostgreSQL."""
+    if kind == "postgres":
+        return str(request.getfixturevalue("schema"))
+    return new_schema_name()
 
 
 def backend_url(kind: str, schema: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
@@ -57,9 +72,9 @@ def app(schema: str) -> Iterator[conveyor.App]:
 
 
 @pytest.fixture(params=BACKENDS)
-def any_app(request: pytest.FixtureRequest, schema: str, tmp_path: Path) -> Iterator[conveyor.App]:
+def any_app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[conveyor.App]:
     """An App on each backend in turn."""
-    url, options = backend_url(request.param, schema, tmp_path)
+    url, options = backend_url(request.param, schema_for(request.param, request), tmp_path)
     application = conveyor.App(url, **options)
     yield application
     application.close()

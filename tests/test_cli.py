@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import conveyor
+from tests.conftest import schema_for
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = "tests.apps.cli_app:app"
@@ -75,7 +76,8 @@ class Cli:
 
 
 @pytest.fixture(params=["postgres", "sqlite"])
-def cli(request: pytest.FixtureRequest, pg_url: str, schema: str, tmp_path: Path) -> Cli:
+def cli(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> Cli:
+    schema = schema_for(request.param, request)
     if request.param == "postgres":
         return Cli(pg_url, schema)
     return Cli(f"sqlite:///{tmp_path / 'tasks.db'}", schema)
@@ -157,6 +159,34 @@ def test_tasks_filters_by_state_and_limit(cli: Cli) -> None:
     assert [t["id"] for t in cli.json("tasks")] == ids[::-1]
     assert cli.json("tasks", "--state", "succeeded") == []
     assert "nonsense" in cli.fails("tasks", "--state", "nonsense")
+
+    page = cli.json("tasks", "--limit", "2", "--before", str(ids[2]))
+    assert [t["id"] for t in page] == [ids[1], ids[0]]
+
+
+def test_counts_by_state_queue_and_name(cli: Cli) -> None:
+    ids = [cli.enqueue("job") for _ in range(3)]
+    cli.enqueue("job", {}, "--queue", "mail")
+    cli.ok("cancel", str(ids[0]))
+    assert cli.json("counts") == [
+        {"state": "cancelled", "queue": "default", "name": "job", "count": 1},
+        {"state": "pending", "queue": "default", "name": "job", "count": 2},
+        {"state": "pending", "queue": "mail", "name": "job", "count": 1},
+    ]
+    assert "pending" in cli.ok("counts")
+
+
+def test_enqueue_takes_every_option_of_one_call(cli: Cli) -> None:
+    at = "2031-05-06T07:08:09+00:00"
+    task_id = cli.enqueue(
+        "job", {}, "--run-at", at, "--timeout", "5", "--lease", "30", "--max-attempts", "4"
+    )
+    task = cli.show(task_id)
+    assert task["run_at"].startswith("2031-05-06T07:08:09")
+    assert (task["timeout"], task["lease"], task["max_attempts"]) == (5, 30, 4)
+    assert "not both" in cli.fails("enqueue", "job", "--delay", "1", "--run-at", at)
+    assert "lease" in cli.fails("enqueue", "job", "--lease", "0.01")
+    assert "ISO 8601" in cli.fails("enqueue", "job", "--run-at", "tomorrow")
 
 
 def test_cancel_twice_then_retry(cli: Cli) -> None:

@@ -9,12 +9,16 @@ EXPECTED = [
     "Attempt",
     "AttemptTimeoutError",
     "BackendError",
+    "BackendUnavailableError",
+    "BoundTask",
     "CancelledByRequest",
+    "Client",
     "ConfigurationError",
     "ConveyorError",
     "Coroutine",
     "Done",
     "DuplicateTaskError",
+    "EnqueueOptions",
     "Fatal",
     "InvalidTransitionError",
     "LeaseLostError",
@@ -64,3 +68,35 @@ def test_exported_members() -> None:
 def test_stop_orders_escape_broad_except() -> None:
     assert not issubclass(conveyor.StopAttempt, Exception)
     assert issubclass(conveyor.LeaseLostError, conveyor.StopAttempt)
+
+
+def test_every_error_is_exported_and_in_the_tree() -> None:
+    """Each exception class conveyor raises on purpose is public and listed
+    in the tree of errors.py's docstring."""
+    import conveyor.errors
+
+    roots = (conveyor.ConveyorError, conveyor.StopAttempt, conveyor.Fatal)
+    exported = {
+        name
+        for name in conveyor.__all__
+        if isinstance(getattr(conveyor, name), type) and issubclass(getattr(conveyor, name), roots)
+    }
+    defined = {
+        cls.__name__
+        for root in roots
+        for cls in [root, *_subclasses(root)]
+        if cls.__module__.startswith("conveyor.")
+        and not cls.__module__.startswith("conveyor.worker")
+    }
+    assert defined <= exported, defined - exported
+    tree = conveyor.errors.__doc__ or ""
+    assert all(f" {name} " in tree or f"    {name}" in tree for name in exported), [
+        name for name in exported if name not in tree
+    ]
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found

@@ -89,11 +89,11 @@ def test_delay_and_run_at_are_exclusive_and_run_at_is_aware(offline_app: conveyo
         return None
 
     with pytest.raises(conveyor.ConfigurationError, match="not both"):
-        noop.new_tasks([{}], 1000, delay=1, run_at=datetime.now().astimezone())
+        noop.options(delay=1, run_at=datetime.now().astimezone())
     with pytest.raises(conveyor.ConfigurationError, match="timezone"):
-        noop.new_tasks([{}], 1000, run_at=datetime(2030, 1, 1))
+        noop.options(run_at=datetime(2030, 1, 1))
     with pytest.raises(conveyor.ConfigurationError):
-        noop.new_tasks([{}], 1000, delay=-1)
+        noop.options(delay=-1)
 
 
 def test_unknown_url_schemes_and_empty_urls_are_configuration_errors() -> None:
@@ -134,7 +134,7 @@ def test_enqueue_chunks_start_small_and_grow_to_the_cap() -> None:
     ones double up to the cap; together they cover every task once, in order."""
     import itertools
 
-    from conveyor.app import ENQUEUE_CHUNK, ENQUEUE_FIRST_CHUNK, chunk_bounds
+    from conveyor.client import ENQUEUE_CHUNK, ENQUEUE_FIRST_CHUNK, chunk_bounds
 
     total = ENQUEUE_CHUNK * 3 + 7
     bounds = list(chunk_bounds(total))

@@ -6,11 +6,13 @@ attempt by attempt. See docs/guarantees.md for what is and is not promised.
 """
 
 from conveyor.app import App
+from conveyor.client import Client
 from conveyor.context import TaskContext
 from conveyor.coroutine import Coroutine, Poll, PollError, Sleep, Suspend, sleep, suspend
 from conveyor.errors import (
     AttemptTimeoutError,
     BackendError,
+    BackendUnavailableError,
     CancelledByRequest,
     ConfigurationError,
     ConveyorError,
@@ -40,7 +42,8 @@ from conveyor.model import (
     Task,
     TaskState,
 )
-from conveyor.task import TaskDef
+from conveyor.options import EnqueueOptions
+from conveyor.task import BoundTask, TaskDef
 from conveyor.worker import Worker, WorkerConfig
 from conveyor.workflow import Done, Next, StepError, Workflow, done, next
 
@@ -49,12 +52,16 @@ __all__ = [
     "Attempt",
     "AttemptTimeoutError",
     "BackendError",
+    "BackendUnavailableError",
+    "BoundTask",
     "CancelledByRequest",
+    "Client",
     "ConfigurationError",
     "ConveyorError",
     "Coroutine",
     "Done",
     "DuplicateTaskError",
+    "EnqueueOptions",
     "Fatal",
     "InvalidTransitionError",
     "LeaseLostError",

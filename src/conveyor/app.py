@@ -1,75 +1,34 @@
-"""The App: the registry of tasks and the entry to enqueue, inspect and run them.
+"""The App: the registry of tasks, on top of a :class:`~conveyor.client.Client`.
 
-Every operation has a sync form (``enqueue``) and an async form
-(``enqueue_async``). Async calls use a backend bound to the calling event
-loop; sync calls go through a private loop thread (:mod:`conveyor.portal`).
+An App is a client (it stores, reads and controls tasks in one store; see
+:mod:`conveyor.client`) that also knows the handlers: it registers tasks,
+workflows and coroutines, checks payloads against them by name, and builds
+workers for them. Every operation has a sync form (``enqueue``) and an
+async form (``enqueue_async``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
-import functools
-import itertools
-import os
-import weakref
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, Unpack, overload
 
-from conveyor import payload as codec
-from conveyor.backends import Backend, backend_from_url, resolve_url
-from conveyor.backends.protocol import (
-    Capability,
-    Delivery,
-    EnqueueParams,
-    NewTask,
-    SendParams,
-    TaskFilter,
-    WorkerInfo,
-)
+from conveyor.client import Client
+from conveyor.coroutine import Coroutine
 from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskError
 from conveyor.handle import TaskHandle
-from conveyor.model import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_QUEUE,
-    DEFAULT_RETRY,
-    Message,
-    RetryPolicy,
-    Task,
-    TaskState,
-    batch_keys,
-    check_idempotency_key,
-)
-from conveyor.portal import INHERITED_AT_FORK, Portal
+from conveyor.model import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, DEFAULT_RETRY, RetryPolicy
+from conveyor.options import EnqueueOptions, OptionFields, options_from
 from conveyor.task import Executor, TaskDef, TaskOptions
-
-if TYPE_CHECKING:
-    from conveyor.coroutine import Coroutine
-    from conveyor.workflow import Workflow
+from conveyor.worker import Worker, WorkerConfig
+from conveyor.worker.drain import drain_registry
+from conveyor.workflow import Workflow
 
 F = TypeVar("F", bound=Callable[..., Any])
-SCHEMA_ENV = "CONVEYOR_SCHEMA"
-ENQUEUE_CHUNK = 1000
-"""Tasks per chunk of an ``enqueue_many`` without a caller's connection."""
-ENQUEUE_FIRST_CHUNK = 125
-"""The first chunk's size; each next chunk doubles, up to ``ENQUEUE_CHUNK``.
-Only the first is encoded before the server has work: a small one starts
-the server early, and the larger ones after it save round trips."""
 
 
-def chunk_bounds(total: int) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` of each chunk of ``total`` tasks: ``ENQUEUE_FIRST_CHUNK``
-    first, doubling up to ``ENQUEUE_CHUNK``."""
-    start, size = 0, ENQUEUE_FIRST_CHUNK
-    while start < total:
-        end = min(start + size, total)
-        yield start, end
-        start, size = end, min(size * 2, ENQUEUE_CHUNK)
-
-
-class App:
+class App(Client):
     """Registry of tasks bound to one backend URL.
 
     ``url`` is a backend URL (``postgresql://…``, ``sqlite:///path.db``,
@@ -90,29 +49,12 @@ class App:
         allow_unregistered: bool = False,
         pool_size: int | None = None,
     ) -> None:
-        self.url = resolve_url(url)
-        schema = schema if schema is not None else os.environ.get(SCHEMA_ENV) or None
-        self.max_payload_bytes = max_payload_bytes
+        super().__init__(
+            url, schema=schema, max_payload_bytes=max_payload_bytes, pool_size=pool_size
+        )
         self.allow_unregistered = allow_unregistered
-        self._backend_options: dict[str, Any] = {}
-        if schema is not None:
-            self._backend_options["schema"] = schema
-        if pool_size is not None:
-            self._backend_options["pool_size"] = pool_size
         self.tasks: dict[str, TaskDef] = {}
-        self._inline_running = False
-        self.portal = Portal()
-        self._backends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._closers: dict[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = {}
-        atexit.register(_close_at_exit, weakref.ref(self))
-        os.register_at_fork(after_in_child=functools.partial(_forget_after_fork, weakref.ref(self)))
-        # Validates the URL and schema now; runs sync enqueues on callers' connections.
-        self._statements: Backend = backend_from_url(self.url, **self._backend_options)
+        self.inline_runner = self._run_inline_worker
 
     # -- registration ------------------------------------------------------
 
@@ -178,8 +120,6 @@ class App:
 
         Raises DuplicateTaskError if the name is taken by a task or workflow.
         """
-        from conveyor.workflow import Workflow
-
         found = Workflow(self, self._free_name(name), TaskOptions(queue=queue, priority=priority))
         self.tasks[name] = found
         return found
@@ -201,8 +141,6 @@ class App:
 
         Raises DuplicateTaskError if the name is taken.
         """
-        from conveyor.coroutine import Coroutine
-
         options = TaskOptions(
             queue=queue, priority=priority, retry=retry, timeout=timeout, lease=lease
         )
@@ -234,107 +172,13 @@ class App:
             )
         return TaskDef(self, _unregistered, task, TaskOptions(), "async")
 
-    # -- backends ------------------------------------------------------------
-
-    def rebind(self, url: str | None = None, *, schema: str | None = None) -> None:
-        """Point this app at another store (``url``) or PostgreSQL schema, as
-        ``conveyor worker --url/--schema`` does; None keeps the current one.
-        Only before the app has opened a backend: raises ConfigurationError
-        after."""
-        if self._backends or self.portal.started:
-            raise ConfigurationError("rebind() must come before the app opens its store")
-        options = dict(self._backend_options)
-        if schema is not None:
-            options["schema"] = schema
-        new_url = resolve_url(url) if url is not None else self.url
-        statements = backend_from_url(new_url, **options)  # validates first
-        self.url, self._backend_options, self._statements = new_url, options, statements
-
-    def make_backend(self, **overrides: Any) -> Backend:
-        """A new, unopened backend for this app's URL."""
-        return backend_from_url(self.url, **{**self._backend_options, **overrides})
-
-    async def backend(self) -> Backend:
-        """The open backend bound to the running event loop."""
-        loop = asyncio.get_running_loop()
-        found = self._backends.get(loop)
-        if found is not None:
-            return found
-        lock = self._opening.setdefault(loop, asyncio.Lock())
-        async with lock:
-            found = self._backends.get(loop)
-            if found is None:
-                found = self.make_backend()
-                await found.open()
-                self._backends[loop] = found
-                # Closed when the loop shuts down (asyncio.run finalizes async
-                # generators), for code that never calls aclose().
-                closer = _close_with_loop(self, loop, found)
-                await closer.__anext__()
-                self._closers[loop] = closer
-        return found
-
-    async def aclose(self) -> None:
-        """Close the backend of the running loop."""
-        loop = asyncio.get_running_loop()
-        self._closers.pop(loop, None)
-        found = self._backends.pop(loop, None)
-        if found is not None:
-            await found.close()
-
-    def close(self) -> None:
-        """Close the sync API's backend and its loop thread."""
-        loop = self.portal._loop
-        if loop is not None:
-            self.portal.run(self.aclose())
-        self.portal.close()
-
-    async def __aenter__(self) -> App:
-        await self.backend()
+    @property
+    def client(self) -> Client:
+        """The client this app builds on: the app itself (an App is a Client
+        with a registry of tasks)."""
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def __enter__(self) -> App:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- enqueue -------------------------------------------------------------
-
-    def _new_tasks(
-        self,
-        task: str | TaskDef,
-        many: Iterable[Mapping[str, Any] | None],
-        options: Mapping[str, Any],
-        keys: Sequence[str | None] | None = None,
-    ) -> list[NewTask]:
-        definition = self._definition(task)
-        return definition.new_tasks(many, self.max_payload_bytes, keys=keys, **options)
-
-    async def _insert(self, tasks: Sequence[NewTask], connection: Any) -> list[TaskHandle]:
-        backend = await self.backend()
-        ids = await backend.enqueue(EnqueueParams(tasks=tasks), connection)
-        return await self._handles(backend, ids, sorted({t.queue for t in tasks}))
-
-    async def _handles(
-        self, backend: Backend, ids: list[int], queues: list[str]
-    ) -> list[TaskHandle]:
-        if Capability.INLINE in backend.capabilities and not self._inline_running:
-            await self._run_inline(queues)
-        return [TaskHandle(self, task_id) for task_id in ids]
-
-    async def _run_inline(self, queues: list[str]) -> None:
-        """Inline mode: run the tasks now. Tasks they enqueue join this run."""
-        from conveyor.testing import drain_async
-
-        self._inline_running = True
-        try:
-            await drain_async(self, queues=queues)
-        finally:
-            self._inline_running = False
 
     def enqueue(
         self,
@@ -349,9 +193,15 @@ class App:
         timeout: float | None = None,
         lease: float | None = None,
         idempotency_key: str | None = None,
+        options: EnqueueOptions | None = None,
         connection: Any = None,
     ) -> TaskHandle:
         """Store one task; return its handle once it is durable.
+
+        ``task`` is a registered task or its name. The keyword options (or
+        ``options``, an :class:`EnqueueOptions`, with the keywords on top)
+        override the task's defaults for this call; ``send_email.options(...)
+        .enqueue(...)`` is the same from the task object.
 
         With ``connection`` (a psycopg ``Connection`` on PostgreSQL, a
         ``sqlite3.Connection`` on SQLite), the insert runs inside the caller's
@@ -369,17 +219,9 @@ class App:
         Raises PayloadError, UnknownTaskError or ConfigurationError before
         any I/O.
         """
-        options = dict(
-            queue=queue,
-            priority=priority,
-            delay=delay,
-            run_at=run_at,
-            retry=retry,
-            timeout=timeout,
-            lease=lease,
-        )
-        keys = [check_idempotency_key(idempotency_key)]
-        return self._enqueue(task, [args], keys, connection, options)[0]
+        given = _keywords(queue, priority, delay, run_at, retry, timeout, lease, idempotency_key)
+        checked = options_from(options, given)
+        return self._definition(task).store([args], checked, connection)[0]
 
     async def enqueue_async(
         self,
@@ -394,32 +236,27 @@ class App:
         timeout: float | None = None,
         lease: float | None = None,
         idempotency_key: str | None = None,
+        options: EnqueueOptions | None = None,
         connection: Any = None,
     ) -> TaskHandle:
         """Async form of :meth:`enqueue` (``connection``: a psycopg ``AsyncConnection``,
         or a ``sqlite3.Connection``, used synchronously on the caller's thread)."""
-        options = dict(
-            queue=queue,
-            priority=priority,
-            delay=delay,
-            run_at=run_at,
-            retry=retry,
-            timeout=timeout,
-            lease=lease,
-        )
-        keys = [check_idempotency_key(idempotency_key)]
-        return (await self._enqueue_async(task, [args], keys, connection, options))[0]
+        given = _keywords(queue, priority, delay, run_at, retry, timeout, lease, idempotency_key)
+        checked = options_from(options, given)
+        return (await self._definition(task).store_async([args], checked, connection))[0]
 
     def enqueue_many(
         self,
         task: str | TaskDef,
         many: Iterable[Mapping[str, Any] | None],
         *,
+        options: EnqueueOptions | None = None,
         connection: Any = None,
-        idempotency_key: str | None = None,
-        **options: Any,
+        **fields: Unpack[OptionFields],
     ) -> list[TaskHandle]:
-        """Store many tasks of one kind, all or none; handles in order.
+        """Store many tasks of one kind, all or none; handles in order. Options
+        as for :meth:`enqueue`, the same for every task; an unknown one
+        raises ConfigurationError.
 
         With ``connection``, in one statement inside the caller's transaction,
         every payload checked before any I/O. Otherwise in one transaction of
@@ -430,217 +267,27 @@ class App:
         With ``idempotency_key``, task *i* of the batch gets the key
         ``{idempotency_key}#{i}`` (see :meth:`enqueue`): repeating the call
         returns the handles of the tasks the first one stored."""
-        payloads = list(many)
-        keys = batch_keys(idempotency_key, len(payloads))
-        return self._enqueue(task, payloads, keys, connection, options)
-
-    def _enqueue(
-        self,
-        task: str | TaskDef,
-        payloads: list[Mapping[str, Any] | None],
-        keys: list[str | None],
-        connection: Any,
-        options: Mapping[str, Any],
-    ) -> list[TaskHandle]:
-        if connection is not None:
-            return self.enqueue_new(self._new_tasks(task, payloads, options, keys), connection)
-        return self.portal.run(self._enqueue_async(task, payloads, keys, None, options))
-
-    def enqueue_new(self, tasks: Sequence[NewTask], connection: Any = None) -> list[TaskHandle]:
-        """Store tasks already checked and encoded (``TaskDef.new_tasks``,
-        ``Workflow.new_workflow``); handles in order."""
-        if connection is not None:
-            ids = self._statements.enqueue_sync(EnqueueParams(tasks=tasks), connection)
-            return [TaskHandle(self, task_id) for task_id in ids]
-        return self.portal.run(self._insert(tasks, None))
-
-    async def enqueue_new_async(
-        self, tasks: Sequence[NewTask], connection: Any = None
-    ) -> list[TaskHandle]:
-        """Async form of :meth:`enqueue_new`."""
-        return await self._insert(tasks, connection)
+        checked = options_from(options, fields)
+        return self._definition(task).store(list(many), checked, connection, batch=True)
 
     async def enqueue_many_async(
         self,
         task: str | TaskDef,
         many: Iterable[Mapping[str, Any] | None],
         *,
+        options: EnqueueOptions | None = None,
         connection: Any = None,
-        idempotency_key: str | None = None,
-        **options: Any,
+        **fields: Unpack[OptionFields],
     ) -> list[TaskHandle]:
         """Async form of :meth:`enqueue_many`."""
-        payloads = list(many)
-        keys = batch_keys(idempotency_key, len(payloads))
-        return await self._enqueue_async(task, payloads, keys, connection, options)
-
-    async def _enqueue_async(
-        self,
-        task: str | TaskDef,
-        payloads: list[Mapping[str, Any] | None],
-        keys: list[str | None],
-        connection: Any,
-        options: Mapping[str, Any],
-    ) -> list[TaskHandle]:
-        if connection is not None or len(payloads) <= ENQUEUE_CHUNK:  # one statement
-            tasks = self._new_tasks(task, payloads, options, keys)
-            return await self._insert(tasks, connection)
+        checked = options_from(options, fields)
         definition = self._definition(task)
-        queues: set[str] = set()
-
-        def chunks() -> Iterator[list[NewTask]]:
-            for start, end in chunk_bounds(len(payloads)):
-                part = payloads[start:end]
-                tasks = definition.new_tasks(
-                    part, self.max_payload_bytes, keys=keys[start:end], **options
-                )
-                queues.update(t.queue for t in tasks)
-                yield tasks
-
-        drawn = chunks()
-        first = next(drawn, None)  # checked before any I/O, like a small batch whole
-        if first is None:
-            return []
-        backend = await self.backend()
-        ids = await backend.enqueue_chunks(itertools.chain([first], drawn))
-        return await self._handles(backend, ids, sorted(queues))
-
-    # -- messages --------------------------------------------------------------
-
-    def _deliveries(self, task_id: int, message: Any, key: str | None) -> SendParams:
-        if not isinstance(task_id, int) or isinstance(task_id, bool):
-            raise ConfigurationError("task_id must be an int")
-        body = codec.encode(codec.to_plain(message), self.max_payload_bytes)
-        key = check_idempotency_key(key)
-        return SendParams(deliveries=[Delivery(task_id, body, idempotency_key=key)])
-
-    def send(
-        self,
-        task_id: int,
-        message: Any,
-        *,
-        idempotency_key: str | None = None,
-        connection: Any = None,
-    ) -> int:
-        """Put ``message`` (strict JSON) in coroutine task ``task_id``'s inbox
-        and wake it; the message's id once durable. With ``connection`` (a
-        sync native connection on a SQL backend), inside the caller's
-        transaction: it is sent when the caller commits.
-
-        ``idempotency_key`` makes the call safe to repeat: a send to this task
-        with a key it already got delivers nothing and returns the first
-        message's id, even if the task has since consumed it or finished.
-        Repeat a send that raised BackendUnavailableError with the same key.
-
-        Raises PayloadError (before any I/O) for a message that is not strict
-        JSON or is over the payload cap, TaskNotFoundError, TaskFinishedError
-        or NoInboxError (nothing is sent then).
-        """
-        params = self._deliveries(task_id, message, idempotency_key)
-        if connection is not None:
-            return self._statements.send_sync(params, connection)[0]
-        return self.portal.run(self._send_async(params))
-
-    async def send_async(
-        self,
-        task_id: int,
-        message: Any,
-        *,
-        idempotency_key: str | None = None,
-        connection: Any = None,
-    ) -> int:
-        """Async form of :meth:`send` (``connection``: an async native connection)."""
-        return await self._send_async(
-            self._deliveries(task_id, message, idempotency_key), connection
-        )
-
-    async def _send_async(self, params: SendParams, connection: Any = None) -> int:
-        backend = await self.backend()
-        ids = await backend.send(params, connection)
-        if Capability.INLINE in backend.capabilities and not self._inline_running:
-            task = await backend.get_task(params.deliveries[0].task_id, with_attempts=False)
-            if task is not None:
-                await self._run_inline([task.queue])
-        return ids[0]
-
-    async def inbox_async(self, task_id: int) -> list[Message]:
-        """The messages waiting in a task's inbox, oldest first."""
-        return await (await self.backend()).inbox(task_id)
-
-    def inbox(self, task_id: int) -> list[Message]:
-        """The messages waiting in a task's inbox, oldest first."""
-        return self.portal.run(self.inbox_async(task_id))
-
-    # -- inspect and control ---------------------------------------------------
-
-    async def get_async(self, task_id: int) -> Task | None:
-        """The task with its attempt log, or None."""
-        return await (await self.backend()).get_task(task_id)
-
-    def get(self, task_id: int) -> Task | None:
-        return self.portal.run(self.get_async(task_id))
-
-    async def list_tasks_async(
-        self,
-        *,
-        state: TaskState | str | None = None,
-        name: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-    ) -> list[Task]:
-        """Tasks newest first, filtered by state, name and queue."""
-        wanted = TaskState(state) if state is not None else None
-        task_filter = TaskFilter(state=wanted, name=name, queue=queue, limit=limit)
-        return await (await self.backend()).list_tasks(task_filter)
-
-    def list_tasks(self, **filters: Any) -> list[Task]:
-        return self.portal.run(self.list_tasks_async(**filters))
-
-    async def cancel_async(self, task_id: int) -> TaskState:
-        """Cancel a task. Pending/waiting ones end ``cancelled`` now; a running
-        one is stopped by its worker as soon as it hears of it, within about a
-        second through the wake-up channel (at worst at its next heartbeat),
-        and this returns ``in_progress``. Raises TaskNotFoundError,
-        InvalidTransitionError.
-        """
-        return await (await self.backend()).cancel(task_id)
-
-    def cancel(self, task_id: int) -> TaskState:
-        return self.portal.run(self.cancel_async(task_id))
-
-    async def retry_async(self, task_id: int) -> TaskState:
-        """Run a failed or cancelled task again, with a fresh attempt budget."""
-        return await (await self.backend()).retry(task_id)
-
-    def retry(self, task_id: int) -> TaskState:
-        return self.portal.run(self.retry_async(task_id))
-
-    async def list_workers_async(self) -> list[WorkerInfo]:
-        """Workers known to the backend, with their last heartbeat."""
-        return await (await self.backend()).list_workers()
-
-    def list_workers(self) -> list[WorkerInfo]:
-        return self.portal.run(self.list_workers_async())
-
-    async def migrate_async(self) -> list[int]:
-        """Async form of :meth:`migrate`."""
-        backend = self.make_backend(migrate=False)
-        await backend.open()
-        try:
-            return await backend.migrate()
-        finally:
-            await backend.close()
-
-    def migrate(self) -> list[int]:
-        """Create or upgrade the schema; returns the migration versions applied."""
-        return self.portal.run(self.migrate_async())
+        return await definition.store_async(list(many), checked, connection, batch=True)
 
     # -- workers ---------------------------------------------------------------
 
-    def worker(self, **config: Any) -> Any:
-        """A :class:`~conveyor.worker.Worker` for this app (see WorkerConfig)."""
-        from conveyor.worker import Worker, WorkerConfig
-
+    def worker(self, **config: Any) -> Worker:
+        """A :class:`~conveyor.worker.Worker` for this app's tasks (see WorkerConfig)."""
         return Worker(self, WorkerConfig(**config))
 
     def run_worker(self, **config: Any) -> None:
@@ -649,34 +296,32 @@ class App:
         worker = self.worker(**config)
         asyncio.run(worker.run())
 
-
-async def _close_with_loop(
-    app: App, loop: asyncio.AbstractEventLoop, backend: Backend
-) -> AsyncGenerator[None, None]:
-    try:
-        yield
-    finally:
-        app._closers.pop(loop, None)
-        if app._backends.get(loop) is backend:
-            del app._backends[loop]
-        await backend.close()
+    async def _run_inline_worker(self, queues: Sequence[str]) -> None:
+        """Inline mode: run the tasks now. Tasks they enqueue join this run."""
+        await drain_registry(self, queues=queues)
 
 
-def _forget_after_fork(ref: weakref.ref[App]) -> None:
-    """In a forked child: start afresh, keeping (never closing) the parent's pools."""
-    app = ref()
-    if app is not None:
-        INHERITED_AT_FORK.append(dict(app._backends))
-        app._backends = weakref.WeakKeyDictionary()
-        app._opening = weakref.WeakKeyDictionary()
-
-
-def _close_at_exit(ref: weakref.ref[App]) -> None:
-    """Close the sync API's pool at interpreter exit, for scripts that never do."""
-    app = ref()
-    if app is not None and app.portal.started:
-        with contextlib.suppress(Exception):
-            app.close()
+def _keywords(
+    queue: str | None,
+    priority: int | None,
+    delay: float | timedelta | None,
+    run_at: datetime | None,
+    retry: RetryPolicy | None,
+    timeout: float | None,
+    lease: float | None,
+    idempotency_key: str | None,
+) -> dict[str, Any]:
+    given = {
+        "queue": queue,
+        "priority": priority,
+        "delay": delay,
+        "run_at": run_at,
+        "retry": retry,
+        "timeout": timeout,
+        "lease": lease,
+        "idempotency_key": idempotency_key,
+    }
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _unregistered(**_: Any) -> None:

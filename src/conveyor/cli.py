@@ -14,21 +14,24 @@ import json
 import logging
 import sys
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any, TypeVar
+from datetime import UTC, datetime
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from conveyor.app import App
-from conveyor.errors import ConveyorError
+from conveyor.errors import BackendUnavailableError, ConveyorError
 from conveyor.logs import configure_logging
 from conveyor.model import Attempt, Message, Task
+from conveyor.options import EnqueueOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console()
 EXIT_ERROR = 1
+EXIT_UNAVAILABLE = 2
+"""The exit code of a command that could not reach its store."""
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -48,6 +51,8 @@ def task_json(task: Task, with_attempts: bool) -> dict[str, Any]:
         "payload": task.payload,
         "attempt": task.attempt,
         "max_attempts": task.max_attempts,
+        "timeout": task.timeout,
+        "lease": task.lease,
         "created_at": _iso(task.created_at),
         "finished_at": _iso(task.finished_at),
         "worker_id": task.worker_id,
@@ -124,9 +129,10 @@ def _client(url: str | None, schema: str | None, app_spec: str | None = None) ->
     return App(url, schema=schema, allow_unregistered=True)
 
 
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(EXIT_ERROR)
+def _fail(problem: str | BaseException) -> NoReturn:
+    """One line on stderr; exit 2 when the store cannot be reached, else 1."""
+    click.echo(f"error: {problem}", err=True)
+    sys.exit(EXIT_UNAVAILABLE if isinstance(problem, BackendUnavailableError) else EXIT_ERROR)
 
 
 @click.group()
@@ -143,7 +149,7 @@ def migrate(url: str | None, schema: str | None) -> None:
         with _client(url, schema) as app:
             applied = app.migrate()
     except ConveyorError as exc:
-        _fail(str(exc))
+        _fail(exc)
     click.echo(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
 
 
@@ -197,7 +203,7 @@ def worker(
     try:
         app = _client(url, schema, app_spec)
     except ConveyorError as exc:
-        _fail(str(exc))
+        _fail(exc)
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     try:
         app.run_worker(
@@ -210,7 +216,7 @@ def worker(
             burst=burst,
         )
     except ConveyorError as exc:
-        _fail(str(exc))
+        _fail(exc)
 
 
 @main.command()
@@ -219,7 +225,10 @@ def worker(
 @click.option("--queue")
 @click.option("--priority", type=int)
 @click.option("--delay", type=click.FloatRange(min=0), help="Seconds before it is due.")
+@click.option("--run-at", help="When it is due: ISO 8601, UTC unless it has an offset.")
 @click.option("--max-attempts", type=click.IntRange(min=1))
+@click.option("--timeout", type=click.FloatRange(min=0), help="Seconds each attempt may run.")
+@click.option("--lease", type=click.FloatRange(min=0), help="Lease seconds of each attempt.")
 @click.option(
     "--idempotency-key",
     help="Store at most one task of NAME under this key: repeating the command prints "
@@ -234,7 +243,10 @@ def enqueue(
     queue: str | None,
     priority: int | None,
     delay: float | None,
+    run_at: str | None,
     max_attempts: int | None,
+    timeout: float | None,
+    lease: float | None,
     idempotency_key: str | None,
     app_spec: str | None,
     url: str | None,
@@ -251,20 +263,29 @@ def enqueue(
         _fail(f"--args is not JSON: {exc}")
     if not isinstance(args, dict):
         _fail("--args must be a JSON object")
-    retry = RetryPolicy(max_attempts=max_attempts) if max_attempts else None
+    due = None
+    if run_at is not None:
+        try:
+            due = datetime.fromisoformat(run_at)
+        except ValueError:
+            _fail(f"--run-at is not an ISO 8601 time: {run_at!r}")
+        if due.tzinfo is None:
+            due = due.replace(tzinfo=UTC)
     try:
+        options = EnqueueOptions(
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=due,
+            retry=RetryPolicy(max_attempts=max_attempts) if max_attempts else None,
+            timeout=timeout,
+            lease=lease,
+            idempotency_key=idempotency_key,
+        )
         with _client(url, schema, app_spec) as app:
-            handle = app.enqueue(
-                name,
-                args,
-                queue=queue,
-                priority=priority,
-                delay=delay,
-                retry=retry,
-                idempotency_key=idempotency_key,
-            )
+            handle = app.enqueue(name, args, options=options)
     except ConveyorError as exc:
-        _fail(str(exc))
+        _fail(exc)
     click.echo(json.dumps({"id": handle.id}) if as_json else str(handle.id))
 
 
@@ -273,6 +294,7 @@ def enqueue(
 @click.option("--name")
 @click.option("--queue")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--before", type=int, help="Only tasks with a smaller id: the next page.")
 @backend_options
 @json_option
 def tasks(
@@ -280,16 +302,17 @@ def tasks(
     name: str | None,
     queue: str | None,
     limit: int,
+    before: int | None,
     url: str | None,
     schema: str | None,
     as_json: bool,
 ) -> None:
-    """List tasks, newest first."""
+    """List tasks, newest first; page on with --before (the last id shown)."""
     try:
         with _client(url, schema) as app:
-            found = app.list_tasks(state=state, name=name, queue=queue, limit=limit)
+            found = app.list_tasks(state=state, name=name, queue=queue, limit=limit, before=before)
     except (ConveyorError, ValueError) as exc:
-        _fail(str(exc))
+        _fail(exc)
     if as_json:
         click.echo(json.dumps([task_json(t, with_attempts=False) for t in found]))
         return
@@ -308,6 +331,29 @@ def tasks(
 
 
 @main.command()
+@backend_options
+@json_option
+def counts(url: str | None, schema: str | None, as_json: bool) -> None:
+    """Count tasks by state, queue and name."""
+    try:
+        with _client(url, schema) as app:
+            found = app.count_tasks()
+    except ConveyorError as exc:
+        _fail(exc)
+    if as_json:
+        rows = [
+            {"state": c.state.value, "queue": c.queue, "name": c.name, "count": c.count}
+            for c in found
+        ]
+        click.echo(json.dumps(rows))
+        return
+    table = Table("state", "queue", "name", "count")
+    for c in found:
+        table.add_row(c.state.value, c.queue, c.name, str(c.count))
+    console.print(table)
+
+
+@main.command()
 @click.argument("task_id", type=int)
 @backend_options
 @json_option
@@ -318,7 +364,7 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
             task = app.get(task_id)
             inbox = app.inbox(task_id) if task is not None and task.inbox else []
     except ConveyorError as exc:
-        _fail(str(exc))
+        _fail(exc)
     if task is None:
         _fail(f"no task with id {task_id}")
         return
@@ -371,7 +417,7 @@ def _transition(action: str, task_id: int, url: str | None, schema: str | None) 
         with _client(url, schema) as app:
             state = app.cancel(task_id) if action == "cancel" else app.retry(task_id)
     except ConveyorError as exc:
-        _fail(str(exc))
+        _fail(exc)
     click.echo(f"task {task_id}: {state.value}")
 
 
@@ -399,7 +445,7 @@ def send(
         with _client(url, schema) as app:
             message_id = app.send(task_id, message, idempotency_key=idempotency_key)
     except ConveyorError as exc:
-        _fail(str(exc))
+        _fail(exc)
     click.echo(f"message {message_id} sent to task {task_id}")
 
 
@@ -428,7 +474,7 @@ def workers(url: str | None, schema: str | None, as_json: bool) -> None:
         with _client(url, schema) as app:
             found = app.list_workers()
     except ConveyorError as exc:
-        _fail(str(exc))
+        _fail(exc)
     if as_json:
         click.echo(
             json.dumps(
@@ -477,7 +523,7 @@ def demo(url: str | None) -> None:
     try:
         finished = asyncio.run(run_demo(url, console))
     except ConveyorError as exc:
-        _fail(str(exc))
+        _fail(exc)
     print_report(finished, console)
 
 

@@ -54,7 +54,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from conveyor import payload as codec
 from conveyor.backends.protocol import (
@@ -67,12 +67,13 @@ from conveyor.backends.protocol import (
 )
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, Fatal, PayloadError
-from conveyor.model import Message, Outcome, TaskState, check_idempotency_key
+from conveyor.model import Message, Outcome, TaskState
+from conveyor.options import NO_OPTIONS, EnqueueOptions, OptionFields, options_from
 from conveyor.task import TaskDef, TaskOptions, run_at_from
 from conveyor.workflow import Done
 
 if TYPE_CHECKING:
-    from conveyor.app import App
+    from conveyor.client import Client
     from conveyor.handle import TaskHandle
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -157,17 +158,19 @@ class Poll:
         *,
         state: Mapping[str, Any] | None = None,
         args: Mapping[str, Any] | None = None,
-        **options: Any,
+        **options: Unpack[OptionFields],
     ) -> None:
         """Start a child: a coroutine task (with ``state`` and a first
         ``message``) or a plain task (with ``args``). It ends by sending this
-        task an ``end`` message. Options: ``delay``, ``run_at``, ``priority``."""
+        task an ``end`` message. Options as for the child's ``start`` or
+        ``options`` (see :class:`conveyor.EnqueueOptions`)."""
+        checked = EnqueueOptions.of(options)
         if isinstance(child, Coroutine):
-            new = child.new_coroutine(state, message, **options)
+            new = child.new_coroutine(state, message, checked)
         else:
             if message is not _NO_MESSAGE or state is not None:
                 raise ConfigurationError("a plain child task takes args=, not a message or state")
-            new = child.new_tasks([args], self.max_bytes, **options)[0]
+            new = child.new_tasks([args], checked)[0]
         self.spawns.append(_with_parent(new, self.task_id))
 
 
@@ -187,12 +190,12 @@ class Coroutine(TaskDef):
     """A coroutine task registered on an App (see the module docstring)."""
 
     def __init__(
-        self, app: App, handler: Callable[..., Any], name: str, options: TaskOptions
+        self, client: Client, handler: Callable[..., Any], name: str, defaults: TaskOptions
     ) -> None:
         if not asyncio.iscoroutinefunction(handler):
             raise ConfigurationError(f"coroutine {name!r} needs an `async def` poll function")
         self.handler = handler
-        super().__init__(app, self._run, name, options, "async")
+        super().__init__(client, self._run, name, defaults, "async")
         self.__doc__ = handler.__doc__
 
     def __repr__(self) -> str:
@@ -207,22 +210,26 @@ class Coroutine(TaskDef):
         self,
         state: Mapping[str, Any] | None = None,
         message: Any = _NO_MESSAGE,
-        *,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        idempotency_key: str | None = None,
+        options: EnqueueOptions = NO_OPTIONS,
     ) -> NewTask:
-        """The task that starts this coroutine (checked and encoded, no I/O)."""
-        max_bytes = self.app.max_payload_bytes
+        """The task that starts this coroutine (checked and encoded, no I/O).
+        Per call: ``queue``, ``priority``, ``delay`` or ``run_at``,
+        ``idempotency_key``; retry, timeout and lease are the coroutine's
+        own (they govern every poll)."""
+        options.refuse("retry", "timeout", "lease", why="a coroutine's govern every poll")
+        max_bytes = self.client.max_payload_bytes
         plain = codec.to_plain(dict(state) if state is not None else {})
-        options = self.options.merge(priority=priority)
-        when, seconds = run_at_from(delay, run_at)
+        when, seconds = options.due()
         first = None if message is _NO_MESSAGE else codec.encode(codec.to_plain(message), max_bytes)
         payload = codec.encode(plain, max_bytes)
-        key = check_idempotency_key(idempotency_key)
-        return options.new_task(
-            self.name, payload, when, seconds, inbox=True, message=first, idempotency_key=key
+        return self.defaults.apply(options).new_task(
+            self.name,
+            payload,
+            when,
+            seconds,
+            inbox=True,
+            message=first,
+            idempotency_key=options.idempotency_key,
         )
 
     def start(
@@ -231,16 +238,15 @@ class Coroutine(TaskDef):
         *,
         message: Any = _NO_MESSAGE,
         connection: Any = None,
-        **options: Any,
+        **options: Unpack[OptionFields],
     ) -> TaskHandle:
         """Store a new coroutine task with ``state`` (a JSON object) and,
-        optionally, a first ``message``; its handle once durable. Options:
-        ``delay`` or ``run_at``, ``priority``, ``idempotency_key`` (a start
-        with a key already used for this coroutine returns the stored task
-        and stores no second first message); ``connection`` as for
-        :meth:`App.enqueue`."""
-        new = self.new_coroutine(state, message, **options)
-        return self.app.enqueue_new([new], connection)[0]
+        optionally, a first ``message``; its handle once durable. Options
+        (see :class:`EnqueueOptions`): ``queue``, ``priority``, ``delay`` or
+        ``run_at``, ``idempotency_key`` (a start with a key already used for
+        this coroutine returns the stored task and stores no second first
+        message); ``connection`` as for :meth:`App.enqueue`."""
+        return self.options(connection=connection, **options).start(state, message=message)
 
     async def start_async(
         self,
@@ -248,11 +254,17 @@ class Coroutine(TaskDef):
         *,
         message: Any = _NO_MESSAGE,
         connection: Any = None,
-        **options: Any,
+        **options: Unpack[OptionFields],
     ) -> TaskHandle:
         """Async form of :meth:`start`."""
-        new = self.new_coroutine(state, message, **options)
-        return (await self.app.enqueue_new_async([new], connection))[0]
+        bound = self.options(connection=connection, **options)
+        return await bound.start_async(state, message=message)
+
+    def options(  # type: ignore[override]
+        self, *, connection: Any = None, **options: Unpack[OptionFields]
+    ) -> BoundCoroutine:
+        """This coroutine with the options of one start, checked now."""
+        return BoundCoroutine(self, EnqueueOptions.of(options), connection)
 
     # -- running -------------------------------------------------------------
 
@@ -260,7 +272,7 @@ class Coroutine(TaskDef):
         return {"ctx": ctx, "state": args}
 
     async def _run(self, ctx: TaskContext, state: dict[str, Any]) -> PollEnd:
-        poll = Poll(ctx, state, await ctx.read_inbox(), self.app.max_payload_bytes)
+        poll = Poll(ctx, state, await ctx.read_inbox(), self.client.max_payload_bytes)
         outcome = await self.handler(poll)
         if not isinstance(outcome, Sleep | Suspend | Done):
             raise PollError(
@@ -284,7 +296,7 @@ class Coroutine(TaskDef):
             return Completion(
                 task.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result=result, effects=effects
             )
-        options = self.options
+        options = self.defaults
         sleeping = outcome if isinstance(outcome, Sleep) else None
         transition = Transition(
             step=None,
@@ -300,3 +312,34 @@ class Coroutine(TaskDef):
         return Completion(
             task.token, Outcome.SUCCEEDED, state, transition=transition, effects=effects
         )
+
+
+class BoundCoroutine:
+    """A coroutine with the options of one start: ``coroutine.options(...)``."""
+
+    __slots__ = ("connection", "coroutine", "enqueue_options")
+
+    def __init__(self, coroutine: Coroutine, options: EnqueueOptions, connection: Any) -> None:
+        options.refuse("retry", "timeout", "lease", why="a coroutine's govern every poll")
+        self.coroutine = coroutine
+        self.enqueue_options = options
+        self.connection = connection
+
+    def options(self, *, connection: Any = None, **options: Unpack[OptionFields]) -> BoundCoroutine:
+        """These options with more on top."""
+        merged = options_from(self.enqueue_options, options)
+        return BoundCoroutine(self.coroutine, merged, connection or self.connection)
+
+    def start(
+        self, state: Mapping[str, Any] | None = None, *, message: Any = _NO_MESSAGE
+    ) -> TaskHandle:
+        """Store a new coroutine task (see :meth:`Coroutine.start`)."""
+        new = [self.coroutine.new_coroutine(state, message, self.enqueue_options)]
+        return self.coroutine.client.enqueue_new(new, self.connection)[0]
+
+    async def start_async(
+        self, state: Mapping[str, Any] | None = None, *, message: Any = _NO_MESSAGE
+    ) -> TaskHandle:
+        """Async form of :meth:`start`."""
+        new = [self.coroutine.new_coroutine(state, message, self.enqueue_options)]
+        return (await self.coroutine.client.enqueue_new_async(new, self.connection))[0]

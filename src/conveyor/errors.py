@@ -10,6 +10,8 @@ The tree::
     ├── UnknownTaskError            enqueue of a name the app has not registered
     ├── TaskNotFoundError           no task with that id
     ├── InvalidTransitionError      cancel/retry of a task in a state that forbids it
+    │   ├── TaskFinishedError       a message sent to a task that has finished
+    │   └── NoInboxError            a message sent to a task that has no inbox
     ├── ResultTimeoutError          ``handle.result(timeout=…)`` ran out of time
     ├── TaskFailedError             ``handle.result()`` of a task that failed or was cancelled
     ├── BackendError                the backend failed in a way the caller must see
@@ -21,7 +23,11 @@ The tree::
         └── WorkerShutdown          the worker is shutting down
 
     Fatal                           raise it (or a subclass) from a handler to fail
-                                    the task at once, skipping the retry policy
+    │                               the task at once, skipping the retry policy
+    ├── StepError                   a workflow step cannot run as stored (conveyor.workflow)
+    └── PollError                   a coroutine poll returned no outcome (conveyor.coroutine)
+
+Every class in the tree is exported from ``conveyor``.
 
 ``StopAttempt`` derives from ``BaseException`` on purpose: a handler's broad
 ``except Exception`` must not swallow the order to stop.

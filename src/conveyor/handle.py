@@ -3,34 +3,53 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from conveyor.errors import ResultTimeoutError, TaskFailedError, TaskNotFoundError
 from conveyor.model import Task, TaskState
 
-if TYPE_CHECKING:
-    from conveyor.app import App
+T = TypeVar("T")
 
 POLL_START = 0.01
 POLL_MAX = 0.5
 
 
+class Portal(Protocol):
+    def run(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+
+class TaskReader(Protocol):
+    """What a handle needs of a client: read a task, and a portal to do it
+    from synchronous code."""
+
+    @property
+    def portal(self) -> Portal: ...
+
+    async def get_async(self, task_id: int) -> Task | None: ...
+
+
 @dataclass(frozen=True)
 class TaskHandle:
-    """A stored task. ``result`` waits for a terminal state by polling."""
+    """A stored task. ``result`` waits for a terminal state by polling.
+    ``client`` is the client (or app) that stored it."""
 
-    app: App
+    client: TaskReader
     id: int
 
+    @property
+    def app(self) -> TaskReader:
+        """The same as ``client`` (the App, for handles an App returned)."""
+        return self.client
+
     def get(self) -> Task:
-        task = self.app.get(self.id)
-        if task is None:
-            raise TaskNotFoundError(f"no task with id {self.id}")
-        return task
+        """The task with its attempt log; raises TaskNotFoundError."""
+        return self.client.portal.run(self.get_async())
 
     async def get_async(self) -> Task:
-        task = await self.app.get_async(self.id)
+        """Async form of :meth:`get`."""
+        task = await self.client.get_async(self.id)
         if task is None:
             raise TaskNotFoundError(f"no task with id {self.id}")
         return task
@@ -41,7 +60,7 @@ class TaskHandle:
         Raises TaskFailedError if it ended failed or cancelled, and
         ResultTimeoutError if it is still unfinished after ``timeout`` seconds.
         """
-        return self.app.portal.run(self.result_async(timeout))
+        return self.client.portal.run(self.result_async(timeout))
 
     async def result_async(self, timeout: float | None = None) -> Any:
         """Async form of :meth:`result`."""

@@ -14,10 +14,11 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from conveyor import payload as codec
 from conveyor.backends.protocol import NewTask
+from conveyor.client import Client
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, PayloadError
 from conveyor.model import (
@@ -25,11 +26,18 @@ from conveyor.model import (
     DEFAULT_RETRY,
     MIN_LEASE_SECONDS,
     RetryPolicy,
+    batch_keys,
     check_duration,
+)
+from conveyor.options import (
+    NO_OPTIONS,
+    EnqueueOptions,
+    OptionFields,
+    check_priority,
+    options_from,
 )
 
 if TYPE_CHECKING:
-    from conveyor.app import App
     from conveyor.handle import TaskHandle
 
 Executor = Literal["async", "thread", "process"]
@@ -37,7 +45,8 @@ Executor = Literal["async", "thread", "process"]
 
 @dataclass(frozen=True, slots=True)
 class TaskOptions:
-    """Options of a task; per-enqueue options override the task's."""
+    """A task's defaults; the options of one call (:class:`EnqueueOptions`)
+    override them field by field."""
 
     queue: str = DEFAULT_QUEUE
     priority: int = 0
@@ -48,17 +57,19 @@ class TaskOptions:
     def __post_init__(self) -> None:
         if not self.queue or not isinstance(self.queue, str):
             raise ConfigurationError("queue must be a non-empty string")
-        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
-            raise ConfigurationError("priority must be an integer")
-        if not -(2**31) <= self.priority < 2**31:
-            raise ConfigurationError("priority must fit in 32 bits")
+        check_priority(self.priority)
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigurationError("retry must be a conveyor.RetryPolicy")
         check_duration("timeout", self.timeout, minimum=0.001)
         check_duration("lease", self.lease, minimum=MIN_LEASE_SECONDS)
 
-    def merge(self, **overrides: Any) -> TaskOptions:
-        changes = {k: v for k, v in overrides.items() if v is not None}
+    def apply(self, options: EnqueueOptions) -> TaskOptions:
+        """These defaults with the options of one call on top."""
+        changes = {
+            name: value
+            for name in ("queue", "priority", "retry", "timeout", "lease")
+            if (value := getattr(options, name)) is not None
+        }
         return dataclasses.replace(self, **changes) if changes else self
 
     def new_task(
@@ -92,36 +103,34 @@ def run_at_from(
     delay: float | timedelta | None, run_at: datetime | None
 ) -> tuple[datetime | None, float]:
     """Validate ``delay`` / ``run_at`` (at most one) and return (run_at, delay)."""
-    if delay is not None and run_at is not None:
-        raise ConfigurationError("give delay or run_at, not both")
-    if run_at is not None:
-        if run_at.tzinfo is None:
-            raise ConfigurationError("run_at must be timezone-aware")
-        return run_at, 0.0
-    if isinstance(delay, timedelta):
-        delay = delay.total_seconds()
-    return None, check_duration("delay", delay) or 0.0
+    return EnqueueOptions(delay=delay, run_at=run_at).due()
 
 
 class TaskDef:
     """A handler registered on an :class:`~conveyor.App` under a stable name.
 
     Calling it calls the handler directly (no queue involved). ``enqueue``
-    (and ``enqueue_async``) store a task for a worker to run.
+    (and ``enqueue_async``) store a task for a worker to run, with the
+    task's defaults; ``options(...)`` gives the options of one call::
+
+        send_email.enqueue(to="a@example.com")
+        send_email.options(delay=60, queue="mail").enqueue(to="a@example.com")
+
+    ``defaults`` holds the options given at registration.
     """
 
     def __init__(
         self,
-        app: App,
+        client: Client,
         fn: Callable[..., Any],
         name: str,
-        options: TaskOptions,
+        defaults: TaskOptions,
         executor: Executor,
     ) -> None:
-        self.app = app
+        self.client = client
         self.fn = fn
         self.name = name
-        self.options = options
+        self.defaults = defaults
         self.executor = executor
         self.signature = inspect.signature(fn)
         self._hints = _type_hints(fn)
@@ -187,33 +196,121 @@ class TaskDef:
     def new_tasks(
         self,
         many: Iterable[Mapping[str, Any] | None],
-        max_bytes: int,
-        *,
+        options: EnqueueOptions = NO_OPTIONS,
         keys: Sequence[str | None] | None = None,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        **overrides: Any,
     ) -> list[NewTask]:
         """Checked, encoded tasks for these payloads, all with the same
-        options; ``keys``, if given, their idempotency keys in order."""
-        options = self.options.merge(**overrides)
-        when, seconds = run_at_from(delay, run_at)
+        options; ``keys``, if given, their idempotency keys in order (else
+        each gets ``options.idempotency_key``: give it for one task only)."""
+        defaults = self.defaults.apply(options)
+        when, seconds = options.due()
+        max_bytes = self.client.max_payload_bytes
+        key = options.idempotency_key
         tasks = [
-            options.new_task(self.name, self.encode_args(args, max_bytes), when, seconds)
+            defaults.new_task(
+                self.name, self.encode_args(args, max_bytes), when, seconds, idempotency_key=key
+            )
             for args in many
         ]
         if keys is not None:
-            for task, key in zip(tasks, keys, strict=True):
-                task.idempotency_key = key
+            for task, each in zip(tasks, keys, strict=True):
+                task.idempotency_key = each
         return tasks
 
+    def store(
+        self,
+        payloads: Sequence[Mapping[str, Any] | None],
+        options: EnqueueOptions = NO_OPTIONS,
+        connection: Any = None,
+        *,
+        batch: bool = False,
+    ) -> list[TaskHandle]:
+        """Check, encode and store tasks of this kind, all or none; handles in
+        order. With ``batch``, task *i* gets the idempotency key
+        ``{key}#{i}`` (see :meth:`conveyor.App.enqueue_many`)."""
+        return self.client.enqueue_encoded(
+            self._encoder(payloads, options, batch), len(payloads), connection
+        )
+
+    async def store_async(
+        self,
+        payloads: Sequence[Mapping[str, Any] | None],
+        options: EnqueueOptions = NO_OPTIONS,
+        connection: Any = None,
+        *,
+        batch: bool = False,
+    ) -> list[TaskHandle]:
+        """Async form of :meth:`store`."""
+        return await self.client.enqueue_encoded_async(
+            self._encoder(payloads, options, batch), len(payloads), connection
+        )
+
+    def _encoder(
+        self, payloads: Sequence[Mapping[str, Any] | None], options: EnqueueOptions, batch: bool
+    ) -> Callable[[int, int], list[NewTask]]:
+        keys = batch_keys(options.idempotency_key, len(payloads)) if batch else None
+
+        def encode(start: int, end: int) -> list[NewTask]:
+            part = keys[start:end] if keys is not None else None
+            return self.new_tasks(payloads[start:end], options, part)
+
+        return encode
+
+    def options(self, *, connection: Any = None, **options: Unpack[OptionFields]) -> BoundTask:
+        """This task with the options of one call (see :class:`EnqueueOptions`),
+        checked now; ``connection`` enqueues inside the caller's transaction
+        (see :meth:`conveyor.App.enqueue`). Raises ConfigurationError for an
+        option that is not one, naming the valid ones."""
+        return BoundTask(self, EnqueueOptions.of(options), connection)
+
     def enqueue(self, **args: Any) -> TaskHandle:
-        """Enqueue with the task's default options (sync)."""
-        return self.app.enqueue(self, args)
+        """Enqueue with the task's default options (sync); its handle once durable."""
+        return self.store([args])[0]
 
     async def enqueue_async(self, **args: Any) -> TaskHandle:
         """Enqueue with the task's default options (async)."""
-        return await self.app.enqueue_async(self, args)
+        return (await self.store_async([args]))[0]
+
+
+class BoundTask:
+    """A task with the options of one call: ``task.options(...)``. Its
+    ``enqueue`` methods take the payload only."""
+
+    __slots__ = ("connection", "enqueue_options", "task")
+
+    def __init__(self, task: TaskDef, options: EnqueueOptions, connection: Any = None) -> None:
+        self.task = task
+        self.enqueue_options = options
+        self.connection = connection
+
+    def __repr__(self) -> str:
+        return f"<BoundTask {self.task.name} {self.enqueue_options.given()}>"
+
+    def options(self, *, connection: Any = None, **options: Unpack[OptionFields]) -> BoundTask:
+        """These options with more on top."""
+        merged = options_from(self.enqueue_options, options)
+        return BoundTask(self.task, merged, connection or self.connection)
+
+    def enqueue(self, **args: Any) -> TaskHandle:
+        """Store one task with these options; its handle once durable."""
+        return self.task.store([args], self.enqueue_options, self.connection)[0]
+
+    async def enqueue_async(self, **args: Any) -> TaskHandle:
+        """Async form of :meth:`enqueue`."""
+        return (await self.task.store_async([args], self.enqueue_options, self.connection))[0]
+
+    def enqueue_many(self, many: Iterable[Mapping[str, Any] | None]) -> list[TaskHandle]:
+        """Store many tasks with these options, all or none (see
+        :meth:`conveyor.App.enqueue_many`)."""
+        return self.task.store(list(many), self.enqueue_options, self.connection, batch=True)
+
+    async def enqueue_many_async(
+        self, many: Iterable[Mapping[str, Any] | None]
+    ) -> list[TaskHandle]:
+        """Async form of :meth:`enqueue_many`."""
+        return await self.task.store_async(
+            list(many), self.enqueue_options, self.connection, batch=True
+        )
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:

@@ -22,30 +22,16 @@ handle's ``result()`` raises, as it would in production.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from conveyor.app import App
-
-DRAIN_POLL_INTERVAL = 0.01
-DRAIN_LEASE = 60.0
+from conveyor.app import App
+from conveyor.worker.drain import drain_registry
 
 
 async def drain_async(
     app: App, *, queues: Sequence[str] | None = None, concurrency: int = 1
 ) -> int:
     """Async form of :func:`drain`."""
-    worker = app.worker(
-        queues=queues,
-        concurrency=concurrency,
-        burst=True,
-        handle_signals=False,
-        poll_interval=DRAIN_POLL_INTERVAL,
-        lease=DRAIN_LEASE,
-    )
-    await worker.run()
-    count: int = worker.claimed_count
-    return count
+    return await drain_registry(app, queues=queues, concurrency=concurrency)
 
 
 def drain(app: App, *, queues: Sequence[str] | None = None, concurrency: int = 1) -> int:

@@ -44,17 +44,18 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from conveyor import payload as codec
 from conveyor.backends.protocol import ClaimedTask, Completion, NewTask, Transition
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, DuplicateTaskError, Fatal
-from conveyor.model import DEFAULT_RETRY, Outcome, RetryPolicy, TaskState, check_idempotency_key
+from conveyor.model import DEFAULT_RETRY, Outcome, RetryPolicy, TaskState
+from conveyor.options import NO_OPTIONS, EnqueueOptions, OptionFields, options_from
 from conveyor.task import TaskDef, TaskOptions, run_at_from, step_state
 
 if TYPE_CHECKING:
-    from conveyor.app import App
+    from conveyor.client import Client
     from conveyor.handle import TaskHandle
 
 S = TypeVar("S", bound=type)
@@ -103,8 +104,8 @@ class StepDef:
 class Workflow(TaskDef):
     """A step workflow registered on an App (see the module docstring)."""
 
-    def __init__(self, app: App, name: str, options: TaskOptions) -> None:
-        super().__init__(app, self._run, name, options, "async")
+    def __init__(self, client: Client, name: str, defaults: TaskOptions) -> None:
+        super().__init__(client, self._run, name, defaults, "async")
         self.steps: dict[str, StepDef] = {}
         self._by_class: dict[type, StepDef] = {}
 
@@ -139,8 +140,8 @@ class Workflow(TaskDef):
         """Register a step class (a dataclass or a pydantic model with an
         ``async def run(self, ctx)``) under ``name`` (default: its class name)."""
         options = TaskOptions(
-            queue=self.options.queue,
-            priority=self.options.priority,
+            queue=self.defaults.queue,
+            priority=self.defaults.priority,
             retry=retry,
             timeout=timeout,
             lease=lease,
@@ -172,37 +173,45 @@ class Workflow(TaskDef):
             )
         return found
 
-    def new_workflow(
-        self,
-        step: Any,
-        *,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> NewTask:
-        """The task that starts this workflow at ``step`` (checked, no I/O)."""
+    def new_workflow(self, step: Any, options: EnqueueOptions = NO_OPTIONS) -> NewTask:
+        """The task that starts this workflow at ``step`` (checked, no I/O).
+        Per call: ``queue``, ``priority``, ``delay`` or ``run_at``,
+        ``idempotency_key``; a step's retry, timeout and lease are its own."""
+        options.refuse("retry", "timeout", "lease", why="a workflow's come from its steps")
         definition = self._definition_of(step)
-        options = definition.options.merge(priority=priority)
-        when, seconds = run_at_from(delay, run_at)
-        payload = step_state(step, self.app.max_payload_bytes)
-        key = check_idempotency_key(idempotency_key)
-        return options.new_task(
-            self.name, payload, when, seconds, step=definition.name, idempotency_key=key
+        when, seconds = options.due()
+        payload = step_state(step, self.client.max_payload_bytes)
+        return definition.options.apply(options).new_task(
+            self.name,
+            payload,
+            when,
+            seconds,
+            step=definition.name,
+            idempotency_key=options.idempotency_key,
         )
 
-    def start(self, step: Any, *, connection: Any = None, **options: Any) -> TaskHandle:
+    def start(
+        self, step: Any, *, connection: Any = None, **options: Unpack[OptionFields]
+    ) -> TaskHandle:
         """Store a new workflow that begins at ``step``; its handle once durable.
 
-        Options: ``delay`` or ``run_at``, ``priority``, ``idempotency_key``;
-        ``connection`` as for :meth:`App.enqueue` (a start with a key already
-        used for this workflow returns the stored workflow)."""
-        return self.app.enqueue_new([self.new_workflow(step, **options)], connection)[0]
+        Options (see :class:`EnqueueOptions`): ``queue``, ``priority``,
+        ``delay`` or ``run_at``, ``idempotency_key`` (a start with a key
+        already used for this workflow returns the stored workflow);
+        ``connection`` as for :meth:`App.enqueue`."""
+        return self.options(connection=connection, **options).start(step)
 
-    async def start_async(self, step: Any, *, connection: Any = None, **options: Any) -> TaskHandle:
+    async def start_async(
+        self, step: Any, *, connection: Any = None, **options: Unpack[OptionFields]
+    ) -> TaskHandle:
         """Async form of :meth:`start`."""
-        new = [self.new_workflow(step, **options)]
-        return (await self.app.enqueue_new_async(new, connection))[0]
+        return await self.options(connection=connection, **options).start_async(step)
+
+    def options(  # type: ignore[override]
+        self, *, connection: Any = None, **options: Unpack[OptionFields]
+    ) -> BoundWorkflow:
+        """This workflow with the options of one start, checked now."""
+        return BoundWorkflow(self, EnqueueOptions.of(options), connection)
 
     # -- running -------------------------------------------------------------
 
@@ -248,6 +257,33 @@ class Workflow(TaskDef):
             delay=outcome.delay,
         )
         return Completion(task.token, Outcome.SUCCEEDED, TaskState.PENDING, transition=transition)
+
+
+class BoundWorkflow:
+    """A workflow with the options of one start: ``workflow.options(...)``."""
+
+    __slots__ = ("connection", "enqueue_options", "workflow")
+
+    def __init__(self, workflow: Workflow, options: EnqueueOptions, connection: Any) -> None:
+        options.refuse("retry", "timeout", "lease", why="a workflow's come from its steps")
+        self.workflow = workflow
+        self.enqueue_options = options
+        self.connection = connection
+
+    def options(self, *, connection: Any = None, **options: Unpack[OptionFields]) -> BoundWorkflow:
+        """These options with more on top."""
+        merged = options_from(self.enqueue_options, options)
+        return BoundWorkflow(self.workflow, merged, connection or self.connection)
+
+    def start(self, step: Any) -> TaskHandle:
+        """Store a new workflow that begins at ``step``; its handle once durable."""
+        new = [self.workflow.new_workflow(step, self.enqueue_options)]
+        return self.workflow.client.enqueue_new(new, self.connection)[0]
+
+    async def start_async(self, step: Any) -> TaskHandle:
+        """Async form of :meth:`start`."""
+        new = [self.workflow.new_workflow(step, self.enqueue_options)]
+        return (await self.workflow.client.enqueue_new_async(new, self.connection))[0]
 
 
 def _rebuild_step(cls: type, state: Any) -> Any:

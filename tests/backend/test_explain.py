@@ -108,10 +108,11 @@ async def test_claims_are_planned_once_per_connection(backend: PostgresBackend) 
     and planning cost more than running it. The claim pool's connections
     keep one generic plan: the one the guards here check."""
     await enqueue(backend, *(new() for _ in range(4)))
-    for reclaim in (False, True, False, True):
-        params = ClaimParams(
-            "w", ("job",), ("default",), limit=1, lease=30.0, now=later(1), reclaim=reclaim
-        )
+    backend._sweep.interval = 3600  # sweeps only when told to, below
+    for sweep in (True, False, True, False):
+        if sweep:
+            backend._sweep.missed()
+        params = ClaimParams("w", ("job",), ("default",), limit=1, lease=30.0, now=later(1))
         assert len(await backend.claim(params)) == 1
     pool = await backend.claim_pool()
     async with pool.connection() as conn:
@@ -149,7 +150,7 @@ async def test_heartbeat_and_finish_use_primary_keys(history: PostgresBackend) -
 
 
 async def test_a_poll_s_ending_and_a_send_use_primary_keys(history: PostgresBackend) -> None:
-    """The statements of a coroutine poll's ending and of a send reach their
+    """The statements of a coroutine poll's completion and of a send reach their
     rows by id (an OR with a subquery once made the lock scan every row)."""
     ids = {"ids": [1, 2, 3], "own": [1, 2], "now": None}
     deliver = {
@@ -217,7 +218,7 @@ async def test_finish_stays_linear_in_its_batch_under_a_generic_plan(
 ) -> None:
     """A generic plan guesses 10 input rows: any join of the input with
     itself or with the updated rows becomes a nested loop, quadratic in the
-    batch (300 endings: 90,000 row comparisons). Every join here must find
+    batch (300 completions: 90,000 row comparisons). Every join here must find
     its rows through keys or hashes, never by filtering a cross product."""
     backend = history
     batch = 300
@@ -237,7 +238,7 @@ async def test_finish_stays_linear_in_its_batch_under_a_generic_plan(
     removed = [n.get("Rows Removed by Join Filter", 0) for n in nodes]
     assert max(removed) < batch, removed
     updated = [n for n in nodes if n["Node Type"] == "ModifyTable"]
-    # Every ending was applied (the tasks update returns them; the attempts
+    # Every completion was applied (the tasks update returns them; the attempts
     # update returns nothing), so the plan ran on the whole batch.
     assert [n["Actual Rows"] for n in updated] == [batch, 0]
 

@@ -6,9 +6,9 @@ message, then commits). While it does, the recipient must stay claimable
 and its lease renewable: claims and renewals skip rows they cannot lock,
 so a send that locked the recipient's row (FOR UPDATE, or the key-share
 lock of the message's foreign key against a claim's FOR UPDATE) kept a
-receiver under steady sends from being polled for seconds. The ending of
+receiver under steady sends from being polled for seconds. The completion of
 the recipient's poll must still wait for such a send, or the message could
-land after the ending looked for it and before the task suspended.
+land after the completion looked for it and before the task suspended.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ async def _send_open(
 ) -> None:
     # At the tests' clock: the recipient is due already, so nothing wakes it
     # (a wake-up of a waiting task is a row update, held until the commit).
-    await backend.send(SendParams([Delivery(task_id, codec.encode({"n": 1}))], now=later(1)), conn)
+    params = SendParams([Delivery(task_id, codec.encode({"n": 1}))], now=later(1))
+    await backend.send_in(params, conn)
 
 
 async def test_a_send_in_flight_does_not_keep_its_recipient_from_being_claimed(
@@ -79,11 +80,11 @@ async def test_a_poll_ending_waits_for_a_send_in_flight_and_then_sees_it(
     [first] = await backend.inbox(task_id)
     await _send_open(backend, open_send, task_id)
     suspend = rest(polled, {"seen": 1}, consumed=(first.id,))
-    ending = asyncio.ensure_future(backend.finish(FinishParams("w1", [suspend], now=later(2))))
+    completion = asyncio.ensure_future(backend.finish(FinishParams("w1", [suspend], now=later(2))))
     await asyncio.sleep(0.3)
-    assert not ending.done()  # it waits for the send under way
+    assert not completion.done()  # it waits for the send under way
     await open_send.commit()
-    result = await asyncio.wait_for(ending, 10)
+    result = await asyncio.wait_for(completion, 10)
     assert result.applied == {polled.token}
     task = await backend.get_task(task_id)
     assert task is not None
@@ -95,7 +96,7 @@ async def test_a_poll_ending_waits_for_a_send_in_flight_and_then_sees_it(
 async def test_a_send_waits_for_a_poll_ending_under_way_and_then_wakes_the_task(
     backend: PostgresBackend,
 ) -> None:
-    """The other order: the ending holds its locks first; the send waits, then
+    """The other order: the completion holds its locks first; the send waits, then
     finds the task waiting and wakes it."""
     [task_id] = await enqueue(backend, coroutine({}, message={"first": True}))
     [polled] = await claim(backend, names=NAMES, at=later(1))
@@ -109,7 +110,7 @@ async def test_a_send_waits_for_a_poll_ending_under_way_and_then_wakes_the_task(
                 backend.send(SendParams([Delivery(task_id, codec.encode({"n": 2}))], now=later(3)))
             )
             await asyncio.sleep(0.3)
-            assert not sending.done()  # it waits for the ending under way
+            assert not sending.done()  # it waits for the completion under way
         await asyncio.wait_for(sending, 10)
     task = await backend.get_task(task_id)
     assert task is not None and task.state is TaskState.PENDING

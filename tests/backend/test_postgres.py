@@ -159,23 +159,29 @@ async def test_one_task_takes_the_single_row_statement(backend: PostgresBackend)
     assert [getattr(stored[0], f) for f in fields] == [getattr(stored[1], f) for f in fields]
 
 
-async def test_a_claim_without_reclaim_leaves_expired_leases_for_a_later_claim(
+async def test_a_claim_between_sweeps_leaves_expired_leases_for_a_later_claim(
     backend: PostgresBackend,
 ) -> None:
-    """Workers search for expired leases once per poll interval; the claims
-    between those take due work only."""
+    """A backend searches for expired leases once per sweep interval (a
+    worker's poll interval); the claims between those take due work only."""
     from conveyor.backends.protocol import ClaimParams
 
     await enqueue(backend, new())
     [first] = await claim(backend)
-    after = later(LEASE + 1)
+    own = PostgresBackend(backend.url, schema=backend.schema, migrate=False, sweep_interval=3600)
+    await own.open()
+    try:
 
-    def params(reclaim: bool) -> ClaimParams:
-        return ClaimParams("w2", ("job",), ("default",), 10, LEASE, now=after, reclaim=reclaim)
+        def params(*names: str) -> ClaimParams:
+            return ClaimParams("w2", names, ("default",), 10, LEASE, now=later(LEASE + 1))
 
-    assert await backend.claim(params(reclaim=False)) == []
-    [again] = await backend.claim(params(reclaim=True))
-    assert (again.token.task_id, again.token.attempt) == (first.token.task_id, 2)
+        assert await own.claim(params("other")) == []  # the first claim sweeps
+        assert await own.claim(params("job")) == []  # within the interval: no sweep
+        own._sweep.missed()  # as after a failed sweep: the next claim sweeps
+        [again] = await own.claim(params("job"))
+        assert (again.token.task_id, again.token.attempt) == (first.token.task_id, 2)
+    finally:
+        await own.close()
 
 
 async def test_claims_open_their_own_pool_which_closes_with_the_backend(

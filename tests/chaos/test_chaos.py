@@ -60,25 +60,25 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
         assert report.worst_reclaim_seconds <= SMOKE.lease + SMOKE.poll_interval + 1
     if scenario == "stop":
         # A worker stopped for twice its lease loses what it held; when it
-        # wakes, its late endings are refused.
+        # wakes, its late completions are refused.
         assert report.stale_writes_rejected > 0
         if backend == "postgres":
             assert report.reclaims > 0
         # On SQLite the stopped process may hold the single write lock: every
         # worker freezes with it, their leases expire too, and the stopped
         # worker's own tasks may end before anyone reclaims them (so its
-        # reclaims can be 0; the refused late endings show the fault).
+        # reclaims can be 0; the refused late completions show the fault).
     if scenario == "term":
         assert report.worker_restarts > 0
     if scenario == "net":
-        # Cut and swallowed connections cost leases; their late endings are refused.
+        # Cut and swallowed connections cost leases; their late completions are refused.
         assert report.stale_writes_rejected > 0
     if scenario == "restart":
         restarts = (tmp_path / "run" / "database.jsonl").read_text().count('"restart"')
         assert restarts >= 1
     if scenario == "gil":
         # A thread handler holding the GIL for three leases freezes its worker:
-        # its lease is lost and its late ending refused, then it runs again.
+        # its lease is lost and its late completion refused, then it runs again.
         # In a process executor the worker's heartbeat keeps the lease.
         thread, process = report.names[CPU_THREAD_NAME], report.names[CPU_PROCESS_NAME]
         assert thread.tasks == process.tasks == SMOKE.cpu_tasks

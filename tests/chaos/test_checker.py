@@ -750,7 +750,7 @@ def test_ledger_seq_is_read_and_checked() -> None:
 
 def test_where_a_kill_caught_each_execution_is_counted() -> None:
     t, ledger = committed_flow()  # w1 ran steps 0 and 1; step 1 never ended
-    # Killed after step 1's body ended, before its ending was recorded.
+    # Killed after step 1's body ended, before its completion was recorded.
     ledger = [line for line in ledger if '"attempt": 2' not in line]
     ledger += step_ran(1, 2, 1, 0.35, 0.45)
     report = run([t], ledger, [fault("kill", "w1", 0.5)], expected={1: Expected([0, 1, 2])})

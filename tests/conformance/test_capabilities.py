@@ -4,19 +4,36 @@ from __future__ import annotations
 
 import pytest
 
+import conveyor
 from conveyor.backends import Backend
-from conveyor.backends.protocol import Capability, EnqueueParams, NewTask
-from conveyor.errors import ConfigurationError
-from conveyor.model import RetryPolicy
+from conveyor.backends.protocol import (
+    AttemptTransactions,
+    Capability,
+    Inspector,
+    TransactionalEnqueue,
+    attempt_transactions_of,
+    inspector_of,
+    transactional_of,
+)
 
 EXPECTED = {
     "PostgresBackend": {
         Capability.TRANSACTIONAL_ENQUEUE,
         Capability.ATTEMPT_TRANSACTION,
         Capability.NOTIFICATIONS,
+        Capability.INSPECT,
     },
-    "SQLiteBackend": {Capability.TRANSACTIONAL_ENQUEUE, Capability.NOTIFICATIONS},
-    "MemoryBackend": {Capability.NOTIFICATIONS},
+    "SQLiteBackend": {
+        Capability.TRANSACTIONAL_ENQUEUE,
+        Capability.NOTIFICATIONS,
+        Capability.INSPECT,
+    },
+    "MemoryBackend": {Capability.NOTIFICATIONS, Capability.INSPECT},
+}
+PROTOCOLS = {
+    Capability.TRANSACTIONAL_ENQUEUE: TransactionalEnqueue,
+    Capability.ATTEMPT_TRANSACTION: AttemptTransactions,
+    Capability.INSPECT: Inspector,
 }
 
 
@@ -24,33 +41,42 @@ def test_each_backend_declares_what_it_offers(backend: Backend) -> None:
     assert backend.capabilities == EXPECTED[type(backend).__name__]
 
 
-async def test_backends_without_transactions_refuse_them_clearly(backend: Backend) -> None:
-    if Capability.TRANSACTIONAL_ENQUEUE in backend.capabilities:
-        return  # exercised against real connections in tests/worker/test_worker.py
-    task = NewTask(
-        name="job",
-        queue="default",
-        payload="{}",
-        priority=0,
-        max_attempts=1,
-        retry=RetryPolicy(max_attempts=1),
-    )
-    with pytest.raises(ConfigurationError, match="transaction"):
-        await backend.enqueue(EnqueueParams([task]), connection=object())
-    with pytest.raises(ConfigurationError, match="transaction"):
-        backend.enqueue_sync(EnqueueParams([task]), connection=object())
-    with pytest.raises(ConfigurationError, match="transaction"):
-        await backend.begin_attempt_transaction("w")
-
-
-async def test_backends_without_attempt_transactions_refuse_them_clearly(
+def test_a_backend_implements_exactly_the_optional_protocols_it_declares(
     backend: Backend,
 ) -> None:
-    if Capability.ATTEMPT_TRANSACTION in backend.capabilities:
-        transaction = await backend.begin_attempt_transaction("w")
-        await transaction.rollback()
+    """No method that only raises: a backend without a capability has none
+    of its methods, and one with it has them all."""
+    assert isinstance(backend, Backend)
+    for capability, protocol in PROTOCOLS.items():
+        assert isinstance(backend, protocol) == (capability in backend.capabilities), capability
+    assert (transactional_of(backend) is not None) == isinstance(backend, TransactionalEnqueue)
+    assert (attempt_transactions_of(backend) is not None) == isinstance(
+        backend, AttemptTransactions
+    )
+    assert (inspector_of(backend) is not None) == isinstance(backend, Inspector)
+
+
+async def test_attempt_transactions_open_and_roll_back(backend: Backend) -> None:
+    transactions = attempt_transactions_of(backend)
+    if transactions is None:
+        assert not hasattr(backend, "begin_attempt_transaction")
         return
-    with pytest.raises(ConfigurationError, match="transaction"):
-        await backend.begin_attempt_transaction("w")
-    with pytest.raises(ConfigurationError, match="transaction"):
-        backend.begin_attempt_transaction_sync("w")
+    transaction = await transactions.begin_attempt_transaction("w")
+    await transaction.rollback()
+
+
+def test_a_client_without_transactional_enqueue_refuses_a_connection_clearly() -> None:
+    """The client, not each backend, says so: once, before any I/O."""
+    with conveyor.App("memory://no-transactions") as app:
+
+        @app.task()
+        def job() -> None:
+            return None
+
+        with pytest.raises(conveyor.ConfigurationError, match="transaction"):
+            app.enqueue(job, connection=object())
+        with pytest.raises(conveyor.ConfigurationError, match="transaction"):
+            job.options(connection=object()).enqueue()
+        with pytest.raises(conveyor.ConfigurationError, match="transaction"):
+            app.send(1, {"n": 1}, connection=object())
+        assert app.list_tasks() == []

@@ -26,7 +26,7 @@ from conveyor.errors import TaskFinishedError
 from conveyor.model import TaskState
 from tests.conformance.test_inboxes import claim_one, coroutine, rest
 from tests.conformance.test_tasks import claim, enqueue, later, new, success
-from tests.conftest import backend_url
+from tests.conftest import backend_url, schema_for
 
 
 def keyed(key: str | None, name: str = "job", payload: object = None) -> NewTask:
@@ -110,8 +110,8 @@ async def test_a_send_repeated_with_its_key_sends_once_even_after_its_task_ended
     # The poll consumes both and ends the task: the key still answers.
     polled = await claim_one(backend, later(2))
     seen = tuple(m.id for m in await backend.inbox(task_id))
-    ending = replace(success(polled.token), effects=rest(polled, {}, consumed=seen).effects)
-    assert (await backend.finish(FinishParams("w1", [ending], now=later(3)))).applied
+    completion = replace(success(polled.token), effects=rest(polled, {}, consumed=seen).effects)
+    assert (await backend.finish(FinishParams("w1", [completion], now=later(3)))).applied
     assert await send(backend, task_id, {"pay": 10}, "webhook-1") == first
     assert await backend.inbox(task_id) == []
     with pytest.raises(TaskFinishedError):
@@ -120,9 +120,9 @@ async def test_a_send_repeated_with_its_key_sends_once_even_after_its_task_ended
 
 @pytest.mark.parametrize("kind", ["postgres", "sqlite", "memory"])
 async def test_concurrent_enqueues_of_one_key_store_one_task(
-    kind: str, schema: str, tmp_path: Path
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    url, options = backend_url(kind, schema, tmp_path)
+    url, options = backend_url(kind, schema_for(kind, request), tmp_path)
     callers = [backend_from_url(url, **options) for _ in range(8)]
     for caller in callers:
         await caller.open()

@@ -6,14 +6,14 @@ real one (PostgreSQL, SQLite). Rules: enqueue 1-3 tasks (priority, delay or
 run_at, budget, per-task lease, queue, first workflow step), claim by a random
 worker with a random limit, heartbeat and finish random subsets of the lease
 tokens ever handed out (held, stale and foreign) from a random worker, with
-any ending a worker may send (success, retry, failure, release, timeout,
+any completion a worker may send (success, retry, failure, release, timeout,
 cancel, step transition), advance the clock by up to three leases (so leases
 expire, tasks are reclaimed and crash budgets run out), cancel and manually
 retry a random task, and crash a worker (it stops calling; its leases expire).
 Coroutine tasks (with an inbox, maybe a first message) take part too: an
 outside send of 1-2 messages to random ids (missing, finished and plain tasks
 included); a claim records the inbox each backend showed; a coroutine's
-ending may rest (suspend, or sleep to a time) and carries effects that
+completion may rest (suspend, or sleep to a time) and carries effects that
 consume exactly what its poll saw, maybe send one message and spawn one
 child.
 
@@ -29,11 +29,15 @@ After every rule it checks that
   expired); a renewal moves the lease and nothing else; a rejected write
   changes nothing;
 
-and after every step (invariants, on both backends) that no enqueued task is
-lost; a task has one ``in_progress`` attempt exactly when it is in progress,
-the last one, owned by its worker; its ``attempt`` counts its attempt rows,
-numbered 1..n; owner, lease, ``finished_at`` and result match its state; the
-real backend's task (state, attempts with their outcomes, errors and steps,
+and after every step (invariants, on both backends) that every task moved
+only as the task state machine allows: its state before and after the rule
+is joined by moves of ``conveyor.model.STATE_CHANGES`` whose causes that
+rule can bring about (``RULE_CAUSES``: a claim, say, may reclaim, end an
+expired lease, wake a parent and claim it, never succeed a task); that no
+enqueued task is lost; a task has one ``in_progress`` attempt exactly when
+it is in progress, the last one, owned by its worker; its ``attempt`` counts
+its attempt rows, numbered 1..n; owner, lease, ``finished_at`` and result
+match its state; the real backend's task (state, attempts with their outcomes, errors and steps,
 owner, lease, cancel flag, result, step, payload, options, parent, inbox flag)
 equals the model's; every coroutine's unread messages (kind, sender, body, in
 order; ends sent by one statement in any order) equal the model's; and so do
@@ -54,7 +58,7 @@ reported live by a heartbeat, a cancelled task's run time, ``created_at``
 ignoring the injected clock; then, with inboxes, a first message waking a
 delayed task, a finishing poll's message to itself, and a message to a
 failing poll cutting its backoff short, where the memory backend wrote a
-batch's effects and endings in another order than the SQL ones), so none of
+batch's effects and completions in another order than the SQL ones), so none of
 them comes back.
 """
 
@@ -103,7 +107,17 @@ from conveyor.backends.protocol import (
     WorkFilter,
 )
 from conveyor.errors import ConveyorError
-from conveyor.model import LeaseToken, Message, MessageKind, Outcome, RetryPolicy, Task, TaskState
+from conveyor.model import (
+    STATE_CHANGES,
+    Cause,
+    LeaseToken,
+    Message,
+    MessageKind,
+    Outcome,
+    RetryPolicy,
+    Task,
+    TaskState,
+)
 from tests.conftest import backend_url
 
 T = TypeVar("T")
@@ -141,6 +155,32 @@ ERRORS = {
     Outcome.CANCELLED: ErrorInfo("CancelledByRequest", "cancelled while running"),
 }
 STEPS = ("reserve", "charge", "ship")
+# The causes of the moves each rule may bring about, besides its own: a task
+# that reaches a terminal state wakes its parent (message), and a cancelled
+# coroutine cancels its children (cancel). No rule writes a corrupt row, so
+# none may quarantine one. Rules not named here (heartbeat, advance, crash)
+# move nothing.
+RULE_CAUSES: dict[str, frozenset[Cause]] = {
+    "enqueue": frozenset({Cause.ENQUEUE}),
+    "claim": frozenset({Cause.CLAIM, Cause.RECLAIM, Cause.MESSAGE, Cause.CANCEL}),
+    "finish": frozenset(
+        {
+            Cause.SUCCEED,
+            Cause.FAIL,
+            Cause.RETRY,
+            Cause.RELEASE,
+            Cause.NEXT_STEP,
+            Cause.SLEEP,
+            Cause.SUSPEND,
+            Cause.CANCEL,
+            Cause.MESSAGE,
+            Cause.SPAWN,
+        }
+    ),
+    "send": frozenset({Cause.MESSAGE}),
+    "cancel": frozenset({Cause.CANCEL, Cause.MESSAGE}),
+    "retry": frozenset({Cause.MANUAL_RETRY}),
+}
 RESULTS: tuple[object, ...] = (None, 0, "ok", [1, "two"], {"k": {"n": 1}})
 
 
@@ -297,6 +337,59 @@ def check_shape(task: Task, kind: str) -> None:
     assert task.result is None or task.state is TaskState.SUCCEEDED, where
 
 
+def reachable(start: TaskState | None, causes: frozenset[Cause]) -> frozenset[TaskState]:
+    """The states a task in ``start`` (None: not stored yet) can be in after
+    one or more moves of the table, each by one of ``causes``."""
+    found: set[TaskState] = set()
+    frontier: list[TaskState | None] = [start]
+    while frontier:
+        state = frontier.pop()
+        for change in STATE_CHANGES:
+            if (
+                change.from_state is state
+                and change.cause in causes
+                and change.to_state not in found
+            ):
+                found.add(change.to_state)
+                frontier.append(change.to_state)
+    return frozenset(found)
+
+
+def moved(before: Task, after: Task) -> bool:
+    """Whether a task moved between two snapshots: a new state, or the same
+    one with a new attempt, a cancel request or a new run time."""
+    return (before.state, before.attempt, before.cancel_requested, ms(before.run_at)) != (
+        after.state,
+        after.attempt,
+        after.cancel_requested,
+        ms(after.run_at),
+    )
+
+
+def illegal_moves(
+    before: dict[int, Task], after: dict[int, Task], causes: frozenset[Cause]
+) -> list[str]:
+    """The tasks of ``after`` whose change since ``before`` (where a task
+    missing was not stored yet) no chain of moves of the table, each by one
+    of ``causes``, explains. A new attempt needs a claim or a reclaim."""
+    wrong = []
+    may_cause = ", ".join(sorted(causes)) or "nothing"
+    for task_id, task in after.items():
+        old = before.get(task_id)
+        if old is not None and not moved(old, task):
+            continue
+        start = old.state if old is not None else None
+        if task.state not in reachable(start, causes):
+            wrong.append(f"task {task_id}: {start or '(new)'} -> {task.state} ({may_cause})")
+        elif (
+            old is not None
+            and old.attempt != task.attempt
+            and not causes & {Cause.CLAIM, Cause.RECLAIM}
+        ):
+            wrong.append(f"task {task_id}: attempt {old.attempt} -> {task.attempt} ({may_cause})")
+    return wrong
+
+
 def live(task: Task, token: LeaseToken, worker_id: str, now: datetime) -> bool:
     """The fence, read from a snapshot taken before the write."""
     return (
@@ -348,6 +441,10 @@ class BackendAgreement(RuleBasedStateMachine):
         self.coroutines: set[int] = set()
         self.seen: dict[LeaseToken, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.targets: set[int] = set()  # tasks sent a message since the last check
+        # The causes of the moves the rules run since the last check may
+        # bring about, and each backend's tasks as that check saw them.
+        self.causes: set[Cause] = set()
+        self.seen_tasks: tuple[dict[int, Task], dict[int, Task]] = ({}, {})
 
     def open(self, backend: Backend) -> Backend:
         self.run(backend.open())
@@ -499,7 +596,7 @@ class BackendAgreement(RuleBasedStateMachine):
         return worker, tokens
 
     def draw_completion(self, data: st.DataObject, token: LeaseToken) -> Completion:
-        """An ending a worker could send: see COMPLETIONS; a step workflow's
+        """A completion a worker could send: see COMPLETIONS; a step workflow's
         transition is a success that makes the task pending at its next step."""
         coroutine = token.task_id in self.coroutines
         if coroutine and data.draw(st.booleans(), label="rest"):
@@ -631,6 +728,7 @@ class BackendAgreement(RuleBasedStateMachine):
             specs = [specs[0]] * len(specs)
         tasks = [self.new_task(spec) for spec in specs]
         params = EnqueueParams(tasks=tasks, now=self.now)
+        self.causes |= RULE_CAUSES["enqueue"]
         model, real = self.model, self.real
         model_ids = self.run(model.enqueue(params))
         real_ids = self.run(real.enqueue(params))
@@ -677,6 +775,7 @@ class BackendAgreement(RuleBasedStateMachine):
             lease=LEASE,
             now=self.now,
         )
+        self.causes |= RULE_CAUSES["claim"]
         model, real = self.model, self.real
         expected = self.run(model.claim(params))
         got = self.run(real.claim(params))
@@ -760,6 +859,7 @@ class BackendAgreement(RuleBasedStateMachine):
         tokens = [c.token for c in completions]
         before = self.fetch(t.task_id for t in tokens)
         fresh = frozenset(t for t in tokens if live(before[0][t.task_id], t, worker, self.now))
+        self.causes |= RULE_CAUSES["finish"]
         model, real = self.model, self.real
         mail = {i: len(self.run(model.inbox(i))) for i in before[0]}
         expected = self.run(model.finish(FinishParams(worker, completions, self.now)))
@@ -832,6 +932,7 @@ class BackendAgreement(RuleBasedStateMachine):
         self.send_messages(deliveries)
 
     def send_messages(self, deliveries: list[Delivery]) -> None:
+        self.causes |= RULE_CAUSES["send"]
         model, real = self.model, self.real
         expected = self.outcome(lambda: model.send(SendParams(deliveries, now=self.now)))
         real_deliveries = [replace(d, task_id=self.real_id(d.task_id)) for d in deliveries]
@@ -863,6 +964,7 @@ class BackendAgreement(RuleBasedStateMachine):
         self.cancel_task(self.draw_task(data))
 
     def cancel_task(self, task_id: int) -> None:
+        self.causes |= RULE_CAUSES["cancel"]
         model, real = self.model, self.real
         expected = self.outcome(lambda: model.cancel(task_id, now=self.now))
         note(f"cancel: {expected[0]} {expected[1]}")
@@ -875,6 +977,7 @@ class BackendAgreement(RuleBasedStateMachine):
         self.retry_task(self.draw_task(data))
 
     def retry_task(self, task_id: int) -> None:
+        self.causes |= RULE_CAUSES["retry"]
         model, real = self.model, self.real
         expected = self.outcome(lambda: model.retry(task_id, now=self.now))
         note(f"retry: {expected[0]} {expected[1]}")
@@ -893,9 +996,27 @@ class BackendAgreement(RuleBasedStateMachine):
             check_shape(task, "model")
         for task in real_tasks.values():
             check_shape(task, self.KIND)
+        self.moves_are_legal(model_tasks, real_tasks)
         want, have = self.views(model_tasks, real_tasks)
         for task_id in self.ids:
             assert have[task_id] == want[task_id], f"task {task_id} at {self.now}"
+
+    def moves_are_legal(self, model_tasks: dict[int, Task], real_tasks: dict[int, Task]) -> None:
+        """Every task of both backends moved, since the last check, only by
+        moves of the table that the rules run since may bring about."""
+        causes = frozenset(self.causes)
+        for kind, before, after in (
+            ("model", self.seen_tasks[0], model_tasks),
+            (self.KIND, self.seen_tasks[1], real_tasks),
+        ):
+            wrong = illegal_moves(before, after, causes)
+            assert not wrong, f"{kind} moved tasks outside the state machine at {self.now}: {wrong}"
+        for task_id, task in model_tasks.items():
+            old = self.seen_tasks[0].get(task_id)
+            if old is not None and old.state is not task.state:
+                note(f"move: {old.state} -> {task.state}")
+        self.seen_tasks = (model_tasks, real_tasks)
+        self.causes.clear()
 
     @invariant()
     def inboxes_agree(self) -> None:
@@ -1059,7 +1180,7 @@ def test_replay_a_first_message_does_not_wake_a_delayed_task(kind: str) -> None:
 @pytest.mark.parametrize("kind", REAL_BACKENDS)
 def test_replay_a_finishing_poll_s_message_to_itself_is_kept(kind: str) -> None:
     """A poll ends done and sends itself a message: its effects are written
-    before its ending (the task is still running then), on every backend, so
+    before its completion (the task is still running then), on every backend, so
     the message is stored in the finished task's inbox."""
     done = Completion(
         LeaseToken(1, 1, "w1"),
@@ -1081,7 +1202,7 @@ def test_replay_a_message_to_a_failing_poll_waits_out_its_backoff(kind: str) -> 
     """One finish: task 2's poll fails (retry in 5 s) and task 1's poll sends
     task 2 a message. Effects go first, while task 2 still runs, so the
     message does not cut the retry's backoff short, whatever the order of
-    the two endings in the batch."""
+    the two completions in the batch."""
     failed = Completion(
         LeaseToken(2, 1, "w1"),
         Outcome.FAILED,
@@ -1102,3 +1223,80 @@ def test_replay_a_message_to_a_failing_poll_waits_out_its_backoff(kind: str) -> 
         lambda m: m.claim("w1", limit=2, queues=QUEUES),
         lambda m: m.send_finish("w1", [failed, sent]),
     )
+
+
+# -- the state machine check itself ----------------------------------------
+
+
+def snapshot(state: TaskState, attempt: int = 0, **changes: Any) -> Task:
+    """A task as a backend would show it, for the checks below."""
+    return replace(
+        Task(
+            id=1,
+            name=NAME,
+            queue=QUEUES[0],
+            payload={},
+            state=state,
+            priority=0,
+            run_at=T0,
+            attempt=attempt,
+            max_attempts=3,
+            retry=RetryPolicy(max_attempts=3),
+            timeout=None,
+            lease=None,
+            result=None,
+            created_at=T0,
+            finished_at=None,
+            worker_id=None,
+            lease_expires_at=None,
+            cancel_requested=False,
+        ),
+        **changes,
+    )
+
+
+S = TaskState
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "rule"),
+    [
+        (snapshot(S.SUCCEEDED, 1), snapshot(S.PENDING, 1), "finish"),  # out of a terminal state
+        (snapshot(S.PENDING), snapshot(S.WAITING), "finish"),  # no such move at all
+        (None, snapshot(S.IN_PROGRESS, 1), "enqueue"),  # born running
+        (snapshot(S.IN_PROGRESS, 1), snapshot(S.SUCCEEDED, 1), "claim"),  # a claim that succeeds
+        (snapshot(S.FAILED, 1), snapshot(S.PENDING, 1), "cancel"),  # a cancel that retries
+        (snapshot(S.PENDING), snapshot(S.IN_PROGRESS, 1), "heartbeat"),  # a heartbeat that claims
+        (
+            snapshot(S.IN_PROGRESS, 1),
+            snapshot(S.IN_PROGRESS, 2),
+            "finish",
+        ),  # a finish that reclaims
+        (snapshot(S.PENDING), snapshot(S.PENDING, run_at=T0 + timedelta(1)), "retry"),
+    ],
+)
+def test_a_move_outside_the_table_fails_the_machine(
+    before: Task | None, after: Task, rule: str
+) -> None:
+    """What ``moves_are_legal`` would report of a backend that moved a task so."""
+    seen = {} if before is None else {1: before}
+    assert illegal_moves(seen, {1: after}, RULE_CAUSES.get(rule, frozenset()))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "rule"),
+    [
+        (None, snapshot(S.PENDING), "enqueue"),
+        (snapshot(S.PENDING), snapshot(S.IN_PROGRESS, 1), "claim"),
+        (snapshot(S.IN_PROGRESS, 1), snapshot(S.IN_PROGRESS, 2), "claim"),  # a reclaim
+        (snapshot(S.WAITING, 1), snapshot(S.IN_PROGRESS, 2), "claim"),  # woken, then claimed
+        (snapshot(S.IN_PROGRESS, 1), snapshot(S.PENDING, 1), "finish"),  # suspended, then woken
+        (None, snapshot(S.CANCELLED), "finish"),  # spawned, then its parent's cancel
+        (snapshot(S.IN_PROGRESS, 1), snapshot(S.IN_PROGRESS, 1, cancel_requested=True), "cancel"),
+        (snapshot(S.CANCELLED, 1), snapshot(S.PENDING, 1), "retry"),
+        (snapshot(S.PENDING), snapshot(S.PENDING), "heartbeat"),  # nothing moved
+    ],
+)
+def test_chains_of_moves_of_the_table_pass(before: Task | None, after: Task, rule: str) -> None:
+    seen = {} if before is None else {1: before}
+    assert illegal_moves(seen, {1: after}, RULE_CAUSES.get(rule, frozenset())) == []

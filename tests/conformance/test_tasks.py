@@ -312,6 +312,26 @@ async def test_expired_cancelled_task_is_not_run_again(backend: Backend) -> None
     assert task.attempts[-1].outcome is Outcome.LEASE_LOST
 
 
+async def test_cancel_requested_task_is_not_claimed_again_after_a_retry(backend: Backend) -> None:
+    """A cancel of a running task was once forgotten when its attempt ended
+    "pending" (a retry after a failure, or a release at shutdown): the task
+    ran again."""
+    [task_id] = await enqueue(backend, new())
+    [c] = await claim(backend)
+    assert await backend.cancel(task_id) is TaskState.IN_PROGRESS
+    # The handler failed before the next heartbeat told it about the cancel:
+    # the worker asks for a retry (or, at shutdown, for a release).
+    retry = Completion(
+        c.token, Outcome.FAILED, TaskState.PENDING, error=ErrorInfo("E", "m"), retry_delay=0
+    )
+    assert (await backend.finish(FinishParams("w1", [retry], now=later(1)))).applied
+    again = await claim(backend, "w2", at=later(2))
+    task = await backend.get_task(task_id)
+    assert task is not None
+    assert again == [], "a task whose cancellation was accepted was handed out again"
+    assert task.state is TaskState.CANCELLED
+
+
 async def test_manual_retry_of_failed_task(backend: Backend) -> None:
     [task_id] = await enqueue(backend, new(max_attempts=1))
     [c] = await claim(backend)

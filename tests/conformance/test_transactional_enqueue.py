@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from conveyor.backends import Backend
-from conveyor.backends.protocol import Capability, EnqueueParams, TaskFilter
+from conveyor.backends.protocol import EnqueueParams, TaskFilter, transactional_of
 from conveyor.backends.sqlite import SQLiteBackend
 from conveyor.errors import ConfigurationError
 from tests.conformance.test_tasks import T0, claim, new
@@ -37,15 +37,15 @@ def native_connection(backend: Backend) -> Iterator[Any]:
 async def test_a_task_enqueued_in_a_rolled_back_transaction_never_exists(
     backend: Backend,
 ) -> None:
-    if Capability.TRANSACTIONAL_ENQUEUE not in backend.capabilities:
-        with pytest.raises(ConfigurationError, match="transaction"):
-            backend.enqueue_sync(EnqueueParams([new()], now=T0), object())
+    transactional = transactional_of(backend)
+    if transactional is None:
+        assert not hasattr(backend, "enqueue_in_sync")
         return
     with native_connection(backend) as conn:
-        backend.enqueue_sync(EnqueueParams([new(payload={"n": "gone"})], now=T0), conn)
+        transactional.enqueue_in_sync(EnqueueParams([new(payload={"n": "gone"})], now=T0), conn)
         conn.rollback()
         tasks = [new(payload={"n": "low"}), new(payload={"n": "high"}, priority=5)]
-        kept = backend.enqueue_sync(EnqueueParams(tasks, now=T0), conn)
+        kept = transactional.enqueue_in_sync(EnqueueParams(tasks, now=T0), conn)
         conn.commit()
     stored = await backend.list_tasks(TaskFilter())
     assert sorted(t.payload["n"] for t in stored) == ["high", "low"]
@@ -61,14 +61,14 @@ async def test_sqlite_transactional_enqueue_checks_its_connection(tmp_path: Path
         contextlib.closing(sqlite3.connect(tmp_path / "other.db")) as other,
         pytest.raises(ConfigurationError, match="not on this backend's file"),
     ):
-        backend.enqueue_sync(params, other)
+        backend.enqueue_in_sync(params, other)
     with contextlib.closing(sqlite3.connect(backend.path, isolation_level=None)) as auto:
         with pytest.raises(ConfigurationError, match="autocommit"):
-            backend.enqueue_sync(params, auto)
+            backend.enqueue_in_sync(params, auto)
         auto.execute("begin")
-        [task_id] = backend.enqueue_sync(params, auto)
+        [task_id] = backend.enqueue_in_sync(params, auto)
         auto.execute("commit")
     assert await backend.get_task(task_id) is not None
     with pytest.raises(ConfigurationError, match=r"sqlite3\.Connection"):
-        backend.enqueue_sync(params, object())
+        backend.enqueue_in_sync(params, object())
     await backend.close()

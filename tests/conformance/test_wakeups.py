@@ -1,6 +1,6 @@
 """Wake-ups on every backend: what an idle worker hears, and when.
 
-A task made due at once by an ending (a workflow's next step, a release)
+A task made due at once by a completion (a workflow's next step, a release)
 wakes its queue like an enqueue does, or the next step would wait for the
 poll interval. A cancel of a running task reaches its worker as a
 CancelHint, and ``cancel_requested`` tells which held leases it concerns.

@@ -166,7 +166,7 @@ async def test_enqueue_refuses_a_value_that_is_not_strict_json(
 async def test_a_bad_payload_deep_in_a_large_batch_stores_nothing(app: conveyor.App) -> None:
     """Past its first chunk, a large batch is checked while earlier chunks are
     being inserted, in one transaction: a bad payload there rolls them back."""
-    from conveyor.app import ENQUEUE_CHUNK
+    from conveyor.client import ENQUEUE_CHUNK
 
     @app.task()
     async def take(x: object) -> None:

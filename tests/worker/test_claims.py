@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+from conveyor.errors import BackendError
 from conveyor.worker.claims import RETRY_MAX, RETRY_MIN, Claims, Pace
 
 
@@ -124,47 +126,54 @@ def test_failed_claims_back_off_doubling_up_to_the_cap() -> None:
     assert pace.failed(now=RETRY_MAX) == RETRY_MIN  # a success resets the delay
 
 
-async def test_a_worker_searches_for_expired_leases_once_per_poll_interval() -> None:
-    """Claims between those searches skip them (PostgreSQL's claim is leaner
-    without), so an expired lease waits at most a poll interval, as it did
-    for an idle worker."""
+def test_a_sweep_is_due_once_per_interval_and_again_after_a_failed_one() -> None:
+    """Claims between sweeps skip the search for expired leases (PostgreSQL's
+    claim is leaner without), so an expired lease waits at most an interval."""
     import time
-    import uuid
 
+    from conveyor.backends.sweep import Sweep
+
+    sweep = Sweep(0.3)
+    asked = [sweep.due() for _ in range(3)]
+    time.sleep(0.35)
+    asked.append(sweep.due())
+    assert asked == [True, False, False, True]
+    # A sweeping claim that fails leaves the sweep to the next claim.
+    sweep.missed()
+    assert [sweep.due(), sweep.due()] == [True, False]
+    assert [Sweep().due(), Sweep().due()] == [True, True]  # default: every claim sweeps
+
+
+async def test_a_worker_sweeps_once_per_poll_interval(tmp_path: Path) -> None:
+    """The worker builds its backend with its poll interval as the sweep
+    interval: an expired lease waits for a sweep no longer than for a poll."""
     import conveyor
-    from conveyor.backends.memory import MemoryBackend
-    from conveyor.backends.protocol import ClaimedTask, ClaimParams
-    from conveyor.errors import BackendUnavailableError
 
-    asked: list[bool] = []
-
-    class Recording(MemoryBackend):
-        async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-            asked.append(params.reclaim)
-            return await super().claim(params)
-
-    app = conveyor.App(f"memory://{uuid.uuid4().hex}")
+    app = conveyor.App(f"sqlite:///{tmp_path / 'tasks.db'}")
 
     @app.task()
     async def job() -> None:
         return None
 
-    class Failing(Recording):
-        async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-            asked.append(params.reclaim)
-            raise BackendUnavailableError("the store is away")
+    worker = app.worker(poll_interval=0.3, handle_signals=False, burst=True)
+    await worker.run()
+    assert worker.backend is not None
+    assert worker.backend._sweep.interval == 0.3  # type: ignore[attr-defined]
 
-    worker = app.worker(poll_interval=0.3, handle_signals=False)
-    backend = Recording(uuid.uuid4().hex)
-    for _ in range(3):
-        await worker._claim(backend, 1)
-    time.sleep(0.35)
-    await worker._claim(backend, 1)
-    assert asked == [True, False, False, True]
-    # A searching claim that fails leaves the search to the next claim.
-    time.sleep(0.35)
-    with pytest.raises(BackendUnavailableError):
-        await worker._claim(Failing(uuid.uuid4().hex), 1)
-    await worker._claim(backend, 1)
-    await worker._claim(backend, 1)
-    assert asked == [True, False, False, True, True, True, False]
+
+async def test_a_failed_sweeping_claim_leaves_the_sweep_to_the_next_claim(
+    tmp_path: Path,
+) -> None:
+    from conveyor.backends.protocol import ClaimParams
+    from conveyor.backends.sqlite import SQLiteBackend
+
+    backend = SQLiteBackend(str(tmp_path / "tasks.db"), sweep_interval=3600)
+    params = ClaimParams("w", ("job",), ("default",), limit=1, lease=30.0)
+    with pytest.raises(BackendError):  # not open: the claim fails
+        await backend.claim(params)
+    await backend.open()
+    try:
+        assert backend._sweep.due()  # the failed claim's sweep is still owed
+        assert not backend._sweep.due()
+    finally:
+        await backend.close()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
+import conveyor
 from conveyor.backends.postgres import PostgresBackend
 from conveyor.backends.protocol import (
     ClaimParams,
@@ -17,7 +19,9 @@ from conveyor.backends.protocol import (
     NewTask,
 )
 from conveyor.model import Outcome, RetryPolicy, TaskState
+from conveyor.worker import completer as completer_module
 from conveyor.worker.completer import Completer
+from tests.worker.helpers import RunningWorker
 
 
 async def test_a_completion_the_database_refuses_does_not_hold_back_the_others(
@@ -55,7 +59,7 @@ async def test_a_completion_the_database_refuses_does_not_hold_back_the_others(
 
 
 class _FirstFinishSwallowed:
-    """The real backend, but its first ending goes into a connection that
+    """The real backend, but its first completion goes into a connection that
     swallows packets: it never returns."""
 
     def __init__(self, backend: PostgresBackend) -> None:
@@ -95,3 +99,46 @@ async def test_a_write_that_never_returns_is_retried_after_the_timeout(
     assert "TimeoutError" in caplog.text
     task = await backend.get_task(claimed.token.task_id)
     assert task is not None and task.state is TaskState.SUCCEEDED
+
+
+# An error text PostgreSQL cannot store (a NUL character read from a file; a
+# lone surrogate from a surrogateescape-decoded file name or subprocess
+# output, interpolated into an exception message) once made the batched
+# `finish` statement raise. The completer retried the whole batch "while the
+# leases are trusted" -- and the heartbeat kept renewing them, so forever:
+# that task and every later completion of the worker were never recorded,
+# their leases were renewed indefinitely, and shutdown waited on the completer.
+
+
+@pytest.mark.parametrize("text", ["bad\x00byte", "/data/\udcff.csv"], ids=["nul", "surrogate"])
+async def test_unstorable_error_text_does_not_wedge_the_worker(
+    app: conveyor.App, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only to keep the test short: the completer's retry back-off (2 s max).
+    monkeypatch.setattr(completer_module, "RETRY_MAX_DELAY", 0.05)
+
+    @app.task(retry=RetryPolicy(max_attempts=1))
+    async def bad() -> None:
+        raise ValueError(f"cannot import {text}")  # e.g. a line read from a file
+
+    @app.task()
+    async def good() -> int:
+        return 1
+
+    async with app:
+        poison = await bad.enqueue_async()
+        later_task = await good.enqueue_async()
+        async with RunningWorker(app, concurrency=1) as worker:
+            try:
+                deadline = time.monotonic() + 1.5
+                while time.monotonic() < deadline:
+                    states = [(await app.get_async(i)).state for i in (poison.id, later_task.id)]
+                    if all(s.is_terminal for s in states):
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                # Let the completer give up, or the worker could never shut down.
+                assert worker.heartbeat is not None
+                for token in worker.heartbeat_held():
+                    worker.heartbeat.release(token)
+    assert states == [TaskState.FAILED, TaskState.SUCCEEDED]

@@ -39,7 +39,7 @@ BLACKHOLE = 4.0
 """Seconds the network swallows everything: well past the lease."""
 STRANDED_DEADLINE = 30.0
 """Generous: each statement stuck in a stranded connection (a claim, an
-ending, a reclaim's claim) costs its bound (the lease) and then up to 10 s
+completion, a reclaim's claim) costs its bound (the lease) and then up to 10 s
 of psycopg giving up on the query it cancels; about 13 s here."""
 
 

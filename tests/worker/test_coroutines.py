@@ -140,9 +140,9 @@ async def test_two_coroutines_play_ping_pong_for_n_rounds(app: conveyor.App) -> 
     assert child.result == result["pong"]["result"]
 
 
-@pytest.mark.parametrize("ending", ["suspend", "sleep"])
+@pytest.mark.parametrize("completion", ["suspend", "sleep"])
 async def test_a_message_sent_during_a_poll_waits_for_the_next_poll_which_comes_at_once(
-    app: conveyor.App, ending: str
+    app: conveyor.App, completion: str
 ) -> None:
     started, release = asyncio.Event(), asyncio.Event()
     polls: list[list[Any]] = []
@@ -153,7 +153,7 @@ async def test_a_message_sent_during_a_poll_waits_for_the_next_poll_which_comes_
         if len(polls) == 1:
             started.set()
             await release.wait()
-            return conveyor.suspend() if ending == "suspend" else conveyor.sleep(3600)
+            return conveyor.suspend() if completion == "suspend" else conveyor.sleep(3600)
         return conveyor.done(len(polls))
 
     async with app:

@@ -26,7 +26,7 @@ from conveyor.backends.sqlfiles import migrations as sql_migrations
 from conveyor.backends.sqlite import migrate as sqlite_migrate
 from conveyor.backends.sqlite.backend import SQL as SQLITE_SQL
 from conveyor.model import MAX_SECONDS
-from tests.conftest import PG_URL
+from tests.conftest import PG_URL, schema_for
 from tests.test_cli import Cli
 from tests.worker.helpers import RunningWorker, wait_terminal
 
@@ -63,8 +63,8 @@ class Store:
 
 
 @pytest.fixture(params=["postgres", "sqlite"])
-def store(request: pytest.FixtureRequest, schema: str, tmp_path: Path) -> Store:
-    return Store(request.param, schema, tmp_path)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return Store(request.param, schema_for(request.param, request), tmp_path)
 
 
 @pytest.fixture

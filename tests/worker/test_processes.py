@@ -1,6 +1,7 @@
-"""Real worker processes: killed, drained, released, and crashing on every attempt.
+"""Real worker processes: killed, drained, released, and crashing on every
+attempt; and a process handler, which dies with its killed worker.
 
-Each test runs on PostgreSQL and on SQLite.
+Each test that starts ``conveyor worker`` runs on PostgreSQL and on SQLite.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from psycopg import sql
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, Task, TaskState
+from tests.conftest import schema_for
 
 pytestmark = pytest.mark.slow
 
@@ -69,13 +71,23 @@ class Workers:
 
 
 @pytest.fixture(params=["postgres", "sqlite"])
-def url(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> str:
-    return pg_url if request.param == "postgres" else f"sqlite:///{tmp_path / 'tasks.db'}"
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
-def workers(url: str, schema: str, tmp_path: Path) -> Iterator[Workers]:
-    group = Workers(url, schema, tmp_path)
+def url(kind: str, pg_url: str, tmp_path: Path) -> str:
+    return pg_url if kind == "postgres" else f"sqlite:///{tmp_path / 'tasks.db'}"
+
+
+@pytest.fixture
+def store_schema(kind: str, request: pytest.FixtureRequest) -> str:
+    return schema_for(kind, request)
+
+
+@pytest.fixture
+def workers(url: str, store_schema: str, tmp_path: Path) -> Iterator[Workers]:
+    group = Workers(url, store_schema, tmp_path)
     try:
         yield group
     finally:
@@ -83,8 +95,8 @@ def workers(url: str, schema: str, tmp_path: Path) -> Iterator[Workers]:
 
 
 @pytest.fixture
-def client(url: str, schema: str) -> Iterator[conveyor.App]:
-    application = conveyor.App(url, schema=schema, allow_unregistered=True)
+def client(url: str, store_schema: str) -> Iterator[conveyor.App]:
+    application = conveyor.App(url, schema=store_schema, allow_unregistered=True)
     yield application
     application.close()
 
@@ -188,7 +200,7 @@ def test_sigterm_drains_a_running_task(
 
 
 def test_sigterm_past_the_grace_releases_without_burning_an_attempt(
-    url: str, schema: str, client: conveyor.App, workers: Workers, tmp_path: Path
+    url: str, store_schema: str, client: conveyor.App, workers: Workers, tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker"
     task_id = client.enqueue("long_nap", {"marker": str(marker), "seconds": 30.0}).id
@@ -205,7 +217,7 @@ def test_sigterm_past_the_grace_releases_without_burning_an_attempt(
     assert task.worker_id is None
     assert outcomes(task) == [Outcome.INTERRUPTED]
     assert task.attempts[0].error_type == "Interrupted"
-    assert spent(url, schema, task_id) == 0
+    assert spent(url, store_schema, task_id) == 0
 
     again = workers.start("--burst")
     assert workers.wait(again, 20) == 0, workers.log(again)
@@ -213,7 +225,7 @@ def test_sigterm_past_the_grace_releases_without_burning_an_attempt(
     assert task.state is TaskState.SUCCEEDED
     assert task.result == "resumed"
     assert outcomes(task) == [Outcome.INTERRUPTED, Outcome.SUCCEEDED]
-    assert spent(url, schema, task_id) == 1
+    assert spent(url, store_schema, task_id) == 1
     assert marks(marker) == [1, 2]
 
 
@@ -362,3 +374,60 @@ def test_sigkill_mid_poll_repolls_the_same_state_and_inbox_never_a_committed_pol
 
     last.send_signal(signal.SIGTERM)
     assert workers.wait(last, 10) == 0
+
+
+# A process handler once outlived its worker: after a SIGKILL (OOM killer,
+# kill -9, node drain) the forkserver child kept running its handler,
+# although its lease would expire and another worker would run the task again
+# -- two live executions of the same task, which self-fencing exists to
+# prevent (a process handler is "terminated", contract point 4).
+
+_ORPHAN_SCRIPT = """
+import asyncio
+from conveyor.worker.executors import ProcessExecution
+
+async def main():
+    # Exactly what the worker does for a process=True task.
+    execution = ProcessExecution(
+        "tests.apps.cpu", "spin_in_process", '{"seconds": 60}', "conveyor:orphan:1", 1 << 20)
+    print(execution._process.pid, flush=True)
+    await execution.wait()
+
+asyncio.run(main())
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_process_handler_dies_with_its_worker() -> None:
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE
+    )
+    child = None
+    try:
+        assert worker.stdout is not None
+        child = int(worker.stdout.readline())
+        time.sleep(0.2)  # the handler is running
+        worker.kill()
+        worker.wait(10)
+        # The lifeline's end is seen within milliseconds; a loaded machine may
+        # take longer to schedule the child, never the 60 s the handler spins.
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        survived = _alive(child)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+        if worker.stdout is not None:
+            worker.stdout.close()
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)  # the orphan this test caused
+    assert not survived, "the handler process still runs 10 s after its worker was killed"

@@ -166,6 +166,32 @@ async def test_cancel_a_running_task(app: conveyor.App) -> None:
     assert task.attempts[0].outcome is Outcome.CANCELLED
 
 
+async def test_cancelled_running_task_is_not_run_again_after_it_fails(app: conveyor.App) -> None:
+    calls: list[int] = []
+    started = asyncio.Event()
+    proceed = asyncio.Event()
+
+    @app.task(retry=FAST)
+    async def flaky(ctx: TaskContext) -> str:
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            started.set()
+            await proceed.wait()
+            raise ValueError("failed after the cancel was accepted")
+        return "ran again after being cancelled"
+
+    async with app:
+        handle = await flaky.enqueue_async()
+        # Default lease (30 s): the heartbeat beats every 10 s, i.e. not in this window.
+        async with RunningWorker(app):
+            await asyncio.wait_for(started.wait(), 10)
+            assert await app.cancel_async(handle.id) is TaskState.IN_PROGRESS
+            proceed.set()
+            [task] = await wait_terminal(app, [handle.id], timeout=5)
+    assert calls == [1], f"handler ran {len(calls)} times after cancel"
+    assert task.state is TaskState.CANCELLED
+
+
 async def test_cancel_pending_task_never_runs(app: conveyor.App) -> None:
     ran: list[int] = []
 

@@ -1,9 +1,9 @@
 """The App that chaos workers run: tasks, workflows and coroutines that keep an effects ledger.
 
 Every execution appends a ``start`` line when it begins and an ``end`` line
-when its body has finished (before the worker records the attempt's ending)
+when its body has finished (before the worker records the attempt's completion)
 to the ledger file named by ``CONVEYOR_CHAOS_LEDGER``, so an execution whose
-ending the fence rejected, or that was killed, is still visible to the
+completion the fence rejected, or that was killed, is still visible to the
 checker. Lines are single ``write`` calls on a file opened with
 ``O_APPEND``: concurrent workers never interleave within a line. Each line
 carries ``seq``: how many transitions of its task had committed when the

@@ -167,7 +167,7 @@ class NameCounts:
     """Executions whose process was killed before their body ended."""
     killed_before_commit: int = 0
     """Executions whose body ended (its side effects done) but whose process
-    was killed before their ending was recorded (their attempt ``lease_lost``)."""
+    was killed before their completion was recorded (their attempt ``lease_lost``)."""
 
     def add(self, h: _History, kills: Mapping[int, list[float]]) -> NameCounts:
         lost = sum(a.outcome is Outcome.LEASE_LOST for a in h.attempts)

@@ -16,7 +16,7 @@ kill, stop, continue and stop request is recorded with its time.
 
 Scenarios: ``control`` (no fault: no task may run twice), ``kill`` (SIGKILL
 a random worker and start a new one), ``stop`` (SIGSTOP a random worker for
-twice the lease, then SIGCONT: its late endings must be rejected), ``term``
+twice the lease, then SIGCONT: its late completions must be rejected), ``term``
 (SIGTERM a random worker, which drains for one lease and releases the rest,
 and start a new one), ``net`` (PostgreSQL only: the workers connect through
 a TCP proxy that alternately resets every connection or swallows every

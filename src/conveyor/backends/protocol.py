@@ -1,6 +1,16 @@
-"""The backend protocol: the one contract every storage engine implements.
+"""The backend protocol: what every store does, and what some stores add.
 
-Each operation takes one frozen params object and returns domain objects.
+:class:`Backend` is the core every store implements (enqueue, claim,
+heartbeat, finish, cancel, retry, send, reads for the worker). Optional
+capabilities are protocols of their own, declared in ``capabilities`` and
+looked up once with ``transactional_of``, ``attempt_transactions_of`` and
+``inspector_of``: :class:`TransactionalEnqueue` (enqueue and send inside a
+caller's transaction), :class:`AttemptTransactions` (a handler's writes
+commit with its task's success) and :class:`Inspector` (lists, counts and
+workers for the CLI and dashboards). A store implements exactly what it
+declares: none has a method that only raises.
+
+Each operation takes one params object and returns domain objects.
 Guarantees every implementation keeps (the conformance suite checks them):
 
 - ``claim`` is atomic: a task is handed to at most one worker per lease, the
@@ -28,11 +38,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
+from conveyor.errors import ConfigurationError
 from conveyor.model import LeaseToken, Message, Outcome, RetryPolicy, Task, TaskState
 
 
 class Capability(enum.Enum):
-    """What a backend can offer beyond the common contract."""
+    """What a backend can offer beyond the common contract. The first three
+    name the optional protocols below (a backend that declares one
+    implements it); ``transactional_of``, ``attempt_transactions_of`` and
+    ``inspector_of`` give a backend's, or None."""
 
     TRANSACTIONAL_ENQUEUE = "transactional_enqueue"
     """Enqueue inside the caller's own database transaction."""
@@ -40,6 +54,8 @@ class Capability(enum.Enum):
     """A handler's writes commit atomically with the task's success."""
     NOTIFICATIONS = "notifications"
     """Push wake-ups for idle workers (otherwise they poll)."""
+    INSPECT = "inspect"
+    """A read side for the CLI and dashboards: lists, counts and workers."""
     INLINE = "inline"
     """Tests only: an enqueue runs its tasks to the end before it returns."""
 
@@ -92,10 +108,6 @@ class ClaimParams:
     lease: float
     """Lease seconds for tasks that do not set their own."""
     now: datetime | None = None
-    reclaim: bool = True
-    """Whether to look for expired leases too. False lets a backend leave
-    them to a later claim (PostgreSQL skips that search; the others always
-    search): a worker asks for it at least once per poll interval."""
 
 
 @dataclass(slots=True)  # not frozen: built per task, and frozen costs 7x
@@ -145,7 +157,7 @@ class ErrorInfo:
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """A step workflow moving on, or a coroutine task's poll ending: its next
+    """A step workflow moving on, or a coroutine task's poll completion: its next
     step (None for a coroutine), the new state (encoded JSON), when it runs
     next (``run_at``, else ``delay`` seconds from now; ignored when it waits
     for a message) and its options. The attempt budget starts afresh."""
@@ -175,7 +187,7 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class Effects:
-    """What a coroutine task's poll does besides ending: the inbox messages
+    """What a coroutine task's poll does besides completing: the inbox messages
     it consumed (exactly those it saw), the messages it sends and the child
     tasks it spawns. Written with its completion, only if that is applied.
     A send to a task that is missing or finished is dropped (the poll's
@@ -231,10 +243,35 @@ class FinishResult:
 
 @dataclass(frozen=True, slots=True)
 class TaskFilter:
+    """Which tasks :meth:`Inspector.list_tasks` returns: newest (highest id)
+    first, each filter optional, at most ``limit`` (0 or more);
+    ``before`` pages on: only ids below it (the last id of the page before)."""
+
     state: TaskState | None = None
     name: str | None = None
     queue: str | None = None
     limit: int = 100
+    before: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
+            raise ConfigurationError("limit must be an integer")
+        if self.limit < 0:
+            raise ConfigurationError("limit must be 0 or more")
+        if self.before is not None and (
+            isinstance(self.before, bool) or not isinstance(self.before, int)
+        ):
+            raise ConfigurationError("before must be a task id")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCount:
+    """How many tasks of one name, in one queue, are in one state."""
+
+    state: TaskState
+    queue: str
+    name: str
+    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +310,140 @@ class WorkFilter:
     now: datetime | None = None
 
 
+Connection: TypeAlias = Any
+"""A caller's native database connection (a psycopg ``Connection`` or
+``AsyncConnection``, a ``sqlite3.Connection``): a backend checks its type."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The contract every store keeps: store, claim, keep, finish, control and
+    read tasks. Each method raises BackendUnavailableError when the store
+    cannot be reached (nothing is known to have happened then, except where
+    said), and ConfigurationError for arguments it cannot take."""
+
+    capabilities: frozenset[Capability]
+
+    async def open(self) -> None:
+        """Connect; apply pending migrations unless told not to."""
+
+    async def close(self) -> None:
+        """Release every connection; the backend cannot be used afterwards."""
+
+    async def migrate(self) -> list[int]:
+        """Apply pending schema migrations; return the versions applied now."""
+
+    async def destroy(self) -> None:
+        """Delete everything this backend stores (tables, schema). Irreversible."""
+
+    async def enqueue(self, params: EnqueueParams) -> list[int]:
+        """Insert tasks, all or none, and return their ids in order once
+        durable. A task whose name and idempotency key are stored already is
+        not inserted again: its stored id comes back. Race-free: concurrent
+        enqueues of one key store one task."""
+
+    async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
+        """Insert every chunk's tasks, all or none; their ids in order.
+
+        Drawing a chunk from ``chunks`` may do work (check and encode its
+        payloads) and may raise: then nothing is stored. A backend may insert
+        one chunk while the next is drawn."""
+
+    async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due or reclaimable tasks of these names and
+        queues, in claim order: priority (highest first), then run_at, then
+        id. Atomic: each task goes to one worker per lease, its attempt row
+        exists when this returns, an expired lease found on the way is
+        reclaimed (its attempt closed ``lease_lost``) or, with its crash
+        budget spent, its task ends ``failed``. A backend may look for
+        expired leases on some claims only (see its ``sweep_interval``)."""
+
+    async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
+        """Extend the leases ``worker_id`` still holds; report those it lost
+        and those whose task's cancel was requested. Fenced: a lease that
+        expired or moved on is never extended."""
+
+    async def cancel_requested(
+        self, worker_id: str, tokens: Sequence[LeaseToken]
+    ) -> frozenset[LeaseToken]:
+        """The leases among ``tokens``, held by ``worker_id``, whose task's
+        cancel was requested. Reads only: a worker asks it when a
+        :class:`CancelHint` arrives, sooner than its next heartbeat."""
+
+    async def finish(self, params: FinishParams) -> FinishResult:
+        """Record how attempts ended (see :class:`Completion`), each fenced by
+        its lease token and a live lease: a completion whose lease is gone
+        changes nothing and comes back in ``rejected``, never raised. An
+        applied completion writes its effects in the same transaction."""
+
+    async def send(self, params: SendParams) -> list[int]:
+        """Put messages in coroutine tasks' inboxes, all or none; their ids.
+
+        A waiting recipient is pending again at once, a sleeping one is due
+        now; one being polled sees the message at its next poll. Raises
+        TaskNotFoundError, TaskFinishedError or NoInboxError (nothing is
+        sent then)."""
+
+    async def inbox(self, task_id: int) -> list[Message]:
+        """The messages in a task's inbox not consumed yet, oldest first."""
+
+    async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
+        """Cancel a task; returns its state afterwards (``in_progress`` while its
+        worker is being told). Raises TaskNotFoundError or InvalidTransitionError.
+        A cancelled coroutine task's live children are cancelled too."""
+
+    async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
+        """Make a failed or cancelled task pending again with a fresh budget.
+        Raises TaskNotFoundError or InvalidTransitionError."""
+
+    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
+        """The task (with its attempt log unless told not to), or None."""
+
+    async def count_unfinished(self, work: WorkFilter) -> int:
+        """Due pending plus in-progress tasks matching ``work``."""
+
+    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
+        """When the next pending task of these queues becomes due, or None."""
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        """Record a live worker (again, after a restart of the same id)."""
+
+    async def stop_worker(self, worker_id: str) -> None:
+        """Record that a worker stopped."""
+
+    def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+        """Yield a queue name whenever work may have become due there, and a
+        :class:`CancelHint` whenever a running task may have been cancelled.
+
+        Reconnects on its own; ends only when the consumer stops iterating.
+        Backends without ``NOTIFICATIONS`` yield nothing and never end.
+        """
+        ...
+
+
+@runtime_checkable
+class TransactionalEnqueue(Protocol):
+    """``Capability.TRANSACTIONAL_ENQUEUE``: enqueue and send inside the
+    caller's own database transaction, so that the tasks and messages exist
+    if and only if the caller commits. Nothing is committed here. Raises
+    ConfigurationError for a connection of the wrong kind or store."""
+
+    async def enqueue_in(self, params: EnqueueParams, connection: Connection) -> list[int]:
+        """:meth:`Backend.enqueue` on the caller's async connection (a sync
+        ``sqlite3.Connection`` is used on the caller's thread)."""
+
+    def enqueue_in_sync(self, params: EnqueueParams, connection: Connection) -> list[int]:
+        """:meth:`Backend.enqueue` on the caller's synchronous connection."""
+
+    async def send_in(self, params: SendParams, connection: Connection) -> list[int]:
+        """:meth:`Backend.send` on the caller's async connection."""
+
+    def send_in_sync(self, params: SendParams, connection: Connection) -> list[int]:
+        """:meth:`Backend.send` on the caller's synchronous connection."""
+
+
 class AttemptTransaction(Protocol):
-    """A database transaction opened for one attempt (SQL backends only).
+    """A database transaction opened for one attempt.
 
     ``connection`` is the backend's native connection, inside the transaction.
     ``commit_success`` writes the task's success on it, fenced by the lease,
@@ -283,7 +452,7 @@ class AttemptTransaction(Protocol):
     """
 
     @property
-    def connection(self) -> Any: ...
+    def connection(self) -> Connection: ...
 
     async def commit_success(self, completion: Completion) -> bool: ...
 
@@ -296,53 +465,9 @@ class AttemptTransaction(Protocol):
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """A storage engine for tasks, attempts and workers."""
-
-    capabilities: frozenset[Capability]
-
-    async def open(self) -> None:
-        """Connect; apply pending migrations unless told not to."""
-
-    async def close(self) -> None: ...
-
-    async def migrate(self) -> list[int]:
-        """Apply pending schema migrations; return the versions applied now."""
-
-    async def destroy(self) -> None:
-        """Delete everything this backend stores (tables, schema). Irreversible."""
-
-    async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
-        """Insert tasks, returning their ids in order; with ``connection``, inside
-        the caller's transaction (needs ``TRANSACTIONAL_ENQUEUE``). A task
-        whose name and idempotency key are stored already is not inserted
-        again: its stored id comes back. Race-free: concurrent enqueues of
-        one key store one task."""
-
-    def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
-        """Insert tasks on the caller's own synchronous connection, uncommitted."""
-
-    async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
-        """Insert every chunk's tasks, all or none; their ids in order.
-
-        Drawing a chunk from ``chunks`` may do work (check and encode its
-        payloads) and may raise: then nothing is stored. A backend may insert
-        one chunk while the next is drawn."""
-
-    async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-        """Claim up to ``limit`` due or reclaimable tasks, returned in claim
-        order: priority (highest first), then run_at, then id."""
-
-    async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult: ...
-
-    async def cancel_requested(
-        self, worker_id: str, tokens: Sequence[LeaseToken]
-    ) -> frozenset[LeaseToken]:
-        """The leases among ``tokens``, held by ``worker_id``, whose task's
-        cancel was requested. Reads only: a worker asks it when a
-        :class:`CancelHint` arrives, sooner than its next heartbeat."""
-
-    async def finish(self, params: FinishParams) -> FinishResult: ...
+class AttemptTransactions(Protocol):
+    """``Capability.ATTEMPT_TRANSACTION``: a handler's writes commit
+    atomically with its task's success (``ctx.transaction()``)."""
 
     async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction:
         """Open an attempt's transaction on an async connection."""
@@ -354,49 +479,52 @@ class Backend(Protocol):
         and ``rollback`` stay awaitable (the worker runs them off its loop).
         """
 
-    async def send(self, params: SendParams, connection: Any = None) -> list[int]:
-        """Put messages in coroutine tasks' inboxes, all or none; their ids.
 
-        A waiting recipient is pending again at once, a sleeping one is due
-        now; one being polled sees the message at its next poll. Raises
-        TaskNotFoundError, TaskFinishedError or NoInboxError (nothing is
-        sent then). With ``connection``, inside the caller's transaction
-        (needs ``TRANSACTIONAL_ENQUEUE``)."""
+@runtime_checkable
+class Inspector(Protocol):
+    """``Capability.INSPECT``: the read side of the CLI and dashboards. Reads
+    only. A page of ``list_tasks`` is served by an index; ``count_tasks``
+    reads every task (no index holds state, queue and name together: one
+    would cost every state change an index write)."""
 
-    def send_sync(self, params: SendParams, connection: Any) -> list[int]:
-        """``send`` on the caller's own synchronous connection, uncommitted."""
+    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
+        """Tasks newest first, filtered and paged (see :class:`TaskFilter`),
+        without their attempt logs."""
 
-    async def inbox(self, task_id: int) -> list[Message]:
-        """The messages in a task's inbox not consumed yet, oldest first."""
+    async def count_tasks(self) -> list[TaskCount]:
+        """How many tasks there are, by state, queue and name (zero counts
+        left out), ordered by state, queue and name."""
 
-    async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
-        """Cancel a task; returns its state afterwards (``in_progress`` while its
-        worker is being told). Raises TaskNotFoundError or InvalidTransitionError.
-        A cancelled coroutine task's live children are cancelled too."""
+    async def list_workers(self) -> list[WorkerInfo]:
+        """Every worker the store knows, live or stopped, newest first."""
 
-    async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
-        """Make a failed or cancelled task pending again with a fresh budget."""
 
-    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None: ...
+def transactional_of(backend: Backend) -> TransactionalEnqueue | None:
+    """The backend as a :class:`TransactionalEnqueue`, if it declares it."""
+    if Capability.TRANSACTIONAL_ENQUEUE not in backend.capabilities:
+        return None
+    if isinstance(backend, TransactionalEnqueue):
+        return backend
+    raise _undeclared(backend, Capability.TRANSACTIONAL_ENQUEUE)
 
-    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]: ...
 
-    async def count_unfinished(self, work: WorkFilter) -> int:
-        """Due pending plus in-progress tasks matching ``work``."""
+def attempt_transactions_of(backend: Backend) -> AttemptTransactions | None:
+    """The backend as :class:`AttemptTransactions`, if it declares them."""
+    if Capability.ATTEMPT_TRANSACTION not in backend.capabilities:
+        return None
+    if isinstance(backend, AttemptTransactions):
+        return backend
+    raise _undeclared(backend, Capability.ATTEMPT_TRANSACTION)
 
-    async def next_due_at(self, queues: Sequence[str]) -> datetime | None: ...
 
-    async def register_worker(self, info: WorkerInfo) -> None: ...
+def inspector_of(backend: Backend) -> Inspector | None:
+    """The backend as an :class:`Inspector`, if it declares it."""
+    if Capability.INSPECT not in backend.capabilities:
+        return None
+    if isinstance(backend, Inspector):
+        return backend
+    raise _undeclared(backend, Capability.INSPECT)
 
-    async def stop_worker(self, worker_id: str) -> None: ...
 
-    async def list_workers(self) -> list[WorkerInfo]: ...
-
-    def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
-        """Yield a queue name whenever work may have become due there, and a
-        :class:`CancelHint` whenever a running task may have been cancelled.
-
-        Reconnects on its own; ends only when the consumer stops iterating.
-        Backends without ``NOTIFICATIONS`` yield nothing and never end.
-        """
-        ...
+def _undeclared(backend: Backend, capability: Capability) -> TypeError:
+    return TypeError(f"{type(backend).__name__} declares {capability.value} without its methods")

@@ -4,16 +4,31 @@ A block starts with ``-- name: NAME``; the comment lines after it say what
 the statement does and why. Migrations are files named ``NNNN_what.sql`` in
 the package's ``migrations`` folder. Both are our own package files, so
 their text is trusted (``LiteralString``); no statement is built from input.
+
+A block says ``{text:NAME}`` where it writes one of the texts every backend
+writes alike (:data:`conveyor.backends.stored.SQL_TEXTS`): it is composed in
+at load as an SQL string literal, so that the SQL and the Python code of
+every backend write the very same text.
 """
 
 from __future__ import annotations
 
 import re
+import string
 from importlib import resources
 from typing import LiteralString
 
+from conveyor.backends.stored import SQL_TEXTS
+
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"(\d{4})_\w+\.sql")
+_TEXT = re.compile(r"\{text:(\w+)\}")
+_COLUMN = re.compile(r"[a-z_][a-z0-9_]*")
+_UNQUOTABLE = ("\x00", "\\", "{", "}", "%")
+"""Characters no text of ours contains, and that would need more than a
+doubled quote: NUL and backslash (escapes), braces (psycopg's ``sql.SQL``
+composes the PostgreSQL statements after this) and ``%`` (psycopg's
+placeholders)."""
 
 
 def parse_blocks(text: str) -> dict[str, LiteralString]:
@@ -25,8 +40,47 @@ def parse_blocks(text: str) -> dict[str, LiteralString]:
         body = text[match.end() : end].strip()
         if match.group(1) in blocks:
             raise ValueError(f"duplicate SQL block {match.group(1)!r}")
-        blocks[match.group(1)] = _without_comment_lines(body)  # our own file: trusted text
+        # Our own file and our own texts: trusted text.
+        blocks[match.group(1)] = _with_texts(_without_comment_lines(body))
     return blocks
+
+
+def sql_literal(text: str) -> LiteralString:
+    """``text`` as a standard SQL string literal, the same for SQLite and
+    PostgreSQL: in single quotes, each quote doubled. Raises ValueError for
+    a text with a character that would need more (see ``_UNQUOTABLE``)."""
+    if any(char in text for char in _UNQUOTABLE):
+        raise ValueError(f"cannot write {text!r} as an SQL literal here")
+    return "'" + text.replace("'", "''") + "'"
+
+
+def sql_text(template: str) -> LiteralString:
+    """A text as an SQL expression: its literal, or for a template with
+    holes (``{spent}``) the concatenation of its parts with the columns the
+    holes name, cast to text (as Python's ``str`` writes an integer)."""
+    parts: list[LiteralString] = []
+    for literal, hole, _spec, _conversion in string.Formatter().parse(template):
+        if literal:
+            parts.append(sql_literal(literal))
+        if hole is not None:
+            if not _COLUMN.fullmatch(hole):
+                raise ValueError(f"the hole {{{hole}}} in {template!r} is not a column name")
+            parts.append("cast(" + hole + " as text)")
+    if len(parts) == 1:
+        return parts[0]
+    return "(" + " || ".join(parts) + ")"
+
+
+def _with_texts(body: LiteralString) -> LiteralString:
+    """``body`` with each ``{text:NAME}`` composed in (see the module docstring)."""
+
+    def text(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in SQL_TEXTS:
+            raise ValueError(f"unknown SQL text {{text:{name}}}")
+        return sql_text(SQL_TEXTS[name])
+
+    return _TEXT.sub(text, body)
 
 
 def _without_comment_lines(body: LiteralString) -> LiteralString:

@@ -3,12 +3,20 @@ backend reports alike.
 
 Pure functions: no connection, no I/O. Each backend first brings its rows
 to Python values (timestamps as aware datetimes), then maps them here.
+
+The texts a store writes in the attempt log when it ends an attempt itself
+(a reclaim, a spent crash budget, a quarantine) are defined here once, for
+every backend: the memory store and SQLite's Python code use them directly,
+and SQL statements name them as ``{text:NAME}`` (see :data:`SQL_TEXTS`),
+composed in as SQL literals when the statements are loaded
+(:mod:`conveyor.backends.sqlfiles`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from conveyor import payload as codec
@@ -32,27 +40,49 @@ from conveyor.model import (
 
 log = logging.getLogger("conveyor.backends")
 
+LEASE_EXPIRED_ERROR = "LeaseExpired"
+"""The error type of every attempt that lost its lease (outcome ``lease_lost``)."""
+CORRUPT_TASK_ERROR = "CorruptTask"
+"""The error type of the failed attempt a quarantine logs."""
 LEASE_EXPIRED = "lease expired: the worker stopped heartbeating (crash, kill or stall)"
-"""Why a reclaimed task's previous attempt ended (PostgreSQL says it in SQL)."""
+"""Why a reclaimed task's previous attempt ended."""
+CANCELLED_MEANWHILE = "lease expired; the task was cancelled meanwhile"
+"""Why an expired lease ended its task ``cancelled``: its cancel was requested."""
+CRASH_BUDGET_SPENT = (
+    "lease expired and the crash budget is spent ({spent} of {max_attempts} attempts): "
+    "the worker stopped heartbeating (crash, kill or stall)"
+)
+"""Why an expired lease ended its task ``failed``; a template (see
+:func:`lease_lost_message`)."""
+CORRUPT_COUNTER = (
+    "the task cannot be claimed: its attempt counter ({attempt}) or spent counter "
+    "({spent}) stands at the limit of a 32-bit integer (written around conveyor)"
+)
+"""Why a quarantine ended a task ``failed``; a template (see
+:func:`corrupt_counter_message`)."""
+
+SQL_TEXTS: Mapping[str, str] = {
+    "lease_expired_error": LEASE_EXPIRED_ERROR,
+    "corrupt_task_error": CORRUPT_TASK_ERROR,
+    "lease_expired": LEASE_EXPIRED,
+    "cancelled_meanwhile": CANCELLED_MEANWHILE,
+    "crash_budget_spent": CRASH_BUDGET_SPENT,
+    "corrupt_counter": CORRUPT_COUNTER,
+}
+"""The texts SQL statements name as ``{text:NAME}``. A template's holes
+(``{spent}``) become the statement's columns of those names."""
 
 
 def lease_lost_message(cancelled: bool, spent: int, max_attempts: int) -> str:
     """Why an expired lease ended its task instead of being reclaimed."""
     if cancelled:
-        return "lease expired; the task was cancelled meanwhile"
-    return (
-        f"lease expired and the crash budget is spent ({spent} of {max_attempts} attempts): "
-        "the worker stopped heartbeating (crash, kill or stall)"
-    )
+        return CANCELLED_MEANWHILE
+    return CRASH_BUDGET_SPENT.format(spent=spent, max_attempts=max_attempts)
 
 
 def corrupt_counter_message(attempt: object, spent: object) -> str:
-    """Why a task whose counter stands at the limit ended failed (PostgreSQL
-    says it in SQL)."""
-    return (
-        f"the task cannot be claimed: its attempt counter ({attempt}) or spent counter "
-        f"({spent}) stands at the limit of a 32-bit integer (written around conveyor)"
-    )
+    """Why a task whose counter stands at the limit ended failed."""
+    return CORRUPT_COUNTER.format(attempt=attempt, spent=spent)
 
 
 def transition_result(

@@ -1,4 +1,4 @@
-"""Batched completions: many fenced attempt endings in one statement.
+"""Batched completions: many fenced attempt completions in one statement.
 
 Handlers that finish together are recorded together: while one flush is in
 flight, new completions queue up and go in the next one, so batches grow with
@@ -8,7 +8,7 @@ reclaimed and the completion is dropped, as a lost lease's write must be).
 A flush that has not returned after ``timeout`` seconds (a connection that
 swallows packets never answers) counts as failed: it is cancelled and
 retried. It may still have been applied; the retry is then refused by the
-fence, and the ending is reported as not applied.
+fence, and the completion is reported as not applied.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class Completer:
                         await self._write([completion])
                     return
                 log.exception(
-                    "the backend refuses to record this attempt's ending; it is dropped and "
+                    "the backend refuses to record this attempt's completion; it is dropped and "
                     "the task will be reclaimed when its lease expires",
                     extra={"task_id": batch[0].token.task_id, "attempt": batch[0].token.attempt},
                 )

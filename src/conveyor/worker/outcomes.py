@@ -1,4 +1,4 @@
-"""How an attempt's ending becomes a completion: retry, fail, or succeed.
+"""How an attempt's outcome becomes a completion: retry, fail, or succeed.
 
 Pure functions of the claimed task and what the handler did; no I/O.
 Error text is stored cut to size (cut first, then cleaned: the cost does not
@@ -82,7 +82,7 @@ def makes_work_due(completion: Completion) -> bool:
     pending again without delay (a workflow's next step, a release, a retry
     without backoff), or a coroutine poll's children and messages. (A poll
     that rests while messages came meanwhile is woken by its store, which
-    announces it on the wake-up channel: every poll ending is not a hint.)"""
+    announces it on the wake-up channel: every poll completion is not a hint.)"""
     effects = completion.effects
     if effects is not None and (effects.spawns or effects.sends):
         return True

@@ -1,4 +1,4 @@
-"""The worker: claims tasks, runs them, keeps their leases, records endings.
+"""The worker: claims tasks, runs them, keeps their leases, records completions.
 
 Pieces (each a small start/stop component): the claim loop (here), the
 heartbeat thread (:mod:`.heartbeat`), batched completions (:mod:`.completer`)
@@ -22,8 +22,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol
 
 from conveyor.backends.protocol import (
     AttemptTransaction,
@@ -36,7 +36,9 @@ from conveyor.backends.protocol import (
     HeartbeatResult,
     WorkerInfo,
     WorkFilter,
+    attempt_transactions_of,
 )
+from conveyor.client import Client
 from conveyor.context import TaskContext
 from conveyor.errors import (
     BackendUnavailableError,
@@ -45,6 +47,7 @@ from conveyor.errors import (
     WorkerShutdown,
 )
 from conveyor.model import LeaseToken, Outcome, TaskState
+from conveyor.task import TaskDef
 from conveyor.worker import outcomes
 from conveyor.worker.attempt import RunningAttempt
 from conveyor.worker.cancels import CancelConfig, CancelWatch
@@ -53,9 +56,6 @@ from conveyor.worker.completer import Completer
 from conveyor.worker.config import WorkerConfig
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
 from conveyor.worker.texts import reason
-
-if TYPE_CHECKING:
-    from conveyor.app import App
 
 log = logging.getLogger("conveyor.worker")
 
@@ -75,18 +75,30 @@ def _start_runner(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     return loop.create_task(coro)
 
 
-class Worker:
-    """Runs the app's tasks; ``await run()`` until stopped."""
+class Registry(Protocol):
+    """What a worker is built from: the registered tasks by name, and the
+    client of the store they are in (an :class:`~conveyor.App` is both)."""
 
-    def __init__(self, app: App, config: WorkerConfig | None = None) -> None:
-        self.app = app
+    @property
+    def tasks(self) -> Mapping[str, TaskDef]: ...
+
+    @property
+    def client(self) -> Client: ...
+
+
+class Worker:
+    """Runs a registry's tasks (``Worker(app, config)``); ``await run()`` until stopped."""
+
+    def __init__(self, registry: Registry, config: WorkerConfig | None = None) -> None:
+        self.tasks: Mapping[str, TaskDef] = dict(registry.tasks)
+        self.client = registry.client
         self.config = config or WorkerConfig()
         self.id = (
             self.config.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
-        self.names = sorted(app.tasks)
+        self.names = sorted(self.tasks)
         self.queues: Sequence[str] = tuple(
-            self.config.queues or sorted({t.options.queue for t in app.tasks.values()})
+            self.config.queues or sorted({t.defaults.queue for t in self.tasks.values()})
         )
         self._running: dict[LeaseToken, RunningAttempt] = {}
         self._runners: set[asyncio.Task[None]] = set()
@@ -97,14 +109,12 @@ class Worker:
         self._loop_thread = 0
         self._wake: asyncio.Event | None = None
         self._hinted = False
-        self._reclaimed_at = float("-inf")
         self.backend: Backend | None = None
         self.heartbeat: Heartbeat | None = None
         self.completer: Completer | None = None
         self.cancels: CancelWatch | None = None
         self.claimed_count = 0
         self.claims_made = 0
-        self._transactions = False
         self._open_transaction: Callable[[], Awaitable[AttemptTransaction]] | None = None
         self._open_transaction_sync: Callable[[], AttemptTransaction] | None = None
 
@@ -141,7 +151,9 @@ class Worker:
         self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._loop, self._loop_thread = loop, threading.get_ident()
-        backend = self.backend = self.app.make_backend(pool_size=self.config.connections())
+        backend = self.backend = self.client.make_backend(
+            pool_size=self.config.connections(), sweep_interval=self.config.poll_interval
+        )
         await backend.open()
         try:
             await self._register(backend)
@@ -150,12 +162,12 @@ class Worker:
             raise
         self.heartbeat = Heartbeat(
             HeartbeatConfig(self.id, self.config.lease, self.config.heartbeat_interval),
-            lambda: self.app.make_backend(pool_size=1, migrate=False),
+            lambda: self.client.make_backend(pool_size=1, migrate=False),
             lambda result: self._post(loop, result),
         )
         self.heartbeat.start()
         # Bounded like a claim: a connection that swallows packets must not
-        # hold the endings back for good.
+        # hold the completions back for good.
         self.completer = Completer(
             backend,
             self.id,
@@ -163,11 +175,14 @@ class Worker:
             self._recorded,
             timeout=self.config.lease,
         )
-        self._transactions = Capability.ATTEMPT_TRANSACTION in backend.capabilities
-        self._open_transaction = functools.partial(backend.begin_attempt_transaction, self.id)
-        self._open_transaction_sync = functools.partial(
-            backend.begin_attempt_transaction_sync, self.id
-        )
+        transactions = attempt_transactions_of(backend)
+        if transactions is not None:
+            self._open_transaction = functools.partial(
+                transactions.begin_attempt_transaction, self.id
+            )
+            self._open_transaction_sync = functools.partial(
+                transactions.begin_attempt_transaction_sync, self.id
+            )
         self.completer.start()
         self.cancels = CancelWatch(
             CancelConfig(self.id), backend, lambda: list(self._running), self._stop_cancelled
@@ -313,34 +328,21 @@ class Worker:
         pace.returned(len(outcome.result), outcome.limit, outcome.sent_at, now)
 
     async def _claim(self, backend: Backend, limit: int) -> list[ClaimedTask]:
-        # Expired leases are searched for once per poll interval, as an idle
-        # worker's polls did: claims between those are leaner. A searching
-        # claim that fails leaves the search to the next claim.
-        now = time.monotonic()
-        reclaim = now - self._reclaimed_at >= self.config.poll_interval
-        if reclaim:
-            self._reclaimed_at = now
         params = ClaimParams(
             worker_id=self.id,
             names=self.names,
             queues=self.queues,
             limit=limit,
             lease=self.config.lease,
-            reclaim=reclaim,
         )
         # Bounded: a connection that swallows packets must not stall claiming.
         # A claim that times out may still commit later; its tasks then wait
         # out their lease and are reclaimed.
-        try:
-            return await asyncio.wait_for(backend.claim(params), self.config.lease)
-        except BaseException:
-            if reclaim:
-                self._reclaimed_at = float("-inf")
-            raise
+        return await asyncio.wait_for(backend.claim(params), self.config.lease)
 
     async def _nothing_due(self, backend: Backend) -> bool:
         if self.completer is not None:
-            await self.completer.wait_idle()  # our own endings must be written first
+            await self.completer.wait_idle()  # our own completions must be written first
         try:
             left = await backend.count_unfinished(WorkFilter(names=self.names, queues=self.queues))
         except Exception as exc:
@@ -368,10 +370,10 @@ class Worker:
             self._start(task, backend)
 
     def _start(self, task: ClaimedTask, backend: Backend) -> None:
-        definition = self.app.tasks[task.name]
+        definition = self.tasks[task.name]
         self.claimed_count += 1
         opener = sync_opener = None
-        if self._transactions:
+        if self._open_transaction is not None:
             if definition.executor == "async":
                 opener = self._open_transaction
             elif definition.executor == "thread":
@@ -389,7 +391,7 @@ class Worker:
             parent_id=task.parent_id,
             read_inbox=functools.partial(backend.inbox, task.token.task_id),
         )
-        running = RunningAttempt(task, definition, ctx, self.app.max_payload_bytes)
+        running = RunningAttempt(task, definition, ctx, self.client.max_payload_bytes)
         self._running[task.token] = running
         runner = _start_runner(self._run_attempt(running))
         # The runner leaves the set itself, as its last step (a done callback
@@ -410,7 +412,7 @@ class Worker:
                 completion = None
             finally:
                 self._running.pop(token, None)
-                # In burst mode an ending may be the last one, or make work due
+                # In burst mode a completion may be the last one, or make work due
                 # that no wake-up announces: it counts as a hint.
                 self._hinted = self._hinted or self.config.burst
                 if self._wake is not None:

@@ -19,10 +19,10 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from conveyor.backends.postgres import queries, scripts
+from conveyor.backends.postgres import listen, queries, scripts
 from conveyor.backends.postgres.inboxes import (
     finish_with_effects,
     has_effects,
@@ -40,8 +40,8 @@ from conveyor.backends.postgres.transactions import (
     PostgresSyncTransaction,
     PostgresTransaction,
 )
+from conveyor.backends.postgres.urls import connect_timeout, redacted
 from conveyor.backends.protocol import (
-    CancelHint,
     Capability,
     ClaimedTask,
     ClaimParams,
@@ -52,6 +52,7 @@ from conveyor.backends.protocol import (
     HeartbeatResult,
     NewTask,
     SendParams,
+    TaskCount,
     TaskFilter,
     Wakeup,
     WorkerInfo,
@@ -64,6 +65,7 @@ from conveyor.backends.stored import (
     task_row,
     transition_result,
 )
+from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
 from conveyor.errors import (
     BackendError,
     BackendUnavailableError,
@@ -81,11 +83,10 @@ log = logging.getLogger("conveyor.postgres")
 
 DEFAULT_SCHEMA = "conveyor"
 DEFAULT_POOL_SIZE = 10
-CONNECT_TIMEOUT = 30.0
 # Every fence relies on READ COMMITTED re-checking a row after a concurrent
 # update; a server whose default is stricter would fail those statements.
 READ_COMMITTED = "set default_transaction_isolation to 'read committed'"
-# The worker's own transactions (an ending with its effects, a bulk enqueue)
+# The worker's own transactions (a completion with its effects, a bulk enqueue)
 # send their statements back to back. A process frozen in the middle of one
 # (SIGSTOP, a paused VM, a thread handler holding the GIL in a C call) would
 # keep its row locks, and no other worker could reclaim those tasks (claims
@@ -100,12 +101,18 @@ BEGIN_ATTEMPT = "begin isolation level read committed"
 BEGIN_UNBOUND_ATTEMPT = (
     "begin isolation level read committed; set local idle_in_transaction_session_timeout to 0"
 )
-RECONNECT_MIN_DELAY = 0.1
-RECONNECT_MAX_DELAY = 5.0
 
 
 def _configure_sync(conn: psycopg.Connection[Any]) -> None:
     conn.execute(READ_COMMITTED)
+
+
+def _check_async(connection: Any) -> None:
+    if not isinstance(connection, AsyncConnection):
+        raise ConfigurationError(
+            "the async API takes a psycopg AsyncConnection; "
+            "pass a sync psycopg Connection to the sync API"
+        )
 
 
 def _check_sync(connection: Any) -> None:
@@ -123,6 +130,7 @@ class PostgresBackend:
             Capability.TRANSACTIONAL_ENQUEUE,
             Capability.ATTEMPT_TRANSACTION,
             Capability.NOTIFICATIONS,
+            Capability.INSPECT,
         }
     )
 
@@ -133,12 +141,15 @@ class PostgresBackend:
         schema: str = DEFAULT_SCHEMA,
         pool_size: int = DEFAULT_POOL_SIZE,
         migrate: bool = True,
+        sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
     ) -> None:
         self.url = url
+        self._connect_timeout = connect_timeout(url)
         self.schema = queries.validate_schema(schema)
         self.sql: Mapping[str, bytes] = queries.load(self.schema)
         self.channel = queries.channel(self.schema)
         self._auto_migrate = migrate
+        self._sweep = Sweep(sweep_interval)
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
         self._pool_size = pool_size
@@ -191,7 +202,11 @@ class PostgresBackend:
                     self.url,
                     min_size=0,
                     max_size=self._pool_size,
-                    kwargs={"autocommit": True, "context": ADAPTERS},
+                    kwargs={
+                        "autocommit": True,
+                        "context": ADAPTERS,
+                        "connect_timeout": self._connect_timeout,
+                    },
                     configure=_configure_sync,
                     open=False,
                     name=f"conveyor-{self.schema}-sync",
@@ -211,26 +226,46 @@ class PostgresBackend:
             self.url,
             min_size=min_size,
             max_size=self._pool_size,
-            kwargs={"autocommit": True, "context": ADAPTERS},
+            kwargs={
+                "autocommit": True,
+                "context": ADAPTERS,
+                "connect_timeout": self._connect_timeout,
+            },
             configure=configure,
             open=False,
             name=f"conveyor-{self.schema}{suffix}",
         )
 
     async def open(self) -> None:
+        """Connect, or raise BackendUnavailableError within the connect
+        timeout with the cause in one line (the URL's password hidden)."""
         if self._pool is not None:
             return
+        # One connection first: a refused connection, a missing database or
+        # a wrong password fails it at once, with the server's reason (a
+        # pool would retry quietly until its timeout).
+        try:
+            probe = await AsyncConnection.connect(
+                self.url, autocommit=True, connect_timeout=self._connect_timeout
+            )
+        except psycopg.Error as exc:
+            raise self._unreachable(exc) from exc
+        await probe.close()
         pool = self._async_pool(1, self._configure)
         try:
-            await pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+            await pool.open(wait=True, timeout=self._connect_timeout)
         except BaseException as exc:
             await pool.close()  # stop its reconnect attempts
             if isinstance(exc, psycopg.Error | PoolTimeout):
-                raise BackendError(f"cannot connect to PostgreSQL: {exc}") from exc
+                raise self._unreachable(exc) from exc
             raise
         self._pool = pool
         if self._auto_migrate:
             await self.migrate()
+
+    def _unreachable(self, exc: BaseException) -> BackendUnavailableError:
+        cause = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        return BackendUnavailableError(f"cannot connect to {redacted(self.url)}: {cause}")
 
     async def close(self) -> None:
         pools = [p for p in (self._claim_pool, self._pool) if p is not None]
@@ -288,20 +323,19 @@ class PostgresBackend:
 
     # -- enqueue ---------------------------------------------------------
 
-    async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
+    async def enqueue(self, params: EnqueueParams) -> list[int]:
         if not params.tasks:
             return []
-        if connection is None:
-            if not any(t.message or t.idempotency_key for t in params.tasks):
-                name, args = enqueue_statement(params)
-                return ordered_ids(await self._fetchall(name, args))
-            async with self._connection() as conn, conn.transaction():
-                return await insert_tasks(conn, self.sql, params.tasks, params.now)
-        if not isinstance(connection, AsyncConnection):
-            raise ConfigurationError(
-                "the async API takes a psycopg AsyncConnection; "
-                "pass a sync psycopg Connection to the sync API"
-            )
+        if not any(t.message or t.idempotency_key for t in params.tasks):
+            name, args = enqueue_statement(params)
+            return ordered_ids(await self._fetchall(name, args))
+        async with self._connection() as conn, conn.transaction():
+            return await insert_tasks(conn, self.sql, params.tasks, params.now)
+
+    async def enqueue_in(self, params: EnqueueParams, connection: Any) -> list[int]:
+        _check_async(connection)
+        if not params.tasks:
+            return []
         return await insert_tasks(connection, self.sql, params.tasks, params.now)
 
     async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
@@ -325,7 +359,7 @@ class PostgresBackend:
                         await sending
         return ids
 
-    def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
+    def enqueue_in_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
         _check_sync(connection)
         if not params.tasks:
             return []
@@ -333,23 +367,22 @@ class PostgresBackend:
 
     # -- messages --------------------------------------------------------
 
-    async def send(self, params: SendParams, connection: Any = None) -> list[int]:
+    async def send(self, params: SendParams) -> list[int]:
         if not params.deliveries:
             return []
-        if connection is None:
-            async with self._connection() as conn, conn.transaction():
-                return await self._send_on(conn, params)
-        if not isinstance(connection, AsyncConnection):
-            raise ConfigurationError(
-                "the async API takes a psycopg AsyncConnection; "
-                "pass a sync psycopg Connection to the sync API"
-            )
+        async with self._connection() as conn, conn.transaction():
+            return await self._send_on(conn, params)
+
+    async def send_in(self, params: SendParams, connection: Any) -> list[int]:
+        _check_async(connection)
+        if not params.deliveries:
+            return []
         return await self._send_on(connection, params)
 
     async def _send_on(self, conn: AsyncConnection[Any], params: SendParams) -> list[int]:
         return await scripts.run(conn, scripts.send(self.sql, params.deliveries, params.now))
 
-    def send_sync(self, params: SendParams, connection: Any) -> list[int]:
+    def send_in_sync(self, params: SendParams, connection: Any) -> list[int]:
         _check_sync(connection)
         if not params.deliveries:
             return []
@@ -378,8 +411,14 @@ class PostgresBackend:
             "limit": params.limit,
             "lease": params.lease,
         }
+        with self._sweep.turn() as sweep:
+            return await self._claim(params, args, sweep)
+
+    async def _claim(
+        self, params: ClaimParams, args: Mapping[str, Any], sweep: bool
+    ) -> list[ClaimedTask]:
         async with self._connection(await self.claim_pool()) as conn:
-            if params.reclaim:
+            if sweep:
                 quarantined = await (await conn.execute(self.sql["quarantine"], args)).fetchall()
                 if quarantined:
                     log.error(
@@ -387,7 +426,7 @@ class PostgresBackend:
                         len(quarantined),
                         ", ".join(str(r[0]) for r in quarantined),
                     )
-            statement = self.sql["claim_reclaim" if params.reclaim else "claim"]
+            statement = self.sql["claim_reclaim" if sweep else "claim"]
             rows = await (await conn.execute(statement, args)).fetchall()
         return [claimed_task(row, params.worker_id) for row in rows]
 
@@ -500,9 +539,14 @@ class PostgresBackend:
                 "name": task_filter.name,
                 "queue": task_filter.queue,
                 "limit": task_filter.limit,
+                "before": task_filter.before,
             },
         )
         return [task_row(row, ()) for row in rows]
+
+    async def count_tasks(self) -> list[TaskCount]:
+        rows = await self._fetchall("count_tasks", {})
+        return [TaskCount(TaskState(r[0]), r[1], r[2], r[3]) for r in rows]
 
     async def count_unfinished(self, work: WorkFilter) -> int:
         rows = await self._fetchall(
@@ -553,34 +597,7 @@ class PostgresBackend:
 
     # -- wake-ups --------------------------------------------------------
 
-    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+    def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
         """Queue names from the wake-up channel, cancel hints (task ids) from
-        the cancel channel; one connection listens to both."""
-        wanted = set(queues)
-        cancels = queries.cancel_channel(self.schema)
-        listen = sql.SQL("listen {}; listen {}").format(
-            sql.Identifier(self.channel), sql.Identifier(cancels)
-        )
-        delay = RECONNECT_MIN_DELAY
-        while True:
-            try:
-                conn = await AsyncConnection.connect(self.url, autocommit=True)
-                async with conn:
-                    await conn.execute(listen)
-                    delay = RECONNECT_MIN_DELAY
-                    # Anything enqueued (or cancelled) while we were not
-                    # listening may be due (or to stop) now.
-                    for queue in queues:
-                        yield queue
-                    yield CancelHint()
-                    async for note in conn.notifies():
-                        if note.channel == cancels:
-                            yield CancelHint(int(note.payload) if note.payload.isdigit() else None)
-                        elif note.payload in wanted:
-                            yield note.payload
-            except psycopg.Error as exc:
-                log.warning(
-                    "wake-up listener lost its connection (%s); retrying in %.1fs", exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX_DELAY)
+        the cancel channel (see :mod:`.listen`)."""
+        return listen.wakeups(self.url, self.channel, queries.cancel_channel(self.schema), queues)

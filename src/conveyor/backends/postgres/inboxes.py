@@ -1,16 +1,16 @@
-"""Coroutine tasks on PostgreSQL: a poll's ending with its effects, and sends.
+"""Coroutine tasks on PostgreSQL: a poll's completion with its effects, and sends.
 
-A poll's ending is one transaction: take the advisory lock that orders it
+A poll's completion is one transaction: take the advisory lock that orders it
 after the outside sends to its task under way (see ``guard_send`` in
 queries.sql), lock the rows it touches in id order
 (its task, its parent, the recipients of its messages) and read each
-ending's fence under those locks; for the endings that hold their lease,
+completion's fence under those locks; for the completions that hold their lease,
 consume the messages each poll saw, insert its spawned children with their
 first messages and deliver its messages; then write the fenced ``finish``
 at the same clock, and make due again each task that ended waiting or
-sleeping while its inbox still holds messages. A rejected ending writes
+sleeping while its inbox still holds messages. A rejected completion writes
 none of it. Effects go first so that a child's last messages precede the
-end-of-stream message its ending makes the database send its parent.
+end-of-stream message its completion makes the database send its parent.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ async def finish_with_effects(
     done = {(int(r[0]), int(r[1])) for r in await cursor.fetchall()}
     if done != live & {(c.token.task_id, c.token.attempt) for c in completions}:
         # Cannot happen under the locks; if it did, nothing of it may stay.
-        raise BackendError("a lease fence moved under its row lock; the ending is rolled back")
+        raise BackendError("a lease fence moved under its row lock; the completion is rolled back")
     resting = [
         c.token.task_id
         for c in holding

@@ -6,6 +6,9 @@
 -- the first key of the schema's advisory locks (an integer).
 -- A block named part_* is not a statement: it is composed in once at load
 -- where a statement says {part_...}, for text that several statements share.
+-- {text:NAME} is a text every backend writes alike (an error type or
+-- message of the attempt log, conveyor.backends.stored.SQL_TEXTS), composed
+-- in first as an SQL literal; one with holes reads the columns they name.
 -- %(now)s is NULL in production: the database clock is the only authority on
 -- lease expiry; tests pass a time to move the clock without sleeping. The
 -- clock is statement_timestamp(), not now(): inside a long transaction (an
@@ -111,7 +114,7 @@ join unnest(%(names)s::text[], %(keys)s::text[]) as k(name, key)
 -- pending tasks of the worker's queues and names, up to %(limit)s::int per
 -- queue, each queue read in claim order off its index.
 --
--- Every claim, reclaim, renewal and ending locks its rows FOR NO KEY UPDATE
+-- Every claim, reclaim, renewal and completion locks its rows FOR NO KEY UPDATE
 -- (the lock its own UPDATE takes), never FOR UPDATE: that one conflicts
 -- with the KEY SHARE lock that storing a message takes on its recipient's
 -- row (the messages' foreign key) until the send commits, and a busy inbox
@@ -158,7 +161,7 @@ claimed as (
 -- candidates sit behind a MATERIALIZED CTE: an optimisation fence, without
 -- which the planner may lock more rows than the LIMIT asks for. The running
 -- attempt is not logged at its claim: the task row holds it (attempt,
--- worker_id, attempt_started_at, step) until its ending writes its one row
+-- worker_id, attempt_started_at, step) until its completion writes its one row
 -- to the attempt log.
 --
 -- This is the worker's usual claim; claim_reclaim, which also takes back
@@ -194,7 +197,7 @@ order by priority desc, run_at, id;
 -- against the limit); the attempt each expired lease lost is logged as
 -- lease_lost in the same statement. The running attempt is not logged at
 -- its claim: the task row holds it (attempt, worker_id, attempt_started_at,
--- step) until its ending writes its one row to the attempt log.
+-- step) until its completion writes its one row to the attempt log.
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
@@ -248,19 +251,17 @@ chosen as (
 ),
 {part_claimed},
 -- The attempts those expired leases lost: each ended task's, and each
--- reclaimed task's previous one.
+-- reclaimed task's previous one. {text:crash_budget_spent} reads the
+-- columns spent and max_attempts (of exhausted, the only table here).
 lost_leases as (
     select x.id, x.attempt, x.worker_id, x.attempt_started_at, x.step,
            case when x.cancel_requested
-                then 'lease expired; the task was cancelled meanwhile'
-                else 'lease expired and the crash budget is spent (' || x.spent || ' of '
-                     || x.max_attempts || ' attempts): the worker stopped heartbeating '
-                     || '(crash, kill or stall)'
+                then {text:cancelled_meanwhile}
+                else {text:crash_budget_spent}
            end as message
     from exhausted x
     union all
-    select e.id, e.attempt, e.worker_id, e.attempt_started_at, e.step,
-           'lease expired: the worker stopped heartbeating (crash, kill or stall)'
+    select e.id, e.attempt, e.worker_id, e.attempt_started_at, e.step, {text:lease_expired}
     from expired e
     where e.id in (select id from claimed)
 ),
@@ -271,7 +272,8 @@ lost as (
         (task_id, number, worker_id, outcome, started_at, finished_at, error_type,
          error_message, step)
     select l.id, l.attempt, l.worker_id, 'lease_lost',
-           coalesce(l.attempt_started_at, clock.now), clock.now, 'LeaseExpired', l.message, l.step
+           coalesce(l.attempt_started_at, clock.now), clock.now, {text:lease_expired_error},
+           l.message, l.step
     from lost_leases l, clock
     on conflict (task_id, number) do update
     set outcome = excluded.outcome,
@@ -294,6 +296,8 @@ order by priority desc, run_at, id;
 -- attempt log saying why, so it neither blocks its queue nor hides in it.
 -- The worker runs this with its claims that look for expired leases (about
 -- once per poll interval); tasks_unclaimable keeps it to the few such rows.
+-- {text:corrupt_counter} reads the columns attempt and spent (of stuck: the
+-- clock has neither).
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
@@ -318,10 +322,8 @@ insert into {schema}.attempts as a
     (task_id, number, worker_id, outcome, started_at, finished_at, error_type, error_message,
      step)
 select s.id, s.attempt + (s.state = 'pending')::int, coalesce(s.worker_id, %(worker_id)s::text),
-       'failed', coalesce(s.attempt_started_at, clock.now), clock.now, 'CorruptTask',
-       'the task cannot be claimed: its attempt counter (' || s.attempt || ') or spent '
-       || 'counter (' || s.spent || ') stands at the limit of a 32-bit integer '
-       || '(written around conveyor)', s.step
+       'failed', coalesce(s.attempt_started_at, clock.now), clock.now, {text:corrupt_task_error},
+       {text:corrupt_counter}, s.step
 from stuck s, clock
 on conflict (task_id, number) do update
 set outcome = excluded.outcome, finished_at = excluded.finished_at,
@@ -396,9 +398,9 @@ left join live v on v.id = l.id and v.attempt = l.attempt
 left join renewed r on r.id = l.id and r.attempt = l.attempt;
 
 -- name: finish
--- Record many attempt endings in one statement, each fenced by its lease
+-- Record many attempt completions in one statement, each fenced by its lease
 -- token and a live lease; a late write from a lost lease changes nothing
--- and is simply missing from the result. An ending with a new state (a
+-- and is simply missing from the result. A completion with a new state (a
 -- workflow's next step, a coroutine's poll) stores that state, its options
 -- and run time, with a fresh budget. The caller decides each next
 -- state (retry or not) from the task's retry policy, except that a task
@@ -450,7 +452,7 @@ finished as (
       and t.attempt = i.attempt
       and t.worker_id = i.worker_id
       and t.lease_expires_at > i.now
-    -- The attempt's ending comes along, so that logging it needs no second
+    -- The attempt's completion comes along, so that logging it needs no second
     -- join with the input (a generic plan guesses 10 input rows and would
     -- make that join a nested loop, quadratic in the batch). So does the
     -- step the attempt ran: a new state replaces it in the row, and the
@@ -591,8 +593,17 @@ from {schema}.tasks
 where (%(state)s::text is null or state = %(state)s::text)
   and (%(name)s::text is null or name = %(name)s::text)
   and (%(queue)s::text is null or queue = %(queue)s::text)
+  and (%(before)s::bigint is null or id < %(before)s::bigint)
 order by id desc
-limit %(limit)s;
+limit %(limit)s::integer;
+
+-- name: count_tasks
+-- Tasks by state, queue and name. Reads every row (no index holds all
+-- three: one would cost every state change an index write).
+select state, queue, name, count(*)
+from {schema}.tasks
+group by state, queue, name
+order by state, queue, name;
 
 -- name: count_unfinished
 -- Tasks a burst worker would still have to wait for: due pending or running.
@@ -624,15 +635,15 @@ from {schema}.workers
 order by started_at desc;
 
 -- name: lock_tasks
--- Lock, in id order, the rows a coroutine poll's ending will touch: its own
+-- Lock, in id order, the rows a coroutine poll's completion will touch: its own
 -- task, its parent (which the end-of-stream trigger writes) and the
 -- recipients of its messages. Every writer that takes more than one of
 -- these locks takes them in this order, so two polls messaging each other
 -- queue up instead of deadlocking. Each row comes back with its fence
 -- (attempt, owner, a live lease at this statement's clock) and the clock:
--- under these locks the fence cannot move, so the ending's effects can be
--- written before the ending itself (a child's last messages then precede
--- the end-of-stream its ending sends).
+-- under these locks the fence cannot move, so the completion's effects can be
+-- written before the completion itself (a child's last messages then precede
+-- the end-of-stream its completion sends).
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
@@ -664,22 +675,22 @@ order by id;
 
 -- name: guard_send
 -- An outside send takes a shared advisory lock per recipient (in id order,
--- before anything else) until it commits; a coroutine poll's ending takes
+-- before anything else) until it commits; a coroutine poll's completion takes
 -- the exclusive one of its own task (guard_endings) before it locks its
--- rows. So an ending waits for the sends already under way, whose messages
--- its `rewake` then sees, and a send that comes later waits for the ending
+-- rows. So a completion waits for the sends already under way, whose messages
+-- its `rewake` then sees, and a send that comes later waits for the completion
 -- and then finds the task waiting (and wakes it): a message is never left
 -- behind a task that suspended without seeing it. Senders never wait for
--- each other, and claims, renewals and other endings take no advisory
+-- each other, and claims, renewals and other completions take no advisory
 -- lock. Advisory locks queue fairly: a stream of sends cannot starve an
--- ending. The two-key space of advisory locks ({lock_space}: this schema's)
+-- completion. The two-key space of advisory locks ({lock_space}: this schema's)
 -- is apart from the one-key space applications often use; ids are folded
 -- into 31 bits (two tasks 2^31 ids apart share a lock: harmless).
 select count(pg_advisory_xact_lock_shared({lock_space}, (i.id & 2147483647)::int))
 from unnest(%(ids)s::bigint[]) with ordinality as i(id, ord);
 
 -- name: guard_endings
--- The exclusive advisory lock of each ending poll's own task, in id order
+-- The exclusive advisory lock of each completing poll's own task, in id order
 -- (see guard_send).
 select count(pg_advisory_xact_lock({lock_space}, (i.id & 2147483647)::int))
 from unnest(%(ids)s::bigint[]) with ordinality as i(id, ord);
@@ -715,7 +726,7 @@ where m.task_id = k.task_id and m.key = k.key;
 -- and wake them: a waiting recipient is pending again, a sleeping one due
 -- now (run_at never moves later); idle workers of their queues are told.
 -- Callers lock the recipients first (lock_tasks, recipients): a recipient
--- whose poll is ending either sees the message or is woken after it.
+-- whose poll is completing either sees the message or is woken after it.
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),

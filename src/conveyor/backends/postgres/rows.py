@@ -187,7 +187,7 @@ def _plain_success(completion: Completion) -> bool:
 def finish_statement(
     worker_id: str, completions: Sequence[Completion], now: datetime | None
 ) -> tuple[str, dict[str, Any]]:
-    """The cheapest ``finish`` statement for these endings, and its arguments:
+    """The cheapest ``finish`` statement for these completions, and its arguments:
     plain successes (the common case) send three columns, not sixteen."""
     if all(_plain_success(c) for c in completions):
         return "finish_succeeded", {

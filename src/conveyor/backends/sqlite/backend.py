@@ -27,7 +27,6 @@ from typing import Any, LiteralString
 
 from conveyor.backends import sqlfiles, wake
 from conveyor.backends.protocol import (
-    AttemptTransaction,
     CancelHint,
     Capability,
     ClaimedTask,
@@ -39,6 +38,7 @@ from conveyor.backends.protocol import (
     HeartbeatResult,
     NewTask,
     SendParams,
+    TaskCount,
     TaskFilter,
     Wakeup,
     WorkerInfo,
@@ -68,6 +68,7 @@ from conveyor.backends.stored import (
     lease_lost_message,
     transition_result,
 )
+from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
 from conveyor.errors import ConfigurationError
 from conveyor.model import Attempt, LeaseToken, Message, Task, TaskState
 
@@ -82,16 +83,12 @@ def _clock(conn: sqlite3.Connection, now: datetime | None) -> float:
     return value
 
 
-NO_ATTEMPT_TRANSACTION = (
-    "SQLite offers no attempt transaction: a handler holding the single write "
-    "lock for its whole run would stall every other worker"
-)
-
-
 class SQLiteBackend:
     """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``)."""
 
-    capabilities = frozenset({Capability.TRANSACTIONAL_ENQUEUE, Capability.NOTIFICATIONS})
+    capabilities = frozenset(
+        {Capability.TRANSACTIONAL_ENQUEUE, Capability.NOTIFICATIONS, Capability.INSPECT}
+    )
 
     def __init__(
         self,
@@ -100,6 +97,7 @@ class SQLiteBackend:
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: str = "full",
         migrate: bool = True,
+        sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
         **_options: Any,
     ) -> None:
         check_version()
@@ -115,6 +113,7 @@ class SQLiteBackend:
         self._busy_timeout = busy_timeout
         self._synchronous = synchronous
         self._auto_migrate = migrate
+        self._sweep = Sweep(sweep_interval)
         self._wake_key = f"sqlite:{os.path.realpath(self.path)}"
         self._db = Database(self.path, busy_timeout, synchronous)
 
@@ -141,12 +140,9 @@ class SQLiteBackend:
     def _insert(self, conn: sqlite3.Connection, params: EnqueueParams) -> list[int]:
         return insert_tasks(conn, params, _clock(conn, params.now))
 
-    async def enqueue(self, params: EnqueueParams, connection: Any = None) -> list[int]:
+    async def enqueue(self, params: EnqueueParams) -> list[int]:
         if not params.tasks:
             return []
-        if connection is not None:
-            # The caller's connection belongs to the caller's thread: run there.
-            return self.enqueue_sync(params, connection)
         ids = await self._db.write(lambda conn: self._insert(conn, params))
         wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
@@ -154,7 +150,12 @@ class SQLiteBackend:
     async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
         return await self.enqueue(EnqueueParams.gathered(chunks))
 
-    def enqueue_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
+    async def enqueue_in(self, params: EnqueueParams, connection: Any) -> list[int]:
+        """As :meth:`enqueue_in_sync`: the caller's connection belongs to the
+        caller's thread, so the insert runs there."""
+        return self.enqueue_in_sync(params, connection)
+
+    def enqueue_in_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
         """Insert on the caller's ``sqlite3.Connection``, inside its open
         transaction (begun explicitly, or implicitly by Python's sqlite3
         before the first insert); the caller commits. The connection must be
@@ -194,16 +195,19 @@ class SQLiteBackend:
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         if params.limit <= 0 or not params.names or not params.queues:
             return []
-        return await self._db.write(lambda conn: self._claim(conn, params))
+        with self._sweep.turn() as sweep:
+            return await self._db.write(lambda conn: self._claim(conn, params, sweep))
 
-    def _claim(self, conn: sqlite3.Connection, params: ClaimParams) -> list[ClaimedTask]:
+    def _claim(
+        self, conn: sqlite3.Connection, params: ClaimParams, sweep: bool
+    ) -> list[ClaimedTask]:
         now = _clock(conn, params.now)
         scope = {
             "now": now,
             "queues": json.dumps(list(params.queues)),
             "names": json.dumps(list(params.names)),
         }
-        if params.reclaim:
+        if sweep:
             self._quarantine(conn, params, scope)
         ended = conn.execute(SQL["end_expired"], scope).fetchall()
         if ended:
@@ -345,12 +349,6 @@ class SQLiteBackend:
         applied = frozenset(t for t in tokens if (t.task_id, t.attempt) in done)
         return FinishResult(applied=applied, rejected=frozenset(tokens) - applied)
 
-    async def begin_attempt_transaction(self, worker_id: str) -> AttemptTransaction:
-        raise ConfigurationError(NO_ATTEMPT_TRANSACTION)
-
-    def begin_attempt_transaction_sync(self, worker_id: str) -> AttemptTransaction:
-        raise ConfigurationError(NO_ATTEMPT_TRANSACTION)
-
     # -- control ---------------------------------------------------------
 
     async def _transition(
@@ -389,21 +387,22 @@ class SQLiteBackend:
 
     # -- messages --------------------------------------------------------
 
-    async def send(self, params: SendParams, connection: Any = None) -> list[int]:
+    async def send(self, params: SendParams) -> list[int]:
         if not params.deliveries:
             return []
-        if connection is not None:
-            return self.send_sync(params, connection)
-
         ids = await self._db.write(
             lambda conn: send(conn, params.deliveries, _clock(conn, params.now))
         )
         wake.notify_all(self._wake_key)
         return ids
 
-    def send_sync(self, params: SendParams, connection: Any) -> list[int]:
+    async def send_in(self, params: SendParams, connection: Any) -> list[int]:
+        """As :meth:`send_in_sync`, on the caller's thread."""
+        return self.send_in_sync(params, connection)
+
+    def send_in_sync(self, params: SendParams, connection: Any) -> list[int]:
         """Send on the caller's ``sqlite3.Connection`` inside its open
-        transaction (as for ``enqueue_sync``); the caller commits."""
+        transaction (as for ``enqueue_in_sync``); the caller commits."""
         self._check_caller(connection)
         with translated_errors():
             ids = send(connection, params.deliveries, _clock(connection, params.now))
@@ -437,9 +436,14 @@ class SQLiteBackend:
             "name": task_filter.name,
             "queue": task_filter.queue,
             "limit": task_filter.limit,
+            "before": task_filter.before,
         }
         found = await self._db.read(lambda conn: conn.execute(SQL["list_tasks"], args).fetchall())
         return [rows.task(row, ()) for row in found]
+
+    async def count_tasks(self) -> list[TaskCount]:
+        found = await self._db.read(lambda conn: conn.execute(SQL["count_tasks"]).fetchall())
+        return [TaskCount(TaskState(r[0]), r[1], r[2], r[3]) for r in found]
 
     async def count_unfinished(self, work: WorkFilter) -> int:
         def count(conn: sqlite3.Connection) -> int:

@@ -1,7 +1,7 @@
 """Tasks, messages and a poll's effects on a SQLite connection.
 
 Every function runs inside the caller's write transaction (BEGIN
-IMMEDIATE): with one writer at a time, a poll's ending, its effects and any
+IMMEDIATE): with one writer at a time, a poll's completion, its effects and any
 send are serialised, so a message is either seen by a poll or wakes the
 task once that poll has ended.
 """
@@ -104,7 +104,7 @@ def deliver(conn: sqlite3.Connection, deliveries: Sequence[Delivery], now: float
 def holding(
     conn: sqlite3.Connection, worker_id: str, completions: Sequence[Completion], now: float
 ) -> list[Completion]:
-    """The endings among ``completions`` whose lease is still held (``finish``
+    """The completions among ``completions`` whose lease is still held (``finish``
     will apply exactly these, in the same transaction)."""
     leases = rows.leases_json([c.token for c in completions])
     args = {"leases": leases, "worker_id": worker_id, "now": now}
@@ -113,7 +113,7 @@ def holding(
 
 
 def apply_effects(conn: sqlite3.Connection, holding: Sequence[Completion], now: float) -> None:
-    """The effects of poll endings about to be applied: consume what each poll
+    """The effects of poll completions about to be applied: consume what each poll
     saw, spawn, send."""
     for c in holding:
         effects = c.effects

@@ -7,7 +7,10 @@
 --
 -- :now is the clock of the transaction, read once from SQLite by `clock`
 -- (tests pass a time to move it without sleeping). Lists travel as JSON
--- arrays and are unpacked with json_each.
+-- arrays and are unpacked with json_each. {text:NAME} is a text every
+-- backend writes alike (an error type of the attempt log,
+-- conveyor.backends.stored.SQL_TEXTS), composed in at load as an SQL
+-- literal; the messages come from the same module as parameters.
 
 -- name: clock
 -- Seconds since the epoch: SQLite's own clock unless a test injects one.
@@ -102,7 +105,7 @@ where id = :task_id;
 -- pending one gets an attempt row of its own for it.
 insert into conveyor_attempts
     (task_id, number, worker_id, outcome, started_at, finished_at, error_type, error_message)
-values (:task_id, :number, :worker_id, 'failed', :now, :now, 'CorruptTask', :message)
+values (:task_id, :number, :worker_id, 'failed', :now, :now, {text:corrupt_task_error}, :message)
 on conflict (task_id, number) do update
 set outcome = excluded.outcome, finished_at = excluded.finished_at,
     error_type = excluded.error_type, error_message = excluded.error_message;
@@ -143,10 +146,10 @@ where conveyor_tasks.id = l.id
 returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.cancel_requested;
 
 -- name: finish
--- Record many attempt endings, each fenced by its lease token and a live
+-- Record many attempt completions, each fenced by its lease token and a live
 -- lease; a late write from a lost lease changes nothing and is missing from
 -- the result. A task whose cancel was requested is not made pending or
--- waiting again. An ending with a new state (a workflow's next step, a
+-- waiting again. A completion with a new state (a workflow's next step, a
 -- coroutine's poll) stores it, its options and run time, with a fresh budget.
 -- Each row says whether its task is due at once (its queue's idle workers
 -- are woken). :completions is a JSON array of objects (see rows.completions_json).
@@ -194,7 +197,7 @@ returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.parent_id, c
           conveyor_tasks.state = 'pending' and conveyor_tasks.run_at <= :now;
 
 -- name: finish_log
--- Close the attempts of the endings `finish` applied (only those are passed).
+-- Close the attempts of the completions `finish` applied (only those are passed).
 update conveyor_attempts
 set outcome = i.outcome,
     finished_at = :now,
@@ -263,8 +266,16 @@ from conveyor_tasks
 where (:state is null or state = :state)
   and (:name is null or name = :name)
   and (:queue is null or queue = :queue)
+  and (:before is null or id < :before)
 order by id desc
 limit :limit;
+
+-- name: count_tasks
+-- Tasks by state, queue and name (reads every row).
+select state, queue, name, count(*)
+from conveyor_tasks
+group by state, queue, name
+order by state, queue, name;
 
 -- name: count_unfinished
 -- Tasks a burst worker would still have to wait for: due pending or running.
@@ -319,7 +330,7 @@ insert into conveyor_migrations (version, name) values (:version, :name);
 -- name: close_lost_attempt
 -- Close the open attempt of a task whose lease expired, saying why.
 update conveyor_attempts
-set outcome = 'lease_lost', finished_at = :now, error_type = 'LeaseExpired',
+set outcome = 'lease_lost', finished_at = :now, error_type = {text:lease_expired_error},
     error_message = :message
 where task_id = :task_id and outcome = 'in_progress';
 
@@ -393,9 +404,9 @@ order by id;
 
 -- name: fence
 -- Which of these leases (a JSON array of [id, attempt]) are still held by
--- :worker_id at :now: the endings `finish` will apply. A poll's effects are
+-- :worker_id at :now: the completions `finish` will apply. A poll's effects are
 -- written first (under the write lock nothing can move the fence), so a
--- child's last messages precede the end-of-stream its ending sends.
+-- child's last messages precede the end-of-stream its completion sends.
 select t.id, t.attempt
 from conveyor_tasks t
 join (select json_extract(value, '$[0]') as id, json_extract(value, '$[1]') as attempt

@@ -17,7 +17,7 @@
   crash.
 - Enqueue: ``Queries.enqueue`` with lists, one statement per batch.
 
-The worker is ``python -m benchmarks.peers.pgqueuer_peer BATCH [drain]``:
+The worker is ``python -m benchmarks.systems.pgqueuer_peer BATCH [drain]``:
 ``pgqueuer.run(create, batch_size=..., mode=...)``, what ``pgq run`` calls
 (docs/guides/programmatic-run.md); PgQueuer 1.6.0's ``pgq run`` itself stops
 at start-up in its logging setup (``'str' object has no attribute 'name'``).
@@ -41,8 +41,8 @@ from pgqueuer.db import AsyncpgDriver
 from pgqueuer.queries import Queries
 from pgqueuer.types import QueueExecutionMode
 
-from benchmarks.peers.stamp import record_start
-from benchmarks.peers.system import System
+from benchmarks.systems.stamp import record_start
+from benchmarks.systems.system import System
 
 TASK_NAME = "bench_noop"
 STAMP_NAME = "bench_stamp"

@@ -9,7 +9,7 @@
   docs/howto/basics/batch_defer.md), one call per batch.
 - Finished jobs are kept (``delete_jobs`` unset), so they can be counted.
 
-The worker is ``python -m procrastinate --app=benchmarks.peers.procrastinate_peer.app
+The worker is ``python -m procrastinate --app=benchmarks.systems.procrastinate_peer.app
 worker`` (``--one-shot`` to exit once no job is left).
 """
 
@@ -22,8 +22,8 @@ from typing import ClassVar
 
 import procrastinate
 
-from benchmarks.peers.stamp import record_start
-from benchmarks.peers.system import System
+from benchmarks.systems.stamp import record_start
+from benchmarks.systems.system import System
 
 ENQUEUE_BATCH = 5_000
 

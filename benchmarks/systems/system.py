@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 
 import psycopg
 
-from benchmarks.peers.stamp import STAMP_ENV, WARM_UP, latencies, read_stamps
+from benchmarks.systems.stamp import STAMP_ENV, WARM_UP, latencies, read_stamps
 from benchmarks.throughput import POLL_SECONDS, READY_TIMEOUT, ROOT, log, paced, stop_worker
 from conveyor.backends.sqlfiles import read_blocks
 
-QUERIES = read_blocks("benchmarks.peers", "queries.sql")
+QUERIES = read_blocks("benchmarks.systems", "queries.sql")
 IDLE_SECONDS = 1.0
 """How long a latency worker sits idle after its warm-up task."""
 

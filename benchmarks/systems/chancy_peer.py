@@ -14,7 +14,7 @@
   value. NOTIFY (``notifications=True``, the default) wakes an idle worker.
 - Enqueue: ``push_many`` (batches of 1000 rows, its default).
 
-The worker is ``python -m benchmarks.peers.chancy_peer``: ``Worker(chancy)``
+The worker is ``python -m benchmarks.systems.chancy_peer``: ``Worker(chancy)``
 as in the docs' worker example; it has no burst mode, so the benchmark stops
 it (SIGTERM) once the tasks are done.
 """
@@ -31,8 +31,8 @@ from typing import ClassVar
 from chancy import Chancy, Job, Queue, Worker
 from chancy.app import setup_default_logger
 
-from benchmarks.peers.stamp import record_start
-from benchmarks.peers.system import System
+from benchmarks.systems.stamp import record_start
+from benchmarks.systems.system import System
 
 QUEUE = "bench"
 ENQUEUE_BATCH = 5_000

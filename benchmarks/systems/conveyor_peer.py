@@ -6,7 +6,7 @@ import time
 from typing import ClassVar
 
 from benchmarks.bench_app import STAMP_NAME, TASK_NAME, make_app
-from benchmarks.peers.system import System
+from benchmarks.systems.system import System
 from benchmarks.throughput import WorkerSpec, worker_command
 from conveyor import App
 

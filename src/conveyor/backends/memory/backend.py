@@ -1,0 +1,160 @@
+"""The memory backend: the async :class:`~conveyor.backends.protocol.Backend`
+around a :class:`~conveyor.backends.memory.store.Store`.
+
+It adds what the store leaves out: the clock of this process (or an
+injected ``now``), one store per name shared by every backend of that name
+in this process, and the wake-ups of idle workers (an enqueue, a task made
+due) and of running ones (a cancel), sent after the store's lock is
+released. Every protocol method is one call of the store.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from conveyor.backends import wake
+from conveyor.backends.memory import reads
+from conveyor.backends.memory.store import Store
+from conveyor.backends.protocol import (
+    Capability,
+    ClaimedTask,
+    ClaimParams,
+    EnqueueParams,
+    FinishParams,
+    FinishResult,
+    HeartbeatParams,
+    HeartbeatResult,
+    NewTask,
+    SendParams,
+    TaskCount,
+    TaskFilter,
+    Wakeup,
+    WorkerInfo,
+    WorkFilter,
+)
+from conveyor.model import LeaseToken, Message, Task, TaskState
+
+_STORES: dict[str, Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def _clock(now: datetime | None) -> datetime:
+    return now if now is not None else datetime.now(UTC)
+
+
+class MemoryBackend:
+    """Tasks in this process's memory; see :mod:`conveyor.backends.memory` for the limits."""
+
+    capabilities = frozenset({Capability.NOTIFICATIONS, Capability.INSPECT})
+
+    def __init__(self, name: str = "default", *, inline: bool = False, **_options: Any) -> None:
+        self.name = name
+        if inline:
+            self.capabilities = self.capabilities | {Capability.INLINE}
+        self._wake_key = f"memory:{name}"
+        with _STORES_LOCK:
+            self._store = _STORES.setdefault(name, Store())
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def migrate(self) -> list[int]:
+        return []
+
+    async def destroy(self) -> None:
+        with _STORES_LOCK:
+            _STORES.pop(self.name, None)
+            self._store = _STORES.setdefault(self.name, Store())
+
+    # -- enqueue -----------------------------------------------------------
+
+    async def enqueue(self, params: EnqueueParams) -> list[int]:
+        ids = self._store.enqueue(params.tasks, _clock(params.now))
+        wake.notify(self._wake_key, (t.queue for t in params.tasks))
+        return ids
+
+    async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
+        return await self.enqueue(EnqueueParams.gathered(chunks))
+
+    # -- claim, heartbeat, finish ----------------------------------------
+
+    async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+        return self._store.claim(params, _clock(params.now))
+
+    async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
+        return self._store.heartbeat(params, _clock(params.now))
+
+    async def cancel_requested(
+        self, worker_id: str, tokens: Sequence[LeaseToken]
+    ) -> frozenset[LeaseToken]:
+        return self._store.cancel_requested(worker_id, tokens)
+
+    async def finish(self, params: FinishParams) -> FinishResult:
+        result = self._store.finish(params, _clock(params.now))
+        self._notify_woken()
+        return result
+
+    def _notify_woken(self) -> None:
+        woken, cancelling = self._store.take_wakeups()
+        if woken:
+            wake.notify(self._wake_key, woken)
+        if cancelling:
+            wake.notify_cancel(self._wake_key, sorted(cancelling))
+
+    # -- control -------------------------------------------------------------
+
+    async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
+        state = self._store.cancel(task_id, _clock(now))
+        self._notify_woken()
+        return state
+
+    async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
+        return self._store.retry(task_id, _clock(now))
+
+    # -- messages --------------------------------------------------------------
+
+    async def send(self, params: SendParams) -> list[int]:
+        ids = self._store.send(params.deliveries, _clock(params.now))
+        self._notify_woken()
+        return ids
+
+    async def inbox(self, task_id: int) -> list[Message]:
+        return reads.inbox(self._store, task_id)
+
+    # -- reads ---------------------------------------------------------------
+
+    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
+        return reads.get_task(self._store, task_id, with_attempts)
+
+    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
+        return reads.list_tasks(self._store, task_filter)
+
+    async def count_tasks(self) -> list[TaskCount]:
+        return reads.count_tasks(self._store)
+
+    async def count_unfinished(self, work: WorkFilter) -> int:
+        return reads.count_unfinished(self._store, work, _clock(work.now))
+
+    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
+        return reads.next_due_at(self._store, queues)
+
+    # -- workers -------------------------------------------------------------
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        self._store.register_worker(info, _clock(None))
+
+    async def stop_worker(self, worker_id: str) -> None:
+        self._store.stop_worker(worker_id, _clock(None))
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        return reads.list_workers(self._store, _clock(None))
+
+    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+        async for wakeup in wake.listen(self._wake_key, queues):
+            yield wakeup

@@ -1,0 +1,83 @@
+"""What the memory store's reads return: snapshots, lists and counts.
+
+Reads only, each under the store's lock; they never move a task.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+
+from conveyor.backends.memory.store import Store
+from conveyor.backends.protocol import TaskCount, TaskFilter, WorkerInfo, WorkFilter
+from conveyor.model import Message, Task, TaskState
+
+
+def get_task(store: Store, task_id: int, with_attempts: bool) -> Task | None:
+    with store.lock:
+        row = store.tasks.get(task_id)
+        return row.snapshot(with_attempts) if row is not None else None
+
+
+def list_tasks(store: Store, task_filter: TaskFilter) -> list[Task]:
+    """Newest first, each filter optional, at most ``limit``; no attempt logs."""
+    with store.lock:
+        rows = [
+            r
+            for r in reversed(store.tasks.values())
+            if (task_filter.before is None or r.id < task_filter.before)
+            and (task_filter.state is None or r.state is task_filter.state)
+            and (task_filter.name is None or r.name == task_filter.name)
+            and (task_filter.queue is None or r.queue == task_filter.queue)
+        ]
+        return [r.snapshot(False) for r in rows[: task_filter.limit]]
+
+
+def count_tasks(store: Store) -> list[TaskCount]:
+    """Tasks by state, queue and name, in that order; no zero counts."""
+    with store.lock:
+        found = Counter((r.state.value, r.queue, r.name) for r in store.tasks.values())
+    return [TaskCount(TaskState(s), q, n, c) for (s, q, n), c in sorted(found.items())]
+
+
+def count_unfinished(store: Store, work: WorkFilter, now: datetime) -> int:
+    """Due pending plus in-progress tasks of these names and queues."""
+    names, queues = set(work.names), set(work.queues)
+    with store.lock:
+        return sum(
+            1
+            for r in store.tasks.values()
+            if r.name in names
+            and r.queue in queues
+            and (
+                r.state is TaskState.IN_PROGRESS
+                or (r.state is TaskState.PENDING and r.run_at <= now)
+            )
+        )
+
+
+def next_due_at(store: Store, queues: Sequence[str]) -> datetime | None:
+    """The earliest run time of a pending task of these queues."""
+    wanted = set(queues)
+    with store.lock:
+        return min(
+            (
+                r.run_at
+                for r in store.tasks.values()
+                if r.state is TaskState.PENDING and r.queue in wanted
+            ),
+            default=None,
+        )
+
+
+def inbox(store: Store, task_id: int) -> list[Message]:
+    """The task's unread messages, oldest first."""
+    with store.lock:
+        return store.inboxes.read(task_id)
+
+
+def list_workers(store: Store, now: datetime) -> list[WorkerInfo]:
+    """Newest first (a worker never registered counts as started ``now``)."""
+    with store.lock:
+        return sorted(store.workers.values(), key=lambda w: w.started_at or now, reverse=True)

@@ -1,0 +1,478 @@
+"""The Client: everything that talks to a store, and nothing that runs tasks.
+
+A client holds one open backend per event loop and stores, reads and
+controls tasks through it: enqueue (of tasks already checked and encoded by
+their definitions), get, list, count, cancel, retry, send, inbox, workers,
+migrate. It knows no handlers: :class:`conveyor.App` builds on it with the
+registry of tasks, and task definitions, handles and the worker take a
+client, never the app.
+
+Every operation has a sync form (``get``) and an async form (``get_async``).
+Async calls use the backend bound to the calling event loop; sync calls go
+through a private loop thread (:mod:`conveyor.portal`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import functools
+import os
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, Self
+
+from conveyor import payload as codec
+from conveyor.backends import Backend, backend_from_url, resolve_url
+from conveyor.backends.protocol import (
+    Capability,
+    Delivery,
+    EnqueueParams,
+    Inspector,
+    NewTask,
+    SendParams,
+    TaskCount,
+    TaskFilter,
+    TransactionalEnqueue,
+    WorkerInfo,
+    inspector_of,
+    transactional_of,
+)
+from conveyor.errors import ConfigurationError
+from conveyor.handle import TaskHandle
+from conveyor.model import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Message,
+    Task,
+    TaskState,
+    check_idempotency_key,
+)
+from conveyor.portal import INHERITED_AT_FORK, Portal
+
+SCHEMA_ENV = "CONVEYOR_SCHEMA"
+ENQUEUE_CHUNK = 1000
+"""Tasks per chunk of an ``enqueue_many`` without a caller's connection."""
+ENQUEUE_FIRST_CHUNK = 125
+"""The first chunk's size; each next chunk doubles, up to ``ENQUEUE_CHUNK``.
+Only the first is encoded before the server has work: a small one starts
+the server early, and the larger ones after it save round trips."""
+
+Encoder = Callable[[int, int], list[NewTask]]
+"""``encode(start, end)``: the checked, encoded tasks of items ``start`` to
+``end`` of a batch (no I/O; raises PayloadError or ConfigurationError)."""
+InlineRunner = Callable[[Sequence[str]], Awaitable[None]]
+
+
+def chunk_bounds(total: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each chunk of ``total`` tasks: ``ENQUEUE_FIRST_CHUNK``
+    first, doubling up to ``ENQUEUE_CHUNK``."""
+    start, size = 0, ENQUEUE_FIRST_CHUNK
+    while start < total:
+        end = min(start + size, total)
+        yield start, end
+        start, size = end, min(size * 2, ENQUEUE_CHUNK)
+
+
+class Client:
+    """A connection to one store (see the module docstring).
+
+    ``url`` is a backend URL (``postgresql://…``, ``sqlite:///path.db``,
+    ``memory://name``); None reads ``CONVEYOR_URL``, else uses SQLite in
+    ``./conveyor.db``. ``schema`` names the PostgreSQL schema (default
+    ``conveyor``, or ``CONVEYOR_SCHEMA``). ``max_payload_bytes`` caps
+    encoded payloads and messages (default 1 MiB). ``pool_size`` sizes a
+    PostgreSQL pool.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        schema: str | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        pool_size: int | None = None,
+    ) -> None:
+        self.url = resolve_url(url)
+        schema = schema if schema is not None else os.environ.get(SCHEMA_ENV) or None
+        self.max_payload_bytes = max_payload_bytes
+        self._backend_options: dict[str, Any] = {}
+        if schema is not None:
+            self._backend_options["schema"] = schema
+        if pool_size is not None:
+            self._backend_options["pool_size"] = pool_size
+        self.portal = Portal()
+        self.inline_runner: InlineRunner | None = None
+        """Runs the tasks of these queues to the end, on a backend with
+        ``Capability.INLINE`` (the App sets it: a client has no handlers)."""
+        self._inline_running = False
+        self._backends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._closers: dict[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = {}
+        atexit.register(_close_at_exit, weakref.ref(self))
+        os.register_at_fork(after_in_child=functools.partial(_forget_after_fork, weakref.ref(self)))
+        # Validates the URL and schema now; runs sync enqueues on callers' connections.
+        self._statements: Backend = backend_from_url(self.url, **self._backend_options)
+
+    # -- backends ------------------------------------------------------------
+
+    def rebind(self, url: str | None = None, *, schema: str | None = None) -> None:
+        """Point this client at another store (``url``) or PostgreSQL schema, as
+        ``conveyor worker --url/--schema`` does; None keeps the current one.
+        Only before the client has opened a backend: raises ConfigurationError
+        after."""
+        if self._backends or self.portal.started:
+            raise ConfigurationError("rebind() must come before the app opens its store")
+        options = dict(self._backend_options)
+        if schema is not None:
+            options["schema"] = schema
+        new_url = resolve_url(url) if url is not None else self.url
+        statements = backend_from_url(new_url, **options)  # validates first
+        self.url, self._backend_options, self._statements = new_url, options, statements
+
+    def make_backend(self, **overrides: Any) -> Backend:
+        """A new, unopened backend for this client's URL."""
+        return backend_from_url(self.url, **{**self._backend_options, **overrides})
+
+    async def backend(self) -> Backend:
+        """The open backend bound to the running event loop."""
+        loop = asyncio.get_running_loop()
+        found = self._backends.get(loop)
+        if found is not None:
+            return found
+        lock = self._opening.setdefault(loop, asyncio.Lock())
+        async with lock:
+            found = self._backends.get(loop)
+            if found is None:
+                found = self.make_backend()
+                await found.open()
+                self._backends[loop] = found
+                # Closed when the loop shuts down (asyncio.run finalizes async
+                # generators), for code that never calls aclose().
+                closer = _close_with_loop(self, loop, found)
+                await closer.__anext__()
+                self._closers[loop] = closer
+        return found
+
+    async def aclose(self) -> None:
+        """Close the backend of the running loop."""
+        loop = asyncio.get_running_loop()
+        self._closers.pop(loop, None)
+        found = self._backends.pop(loop, None)
+        if found is not None:
+            await found.close()
+
+    def close(self) -> None:
+        """Close the sync API's backend and its loop thread."""
+        loop = self.portal._loop
+        if loop is not None:
+            self.portal.run(self.aclose())
+        self.portal.close()
+
+    async def __aenter__(self) -> Self:
+        await self.backend()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _transactional(self, backend: Backend) -> TransactionalEnqueue:
+        found = transactional_of(backend)
+        if found is None:
+            raise ConfigurationError(
+                f"the {type(backend).__name__} cannot enqueue or send inside a caller's "
+                "transaction (PostgreSQL and SQLite can)"
+            )
+        return found
+
+    async def _inspector(self) -> Inspector:
+        backend = await self.backend()
+        found = inspector_of(backend)
+        if found is None:
+            raise ConfigurationError(f"the {type(backend).__name__} cannot list or count tasks")
+        return found
+
+    # -- enqueue -------------------------------------------------------------
+
+    def enqueue_new(self, tasks: Sequence[NewTask], connection: Any = None) -> list[TaskHandle]:
+        """Store tasks already checked and encoded (``TaskDef.new_tasks``,
+        ``Workflow.new_workflow``), all or none; handles in order, once
+        durable. With ``connection`` (a sync native connection), inside the
+        caller's transaction: stored if it commits."""
+        if connection is not None:
+            statements = self._transactional(self._statements)
+            ids = statements.enqueue_in_sync(EnqueueParams(tasks=tasks), connection)
+            return self.handles(ids)
+        return self.portal.run(self.enqueue_new_async(tasks))
+
+    async def enqueue_new_async(
+        self, tasks: Sequence[NewTask], connection: Any = None
+    ) -> list[TaskHandle]:
+        """Async form of :meth:`enqueue_new` (``connection``: an async native
+        connection, or a ``sqlite3.Connection`` used on the caller's thread)."""
+        backend = await self.backend()
+        params = EnqueueParams(tasks=tasks)
+        if connection is not None:
+            ids = await self._transactional(backend).enqueue_in(params, connection)
+        else:
+            ids = await backend.enqueue(params)
+        return await self._stored(backend, ids, {t.queue for t in tasks})
+
+    def enqueue_encoded(
+        self, encode: Encoder, total: int, connection: Any = None
+    ) -> list[TaskHandle]:
+        """Store a batch of ``total`` tasks that ``encode`` checks and encodes;
+        all or none; handles in order. Without ``connection``, large batches
+        go in chunks (see ``chunk_bounds``) in one transaction: a backend may
+        insert one chunk while the next is encoded. Every task that fails
+        its check raises before anything is stored."""
+        if connection is not None:
+            return self.enqueue_new(encode(0, total), connection)
+        return self.portal.run(self.enqueue_encoded_async(encode, total))
+
+    async def enqueue_encoded_async(
+        self, encode: Encoder, total: int, connection: Any = None
+    ) -> list[TaskHandle]:
+        """Async form of :meth:`enqueue_encoded`."""
+        if connection is not None or total <= ENQUEUE_CHUNK:  # one statement
+            return await self.enqueue_new_async(encode(0, total), connection)
+        queues: set[str] = set()
+
+        def chunks() -> Iterator[list[NewTask]]:
+            for start, end in chunk_bounds(total):
+                tasks = encode(start, end)
+                queues.update(t.queue for t in tasks)
+                yield tasks
+
+        drawn = chunks()
+        first = next(drawn)  # checked before any I/O, like a small batch whole
+        backend = await self.backend()
+        ids = await backend.enqueue_chunks(_chained(first, drawn))
+        return await self._stored(backend, ids, queues)
+
+    def handles(self, ids: Sequence[int]) -> list[TaskHandle]:
+        """Handles of the tasks with these ids."""
+        return [TaskHandle(self, task_id) for task_id in ids]
+
+    async def _stored(
+        self, backend: Backend, ids: Sequence[int], queues: set[str]
+    ) -> list[TaskHandle]:
+        await self._run_inline(backend, queues)
+        return self.handles(ids)
+
+    async def _run_inline(self, backend: Backend, queues: set[str]) -> None:
+        """Inline mode: run the tasks now. Tasks they enqueue join this run."""
+        runner = self.inline_runner
+        if runner is None or Capability.INLINE not in backend.capabilities:
+            return
+        if self._inline_running:
+            return
+        self._inline_running = True
+        try:
+            await runner(sorted(queues))
+        finally:
+            self._inline_running = False
+
+    # -- messages --------------------------------------------------------------
+
+    def _deliveries(self, task_id: int, message: Any, key: str | None) -> SendParams:
+        if not isinstance(task_id, int) or isinstance(task_id, bool):
+            raise ConfigurationError("task_id must be an int")
+        body = codec.encode(codec.to_plain(message), self.max_payload_bytes)
+        key = check_idempotency_key(key)
+        return SendParams(deliveries=[Delivery(task_id, body, idempotency_key=key)])
+
+    def send(
+        self,
+        task_id: int,
+        message: Any,
+        *,
+        idempotency_key: str | None = None,
+        connection: Any = None,
+    ) -> int:
+        """Put ``message`` (strict JSON) in coroutine task ``task_id``'s inbox
+        and wake it; the message's id once durable. With ``connection`` (a
+        sync native connection on a SQL backend), inside the caller's
+        transaction: it is sent when the caller commits.
+
+        ``idempotency_key`` makes the call safe to repeat: a send to this task
+        with a key it already got delivers nothing and returns the first
+        message's id, even if the task has since consumed it or finished.
+        Repeat a send that raised BackendUnavailableError with the same key.
+
+        Raises PayloadError (before any I/O) for a message that is not strict
+        JSON or is over the payload cap, TaskNotFoundError, TaskFinishedError
+        or NoInboxError (nothing is sent then).
+        """
+        params = self._deliveries(task_id, message, idempotency_key)
+        if connection is not None:
+            return self._transactional(self._statements).send_in_sync(params, connection)[0]
+        return self.portal.run(self._send_async(params))
+
+    async def send_async(
+        self,
+        task_id: int,
+        message: Any,
+        *,
+        idempotency_key: str | None = None,
+        connection: Any = None,
+    ) -> int:
+        """Async form of :meth:`send` (``connection``: an async native connection)."""
+        return await self._send_async(
+            self._deliveries(task_id, message, idempotency_key), connection
+        )
+
+    async def _send_async(self, params: SendParams, connection: Any = None) -> int:
+        backend = await self.backend()
+        if connection is not None:
+            ids = await self._transactional(backend).send_in(params, connection)
+        else:
+            ids = await backend.send(params)
+        if Capability.INLINE in backend.capabilities and self.inline_runner is not None:
+            task = await backend.get_task(params.deliveries[0].task_id, with_attempts=False)
+            if task is not None:
+                await self._run_inline(backend, {task.queue})
+        return ids[0]
+
+    async def inbox_async(self, task_id: int) -> list[Message]:
+        """The messages waiting in a task's inbox, oldest first."""
+        return await (await self.backend()).inbox(task_id)
+
+    def inbox(self, task_id: int) -> list[Message]:
+        """The messages waiting in a task's inbox, oldest first."""
+        return self.portal.run(self.inbox_async(task_id))
+
+    # -- inspect and control ---------------------------------------------------
+
+    async def get_async(self, task_id: int) -> Task | None:
+        """The task with its attempt log, or None."""
+        return await (await self.backend()).get_task(task_id)
+
+    def get(self, task_id: int) -> Task | None:
+        """The task with its attempt log, or None."""
+        return self.portal.run(self.get_async(task_id))
+
+    async def list_tasks_async(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> list[Task]:
+        """Tasks newest first (highest id first), filtered by state, name and
+        queue, at most ``limit``; ``before`` pages on: only tasks with a
+        smaller id (pass the last id of the page before). Raises
+        ConfigurationError on a bad filter."""
+        wanted = TaskState(state) if state is not None else None
+        task_filter = TaskFilter(state=wanted, name=name, queue=queue, limit=limit, before=before)
+        return await (await self._inspector()).list_tasks(task_filter)
+
+    def list_tasks(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> list[Task]:
+        """Sync form of :meth:`list_tasks_async`."""
+        return self.portal.run(
+            self.list_tasks_async(state=state, name=name, queue=queue, limit=limit, before=before)
+        )
+
+    async def count_tasks_async(self) -> list[TaskCount]:
+        """How many tasks the store holds, by state, queue and name."""
+        return await (await self._inspector()).count_tasks()
+
+    def count_tasks(self) -> list[TaskCount]:
+        """How many tasks the store holds, by state, queue and name."""
+        return self.portal.run(self.count_tasks_async())
+
+    async def cancel_async(self, task_id: int) -> TaskState:
+        """Cancel a task. Pending/waiting ones end ``cancelled`` now; a running
+        one is stopped by its worker as soon as it hears of it, within about a
+        second through the wake-up channel (at worst at its next heartbeat),
+        and this returns ``in_progress``. Raises TaskNotFoundError,
+        InvalidTransitionError.
+        """
+        return await (await self.backend()).cancel(task_id)
+
+    def cancel(self, task_id: int) -> TaskState:
+        """Sync form of :meth:`cancel_async`."""
+        return self.portal.run(self.cancel_async(task_id))
+
+    async def retry_async(self, task_id: int) -> TaskState:
+        """Run a failed or cancelled task again, with a fresh attempt budget."""
+        return await (await self.backend()).retry(task_id)
+
+    def retry(self, task_id: int) -> TaskState:
+        """Sync form of :meth:`retry_async`."""
+        return self.portal.run(self.retry_async(task_id))
+
+    async def list_workers_async(self) -> list[WorkerInfo]:
+        """Workers known to the store, with their last heartbeat."""
+        return await (await self._inspector()).list_workers()
+
+    def list_workers(self) -> list[WorkerInfo]:
+        """Workers known to the store, with their last heartbeat."""
+        return self.portal.run(self.list_workers_async())
+
+    async def migrate_async(self) -> list[int]:
+        """Async form of :meth:`migrate`."""
+        backend = self.make_backend(migrate=False)
+        await backend.open()
+        try:
+            return await backend.migrate()
+        finally:
+            await backend.close()
+
+    def migrate(self) -> list[int]:
+        """Create or upgrade the schema; returns the migration versions applied."""
+        return self.portal.run(self.migrate_async())
+
+
+def _chained(first: list[NewTask], rest: Iterator[list[NewTask]]) -> Iterator[list[NewTask]]:
+    yield first
+    yield from rest
+
+
+async def _close_with_loop(
+    client: Client, loop: asyncio.AbstractEventLoop, backend: Backend
+) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        client._closers.pop(loop, None)
+        if client._backends.get(loop) is backend:
+            del client._backends[loop]
+        await backend.close()
+
+
+def _forget_after_fork(ref: weakref.ref[Client]) -> None:
+    """In a forked child: start afresh, keeping (never closing) the parent's pools."""
+    client = ref()
+    if client is not None:
+        INHERITED_AT_FORK.append(dict(client._backends))
+        client._backends = weakref.WeakKeyDictionary()
+        client._opening = weakref.WeakKeyDictionary()
+
+
+def _close_at_exit(ref: weakref.ref[Client]) -> None:
+    """Close the sync API's pool at interpreter exit, for scripts that never do."""
+    client = ref()
+    if client is not None and client.portal.started:
+        with contextlib.suppress(Exception):
+            client.close()

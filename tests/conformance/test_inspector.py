@@ -1,0 +1,66 @@
+"""The read side (``Capability.INSPECT``): lists with filters and paging,
+counts by state, queue and name, workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.backends import Backend
+from conveyor.backends.protocol import Inspector, TaskCount, TaskFilter, inspector_of
+from conveyor.errors import ConfigurationError
+from conveyor.model import TaskState
+from tests.conformance.test_tasks import claim, enqueue, new
+
+
+def _inspector(backend: Backend) -> Inspector:
+    found = inspector_of(backend)
+    assert found is not None, "every backend reads for the CLI and dashboards"
+    return found
+
+
+async def test_lists_page_newest_first_with_filters(backend: Backend) -> None:
+    inspector = _inspector(backend)
+    ids = await enqueue(backend, *(new(payload={"n": n}) for n in range(7)))
+    mail = await enqueue(backend, new(queue="mail"), new(name="other", queue="mail"))
+    [claimed] = await claim(backend, limit=1)  # the first due by claim order
+    newest_first = sorted(ids + mail, reverse=True)
+
+    pages: list[list[int]] = []
+    before = None
+    while True:
+        page = await inspector.list_tasks(TaskFilter(limit=4, before=before))
+        if not page:
+            break
+        pages.append([t.id for t in page])
+        before = page[-1].id
+    assert pages == [newest_first[:4], newest_first[4:8], newest_first[8:]]
+
+    in_mail = await inspector.list_tasks(TaskFilter(queue="mail"))
+    assert [t.id for t in in_mail] == sorted(mail, reverse=True)
+    others = await inspector.list_tasks(TaskFilter(name="other"))
+    assert [t.id for t in others] == [mail[1]]
+    running = await inspector.list_tasks(TaskFilter(state=TaskState.IN_PROGRESS))
+    assert [t.id for t in running] == [claimed.token.task_id]
+    paged = await inspector.list_tasks(TaskFilter(queue="default", before=ids[3], limit=2))
+    assert [t.id for t in paged] == [ids[2], ids[1]]
+
+
+async def test_counts_by_state_queue_and_name(backend: Backend) -> None:
+    inspector = _inspector(backend)
+    assert await inspector.count_tasks() == []
+    await enqueue(backend, new(), new(), new(queue="mail"), new(name="other", queue="mail"))
+    await claim(backend, limit=1)
+    assert await inspector.count_tasks() == [
+        TaskCount(TaskState.IN_PROGRESS, "default", "job", 1),
+        TaskCount(TaskState.PENDING, "default", "job", 1),
+        TaskCount(TaskState.PENDING, "mail", "job", 1),
+        TaskCount(TaskState.PENDING, "mail", "other", 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad", [{"limit": -1}, {"limit": "10"}, {"limit": True}, {"before": "7"}, {"before": 1.5}]
+)
+def test_a_bad_filter_is_refused_before_any_io(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError):
+        TaskFilter(**bad)  # type: ignore[arg-type]

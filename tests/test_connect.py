@@ -1,0 +1,85 @@
+"""A store that cannot be reached fails fast, in one line that names the cause."""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+import conveyor
+from conveyor.backends.postgres.urls import DEFAULT_CONNECT_TIMEOUT, connect_timeout, redacted
+from tests.test_cli import Cli
+from tools.proxy import Proxy
+
+EXIT_UNAVAILABLE = 2
+
+
+def _with(url: str, *, port: int | None = None, database: str | None = None) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"root:secret@{host}:{port if port is not None else parts.port or 5432}"
+    path = f"/{database}" if database is not None else parts.path
+    return urlunsplit(parts._replace(netloc=netloc, path=path))
+
+
+def _unavailable(cli: Cli, *args: str) -> str:
+    """Run a command that cannot reach its store: exit 2, one line, no password.
+    The subprocess timeout (20 s) is far above the connect timeout and below
+    the 30 s a pool used to wait before it said anything."""
+    done = cli.run(*args, timeout=20)
+    assert done.returncode == EXIT_UNAVAILABLE, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected a one-line error, got {done.stderr!r}"
+    assert lines[0].startswith("error: cannot connect to postgresql://root:***@")
+    assert "secret" not in done.stderr
+    return lines[0]
+
+
+def test_a_refused_connection_is_one_line_with_exit_code_2(pg_url: str) -> None:
+    cli = Cli(_with(pg_url, port=1), "conveyor")
+    for command in (("tasks",), ("enqueue", "job"), ("show", "1"), ("workers",), ("counts",)):
+        assert "refused" in _unavailable(cli, *command).lower()
+
+
+def test_a_missing_database_is_named(pg_url: str) -> None:
+    missing = f"conveyor_missing_{uuid.uuid4().hex[:8]}"
+    line = _unavailable(Cli(_with(pg_url, database=missing), "conveyor"), "tasks")
+    assert f'"{missing}" does not exist' in line
+
+
+def test_a_server_that_never_answers_fails_after_the_connect_timeout(pg_url: str) -> None:
+    with Proxy(pg_url) as proxy:
+        proxy.blackhole()
+        parts = urlsplit(proxy.url)
+        url = urlunsplit(parts._replace(netloc=f"root:secret@{parts.netloc.rpartition('@')[2]}"))
+        line = _unavailable(Cli(f"{url}?connect_timeout=2", "conveyor"), "tasks")
+    assert "timeout" in line.lower()
+
+
+def test_the_api_raises_backend_unavailable_with_the_cause(pg_url: str) -> None:
+    app = conveyor.App(_with(pg_url, port=1))
+    try:
+        with pytest.raises(conveyor.BackendUnavailableError, match="refused") as caught:
+            app.list_tasks()
+        assert "secret" not in str(caught.value)
+        assert isinstance(caught.value, conveyor.BackendError)
+    finally:
+        app.close()
+
+
+def test_connect_timeouts_come_from_the_url() -> None:
+    assert connect_timeout("postgresql://h/db") == DEFAULT_CONNECT_TIMEOUT
+    assert connect_timeout("postgresql://h/db?connect_timeout=10") == 10
+    assert connect_timeout("postgresql://h/db?connect_timeout=1") == 2  # libpq's floor
+    for bad in ("soon", "0", "-3"):
+        with pytest.raises(conveyor.ConfigurationError, match="connect_timeout"):
+            connect_timeout(f"postgresql://h/db?connect_timeout={bad}")
+
+
+def test_urls_are_shown_without_their_password() -> None:
+    assert redacted("postgresql://ada:pw@db:5432/x?sslmode=require") == (
+        "postgresql://ada:***@db:5432/x?sslmode=require"
+    )
+    assert redacted("postgresql://ada@db/x") == "postgresql://ada@db/x"
+    assert redacted("postgresql://:pw@db/x") == "postgresql://:***@db/x"
