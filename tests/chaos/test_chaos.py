@@ -47,7 +47,8 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
     url, schema = _store(backend, tmp_path)
     lines: list[str] = []
     report = await run(url, scenario, tmp_path / "run", SMOKE, schema=schema, log=lines.append)
-    assert report.ok, report.summary() + "\n" + "\n".join(lines)
+    hung = [f.read_text() for f in sorted((tmp_path / "run").glob("hung-*.txt"))]
+    assert report.ok, "\n".join([report.summary(), *lines, *hung])
     assert report.enqueued == report.terminal == report.succeeded
     assert report.enqueued >= SMOKE.tasks + SMOKE.flows + SMOKE.gathers
     assert report.names["chaos_gather"].tasks == SMOKE.gathers

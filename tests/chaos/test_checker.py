@@ -532,6 +532,13 @@ def test_worker_restarts_explicit_or_inferred() -> None:
     assert restarts(1) == 2
 
 
+def test_a_worker_hung_after_sigterm_is_a_violation() -> None:
+    t, ledger = succeeded_once(1)
+    report = run([t], ledger, [fault("term", "w1", 1.0), fault("hung", "w1", 40.0)])
+    assert kinds(report) == {Kind.HUNG_WORKER}
+    assert f"pid {PIDS['w1']}" in report.violations[0].detail
+
+
 # -- reading the files -------------------------------------------------------------
 
 

@@ -66,9 +66,9 @@ from typing import Any, Literal, cast
 from conveyor.model import Attempt, Outcome, Task, TaskState
 
 LedgerEvent = Literal["start", "end"]
-FaultKind = Literal["kill", "stop", "cont", "spawn", "term"]
+FaultKind = Literal["kill", "stop", "cont", "spawn", "term", "hung"]
 LEDGER_EVENTS: frozenset[str] = frozenset({"start", "end"})
-FAULT_EVENTS: frozenset[str] = frozenset({"kill", "stop", "cont", "spawn", "term"})
+FAULT_EVENTS: frozenset[str] = frozenset({"kill", "stop", "cont", "spawn", "term", "hung"})
 # A later attempt is expected after these outcomes (a reclaim or a retry).
 RETRYABLE = frozenset({Outcome.LEASE_LOST, Outcome.INTERRUPTED, Outcome.TIMED_OUT, Outcome.FAILED})
 DEFAULT_RECLAIM_SLACK = 1.0
@@ -99,6 +99,9 @@ class Kind(enum.StrEnum):
     WRONG_RESULT = "wrong_result"
     MESSAGE_LOST = "message_lost"
     MESSAGE_TWICE = "message_twice"
+    HUNG_WORKER = "hung_worker"
+    """A worker that did not exit within its bound after SIGTERM (the
+    harness then killed it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -820,6 +823,11 @@ def check(
             kills[f.pid].append(f.at)
 
     violations = _check_lost(tasks, acknowledged)
+    violations += [
+        Violation(Kind.HUNG_WORKER, None, f"worker pid {f.pid} did not exit after SIGTERM")
+        for f in faults
+        if f.event == "hung"
+    ]
     reclaims = _Reclaims()
     duplicates = explained = 0
     names: dict[str, NameCounts] = defaultdict(NameCounts)

@@ -12,7 +12,10 @@ the dead), waits up to ``settle_seconds`` for every task to end, stops the
 workers with SIGTERM and hands the history to :mod:`tools.chaos.checker`:
 the tasks with their attempt log and the results they must have, the
 effects ledger the handlers wrote, and the faults file where every spawn,
-kill, stop, continue and stop request is recorded with its time.
+kill, stop, continue and stop request is recorded with its time. A worker
+that does not exit within its bound after SIGTERM is recorded as ``hung``
+(a violation), its stacks dumped to ``hung-PID.txt`` by py-spy when
+installed, and killed.
 
 Scenarios: ``control`` (no fault: no task may run twice), ``kill`` (SIGKILL
 a random worker and start a new one), ``stop`` (SIGSTOP a random worker for
@@ -37,9 +40,11 @@ backend's clock (attempt rows); both are this machine's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,6 +58,7 @@ from urllib.parse import urlsplit
 
 from conveyor import App, Task, TaskState
 from conveyor.errors import BackendUnavailableError, TaskFinishedError
+from conveyor.worker.config import DEFAULT_STOP_TIMEOUT
 from tools.chaos.app import (
     CPU_PROCESS_NAME,
     CPU_THREAD_NAME,
@@ -70,6 +76,9 @@ from tools.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVE_STATES = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
+EXIT_MARGIN = 20.0
+"""Seconds past its grace and stop timeout a worker may take to exit (on a
+loaded 2-core machine) before the harness records it as hung."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,20 +178,47 @@ class Workers:
             self.spawn()
 
     def stop_all(self, timeout: float) -> list[int]:
-        """SIGTERM every live worker, SIGKILL the ones still there after ``timeout``."""
+        """SIGTERM every live worker; one still there after ``timeout`` is hung
+        (see :meth:`reap`)."""
         self.continue_stopped()
         for proc in self.procs:
             if proc.poll() is None:
                 self.signal(proc, "term", signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        codes = []
-        for proc in self.procs:
-            try:
-                codes.append(proc.wait(max(deadline - time.monotonic(), 0.1)))
-            except subprocess.TimeoutExpired:
-                self.signal(proc, "kill", signal.SIGKILL)
-                codes.append(proc.wait())
-        return codes
+        return [self.reap(proc, deadline - time.monotonic()) for proc in self.procs]
+
+    def reap(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
+        """Wait up to ``timeout`` for a worker told to stop. One that is still
+        there is recorded as ``hung`` (a violation), its Python stacks are
+        written to ``hung-PID.txt`` (when py-spy is installed), and it is
+        killed: a hang is reported, never waited for."""
+        try:
+            return proc.wait(max(timeout, 0.1))
+        except subprocess.TimeoutExpired:
+            self.record("hung", proc.pid)
+            self.dump_stacks(proc.pid)
+            self.signal(proc, "kill", signal.SIGKILL)
+            return proc.wait()
+
+    def dump_stacks(self, pid: int) -> None:
+        spy = shutil.which("py-spy")
+        if spy is None:
+            return
+        with (
+            (self.workdir / f"hung-{pid}.txt").open("wb") as out,
+            contextlib.suppress(OSError, subprocess.TimeoutExpired),
+        ):
+            subprocess.run(
+                [spy, "dump", "--pid", str(pid), "--locals"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=60,
+            )
+
+    def exit_bound(self) -> float:
+        """Seconds a worker may take to exit after SIGTERM: its grace (one
+        lease), the stop timeout of the handlers it then stops, and a margin."""
+        return self.profile.lease + DEFAULT_STOP_TIMEOUT + EXIT_MARGIN
 
     def continue_stopped(self) -> None:
         for proc in self.procs:
@@ -227,7 +263,7 @@ async def term_one(workers: Workers, rng: random.Random) -> None:
         victim = rng.choice(running)
         workers.signal(victim, "term", signal.SIGTERM)
         workers.spawn()
-        await asyncio.to_thread(victim.wait)
+        await asyncio.to_thread(workers.reap, victim, workers.exit_bound())
 
 
 async def cut_network(workers: Workers, rng: random.Random) -> None:
@@ -511,7 +547,7 @@ async def _run(
         finally:
             for job in background:
                 job.cancel()
-            await asyncio.to_thread(workers.stop_all, profile.lease + 10)
+            await asyncio.to_thread(workers.stop_all, workers.exit_bound())
         work.close(profile.children)
         tasks = await _stored(client, work.ids)
         # The gathers' children: checked like every task, though not enqueued here.
