@@ -15,6 +15,7 @@ import pytest
 
 import conveyor
 from conveyor.backends.postgres import PostgresBackend
+from tests.cli_harness import Cli
 from tools.proxy import Proxy
 
 PG_URL = os.environ.get("CONVEYOR_TEST_URL", "postgresql://127.0.0.1:5432/test")
@@ -103,3 +104,15 @@ def proxy() -> Iterator[Proxy]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def cli(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> Cli:
+    """The real ``conveyor`` command on a fresh store: PostgreSQL (a new
+    schema) and SQLite (an empty file, which commands then migrate)."""
+    schema = schema_for(request.param, request)
+    if request.param == "postgres":
+        return Cli(pg_url, schema)
+    store = tmp_path / "tasks.db"
+    store.touch()  # commands other than migrate and worker refuse a missing file
+    return Cli(f"sqlite:///{store}", schema)

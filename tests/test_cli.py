@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import conveyor
-from tests.conftest import schema_for
+from tests.cli_harness import ROOT, Cli
 
-ROOT = Path(__file__).resolve().parents[1]
 APP = "tests.apps.cli_app:app"
 TASK_KEYS = {"id", "name", "queue", "state", "priority", "run_at", "result", "attempts"}
 ATTEMPT_KEYS = {
@@ -26,61 +24,6 @@ ATTEMPT_KEYS = {
     "started_at",
     "finished_at",
 }
-
-
-class Cli:
-    """Runs ``python -m conveyor.cli`` with the test's URL and schema."""
-
-    def __init__(self, url: str, schema: str) -> None:
-        self.env = {**os.environ, "CONVEYOR_URL": url, "CONVEYOR_SCHEMA": schema}
-
-    def run(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "conveyor.cli", *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    def ok(self, *args: str, timeout: float = 30) -> str:
-        done = self.run(*args, timeout=timeout)
-        assert done.returncode == 0, f"{args} exited {done.returncode}: {done.stderr}"
-        return done.stdout
-
-    def fails(self, *args: str) -> str:
-        """Run a command that must fail; return its one-line error."""
-        done = self.run(*args)
-        assert done.returncode != 0, f"{args} should fail; printed {done.stdout!r}"
-        assert done.stdout == ""
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1, f"expected a one-line error, got {done.stderr!r}"
-        assert lines[0].startswith("error: ")
-        return lines[0]
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.ok(*args, "--json"))
-
-    def enqueue(self, name: str, args: dict[str, Any] | None = None, *options: str) -> int:
-        data = self.json("enqueue", name, "--args", json.dumps(args or {}), *options)
-        assert set(data) == {"id"}
-        assert isinstance(data["id"], int)
-        return int(data["id"])
-
-    def show(self, task_id: int) -> dict[str, Any]:
-        data = self.json("show", str(task_id))
-        assert isinstance(data, dict)
-        return data
-
-
-@pytest.fixture(params=["postgres", "sqlite"])
-def cli(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> Cli:
-    schema = schema_for(request.param, request)
-    if request.param == "postgres":
-        return Cli(pg_url, schema)
-    return Cli(f"sqlite:///{tmp_path / 'tasks.db'}", schema)
 
 
 def test_migrate_twice_is_idempotent(cli: Cli) -> None:
@@ -158,7 +101,8 @@ def test_tasks_filters_by_state_and_limit(cli: Cli) -> None:
 
     assert [t["id"] for t in cli.json("tasks")] == ids[::-1]
     assert cli.json("tasks", "--state", "succeeded") == []
-    assert "nonsense" in cli.fails("tasks", "--state", "nonsense")
+    error = cli.usage_error("tasks", "--state", "nonsense")
+    assert "'nonsense' is not one of 'pending', 'in_progress', 'waiting'" in error
 
     page = cli.json("tasks", "--limit", "2", "--before", str(ids[2]))
     assert [t["id"] for t in page] == [ids[1], ids[0]]
@@ -273,8 +217,14 @@ def test_worker_logs_json_lines_with_task_fields(cli: Cli) -> None:
     failed = [r for r in records if r.get("task_id") == task_id]
     assert failed, "no record names the failing task"
     assert failed[-1]["attempt"] == 1
-    assert failed[-1]["level"] == "WARNING"
+    assert failed[-1]["task_name"] == "explode"
+    assert failed[-1]["duration"] >= 0
+    # A final failure is an ERROR that carries its traceback.
+    assert failed[-1]["level"] == "ERROR"
     assert "ValueError: logged" in failed[-1]["message"]
+    assert "Traceback (most recent call last)" in failed[-1]["message"]
+    # ISO 8601 times, in UTC.
+    assert all(datetime.fromisoformat(r["time"]).utcoffset() == timedelta(0) for r in records)
 
 
 def test_worker_refuses_a_heartbeat_slower_than_its_lease(cli: Cli) -> None:
@@ -317,8 +267,9 @@ def test_send_wakes_a_waiting_coroutine(cli: Cli) -> None:
     waiting = cli.show(handle.id)
     assert (waiting["state"], waiting["messages"]) == ("waiting", [])
 
-    assert cli.ok("send", str(handle.id), "--json", '{"n": 1}').startswith("message ")
-    cli.ok("send", str(handle.id), "--json", "2")
+    assert cli.ok("send", str(handle.id), '{"n": 1}').startswith("message ")
+    sent = cli.json("send", str(handle.id), "2")  # --json: the output is JSON, like elsewhere
+    assert sent["task_id"] == handle.id and isinstance(sent["id"], int)
     unread = cli.show(handle.id)["messages"]
     assert [(m["kind"], m["sender_id"], m["body"]) for m in unread] == [
         ("message", None, {"n": 1}),
@@ -330,8 +281,8 @@ def test_send_wakes_a_waiting_coroutine(cli: Cli) -> None:
     task = cli.show(handle.id)
     assert (task["state"], task["result"], task["inbox"]) == ("succeeded", [{"n": 1}, 2], True)
 
-    assert "has finished" in cli.fails("send", str(handle.id), "--json", "3")
-    assert "--json is not JSON" in cli.fails("send", str(handle.id), "--json", "{nope")
+    assert "has finished" in cli.fails("send", str(handle.id), "3")
+    assert "MESSAGE is not JSON" in cli.fails("send", str(handle.id), "{nope")
     assert "no task with id" in cli.fails("send", "999999", "--json", "1")
 
 

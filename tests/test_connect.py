@@ -9,7 +9,7 @@ import pytest
 
 import conveyor
 from conveyor.backends.postgres.urls import DEFAULT_CONNECT_TIMEOUT, connect_timeout, redacted
-from tests.test_cli import Cli
+from tests.cli_harness import Cli
 from tools.proxy import Proxy
 
 EXIT_UNAVAILABLE = 2

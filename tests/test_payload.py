@@ -1,16 +1,23 @@
-"""The strict JSON codec: what it accepts round-trips, what it rejects is typed."""
+"""The strict JSON codec: what it accepts round-trips, what it rejects is typed;
+and values typed by a handler's hints, converted before it and rebuilt after it."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import threading
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor import payload as codec
+from conveyor import typed
 from conveyor.errors import PayloadError, PayloadTooLargeError
 
 json_values = st.recursive(
@@ -123,3 +130,79 @@ def test_a_payload_that_does_not_decode_is_shown_as_its_stored_text() -> None:
     assert codec.decode_for_display("{not json") == "{not json"
     assert codec.decode_for_display(b"\xff{") == "\\xff{"
     assert codec.decode_for_display('{"a": 1}') == {"a": 1}
+
+
+# -- typed values: converted before the codec, rebuilt after it ---------------
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+@dataclasses.dataclass
+class Reading:
+    at: datetime
+    level: Level
+    value: Decimal
+
+
+typed_values = st.one_of(
+    st.tuples(st.just(datetime), st.datetimes(timezones=st.just(UTC))),
+    st.tuples(st.just(date), st.dates()),
+    st.tuples(st.just(time), st.times()),
+    st.tuples(st.just(timedelta), st.timedeltas()),
+    st.tuples(st.just(UUID), st.uuids()),
+    st.tuples(st.just(Decimal), st.decimals(allow_nan=False, allow_infinity=False)),
+    st.tuples(st.just(Level), st.sampled_from(Level)),
+    st.tuples(st.just(list[date]), st.lists(st.dates(), max_size=3)),
+    st.tuples(
+        st.just(Reading),
+        st.builds(
+            Reading,
+            st.datetimes(timezones=st.just(UTC)),
+            st.sampled_from(Level),
+            st.decimals(allow_nan=False, allow_infinity=False, places=2),
+        ),
+    ),
+)
+
+
+@given(typed_values)
+def test_typed_values_round_trip_through_the_codec(case: tuple[object, object]) -> None:
+    annotation, value = case
+    kind = typed.ValueType(annotation, "test")
+    stored = codec.encode(kind.to_json(value))
+    rebuilt = kind.from_json(codec.decode(stored))
+    assert rebuilt == value
+    assert type(rebuilt) is type(value)
+
+
+def test_conversion_keeps_the_codec_s_refusals() -> None:
+    floats = typed.ValueType(list[float], "test")
+    with pytest.raises(PayloadError, match="not strict JSON"):
+        codec.encode(floats.to_json([1.0, math.nan]))
+    texts = typed.ValueType(dict[str, str], "test")
+    with pytest.raises(PayloadError, match="NUL"):
+        codec.encode(texts.to_json({"k": "a\x00"}))
+    nested = typed.ValueType(list[Any], "test")
+    deep: object = 1
+    for _ in range(codec.MAX_DEPTH + 2):
+        deep = [deep]
+    with pytest.raises(PayloadError, match="nesting"):
+        codec.encode(nested.to_json([deep]))
+
+
+def test_type_names_are_short() -> None:
+    assert typed.type_name(int) == "int"
+    assert typed.type_name(datetime) == "datetime"
+    assert typed.type_name(list[Reading]) == "list[Reading]"
+    assert typed.type_name(int | None) == "int | None"
+    assert typed.type_name(dict[str, Any]) == "dict[str, Any]"
+
+
+def test_annotations_resolve_one_by_one() -> None:
+    def handler(a: int, b: Missing, c: Reading) -> Level:  # noqa: F821
+        raise NotImplementedError
+
+    assert typed.declared_types(handler) == {"a": int, "c": Reading, "return": Level}

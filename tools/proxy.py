@@ -79,6 +79,7 @@ class Proxy:
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         self._open: asyncio.Event | None = None  # set: forwarding; clear: black-holed
+        self._refusing = False
         self._done: asyncio.Event | None = None
 
     # -- public API ---------------------------------------------------------------
@@ -134,8 +135,15 @@ class Proxy:
         self._call(self._set_open(False))
 
     def restore(self) -> None:
-        """Forward again, including everything held back."""
+        """Forward again, including everything held back; accept again."""
+        self._refusing = False
         self._call(self._set_open(True))
+
+    def refuse(self) -> int:
+        """Act like a server that is down: reset every open connection and every
+        new one at once, until ``restore()``; return how many were cut."""
+        self._refusing = True
+        return self.cut()
 
     def strand(self) -> int:
         """Forward nothing more, ever, on the connections open now (they stay
@@ -212,6 +220,9 @@ class Proxy:
         assert task is not None
         assert self._open is not None
         self.accepted += 1
+        if self._refusing:
+            writer.transport.abort()  # RST: nothing listens here, for now
+            return
         pair = _Pair(writer, task)
         self._pairs.add(pair)
         self._every.append(pair)

@@ -5,6 +5,9 @@ heartbeat keeps alive, fenced by that lease, retried by policy and logged
 attempt by attempt. See docs/guarantees.md for what is and is not promised.
 """
 
+# conveyor.testing comes with `import conveyor` (it needs nothing beyond the
+# package itself; its pytest plugin, which needs pytest, is a module apart).
+from conveyor import testing as testing
 from conveyor.app import App
 from conveyor.client import Client
 from conveyor.context import TaskContext

@@ -10,17 +10,18 @@ async form (``enqueue_async``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, Unpack, overload
+from typing import Any, Concatenate, TypeVar, Unpack, cast, overload
 
 from conveyor.client import Client
+from conveyor.context import TaskContext
 from conveyor.coroutine import Coroutine
 from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskError
 from conveyor.handle import TaskHandle
 from conveyor.model import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, DEFAULT_RETRY, RetryPolicy
 from conveyor.options import EnqueueOptions, OptionFields, options_from
-from conveyor.task import Executor, TaskDef, TaskOptions
+from conveyor.task import Executor, P, R, TaskDecorator, TaskDef, TaskOptions
 from conveyor.worker import Worker, WorkerConfig
 from conveyor.worker.drain import drain_registry
 from conveyor.workflow import Workflow
@@ -58,8 +59,20 @@ class App(Client):
 
     # -- registration ------------------------------------------------------
 
+    # The overloads type a definition by its handler: ``TaskDef[P, R]`` with
+    # R the awaited value of an ``async def``, and a first TaskContext
+    # parameter left out of P (the worker passes it, not the payload).
     @overload
-    def task(self, fn: F, /) -> TaskDef: ...
+    def task(self, fn: Callable[Concatenate[TaskContext, P], Awaitable[R]], /) -> TaskDef[P, R]: ...
+
+    @overload
+    def task(self, fn: Callable[P, Awaitable[R]], /) -> TaskDef[P, R]: ...
+
+    @overload
+    def task(self, fn: Callable[Concatenate[TaskContext, P], R], /) -> TaskDef[P, R]: ...
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> TaskDef[P, R]: ...
 
     @overload
     def task(
@@ -74,11 +87,11 @@ class App(Client):
         timeout: float | None = None,
         lease: float | None = None,
         process: bool = False,
-    ) -> Callable[[F], TaskDef]: ...
+    ) -> TaskDecorator: ...
 
     def task(
         self,
-        fn: F | None = None,
+        fn: Callable[..., Any] | None = None,
         /,
         *,
         name: str | None = None,
@@ -88,7 +101,7 @@ class App(Client):
         timeout: float | None = None,
         lease: float | None = None,
         process: bool = False,
-    ) -> TaskDef | Callable[[F], TaskDef]:
+    ) -> TaskDef | TaskDecorator:
         """Register a handler: ``async def`` runs on the worker's loop, plain
         ``def`` in a thread, and ``process=True`` in a child process (for
         CPU-bound work; the handler must be importable by module and name).
@@ -99,7 +112,7 @@ class App(Client):
             queue=queue, priority=priority, retry=retry, timeout=timeout, lease=lease
         )
 
-        def register(handler: F) -> TaskDef:
+        def register(handler: Callable[..., Any]) -> TaskDef:
             task_name = self._free_name(name or handler.__name__)
             executor: Executor
             if process:
@@ -112,7 +125,7 @@ class App(Client):
             self.tasks[task_name] = definition
             return definition
 
-        return register(fn) if fn is not None else register
+        return register(fn) if fn is not None else cast(TaskDecorator, register)
 
     def workflow(self, name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -> Workflow:
         """Register a step workflow under ``name``; add steps with

@@ -19,6 +19,8 @@ import atexit
 import contextlib
 import functools
 import os
+import time
+import types
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, Self
@@ -62,6 +64,30 @@ Encoder = Callable[[int, int], list[NewTask]]
 """``encode(start, end)``: the checked, encoded tasks of items ``start`` to
 ``end`` of a batch (no I/O; raises PayloadError or ConfigurationError)."""
 InlineRunner = Callable[[Sequence[str]], Awaitable[None]]
+TIME_CHECK_SECONDS = 0.002
+"""How long :func:`check_time_moves` watches a replaced ``time.monotonic``."""
+
+
+def check_time_moves() -> None:
+    """Raise ConfigurationError if ``time.monotonic`` has been replaced by a
+    clock that does not follow real time (frozen or stepped, as freezegun's
+    ``freeze_time()`` makes it): a worker in this process paces its claims
+    and timers on it and would wait for ever. Costs nothing when it is the
+    system's own; else it watches it for ``TIME_CHECK_SECONDS``."""
+    if isinstance(time.monotonic, types.BuiltinFunctionType):
+        return
+    system = getattr(time, "clock_gettime", None)  # absent on Windows: only frozen is caught
+    real_start, start = system(time.CLOCK_MONOTONIC) if system else 0.0, time.monotonic()
+    time.sleep(TIME_CHECK_SECONDS)
+    moved = time.monotonic() - start
+    real = system(time.CLOCK_MONOTONIC) - real_start if system else moved
+    if not 0 < moved <= real + 0.05:
+        raise ConfigurationError(
+            "time.monotonic() does not follow real time here (freezegun's freeze_time() "
+            "stops or steps it): a worker in this process would wait for ever. Move the time of "
+            "tasks with conveyor.testing.FakeClock (the conveyor_clock fixture), or use "
+            "freeze_time(..., tick=True) or time-machine, whose clocks keep running"
+        )
 
 
 def chunk_bounds(total: int) -> Iterator[tuple[int, int]]:
@@ -133,6 +159,37 @@ class Client:
         new_url = resolve_url(url) if url is not None else self.url
         statements = backend_from_url(new_url, **options)  # validates first
         self.url, self._backend_options, self._statements = new_url, options, statements
+
+    def use(self, url: str, *, schema: str | None = None) -> None:
+        """Point this client at another store from now on, even after it has
+        opened one (``rebind`` refuses then): for tests that move an app
+        defined at import time to a fresh store, ``app.use("memory://t1")``
+        (:func:`conveyor.testing.in_memory` does it, and undoes it).
+
+        ``schema`` None keeps the current one. The sync API's backend is
+        closed now; one opened on another event loop is no longer used and
+        closes when that loop ends. Handles taken before read the new store.
+        A worker already running keeps the store it opened: call this while
+        none runs. Raises ConfigurationError for an invalid URL, changing
+        nothing."""
+        options = dict(self._backend_options)
+        if schema is not None:
+            options["schema"] = schema
+        new_url = resolve_url(url)
+        statements = backend_from_url(new_url, **options)  # validates first
+        if self.portal.started:
+            self.portal.run(self.aclose())
+        # The backend of another loop closes when that loop ends, or when a
+        # backend opened there afterwards replaces its closer (_close_with_loop).
+        self._backends = weakref.WeakKeyDictionary()
+        self._opening = weakref.WeakKeyDictionary()
+        self.url, self._backend_options, self._statements = new_url, options, statements
+
+    @property
+    def location(self) -> str:
+        """Where this client's store is, as shown to people: the URL without
+        its password (and the PostgreSQL schema), an absolute SQLite path."""
+        return self._statements.location
 
     def make_backend(self, **overrides: Any) -> Backend:
         """A new, unopened backend for this client's URL."""
@@ -277,6 +334,7 @@ class Client:
             return
         if self._inline_running:
             return
+        check_time_moves()
         self._inline_running = True
         try:
             await runner(sorted(queues))
@@ -455,8 +513,10 @@ async def _close_with_loop(
     try:
         yield
     finally:
-        client._closers.pop(loop, None)
-        if client._backends.get(loop) is backend:
+        current = client._backends.get(loop)
+        if current is backend or current is None:  # a newer backend's closer stays (use())
+            client._closers.pop(loop, None)
+        if current is backend:
             del client._backends[loop]
         await backend.close()
 

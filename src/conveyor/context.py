@@ -99,18 +99,23 @@ class TaskContext:
 
     @property
     def lease_token(self) -> LeaseToken:
+        """The lease this attempt runs under: task id, attempt number, worker id."""
         return LeaseToken(self.task_id, self.attempt, self.worker_id)
 
     @property
     def should_stop(self) -> bool:
+        """True once this attempt has been ordered to stop (see the class docstring)."""
         return self._stop_reason is not None
 
     @property
     def lease_lost(self) -> bool:
+        """True if the attempt must stop because the worker lost its lease:
+        nothing it does from now on is recorded."""
         return isinstance(self._stop_reason, LeaseLostError)
 
     @property
     def stop_reason(self) -> StopAttempt | None:
+        """Why the attempt must stop (what :meth:`check` raises); None until then."""
         return self._stop_reason
 
     def check(self) -> None:

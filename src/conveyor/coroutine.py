@@ -132,10 +132,12 @@ class Poll:
 
     @property
     def task_id(self) -> int:
+        """The id of the coroutine task this poll runs."""
         return self.ctx.task_id
 
     @property
     def parent_id(self) -> int | None:
+        """The coroutine task that spawned this one; None for a root task."""
         return self.ctx.parent_id
 
     def _encode(self, message: Any) -> str:
@@ -188,6 +190,8 @@ class PollEnd:
 
 class Coroutine(TaskDef):
     """A coroutine task registered on an App (see the module docstring)."""
+
+    payload_from_signature = False
 
     def __init__(
         self, client: Client, handler: Callable[..., Any], name: str, defaults: TaskOptions
@@ -269,6 +273,7 @@ class Coroutine(TaskDef):
     # -- running -------------------------------------------------------------
 
     def build_kwargs(self, args: Any, ctx: TaskContext | None) -> dict[str, Any]:
+        """The arguments of one poll for the worker: the context and the stored state."""
         return {"ctx": ctx, "state": args}
 
     async def _run(self, ctx: TaskContext, state: dict[str, Any]) -> PollEnd:

@@ -1,15 +1,29 @@
-"""The handle ``enqueue`` returns: the task id, and a way to wait for it."""
+"""The handle ``enqueue`` returns: the task id, and a way to wait for it.
+
+A handle is generic in its task's result type: ``TaskHandle[int]`` for a
+handler declared ``-> int``, whose ``result()`` is an ``int``.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 from conveyor.errors import ResultTimeoutError, TaskFailedError, TaskNotFoundError
 from conveyor.model import Task, TaskState
 
+if TYPE_CHECKING:
+    # A default (PEP 696) makes a bare ``TaskHandle`` mean ``TaskHandle[Any]``;
+    # Python 3.11's typing has no defaults, so it exists for type checkers only.
+    from typing_extensions import TypeVar
+
+    R = TypeVar("R", default=Any)
+else:
+    from typing import TypeVar
+
+    R = TypeVar("R")
 T = TypeVar("T")
 
 POLL_START = 0.01
@@ -31,12 +45,16 @@ class TaskReader(Protocol):
 
 
 @dataclass(frozen=True)
-class TaskHandle:
+class TaskHandle(Generic[R]):
     """A stored task. ``result`` waits for a terminal state by polling.
-    ``client`` is the client (or app) that stored it."""
+    ``client`` is the client (or app) that stored it; ``rebuild_result``, if
+    given, rebuilds the stored result into the task's declared return type
+    (the handles ``enqueue`` returns have it; a handle built from an id
+    returns the result as decoded JSON)."""
 
     client: TaskReader
     id: int
+    rebuild_result: Callable[[Any], R] | None = field(default=None, repr=False, compare=False)
 
     @property
     def app(self) -> TaskReader:
@@ -54,15 +72,18 @@ class TaskHandle:
             raise TaskNotFoundError(f"no task with id {self.id}")
         return task
 
-    def result(self, timeout: float | None = None) -> Any:
-        """Wait for the task to finish and return its stored result.
+    def result(self, timeout: float | None = None) -> R:
+        """Wait for the task to finish and return its stored result, rebuilt
+        into the declared return type (see ``rebuild_result``).
 
-        Raises TaskFailedError if it ended failed or cancelled, and
-        ResultTimeoutError if it is still unfinished after ``timeout`` seconds.
+        Raises TaskFailedError if it ended failed or cancelled,
+        ResultTimeoutError if it is still unfinished after ``timeout``
+        seconds, and PayloadError if the stored result no longer fits the
+        declared type.
         """
         return self.client.portal.run(self.result_async(timeout))
 
-    async def result_async(self, timeout: float | None = None) -> Any:
+    async def result_async(self, timeout: float | None = None) -> R:
         """Async form of :meth:`result`."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -70,7 +91,10 @@ class TaskHandle:
         while True:
             task = await self.get_async()
             if task.state is TaskState.SUCCEEDED:
-                return task.result
+                if self.rebuild_result is not None:
+                    return self.rebuild_result(task.result)
+                result: R = task.result
+                return result
             if task.state in (TaskState.FAILED, TaskState.CANCELLED):
                 last = task.last_attempt
                 raise TaskFailedError(

@@ -36,6 +36,8 @@ class TaskState(enum.StrEnum):
 
     @property
     def is_terminal(self) -> bool:
+        """True for ``succeeded``, ``failed`` and ``cancelled``: no worker runs
+        the task again unless a ``retry`` restarts a failed or cancelled one."""
         return self in TERMINAL_STATES
 
 
@@ -344,6 +346,7 @@ class RetryPolicy:
         return max(base, 0.0)
 
     def to_json(self) -> dict[str, float | int]:
+        """The policy as a JSON object, as it is stored with each task."""
         return {
             "max_attempts": self.max_attempts,
             "initial_interval": self.initial_interval,
@@ -354,6 +357,7 @@ class RetryPolicy:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RetryPolicy:
+        """The policy :meth:`to_json` wrote (a missing ``jitter`` is 0)."""
         return cls(
             max_attempts=int(data["max_attempts"]),
             initial_interval=float(data["initial_interval"]),
@@ -486,6 +490,8 @@ class Task:
 
     @property
     def last_attempt(self) -> Attempt | None:
+        """The latest attempt; None if there is none yet, or if the task was
+        read without its attempts."""
         return self.attempts[-1] if self.attempts else None
 
 
@@ -515,4 +521,5 @@ class Message:
 
     @property
     def is_end(self) -> bool:
+        """True for a child's end message (``kind`` is ``end``)."""
         return self.kind is MessageKind.END

@@ -8,6 +8,10 @@ values that are not JSON types, nesting deeper than ``MAX_DEPTH``; and with
 :class:`~conveyor.errors.PayloadTooLargeError` an encoding larger than the cap.
 
 Dataclass instances and pydantic models are converted to plain JSON first.
+Values typed by a handler's hints (datetimes, UUIDs, enums...) are converted
+by :mod:`conveyor.typed` before they reach the codec, which then checks the
+converted payload whole: the conversion never lets through what the codec
+refuses.
 """
 
 from __future__ import annotations

@@ -1,26 +1,45 @@
 """A registered task: its handler, its default options, and payload binding.
 
 Binding is strict and happens before any I/O: the payload must be a JSON
-object whose keys match the handler's parameters (``inspect.Signature.bind``),
-and must pass the strict codec. At run time, parameters annotated with a
-dataclass or a pydantic model are rebuilt from their JSON form.
+object whose keys match the handler's keyword parameters, its values must
+fit the handler's type hints (with the ``pydantic`` extra installed; see
+:mod:`conveyor.typed`), and it must pass the strict codec. At run time the
+arguments are rebuilt as declared (a ``datetime`` from its ISO string, a
+dataclass from its object), and a declared return type is checked when the
+worker stores the result and rebuilt by the handle's ``result()``.
+
+A definition is generic in its handler's parameters and return type:
+``add.enqueue(a=1, b=2)`` is a ``TaskHandle[int]`` for a handler
+``async def add(a: int, b: int) -> int``. A context parameter is left out of
+the enqueue signature when it comes first (``def f(ctx: TaskContext, ...)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Unpack
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Concatenate,
+    Generic,
+    Literal,
+    Protocol,
+    Unpack,
+    overload,
+)
 
 from conveyor import payload as codec
+from conveyor import typed
 from conveyor.backends.protocol import NewTask
 from conveyor.client import Client
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, PayloadError
+from conveyor.handle import TaskHandle
 from conveyor.model import (
     DEFAULT_QUEUE,
     DEFAULT_RETRY,
@@ -38,9 +57,38 @@ from conveyor.options import (
 )
 
 if TYPE_CHECKING:
-    from conveyor.handle import TaskHandle
+    # Defaults (PEP 696) make a bare ``TaskDef`` mean ``TaskDef[..., Any]``;
+    # Python 3.11's typing has no defaults, so they exist for type checkers only.
+    from typing_extensions import ParamSpec, TypeVar
+
+    P = ParamSpec("P", default=...)
+    R = TypeVar("R", default=Any)
+else:
+    from typing import ParamSpec, TypeVar
+
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 Executor = Literal["async", "thread", "process"]
+
+
+class TaskDecorator(Protocol):
+    """What ``@app.task(...)`` returns: it registers a handler and gives its
+    definition, typed by the handler (see :meth:`conveyor.App.task`)."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[TaskContext, P], Awaitable[R]], /
+    ) -> TaskDef[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]], /) -> TaskDef[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[TaskContext, P], R], /) -> TaskDef[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> TaskDef[P, R]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +140,32 @@ class TaskOptions:
 
 
 def step_state(step: Any, max_bytes: int) -> str:
-    """Encode a workflow step (a dataclass or pydantic model) as its stored state."""
-    plain = codec.to_plain(step)
+    """Encode a workflow step (a dataclass or pydantic model) as its stored
+    state: with pydantic, its fields checked against their types and
+    converted as a task's arguments are (see :mod:`conveyor.typed`)."""
+    kind = typed.step_type(type(step)) if _is_record(type(step)) else None
+    plain = codec.to_plain(step) if kind is None else kind.to_json(step, "the step")
     if not isinstance(plain, dict):
         raise PayloadError(f"a step must be a dataclass or a pydantic model, not {type(step)!r}")
     return codec.encode(plain, max_bytes)
+
+
+def step_from_state(cls: type, state: Any) -> Any:
+    """Rebuild a workflow step from its stored state (PayloadError, or the
+    class's own error, if it no longer fits)."""
+    if not isinstance(state, dict):
+        raise TypeError("the stored state is not a JSON object")
+    kind = typed.step_type(cls) if _is_record(cls) else None
+    if kind is not None:
+        return kind.from_json(state, "the stored state")
+    validate = getattr(cls, "model_validate", None)
+    if callable(validate):
+        return validate(state)
+    return cls(**state)
+
+
+def _is_record(cls: type) -> bool:
+    return dataclasses.is_dataclass(cls) or callable(getattr(cls, "model_validate", None))
 
 
 def run_at_from(
@@ -106,18 +175,30 @@ def run_at_from(
     return EnqueueOptions(delay=delay, run_at=run_at).due()
 
 
-class TaskDef:
+class TaskDef(Generic[P, R]):
     """A handler registered on an :class:`~conveyor.App` under a stable name.
 
-    Calling it calls the handler directly (no queue involved). ``enqueue``
-    (and ``enqueue_async``) store a task for a worker to run, with the
-    task's defaults; ``options(...)`` gives the options of one call::
+    Calling it calls the handler directly, in the caller's thread, for unit
+    tests: no queue, worker, lease, retry or payload check is involved; the
+    arguments go to the handler as given, and a ``TaskContext`` parameter
+    takes one the caller builds. An ``async def`` handler returns its
+    coroutine, to await. A workflow is not called (TypeError): start it,
+    or call a step's ``run``.
+
+    ``enqueue`` (and ``enqueue_async``) store a task for a worker to run,
+    with the task's defaults; ``options(...)`` gives the options of one call::
 
         send_email.enqueue(to="a@example.com")
         send_email.options(delay=60, queue="mail").enqueue(to="a@example.com")
 
-    ``defaults`` holds the options given at registration.
+    ``defaults`` holds the options given at registration. The handler's
+    type hints are read once, here (see :mod:`conveyor.typed`): a type
+    pydantic cannot validate raises ConfigurationError.
     """
+
+    payload_from_signature: ClassVar[bool] = True
+    """False for the kinds whose payload is a state rather than the handler's
+    arguments (workflows and coroutines): their types are not read."""
 
     def __init__(
         self,
@@ -133,13 +214,17 @@ class TaskDef:
         self.defaults = defaults
         self.executor = executor
         self.signature = inspect.signature(fn)
-        self._hints = _type_hints(fn)
+        self._hints = typed.declared_types(fn)
         self.context_parameter = _context_parameter(self.signature, self._hints)
         self._accepted, self._required, self._open = _keyword_parameters(
             name, self.signature, self.context_parameter
         )
+        self._positional = _positional_names(self.signature, self.context_parameter)
         if executor == "process" and self.context_parameter:
             raise ConfigurationError(f"task {name!r}: process handlers cannot take a TaskContext")
+        hints = self._hints if self.payload_from_signature else {}
+        self._payload = typed.payload_types(f"task {name!r}", hints, self._accepted)
+        self._result = typed.ResultType(hints, f"task {name!r}")
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -147,19 +232,25 @@ class TaskDef:
         return f"<TaskDef {self.name} ({self.executor})>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self.fn, "__self__", None) is self:  # a workflow's own runner
+            raise TypeError(
+                f"{self!r} is not called directly: start it and run it with a worker "
+                "(conveyor.testing.drain in a test), or call one step's run(ctx)"
+            )
         return self.fn(*args, **kwargs)
 
     # -- payloads ----------------------------------------------------------
 
     def encode_args(self, args: Mapping[str, Any] | None, max_bytes: int) -> str:
-        """Check ``args`` against the handler and encode them (no I/O)."""
-        plain: dict[str, Any] = {}
-        for key, value in (args or {}).items():
-            if not isinstance(key, str):
+        """Check ``args`` against the handler (names, then types) and encode
+        them in their JSON form (no I/O). Raises PayloadError naming the
+        argument, or PayloadTooLargeError."""
+        given: dict[str, Any] = args if type(args) is dict else dict(args or {})
+        for key in given:
+            if type(key) is not str:
                 raise PayloadError(f"argument names must be strings, not {type(key).__name__}")
-            plain[key] = codec.to_plain(value)
-        self._check_names(plain)
-        return codec.encode(plain, max_bytes)
+        self._check_names(given)
+        return codec.encode(self._payload.to_json(given), max_bytes)
 
     def _check_names(self, args: Mapping[str, Any]) -> None:
         """The payload's keys must be the handler's keyword parameters."""
@@ -186,10 +277,49 @@ class TaskDef:
         ``enqueue``. Raises PayloadError if they do not fit the handler.
         """
         self._check_names(args)
-        kwargs = {key: _rebuild(self._hints.get(key), value) for key, value in args.items()}
+        kwargs = self._payload.from_json(dict(args))  # a copy: ctx.payload stays as stored
         if self.context_parameter:
             kwargs[self.context_parameter] = ctx
         return kwargs
+
+    def encode_result(self, value: Any, max_bytes: int) -> str:
+        """The handler's return value as stored: checked against its declared
+        return type and converted to its JSON form (with pydantic), then
+        encoded by the strict codec. Raises PayloadError."""
+        return codec.encode(self._result.to_json(value), max_bytes)
+
+    def rebuild_result(self, value: Any) -> R:
+        """A stored result rebuilt into the handler's declared return type (as
+        decoded, when it declares none or pydantic is not installed). Raises
+        PayloadError if it no longer fits."""
+        rebuilt: R = self._result.from_json(value)
+        return rebuilt
+
+    def _typed(self, handles: list[TaskHandle[Any]]) -> list[TaskHandle[R]]:
+        """Handles whose ``result()`` rebuilds the declared return type."""
+        if not self._result.rebuilds:
+            return handles
+        rebuild = self.rebuild_result
+        return [TaskHandle(handle.client, handle.id, rebuild) for handle in handles]
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The payload of ``enqueue(*args, **kwargs)``: positional arguments
+        named after the handler's parameters."""
+        if not args:
+            return kwargs
+        if len(args) > len(self._positional):
+            raise PayloadError(
+                f"payload does not fit task {self.name!r}: it takes at most "
+                f"{len(self._positional)} positional argument(s), {len(args)} given"
+            )
+        named = dict(zip(self._positional, args, strict=False))
+        twice = named.keys() & kwargs.keys()
+        if twice:
+            raise PayloadError(
+                f"payload does not fit task {self.name!r}: "
+                f"more than one value for {', '.join(sorted(twice))}"
+            )
+        return {**named, **kwargs}
 
     # -- enqueue -----------------------------------------------------------
 
@@ -224,12 +354,14 @@ class TaskDef:
         connection: Any = None,
         *,
         batch: bool = False,
-    ) -> list[TaskHandle]:
+    ) -> list[TaskHandle[R]]:
         """Check, encode and store tasks of this kind, all or none; handles in
         order. With ``batch``, task *i* gets the idempotency key
         ``{key}#{i}`` (see :meth:`conveyor.App.enqueue_many`)."""
-        return self.client.enqueue_encoded(
-            self._encoder(payloads, options, batch), len(payloads), connection
+        return self._typed(
+            self.client.enqueue_encoded(
+                self._encoder(payloads, options, batch), len(payloads), connection
+            )
         )
 
     async def store_async(
@@ -239,10 +371,12 @@ class TaskDef:
         connection: Any = None,
         *,
         batch: bool = False,
-    ) -> list[TaskHandle]:
+    ) -> list[TaskHandle[R]]:
         """Async form of :meth:`store`."""
-        return await self.client.enqueue_encoded_async(
-            self._encoder(payloads, options, batch), len(payloads), connection
+        return self._typed(
+            await self.client.enqueue_encoded_async(
+                self._encoder(payloads, options, batch), len(payloads), connection
+            )
         )
 
     def _encoder(
@@ -256,29 +390,35 @@ class TaskDef:
 
         return encode
 
-    def options(self, *, connection: Any = None, **options: Unpack[OptionFields]) -> BoundTask:
+    def options(
+        self, *, connection: Any = None, **options: Unpack[OptionFields]
+    ) -> BoundTask[P, R]:
         """This task with the options of one call (see :class:`EnqueueOptions`),
         checked now; ``connection`` enqueues inside the caller's transaction
         (see :meth:`conveyor.App.enqueue`). Raises ConfigurationError for an
         option that is not one, naming the valid ones."""
         return BoundTask(self, EnqueueOptions.of(options), connection)
 
-    def enqueue(self, **args: Any) -> TaskHandle:
-        """Enqueue with the task's default options (sync); its handle once durable."""
-        return self.store([args])[0]
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Enqueue with the task's default options (sync); its handle once
+        durable. Arguments as for the handler (positional ones are named
+        after its parameters), checked before any I/O: PayloadError."""
+        return self.store([self._bind(args, kwargs)])[0]
 
-    async def enqueue_async(self, **args: Any) -> TaskHandle:
-        """Enqueue with the task's default options (async)."""
-        return (await self.store_async([args]))[0]
+    async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Async form of :meth:`enqueue`."""
+        return (await self.store_async([self._bind(args, kwargs)]))[0]
 
 
-class BoundTask:
+class BoundTask(Generic[P, R]):
     """A task with the options of one call: ``task.options(...)``. Its
     ``enqueue`` methods take the payload only."""
 
     __slots__ = ("connection", "enqueue_options", "task")
 
-    def __init__(self, task: TaskDef, options: EnqueueOptions, connection: Any = None) -> None:
+    def __init__(
+        self, task: TaskDef[P, R], options: EnqueueOptions, connection: Any = None
+    ) -> None:
         self.task = task
         self.enqueue_options = options
         self.connection = connection
@@ -286,38 +426,35 @@ class BoundTask:
     def __repr__(self) -> str:
         return f"<BoundTask {self.task.name} {self.enqueue_options.given()}>"
 
-    def options(self, *, connection: Any = None, **options: Unpack[OptionFields]) -> BoundTask:
+    def options(
+        self, *, connection: Any = None, **options: Unpack[OptionFields]
+    ) -> BoundTask[P, R]:
         """These options with more on top."""
         merged = options_from(self.enqueue_options, options)
         return BoundTask(self.task, merged, connection or self.connection)
 
-    def enqueue(self, **args: Any) -> TaskHandle:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Store one task with these options; its handle once durable."""
-        return self.task.store([args], self.enqueue_options, self.connection)[0]
+        payload = self.task._bind(args, kwargs)
+        return self.task.store([payload], self.enqueue_options, self.connection)[0]
 
-    async def enqueue_async(self, **args: Any) -> TaskHandle:
+    async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Async form of :meth:`enqueue`."""
-        return (await self.task.store_async([args], self.enqueue_options, self.connection))[0]
+        payload = self.task._bind(args, kwargs)
+        return (await self.task.store_async([payload], self.enqueue_options, self.connection))[0]
 
-    def enqueue_many(self, many: Iterable[Mapping[str, Any] | None]) -> list[TaskHandle]:
+    def enqueue_many(self, many: Iterable[Mapping[str, Any] | None]) -> list[TaskHandle[R]]:
         """Store many tasks with these options, all or none (see
         :meth:`conveyor.App.enqueue_many`)."""
         return self.task.store(list(many), self.enqueue_options, self.connection, batch=True)
 
     async def enqueue_many_async(
         self, many: Iterable[Mapping[str, Any] | None]
-    ) -> list[TaskHandle]:
+    ) -> list[TaskHandle[R]]:
         """Async form of :meth:`enqueue_many`."""
         return await self.task.store_async(
             list(many), self.enqueue_options, self.connection, batch=True
         )
-
-
-def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(fn)
-    except Exception:
-        return {}
 
 
 def _keyword_parameters(
@@ -345,19 +482,17 @@ def _keyword_parameters(
     return frozenset(accepted), frozenset(required), open_
 
 
+def _positional_names(signature: inspect.Signature, context: str | None) -> tuple[str, ...]:
+    """The parameters ``enqueue``'s positional arguments fill, in order."""
+    return tuple(
+        parameter.name
+        for parameter in signature.parameters.values()
+        if parameter.kind is parameter.POSITIONAL_OR_KEYWORD and parameter.name != context
+    )
+
+
 def _context_parameter(signature: inspect.Signature, hints: Mapping[str, Any]) -> str | None:
     for parameter in signature.parameters.values():
         if hints.get(parameter.name) is TaskContext:
             return parameter.name
     return None
-
-
-def _rebuild(annotation: Any, value: Any) -> Any:
-    if not isinstance(annotation, type) or not isinstance(value, dict):
-        return value
-    validate = getattr(annotation, "model_validate", None)
-    if callable(validate):
-        return validate(value)
-    if dataclasses.is_dataclass(annotation):
-        return annotation(**value)
-    return value

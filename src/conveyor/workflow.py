@@ -52,7 +52,7 @@ from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, DuplicateTaskError, Fatal
 from conveyor.model import DEFAULT_RETRY, Outcome, RetryPolicy, TaskState
 from conveyor.options import NO_OPTIONS, EnqueueOptions, OptionFields, options_from
-from conveyor.task import TaskDef, TaskOptions, run_at_from, step_state
+from conveyor.task import TaskDef, TaskOptions, run_at_from, step_from_state, step_state
 
 if TYPE_CHECKING:
     from conveyor.client import Client
@@ -103,6 +103,8 @@ class StepDef:
 
 class Workflow(TaskDef):
     """A step workflow registered on an App (see the module docstring)."""
+
+    payload_from_signature = False
 
     def __init__(self, client: Client, name: str, defaults: TaskOptions) -> None:
         super().__init__(client, self._run, name, defaults, "async")
@@ -216,6 +218,8 @@ class Workflow(TaskDef):
     # -- running -------------------------------------------------------------
 
     def build_kwargs(self, args: Any, ctx: TaskContext | None) -> dict[str, Any]:
+        """The arguments of one step's run for the worker: the context and the
+        step's stored state."""
         return {"ctx": ctx, "state": args}
 
     async def _run(self, ctx: TaskContext, state: dict[str, Any]) -> Done | Next:
@@ -226,7 +230,7 @@ class Workflow(TaskDef):
                 f"(known: {', '.join(sorted(self.steps)) or 'none'})"
             )
         try:
-            instance = _rebuild_step(definition.cls, state)
+            instance = step_from_state(definition.cls, state)
         except Exception as exc:
             raise StepError(
                 f"the stored state of step {definition.name!r} no longer decodes: {exc}"
@@ -284,12 +288,3 @@ class BoundWorkflow:
         """Async form of :meth:`start`."""
         new = [self.workflow.new_workflow(step, self.enqueue_options)]
         return (await self.workflow.client.enqueue_new_async(new, self.connection))[0]
-
-
-def _rebuild_step(cls: type, state: Any) -> Any:
-    if not isinstance(state, dict):
-        raise TypeError("the stored state is not a JSON object")
-    validate = getattr(cls, "model_validate", None)
-    if callable(validate):
-        return validate(state)
-    return cls(**state)

@@ -49,3 +49,9 @@ async def echo(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
     if len(got) >= poll.state["want"]:
         return conveyor.done(got)
     return conveyor.suspend()
+
+
+@app.task(queue="mail", retry=conveyor.RetryPolicy(max_attempts=7), timeout=30)
+def notify(to: str) -> str:
+    """Declares its own queue, retry policy and timeout."""
+    return f"notified {to}"

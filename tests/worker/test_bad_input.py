@@ -15,8 +15,9 @@ import contextlib
 import dataclasses
 import math
 import sqlite3
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -249,6 +250,19 @@ async def corrupt_payload(app: conveyor.App, task_id: int, text: str) -> None:
 
 
 DEEP = '{"x": ' + "[" * 5000 + "]" * 5000 + "}"
+DEFAULT_RECURSION_LIMIT = 1000
+
+
+@pytest.fixture
+def default_recursion_limit() -> Iterator[None]:
+    """How deep Python's decoder goes is its recursion limit, which libraries
+    loaded by earlier tests (Hypothesis, the docs tools) may have raised."""
+    saved = sys.getrecursionlimit()
+    sys.setrecursionlimit(DEFAULT_RECURSION_LIMIT)
+    yield
+    sys.setrecursionlimit(saved)
+
+
 CORRUPT = {
     "not-an-object": ("[1, 2]", "the stored payload is not a JSON object", True),
     "unknown-argument": ('{"y": 1}', "does not fit task 'job': unexpected argument: y", True),
@@ -262,7 +276,11 @@ CORRUPT = {
     ("text", "fragment", "jsonb_holds_it"), CORRUPT.values(), ids=list(CORRUPT)
 )
 async def test_a_corrupt_stored_payload_fails_its_task_at_once(
-    app: conveyor.App, text: str, fragment: str, jsonb_holds_it: bool
+    app: conveyor.App,
+    text: str,
+    fragment: str,
+    jsonb_holds_it: bool,
+    default_recursion_limit: None,
 ) -> None:
     if app.url.startswith("postgresql") and not jsonb_holds_it:
         pytest.skip("PostgreSQL's jsonb holds valid JSON only")

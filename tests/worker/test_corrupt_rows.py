@@ -26,8 +26,8 @@ from conveyor.backends.sqlfiles import migrations as sql_migrations
 from conveyor.backends.sqlite import migrate as sqlite_migrate
 from conveyor.backends.sqlite.backend import SQL as SQLITE_SQL
 from conveyor.model import MAX_SECONDS
+from tests.cli_harness import Cli
 from tests.conftest import PG_URL, schema_for
-from tests.test_cli import Cli
 from tests.worker.helpers import RunningWorker, wait_terminal
 
 LIMIT = 2_147_483_646

@@ -326,15 +326,17 @@ async def test_bad_handlers_never_kill_the_worker(app: conveyor.App) -> None:
 
 async def test_enqueue_rejects_bad_input_before_any_io(app: conveyor.App) -> None:
     @app.task()
-    async def typed(a: int) -> None:
+    async def typed(a: int, note: str = "") -> None:
         return None
 
     with pytest.raises(conveyor.PayloadError, match="does not fit"):
         await typed.enqueue_async(b=1)
+    with pytest.raises(conveyor.PayloadError, match="argument 'a' expects int"):
+        await typed.enqueue_async(a="1")
     with pytest.raises(conveyor.PayloadError):
         await typed.enqueue_async(a=float("nan"))
     with pytest.raises(conveyor.PayloadTooLargeError):
-        await typed.enqueue_async(a="x" * (1024 * 1024))
+        await typed.enqueue_async(a=1, note="x" * (1024 * 1024))
     with pytest.raises(conveyor.UnknownTaskError):
         await app.enqueue_async("nope", {})
     with pytest.raises(conveyor.DuplicateTaskError):

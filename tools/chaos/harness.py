@@ -14,7 +14,8 @@ the tasks with their attempt log and the results they must have, the
 effects ledger the handlers wrote, and the faults file where every spawn,
 kill, stop, continue and stop request is recorded with its time. A worker
 that does not exit within its bound after SIGTERM is recorded as ``hung``
-(a violation), its stacks dumped to ``hung-PID.txt`` by py-spy when
+(a violation), told to log its asyncio tasks (SIGUSR1, into its worker
+log), its thread stacks dumped to ``hung-PID.txt`` by py-spy when
 installed, and killed.
 
 Scenarios: ``control`` (no fault: no task may run twice), ``kill`` (SIGKILL
@@ -196,6 +197,8 @@ class Workers:
             return proc.wait(max(timeout, 0.1))
         except subprocess.TimeoutExpired:
             self.record("hung", proc.pid)
+            proc.send_signal(signal.SIGUSR1)  # the worker logs its asyncio tasks
+            time.sleep(1.0)
             self.dump_stacks(proc.pid)
             self.signal(proc, "kill", signal.SIGKILL)
             return proc.wait()
@@ -487,7 +490,8 @@ async def run(
     rng = random.Random(seed)
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     ledger = workdir / "ledger.jsonl"
-    env = {**os.environ, "CONVEYOR_URL": url, LEDGER_ENV: str(ledger), "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # this checkout's conveyor
+    env = {**os.environ, "CONVEYOR_URL": url, LEDGER_ENV: str(ledger), "PYTHONPATH": path}
     if schema is not None:
         env["CONVEYOR_SCHEMA"] = schema
     proxy = None

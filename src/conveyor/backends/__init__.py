@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from conveyor.backends.protocol import Backend, Capability
 from conveyor.errors import ConfigurationError
 
-__all__ = ["Backend", "Capability", "backend_from_url", "resolve_url"]
+__all__ = ["Backend", "Capability", "backend_from_url", "resolve_url", "sqlite_path"]
 
 URL_ENV = "CONVEYOR_URL"
 DEFAULT_URL = "sqlite:///conveyor.db"
@@ -30,6 +30,15 @@ def resolve_url(url: str | None) -> str:
             raise ConfigurationError("the backend URL is empty")
         return url
     return os.environ.get(URL_ENV) or DEFAULT_URL
+
+
+def sqlite_path(url: str) -> str | None:
+    """The absolute path of the file a ``sqlite:///`` URL names (relative
+    paths resolve against the working directory); None for other URLs."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "sqlite" or parts.netloc or len(parts.path) < 2:
+        return None
+    return os.path.abspath(parts.path[1:])
 
 
 def backend_from_url(url: str, **options: Any) -> Backend:

@@ -274,8 +274,21 @@ class TaskCount:
     count: int
 
 
+SILENT_BEATS = 3
+"""Heartbeats a worker may miss before it counts as gone (not live)."""
+UNKNOWN_BEAT_SECONDS = 10.0
+"""The heartbeat pause assumed for a worker that did not record its own."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
+    """A worker as the workers table records it.
+
+    ``tasks`` are the task names its app registers (empty: not recorded, as
+    for workers registered before they were); ``beat_seconds`` is the
+    longest pause between two of its heartbeats, which update
+    ``last_seen_at`` whether or not it holds leases."""
+
     id: str
     host: str
     pid: int
@@ -284,6 +297,33 @@ class WorkerInfo:
     started_at: datetime | None = None
     last_seen_at: datetime | None = None
     stopped_at: datetime | None = None
+    tasks: tuple[str, ...] = ()
+    beat_seconds: float | None = None
+
+    def live(self, now: datetime) -> bool:
+        """Not stopped, and heard from within :data:`SILENT_BEATS` heartbeats
+        (plus a second) of ``now``. A worker killed without a chance to stop
+        stays live for that long after its last heartbeat."""
+        if self.stopped_at is not None or self.last_seen_at is None:
+            return False
+        beat = self.beat_seconds if self.beat_seconds is not None else UNKNOWN_BEAT_SECONDS
+        return (now - self.last_seen_at).total_seconds() <= SILENT_BEATS * beat + 1.0
+
+    def serves(self, name: str, queue: str) -> bool:
+        """Whether it claims tasks of ``name`` on ``queue`` (a worker that did
+        not record its task names is taken to serve every name)."""
+        return queue in self.queues and (not self.tasks or name in self.tasks)
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """A schema migration not applied yet: ``script`` is what applying it
+    runs, its record in the migrations table included, ready for a
+    database administrator to review and run by hand."""
+
+    version: int
+    name: str
+    script: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +363,12 @@ class Backend(Protocol):
     said), and ConfigurationError for arguments it cannot take."""
 
     capabilities: frozenset[Capability]
+
+    @property
+    def location(self) -> str:
+        """Where this backend stores, as shown to people: the URL without its
+        password (and the PostgreSQL schema), an absolute SQLite path."""
+        ...
 
     async def open(self) -> None:
         """Connect; apply pending migrations unless told not to."""
@@ -497,6 +543,10 @@ class Inspector(Protocol):
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Every worker the store knows, live or stopped, newest first."""
+
+    async def pending_migrations(self) -> list[Migration]:
+        """The migrations this store still needs, in order, without applying
+        them (an empty list: the schema is current). Reads only."""
 
 
 def transactional_of(backend: Backend) -> TransactionalEnqueue | None:

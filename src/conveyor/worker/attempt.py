@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from conveyor import payload as codec
@@ -45,7 +46,15 @@ log = logging.getLogger("conveyor.worker")
 class RunningAttempt:
     """A claimed task being run, and the means to stop it."""
 
-    __slots__ = ("_abandoned", "ctx", "definition", "execution", "max_result_bytes", "task")
+    __slots__ = (
+        "_abandoned",
+        "ctx",
+        "definition",
+        "execution",
+        "max_result_bytes",
+        "started",
+        "task",
+    )
 
     def __init__(
         self, task: ClaimedTask, definition: TaskDef, ctx: TaskContext, max_result_bytes: int
@@ -56,6 +65,8 @@ class RunningAttempt:
         self.max_result_bytes = max_result_bytes
         self.execution: Execution | None = None
         self._abandoned = False
+        self.started = time.monotonic()
+        """When the worker began the attempt (monotonic seconds)."""
 
     def stop(self, reason: StopAttempt) -> None:
         """Order the handler to stop for ``reason`` (the first reason wins)."""
@@ -157,7 +168,8 @@ class RunningAttempt:
                 return self.definition.completion(self.task, value, self.max_result_bytes)
             if isinstance(self.definition, Coroutine) and isinstance(value, PollEnd):
                 return self.definition.completion(self.task, value, self.max_result_bytes)
-            return outcomes.succeeded(self.task, codec.encode(value, self.max_result_bytes))
+            result = self.definition.encode_result(value, self.max_result_bytes)
+            return outcomes.succeeded(self.task, result)
         except (PayloadError, ConfigurationError) as exc:
             return outcomes.failed(self.task, PayloadError(f"the result is not stored: {exc}"))
 

@@ -15,7 +15,6 @@ so a stream of hints (a busy SQLite file) costs a few reads a second.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 
 from conveyor.backends.protocol import Backend
 from conveyor.model import LeaseToken
+from conveyor.worker.outage import Outage
+from conveyor.worker.stopping import cancel_and_wait
 from conveyor.worker.texts import reason
 
 log = logging.getLogger("conveyor.worker.cancels")
@@ -49,8 +50,10 @@ class CancelWatch:
         backend: Backend,
         held: Callable[[], Sequence[LeaseToken]],
         on_cancelled: Callable[[frozenset[LeaseToken]], None],
+        outage: Outage | None = None,
     ) -> None:
         self.config = config
+        self.outage = outage if outage is not None else Outage()
         self._backend = backend
         self._held = held
         self._on_cancelled = on_cancelled
@@ -76,9 +79,7 @@ class CancelWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def run_once(self) -> frozenset[LeaseToken]:
         """Check the hinted leases now; stop (report) those cancelled."""
@@ -89,12 +90,13 @@ class CancelWatch:
             return frozenset()
         self.checks += 1
         try:
-            found = await asyncio.wait_for(
-                self._backend.cancel_requested(self.config.worker_id, tokens),
-                self.config.timeout,
-            )
+            async with asyncio.timeout(self.config.timeout):
+                found = await self._backend.cancel_requested(self.config.worker_id, tokens)
         except Exception as exc:  # the heartbeat still reports cancels
-            log.warning("cannot check for cancels: %s", reason(exc))
+            # An outage is logged by the parts that report it; the heartbeat
+            # reports cancels anyway.
+            level = logging.DEBUG if self.outage.down else logging.WARNING
+            log.log(level, "cannot check for cancels: %s", reason(exc))
             return frozenset()
         if found:
             self._on_cancelled(found)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from conveyor.backends.protocol import Backend, Completion, FinishParams
 from conveyor.errors import BackendUnavailableError
 from conveyor.model import LeaseToken
-from conveyor.worker.texts import reason
+from conveyor.worker.outage import Outage
 
 log = logging.getLogger("conveyor.worker.completer")
 
@@ -38,8 +38,10 @@ class Completer:
         still_held: Callable[[LeaseToken], bool],
         on_recorded: Callable[[Completion, bool], None],
         timeout: float | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self._backend = backend
+        self.outage = outage if outage is not None else Outage()
         self._timeout = timeout
         self._worker_id = worker_id
         self._still_held = still_held
@@ -84,9 +86,10 @@ class Completer:
         while batch:
             params = FinishParams(worker_id=self._worker_id, completions=batch)
             try:
-                result = await asyncio.wait_for(self._backend.finish(params), self._timeout)
+                async with asyncio.timeout(self._timeout):
+                    result = await self._backend.finish(params)
             except (BackendUnavailableError, TimeoutError) as exc:
-                log.warning("recording %d completions failed: %s", len(batch), reason(exc))
+                self.outage.failed("completion", exc)
                 batch = self._still_trusted(batch)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_DELAY)
@@ -103,6 +106,7 @@ class Completer:
                 )
                 self._report(batch[0], False)
                 return
+            self.outage.ok("completion")
             self.flushes += 1
             for completion in batch:
                 self._report(completion, completion.token in result.applied)

@@ -17,6 +17,8 @@ DEFAULT_GRACE = 30.0
 DEFAULT_STOP_TIMEOUT = 10.0
 """Seconds a shutdown waits for handlers told to stop (their leases still
 renewed) before it gives them up (their leases are then left to expire)."""
+HEARTBEATS_PER_LEASE = 3
+"""Renewals per lease: the heartbeat beats every third of the shortest lease."""
 MIN_POOL_SIZE = 10
 MAX_DEFAULT_POOL_SIZE = 44
 
@@ -45,6 +47,8 @@ class WorkerConfig:
     handle_signals: bool = True
     worker_id: str | None = None
     pool_size: int | None = None
+    log_attempts: bool = True
+    """Log each finished attempt at INFO with its duration (else at DEBUG)."""
 
     def connections(self) -> int:
         """Pool size: ``pool_size``, else room for claims, completions and one
@@ -52,6 +56,12 @@ class WorkerConfig:
         if self.pool_size is not None:
             return self.pool_size
         return max(MIN_POOL_SIZE, min(self.concurrency + 4, MAX_DEFAULT_POOL_SIZE))
+
+    def longest_beat(self) -> float:
+        """The longest pause between two heartbeats: the interval, or a third
+        of the lease (a task's shorter lease shortens it)."""
+        natural = self.lease / HEARTBEATS_PER_LEASE
+        return natural if self.heartbeat_interval is None else min(self.heartbeat_interval, natural)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

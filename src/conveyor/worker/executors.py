@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from conveyor import payload as codec
+from conveyor import typed
 from conveyor.errors import PayloadError, WorkerShutdown
 from conveyor.worker.texts import (
     MAX_ERROR_MESSAGE,
@@ -257,6 +258,8 @@ def _child_main(
         target: Any = importlib.import_module(module)
         for part in qualname.split("."):
             target = getattr(target, part)
+        if not hasattr(target, "build_kwargs"):  # the bare handler, registered elsewhere
+            target = typed.BareHandler(target)
         fn = getattr(target, "fn", target)
         build = getattr(target, "build_kwargs", None)
         args = json.loads(payload)
@@ -264,8 +267,9 @@ def _child_main(
         value = fn(**kwargs)
         if asyncio.iscoroutine(value):
             value = asyncio.run(value)
+        encode = getattr(target, "encode_result", codec.encode)
         try:
-            result = codec.encode(value, max_result_bytes)
+            result = encode(value, max_result_bytes)
         except PayloadError as exc:
             raise PayloadError(f"the result is not stored: {exc}") from None
         sender.send_bytes(('{"result":' + result + "}").encode())

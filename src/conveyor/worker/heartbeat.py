@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 from conveyor.backends.protocol import Backend, HeartbeatParams, HeartbeatResult
 from conveyor.model import LeaseToken
-from conveyor.worker.texts import reason
+from conveyor.worker.config import HEARTBEATS_PER_LEASE
+from conveyor.worker.outage import Outage
 
 log = logging.getLogger("conveyor.worker.heartbeat")
 
-HEARTBEATS_PER_LEASE = 3
 RETRY_DELAY = 0.2
 WAKE_SLICE = 0.25
 
@@ -58,8 +58,10 @@ class Heartbeat:
         config: HeartbeatConfig,
         make_backend: Callable[[], Backend],
         on_result: Callable[[HeartbeatResult], None],
+        outage: Outage | None = None,
     ) -> None:
         self.config = config
+        self.outage = outage if outage is not None else Outage()
         self._make_backend = make_backend
         self._on_result = on_result
         self._leases: dict[LeaseToken, HeldLease] = {}
@@ -113,11 +115,13 @@ class Heartbeat:
         )
         try:
             # Bounded: a call stuck on a dead connection must not hold back fencing.
-            result = await asyncio.wait_for(backend.heartbeat(params), self.interval())
+            async with asyncio.timeout(self.interval()):
+                result = await backend.heartbeat(params)
         except Exception as exc:
-            log.warning("heartbeat failed: %s", reason(exc))
+            self.outage.failed("heartbeat", exc)
             self.fence_untrusted()
             return None
+        self.outage.ok("heartbeat")
         self.beats += 1
         with self._lock:
             for token in result.renewed:
@@ -206,14 +210,16 @@ class Heartbeat:
     async def _sleep(self, seconds: float) -> None:
         assert self._wake is not None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
 
     async def _connect(self) -> Backend | None:
         backend = self._make_backend()
         try:
-            await asyncio.wait_for(backend.open(), self.interval())
+            async with asyncio.timeout(self.interval()):
+                await backend.open()
         except Exception as exc:
-            log.warning("heartbeat cannot connect: %s", reason(exc))
+            self.outage.failed("heartbeat", exc)
             with contextlib.suppress(Exception):
                 await backend.close()
             self.fence_untrusted()

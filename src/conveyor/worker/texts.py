@@ -53,6 +53,8 @@ def reason(exc: BaseException) -> str:
     """A one-line reason for a log: the error's text, or its type where the
     text is empty (a timeout's is)."""
     text = describe(exc)
+    if not text and isinstance(exc, TimeoutError):
+        return "no answer in time (TimeoutError)"
     return cut(text, MAX_ERROR_MESSAGE) if text else type_name(type(exc))
 
 

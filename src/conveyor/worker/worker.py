@@ -54,7 +54,10 @@ from conveyor.worker.cancels import CancelConfig, CancelWatch
 from conveyor.worker.claims import RETRY_MAX, RETRY_MIN, ClaimOutcome, Claims, Pace
 from conveyor.worker.completer import Completer
 from conveyor.worker.config import WorkerConfig
+from conveyor.worker.dump import state_dump
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
+from conveyor.worker.outage import Outage
+from conveyor.worker.stopping import cancel_and_wait
 from conveyor.worker.texts import reason
 
 log = logging.getLogger("conveyor.worker")
@@ -114,6 +117,8 @@ class Worker:
         self.completer: Completer | None = None
         self.cancels: CancelWatch | None = None
         self.claimed_count = 0
+        self.outage = Outage()
+        """The store's reachability, logged once per change (every part reports)."""
         self.claims_made = 0
         self._open_transaction: Callable[[], Awaitable[AttemptTransaction]] | None = None
         self._open_transaction_sync: Callable[[], AttemptTransaction] | None = None
@@ -139,12 +144,21 @@ class Worker:
 
     @property
     def running(self) -> list[LeaseToken]:
+        """The lease tokens of the attempts running now."""
         return list(self._running)
 
     # -- lifecycle -----------------------------------------------------------
 
     async def run(self) -> None:
         """Serve until stopped (or, in burst mode, until nothing is due)."""
+        log.info(
+            "worker %s on %s: queues %s; tasks %s; %d slots",
+            self.id,
+            self.client.location,
+            ",".join(self.queues),
+            ", ".join(self.names) or "none",
+            self.config.concurrency,
+        )
         if not self.names:
             log.warning("the app registers no tasks: nothing to run")
         self._stop_event = asyncio.Event()
@@ -164,6 +178,7 @@ class Worker:
             HeartbeatConfig(self.id, self.config.lease, self.config.heartbeat_interval),
             lambda: self.client.make_backend(pool_size=1, migrate=False),
             lambda result: self._post(loop, result),
+            self.outage,
         )
         self.heartbeat.start()
         # Bounded like a claim: a connection that swallows packets must not
@@ -174,6 +189,7 @@ class Worker:
             lambda t: t in self.heartbeat_held(),
             self._recorded,
             timeout=self.config.lease,
+            outage=self.outage,
         )
         transactions = attempt_transactions_of(backend)
         if transactions is not None:
@@ -185,19 +201,17 @@ class Worker:
             )
         self.completer.start()
         self.cancels = CancelWatch(
-            CancelConfig(self.id), backend, lambda: list(self._running), self._stop_cancelled
+            CancelConfig(self.id),
+            backend,
+            lambda: list(self._running),
+            self._stop_cancelled,
+            self.outage,
         )
         self.cancels.start()
         listener = None
         if Capability.NOTIFICATIONS in backend.capabilities:
             listener = loop.create_task(self._listen(backend), name="conveyor-listener")
         self._install_signals(loop)
-        log.info(
-            "worker %s serving queues %s with %d slots",
-            self.id,
-            ",".join(self.queues),
-            self.config.concurrency,
-        )
         try:
             await self._claim_loop(backend)
         finally:
@@ -213,20 +227,24 @@ class Worker:
             pid=os.getpid(),
             queues=tuple(self.queues),
             concurrency=self.config.concurrency,
+            tasks=tuple(self.names),
+            beat_seconds=self.config.longest_beat(),
         )
         delay = RETRY_MIN
         while True:
             try:
                 await backend.register_worker(info)
+                self.outage.ok("registration")
                 return
             except BackendUnavailableError as exc:
                 if self._stopping:
                     raise
-                log.warning("cannot register the worker: %s; retrying in %.1fs", reason(exc), delay)
+                self.outage.failed("registration", exc)
                 await self._sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
 
     def heartbeat_held(self) -> set[LeaseToken]:
+        """The leases the heartbeat renews now (empty before it starts)."""
         return set(self.heartbeat.held()) if self.heartbeat else set()
 
     def _post(self, loop: asyncio.AbstractEventLoop, result: HeartbeatResult) -> None:
@@ -259,13 +277,25 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.request_stop)
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
+            loop.add_signal_handler(signal.SIGUSR1, self._dump_state)
 
     def _remove_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self.config.handle_signals:
             return
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)
+
+    def _dump_state(self) -> None:
+        """SIGUSR1: log what every asyncio task and thread is doing."""
+        log.warning(
+            "worker %s (%s, %d running): %s",
+            self.id,
+            "stopping" if self._stopping else "serving",
+            len(self._running),
+            state_dump(),
+        )
 
     async def _listen(self, backend: Backend) -> None:
         """Turn wake-ups into claim hints. Wake-ups are only hints: if the
@@ -320,9 +350,10 @@ class Worker:
     def _take(self, outcome: ClaimOutcome, pace: Pace, now: float, backend: Backend) -> None:
         """Start a returned claim's tasks, or note its failure."""
         if isinstance(outcome.result, BaseException):
-            delay = pace.failed(now)
-            log.warning("claim failed: %s; retrying in %.1fs", reason(outcome.result), delay)
+            pace.failed(now)
+            self.outage.failed("claim", outcome.result)
             return
+        self.outage.ok("claim")
         self.claims_made += 1
         self._start_all(outcome.result, outcome.sent_at, backend)
         pace.returned(len(outcome.result), outcome.limit, outcome.sent_at, now)
@@ -338,7 +369,8 @@ class Worker:
         # Bounded: a connection that swallows packets must not stall claiming.
         # A claim that times out may still commit later; its tasks then wait
         # out their lease and are reclaimed.
-        return await asyncio.wait_for(backend.claim(params), self.config.lease)
+        async with asyncio.timeout(self.config.lease):
+            return await backend.claim(params)
 
     async def _nothing_due(self, backend: Backend) -> bool:
         if self.completer is not None:
@@ -354,12 +386,14 @@ class Worker:
         """Until a claim returns, a slot frees, a wake-up or a stop arrives, or ``timeout``."""
         assert self._wake is not None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
 
     async def _sleep(self, seconds: float) -> None:
         assert self._stop_event is not None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop_event.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._stop_event.wait()
 
     def _start_all(self, tasks: list[ClaimedTask], sent_at: float, backend: Backend) -> None:
         """Run the tasks of one claim sent at ``sent_at``, their leases held first."""
@@ -426,30 +460,60 @@ class Worker:
             self._runners.discard(asyncio.current_task())
 
     def _log_ending(self, running: RunningAttempt, completion: Completion) -> None:
-        token = completion.token
-        if completion.outcome is Outcome.SUCCEEDED:
-            if log.isEnabledFor(logging.DEBUG):
-                fields = {"task_id": token.task_id, "attempt": token.attempt, "worker_id": self.id}
-                log.debug("task %s succeeded", running.task.name, extra=fields)
+        """A finished attempt at INFO with its duration (DEBUG when the worker
+        is quiet), a retry at WARNING, a final failure at ERROR with its
+        traceback."""
+        succeeded = completion.outcome is Outcome.SUCCEEDED
+        level = logging.INFO if self.config.log_attempts else logging.DEBUG
+        if succeeded and not log.isEnabledFor(level):
             return
-        fields = {"task_id": token.task_id, "attempt": token.attempt, "worker_id": self.id}
+        token = completion.token
+        seconds = round(time.monotonic() - running.started, 3)
+        name = running.task.name
+        fields = {
+            "task_id": token.task_id,
+            "attempt": token.attempt,
+            "task_name": name,
+            "duration": seconds,
+            "worker_id": self.id,
+        }
+        if succeeded:
+            log.log(
+                level, "task %s %s succeeded in %.3fs", name, token.task_id, seconds, extra=fields
+            )
+            return
         error = completion.error
         detail = f"{error.type}: {error.message}" if error else completion.outcome.value
         if completion.next_state is TaskState.PENDING and completion.retry_delay is not None:
             log.warning(
-                "task %s attempt %s %s (%s); again in %.1fs",
-                running.task.name,
+                "task %s %s attempt %s %s after %.3fs (%s); again in %.1fs",
+                name,
+                token.task_id,
                 token.attempt,
                 completion.outcome.value,
+                seconds,
                 detail,
                 completion.retry_delay,
                 extra=fields,
             )
+        elif completion.next_state is TaskState.FAILED:
+            trace = f"\n{error.traceback.rstrip()}" if error and error.traceback else ""
+            log.error(
+                "task %s %s failed for good after %s attempt(s) (%s)%s",
+                name,
+                token.task_id,
+                token.attempt,
+                detail,
+                trace,
+                extra=fields,
+            )
         else:
             log.warning(
-                "task %s %s: %s",
-                running.task.name,
+                "task %s %s %s after %.3fs: %s",
+                name,
+                token.task_id,
                 completion.next_state.value,
+                seconds,
                 detail,
                 extra=fields,
             )
@@ -481,9 +545,7 @@ class Worker:
             await self._drain(self.config.grace)
         await self._stop_running()
         if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            await cancel_and_wait(listener)
         if self.cancels is not None:
             await self.cancels.stop()
         if self.completer is not None:

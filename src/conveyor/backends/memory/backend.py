@@ -1,11 +1,12 @@
 """The memory backend: the async :class:`~conveyor.backends.protocol.Backend`
 around a :class:`~conveyor.backends.memory.store.Store`.
 
-It adds what the store leaves out: the clock of this process (or an
-injected ``now``), one store per name shared by every backend of that name
-in this process, and the wake-ups of idle workers (an enqueue, a task made
-due) and of running ones (a cancel), sent after the store's lock is
-released. Every protocol method is one call of the store.
+It adds what the store leaves out: the clock (this process's, a
+:class:`Clock` set for the store's name with :meth:`MemoryBackend.set_clock`,
+or the ``now`` of one call), one store per name shared by every backend of
+that name in this process, and the wake-ups of idle workers (an enqueue, a
+task made due) and of running ones (a cancel), sent after the store's lock
+is released. Every protocol method is one call of the store.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from conveyor.backends import wake
 from conveyor.backends.memory import reads
@@ -27,6 +28,7 @@ from conveyor.backends.protocol import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    Migration,
     NewTask,
     SendParams,
     TaskCount,
@@ -41,8 +43,16 @@ _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()
 
 
-def _clock(now: datetime | None) -> datetime:
-    return now if now is not None else datetime.now(UTC)
+class Clock(Protocol):
+    """Where a memory store reads the time (a fake clock, in tests)."""
+
+    def now(self) -> datetime:
+        """The current time: a timezone-aware UTC datetime that never goes back."""
+        ...
+
+
+_CLOCKS: dict[str, Clock] = {}
+"""The clock set for a store name; a name without one reads this process's."""
 
 
 class MemoryBackend:
@@ -58,6 +68,10 @@ class MemoryBackend:
         with _STORES_LOCK:
             self._store = _STORES.setdefault(name, Store())
 
+    @property
+    def location(self) -> str:
+        return f"memory://{self.name}"
+
     async def open(self) -> None:
         return None
 
@@ -72,10 +86,31 @@ class MemoryBackend:
             _STORES.pop(self.name, None)
             self._store = _STORES.setdefault(self.name, Store())
 
+    # -- the clock -----------------------------------------------------------
+
+    def set_clock(self, clock: Clock | None) -> None:
+        """From now on, every backend of this store's name in this process
+        takes the time from ``clock`` (None: this process's clock again):
+        run times, leases and their expiry, attempt and worker times. The
+        ``now`` of a call's params still overrides it. A clock that goes
+        back in time breaks the store's guarantees (a lease could outlive
+        its expiry); moving it past a lease expires that lease, as for a
+        stalled worker."""
+        if clock is None:
+            _CLOCKS.pop(self.name, None)
+        else:
+            _CLOCKS[self.name] = clock
+
+    def _now(self, given: datetime | None) -> datetime:
+        if given is not None:
+            return given
+        clock = _CLOCKS.get(self.name)
+        return clock.now() if clock is not None else datetime.now(UTC)
+
     # -- enqueue -----------------------------------------------------------
 
     async def enqueue(self, params: EnqueueParams) -> list[int]:
-        ids = self._store.enqueue(params.tasks, _clock(params.now))
+        ids = self._store.enqueue(params.tasks, self._now(params.now))
         wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
 
@@ -85,10 +120,10 @@ class MemoryBackend:
     # -- claim, heartbeat, finish ----------------------------------------
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-        return self._store.claim(params, _clock(params.now))
+        return self._store.claim(params, self._now(params.now))
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
-        return self._store.heartbeat(params, _clock(params.now))
+        return self._store.heartbeat(params, self._now(params.now))
 
     async def cancel_requested(
         self, worker_id: str, tokens: Sequence[LeaseToken]
@@ -96,7 +131,7 @@ class MemoryBackend:
         return self._store.cancel_requested(worker_id, tokens)
 
     async def finish(self, params: FinishParams) -> FinishResult:
-        result = self._store.finish(params, _clock(params.now))
+        result = self._store.finish(params, self._now(params.now))
         self._notify_woken()
         return result
 
@@ -110,17 +145,17 @@ class MemoryBackend:
     # -- control -------------------------------------------------------------
 
     async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
-        state = self._store.cancel(task_id, _clock(now))
+        state = self._store.cancel(task_id, self._now(now))
         self._notify_woken()
         return state
 
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
-        return self._store.retry(task_id, _clock(now))
+        return self._store.retry(task_id, self._now(now))
 
     # -- messages --------------------------------------------------------------
 
     async def send(self, params: SendParams) -> list[int]:
-        ids = self._store.send(params.deliveries, _clock(params.now))
+        ids = self._store.send(params.deliveries, self._now(params.now))
         self._notify_woken()
         return ids
 
@@ -139,7 +174,7 @@ class MemoryBackend:
         return reads.count_tasks(self._store)
 
     async def count_unfinished(self, work: WorkFilter) -> int:
-        return reads.count_unfinished(self._store, work, _clock(work.now))
+        return reads.count_unfinished(self._store, work, self._now(work.now))
 
     async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
         return reads.next_due_at(self._store, queues)
@@ -147,13 +182,16 @@ class MemoryBackend:
     # -- workers -------------------------------------------------------------
 
     async def register_worker(self, info: WorkerInfo) -> None:
-        self._store.register_worker(info, _clock(None))
+        self._store.register_worker(info, self._now(None))
 
     async def stop_worker(self, worker_id: str) -> None:
-        self._store.stop_worker(worker_id, _clock(None))
+        self._store.stop_worker(worker_id, self._now(None))
+
+    async def pending_migrations(self) -> list[Migration]:
+        return []  # nothing to migrate: the store lives as long as the process
 
     async def list_workers(self) -> list[WorkerInfo]:
-        return reads.list_workers(self._store, _clock(None))
+        return reads.list_workers(self._store, self._now(None))
 
     async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
         async for wakeup in wake.listen(self._wake_key, queues):

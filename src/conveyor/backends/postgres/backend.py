@@ -29,7 +29,7 @@ from conveyor.backends.postgres.inboxes import (
     insert_tasks,
 )
 from conveyor.backends.postgres.loaders import ADAPTERS
-from conveyor.backends.postgres.migrate import apply_migrations
+from conveyor.backends.postgres.migrate import apply_migrations, pending_migrations
 from conveyor.backends.postgres.rows import (
     enqueue_statement,
     finish_statement,
@@ -50,6 +50,7 @@ from conveyor.backends.protocol import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    Migration,
     NewTask,
     SendParams,
     TaskCount,
@@ -235,6 +236,10 @@ class PostgresBackend:
             open=False,
             name=f"conveyor-{self.schema}{suffix}",
         )
+
+    @property
+    def location(self) -> str:
+        return f"{redacted(self.url)} (schema {self.schema})"
 
     async def open(self) -> None:
         """Connect, or raise BackendUnavailableError within the connect
@@ -572,12 +577,18 @@ class PostgresBackend:
                     "pid": info.pid,
                     "queues": list(info.queues),
                     "concurrency": info.concurrency,
+                    "tasks": list(info.tasks),
+                    "beat_seconds": info.beat_seconds,
                 },
             )
 
     async def stop_worker(self, worker_id: str) -> None:
         async with self._connection() as conn:
             await conn.execute(self.sql["stop_worker"], {"id": worker_id})
+
+    async def pending_migrations(self) -> list[Migration]:
+        async with self._connection() as conn:
+            return await pending_migrations(conn, self.schema, self.sql)
 
     async def list_workers(self) -> list[WorkerInfo]:
         rows = await self._fetchall("list_workers", {})
@@ -591,6 +602,8 @@ class PostgresBackend:
                 started_at=r[5],
                 last_seen_at=r[6],
                 stopped_at=r[7],
+                tasks=tuple(r[8]),
+                beat_seconds=r[9],
             )
             for r in rows
         ]

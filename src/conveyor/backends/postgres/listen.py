@@ -34,12 +34,16 @@ async def wakeups(
         sql.Identifier(channel), sql.Identifier(cancels)
     )
     delay = RECONNECT_MIN_DELAY
+    lost: str | None = None
     while True:
         try:
             conn = await AsyncConnection.connect(url, autocommit=True)
             async with conn:
                 await conn.execute(listen)
                 delay = RECONNECT_MIN_DELAY
+                if lost is not None:
+                    log.info("wake-up listener connected again")
+                    lost = None
                 for queue in queues:
                     yield queue
                 yield CancelHint()
@@ -49,6 +53,16 @@ async def wakeups(
                     elif note.payload in wanted:
                         yield note.payload
         except psycopg.Error as exc:
-            log.warning("wake-up listener lost its connection (%s); retrying in %.1fs", exc, delay)
+            cause = str(exc).strip() or type(exc).__name__
+            # Once per change of cause, not at every try of an outage.
+            level = (
+                logging.WARNING
+                if lost is None
+                else logging.DEBUG
+                if cause == lost
+                else logging.INFO
+            )
+            log.log(level, "wake-up listener lost its connection (%s); retrying", cause)
+            lost = cause
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_DELAY)

@@ -9,10 +9,14 @@ and a failed migration leaves nothing half-done. Re-running is a no-op.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncClientCursor, AsyncConnection, sql
+from psycopg.rows import tuple_row
 
 from conveyor.backends.postgres.queries import compose, migrations
+from conveyor.backends.protocol import Migration
 
 log = logging.getLogger("conveyor.migrate")
 
@@ -52,3 +56,26 @@ async def apply_migrations(conn: AsyncConnection[object], schema: str) -> list[i
             log.info("applied migration %s to schema %s", name, schema)
             applied.append(version)
     return applied
+
+
+async def pending_migrations(
+    conn: AsyncConnection[object], schema: str, statements: Mapping[str, bytes]
+) -> list[Migration]:
+    """The migrations ``schema`` still needs, each as a script that applies
+    it in one transaction with its record, as :func:`apply_migrations` would."""
+    cursor: AsyncClientCursor[tuple[Any, ...]] = AsyncClientCursor(conn, row_factory=tuple_row)
+    await cursor.execute(statements["migrations_table_exists"], {"schema": schema})
+    row = await cursor.fetchone()
+    applied: set[int] = set()
+    if row is not None and row[0]:
+        await cursor.execute(statements["applied_migrations"])
+        applied = {int(r[0]) for r in await cursor.fetchall()}
+    prepare = "".join(compose(s, schema).decode() + ";\n" for s in _PREPARE)
+    found = []
+    for version, name, text in migrations():
+        if version in applied:
+            continue
+        record = cursor.mogrify(statements["record_migration"], {"version": version, "name": name})
+        body = compose(text, schema).decode().rstrip()
+        found.append(Migration(version, name, f"begin;\n{prepare}{body}\n{record}\ncommit;\n"))
+    return found

@@ -619,10 +619,11 @@ select min(run_at) from {schema}.tasks
 where state = 'pending' and queue = any(%(queues)s::text[]);
 
 -- name: register_worker
-insert into {schema}.workers (id, host, pid, queues, concurrency)
-values (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s)
+insert into {schema}.workers (id, host, pid, queues, concurrency, tasks, beat_seconds)
+values (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(tasks)s, %(beat_seconds)s)
 on conflict (id) do update
-set last_seen_at = statement_timestamp(), stopped_at = null;
+set last_seen_at = statement_timestamp(), stopped_at = null,
+    queues = excluded.queues, tasks = excluded.tasks, beat_seconds = excluded.beat_seconds;
 
 -- name: stop_worker
 update {schema}.workers
@@ -630,7 +631,8 @@ set stopped_at = statement_timestamp(), last_seen_at = statement_timestamp()
 where id = %(id)s;
 
 -- name: list_workers
-select id, host, pid, queues, concurrency, started_at, last_seen_at, stopped_at
+select id, host, pid, queues, concurrency, started_at, last_seen_at, stopped_at,
+       tasks, beat_seconds
 from {schema}.workers
 order by started_at desc;
 
@@ -801,3 +803,15 @@ select id, task_id, sender_id, kind, body::text, created_at
 from {schema}.messages
 where task_id = %(id)s
 order by id;
+
+-- name: migrations_table_exists
+select exists (
+    select 1 from pg_tables where schemaname = %(schema)s::text and tablename = 'migrations'
+);
+
+-- name: applied_migrations
+select version from {schema}.migrations order by version;
+
+-- name: record_migration
+-- The record of a migration, as a reviewed script (migrate --sql) writes it.
+insert into {schema}.migrations (version, name) values (%(version)s, %(name)s);

@@ -36,6 +36,7 @@ from conveyor.backends.protocol import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    Migration,
     NewTask,
     SendParams,
     TaskCount,
@@ -61,7 +62,7 @@ from conveyor.backends.sqlite.inboxes import (
     rewake,
     send,
 )
-from conveyor.backends.sqlite.migrate import apply_migrations
+from conveyor.backends.sqlite.migrate import apply_migrations, pending_migrations
 from conveyor.backends.stored import (
     LEASE_EXPIRED,
     corrupt_counter_message,
@@ -116,6 +117,10 @@ class SQLiteBackend:
         self._sweep = Sweep(sweep_interval)
         self._wake_key = f"sqlite:{os.path.realpath(self.path)}"
         self._db = Database(self.path, busy_timeout, synchronous)
+
+    @property
+    def location(self) -> str:
+        return f"sqlite:///{self.path}"
 
     async def open(self) -> None:
         await self._db.open()
@@ -477,6 +482,8 @@ class SQLiteBackend:
                     "pid": info.pid,
                     "queues": json.dumps(list(info.queues)),
                     "concurrency": info.concurrency,
+                    "tasks": json.dumps(list(info.tasks)),
+                    "beat_seconds": info.beat_seconds,
                 },
             )
 
@@ -488,6 +495,9 @@ class SQLiteBackend:
                 SQL["stop_worker"], {"id": worker_id, "now": _clock(conn, None)}
             )
         )
+
+    async def pending_migrations(self) -> list[Migration]:
+        return await self._db.read(lambda conn: pending_migrations(conn, SQL))
 
     async def list_workers(self) -> list[WorkerInfo]:
         found = await self._db.read(lambda conn: conn.execute(SQL["list_workers"]).fetchall())

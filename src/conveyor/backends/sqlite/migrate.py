@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import LiteralString
 
 from conveyor.backends import sqlfiles
+from conveyor.backends.protocol import Migration
 from conveyor.backends.sqlite.database import immediate
 
 log = logging.getLogger("conveyor.migrate")
@@ -57,3 +58,22 @@ def _up_to_date(conn: sqlite3.Connection, sql: Mapping[str, LiteralString], late
         return False
     row = conn.execute(sql["latest_migration"]).fetchone()
     return row is not None and row[0] is not None and row[0] >= latest
+
+
+def pending_migrations(
+    conn: sqlite3.Connection, sql: Mapping[str, LiteralString]
+) -> list[Migration]:
+    """The migrations the file still needs, each as a script that applies it
+    in one transaction with its record, as :func:`apply_migrations` would."""
+    applied: set[int] = set()
+    if conn.execute(sql["migrations_table_exists"]).fetchone() is not None:
+        applied = {int(r[0]) for r in conn.execute(sql["applied_migrations"])}
+    prepare = sql["migrations_table"].strip().rstrip(";") + ";\n"
+    found = []
+    for version, name, script in sqlfiles.migrations(_PACKAGE):
+        if version in applied:
+            continue
+        record = sql["record_migration_script"].strip().format(version=version, name=name)
+        text = f"begin immediate;\n{prepare}{script.rstrip()}\n{record}\ncommit;\n"
+        found.append(Migration(version, name, text))
+    return found

@@ -291,15 +291,18 @@ where state = 'pending' and queue in (select value from json_each(:queues));
 
 -- name: register_worker
 insert into conveyor_workers
-    (id, host, pid, queues, concurrency, started_at, last_seen_at)
-values (:id, :host, :pid, :queues, :concurrency, :now, :now)
-on conflict (id) do update set last_seen_at = :now, stopped_at = null;
+    (id, host, pid, queues, concurrency, started_at, last_seen_at, tasks, beat_seconds)
+values (:id, :host, :pid, :queues, :concurrency, :now, :now, :tasks, :beat_seconds)
+on conflict (id) do update set
+    last_seen_at = :now, stopped_at = null,
+    queues = :queues, tasks = :tasks, beat_seconds = :beat_seconds;
 
 -- name: stop_worker
 update conveyor_workers set stopped_at = :now, last_seen_at = :now where id = :id;
 
 -- name: list_workers
-select id, host, pid, queues, concurrency, started_at, last_seen_at, stopped_at
+select id, host, pid, queues, concurrency, started_at, last_seen_at, stopped_at,
+       tasks, beat_seconds
 from conveyor_workers
 order by started_at desc;
 
@@ -326,6 +329,14 @@ select 1 from conveyor_migrations where version = :version;
 
 -- name: record_migration
 insert into conveyor_migrations (version, name) values (:version, :name);
+
+-- name: record_migration_script
+-- The record of a migration, as a reviewed script (migrate --sql) writes it:
+-- the values are the migration's own number and file name.
+insert into conveyor_migrations (version, name) values ({version}, '{name}');
+
+-- name: applied_migrations
+select version from conveyor_migrations order by version;
 
 -- name: close_lost_attempt
 -- Close the open attempt of a task whose lease expired, saying why.

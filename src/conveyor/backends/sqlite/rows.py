@@ -148,4 +148,6 @@ def worker(row: Sequence[Any]) -> WorkerInfo:
         started_at=moment(row[5]),
         last_seen_at=moment(row[6]),
         stopped_at=moment(row[7]),
+        tasks=tuple(json.loads(row[8])),
+        beat_seconds=row[9],
     )

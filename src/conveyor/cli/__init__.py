@@ -1,0 +1,39 @@
+"""The ``conveyor`` command: rich output for people, ``--json`` for scripts.
+
+Commands: ``migrate`` (``--sql`` to review first), ``worker``, ``enqueue``,
+``send``, ``tasks``, ``counts``, ``show``, ``workers``, ``cancel``,
+``retry`` (by id or by filter, ``--dry-run``), ``health`` and ``demo``.
+Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
+(default ``CONVEYOR_SCHEMA``, then ``conveyor``); ``worker`` (and
+``enqueue --app``) use the app's own store unless ``--url``/``--schema``
+are given. Only ``migrate``, ``worker`` and ``demo`` create a SQLite file;
+the others refuse one that does not exist. Errors are one line on stderr:
+exit code 1 for a failed operation, 2 for a store that cannot be reached
+or a malformed command line.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from conveyor.cli.control import cancel, enqueue, retry, send
+from conveyor.cli.reads import counts, health, show, tasks, workers
+from conveyor.cli.serve import demo, migrate, worker
+
+
+@click.group()
+@click.version_option(package_name="conveyor")
+def main() -> None:
+    """conveyor: a durable task system."""
+
+
+for command in (migrate, worker, enqueue, send, tasks, counts, show, cancel, retry, workers):
+    main.add_command(command)
+main.add_command(health)
+main.add_command(demo)
+
+logging.getLogger("conveyor").addHandler(logging.NullHandler())
+
+__all__ = ["main"]

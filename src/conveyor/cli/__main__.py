@@ -1,0 +1,5 @@
+"""``python -m conveyor.cli``: the ``conveyor`` command."""
+
+from conveyor.cli import main
+
+main()

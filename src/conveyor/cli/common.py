@@ -1,0 +1,177 @@
+"""What every command shares: the store it opens, its one-line errors, the
+options it takes, and how it shows times.
+
+Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
+(default ``CONVEYOR_SCHEMA``, then ``conveyor``). A failed operation prints
+one line (``error: ...``) to stderr and exits 1; a store that cannot be
+reached (a PostgreSQL server down, a SQLite file that does not exist)
+exits 2, like a malformed command line (click's usage message).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.console import Console
+
+from conveyor.app import App
+from conveyor.backends import resolve_url, sqlite_path
+from conveyor.backends.protocol import WorkerInfo
+from conveyor.errors import BackendUnavailableError
+from conveyor.model import TaskState
+
+F = TypeVar("F", bound=Callable[..., Any])
+EXIT_ERROR = 1
+EXIT_UNAVAILABLE = 2
+"""The exit code of a command that could not reach its store."""
+APP_ENV = "CONVEYOR_APP"
+PIPE_WIDTH = 10_000
+"""Columns of output that goes to a pipe or a file: tables are never cut."""
+
+console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+errors = Console(stderr=True, width=None if sys.stderr.isatty() else PIPE_WIDTH)
+
+STATES = [state.value for state in TaskState]
+state_choice = click.Choice(STATES, case_sensitive=False)
+
+
+def fail(problem: str | BaseException) -> NoReturn:
+    """One line on stderr; exit 2 when the store cannot be reached, else 1."""
+    click.echo(f"error: {problem}", err=True)
+    sys.exit(EXIT_UNAVAILABLE if isinstance(problem, BackendUnavailableError) else EXIT_ERROR)
+
+
+def warn(text: str) -> None:
+    click.echo(f"warning: {text}", err=True)
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE:ATTR`` and return the App it names; a usage error that
+    says what is wrong otherwise."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise click.BadParameter(f"expected MODULE:ATTR, got {spec!r}")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise click.BadParameter(f"no module named {module_name!r}") from exc
+        raise
+    if not hasattr(module, attr):
+        raise click.BadParameter(f"module {module_name!r} has no attribute {attr!r}")
+    app = getattr(module, attr)
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{spec!r} is a {type(app).__name__}, not a conveyor.App")
+    return app
+
+
+def backend_options(fn: F) -> F:
+    fn = click.option("--schema", envvar="CONVEYOR_SCHEMA", help="PostgreSQL schema.")(fn)
+    fn = click.option("--url", envvar="CONVEYOR_URL", help="Backend URL (CONVEYOR_URL).")(fn)
+    return fn
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)
+
+
+def open_client(
+    url: str | None, schema: str | None, app_spec: str | None = None, *, create: bool = False
+) -> App:
+    """The client of a command: the app at ``app_spec`` (rebound to ``url``
+    and ``schema`` when given), else a client that takes any task name.
+
+    Unless ``create``, a SQLite file that does not exist is refused
+    (BackendUnavailableError: exit code 2) rather than created empty: a typo in a path,
+    or a relative path run from another directory, would otherwise show an
+    empty store."""
+    if app_spec:
+        app = load_app(app_spec)
+        if url is not None or schema is not None:
+            app.rebind(url, schema=schema)
+    else:
+        app = App(url, schema=schema, allow_unregistered=True)
+    if not create:
+        require_store(app.url)
+    return app
+
+
+def require_store(url: str | None) -> None:
+    """Raise BackendUnavailableError if ``url`` names a SQLite file that does
+    not exist."""
+    path = sqlite_path(resolve_url(url))
+    if path is not None and not os.path.exists(path):
+        raise BackendUnavailableError(
+            f"no SQLite database at {path} (check --url or CONVEYOR_URL; "
+            "`conveyor migrate` or a worker creates it)"
+        )
+
+
+def parse_time(text: str, now: datetime, option: str) -> datetime:
+    """An ISO 8601 time (UTC unless it has an offset), or a duration before
+    ``now``: ``90s``, ``15m``, ``2h``, ``7d``."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if found:
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[found.group(2)]
+        return now - timedelta(seconds=float(found.group(1)) * unit)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"{option} is neither an ISO 8601 time nor a duration like 15m: {text!r}")
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+UNITS = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
+
+
+def span(seconds: float) -> str:
+    """``42 s``, ``3 m 12 s``, ``2 h 5 m``, ``4 d``: two units at most."""
+    whole = round(abs(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    for i, (size, unit) in enumerate(UNITS[:-1]):
+        if whole >= size:
+            smaller, smaller_unit = UNITS[i + 1]
+            second = whole % size // smaller
+            return f"{whole // size} {unit}" + (f" {second} {smaller_unit}" if second else "")
+    raise AssertionError("unreachable: a minute or more has a unit")
+
+
+def relative(moment: datetime, now: datetime) -> str:
+    """``in 3 m 12 s``, ``5 s ago``, ``now``."""
+    seconds = (moment - now).total_seconds()
+    if abs(seconds) < 1:
+        return "now"
+    return f"in {span(seconds)}" if seconds > 0 else f"{span(seconds)} ago"
+
+
+def unserved(
+    pairs: Iterable[tuple[str, str]], workers: Iterable[WorkerInfo], now: datetime
+) -> list[tuple[str, str]]:
+    """The (name, queue) pairs that no live worker serves, in order."""
+    live = [w for w in workers if w.live(now)]
+    return [
+        pair for pair in dict.fromkeys(pairs) if not any(w.serves(pair[0], pair[1]) for w in live)
+    ]
+
+
+def serving(workers: Iterable[WorkerInfo], now: datetime) -> str:
+    """What the live workers serve, in a few words."""
+    live = [w for w in workers if w.live(now)]
+    if not live:
+        return "no worker is live"
+    queues = sorted({q for w in live for q in w.queues})
+    return f"{len(live)} live worker(s) serve queues {', '.join(queues)}"

@@ -1,0 +1,277 @@
+"""The commands that write: ``enqueue``, ``send``, ``cancel``, ``retry``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.progress import Progress
+
+from conveyor.app import App
+from conveyor.cli.common import (
+    APP_ENV,
+    backend_options,
+    console,
+    errors,
+    fail,
+    json_option,
+    open_client,
+    parse_time,
+    serving,
+    state_choice,
+    unserved,
+    warn,
+)
+from conveyor.errors import ConveyorError, InvalidTransitionError, TaskNotFoundError
+from conveyor.model import RetryPolicy, Task, TaskState
+from conveyor.options import EnqueueOptions
+
+PAGE = 500
+"""Tasks read per page when a bulk command selects them by filter."""
+SHOWN_IN_DRY_RUN = 20
+
+
+@click.command()
+@click.argument("name")
+@click.option("--args", "args_json", default="{}", help="Payload: a JSON object.")
+@click.option("--queue", help="Queue (default: the task's own with --app, else 'default').")
+@click.option("--priority", type=int)
+@click.option("--delay", type=click.FloatRange(min=0), help="Seconds before it is due.")
+@click.option("--run-at", help="When it is due: ISO 8601, UTC unless it has an offset.")
+@click.option("--max-attempts", type=click.IntRange(min=1))
+@click.option("--timeout", type=click.FloatRange(min=0), help="Seconds each attempt may run.")
+@click.option("--lease", type=click.FloatRange(min=0), help="Lease seconds of each attempt.")
+@click.option(
+    "--idempotency-key",
+    help="Store at most one task of NAME under this key: repeating the command prints "
+    "the first task's id.",
+)
+@click.option(
+    "--app",
+    "app_spec",
+    envvar=APP_ENV,
+    help="MODULE:ATTR (CONVEYOR_APP): check the name and payload against the app, and "
+    "use the task's declared queue, retry policy, timeout and lease.",
+)
+@backend_options
+@json_option
+def enqueue(
+    name: str,
+    args_json: str,
+    queue: str | None,
+    priority: int | None,
+    delay: float | None,
+    run_at: str | None,
+    max_attempts: int | None,
+    timeout: float | None,
+    lease: float | None,
+    idempotency_key: str | None,
+    app_spec: str | None,
+    url: str | None,
+    schema: str | None,
+    as_json: bool,
+) -> None:
+    """Enqueue task NAME; prints the new task id (or, with a key already used,
+    the stored one's).
+
+    Without --app, warns when no live worker serves NAME on its queue."""
+    try:
+        args = json.loads(args_json)
+    except json.JSONDecodeError as exc:
+        fail(f"--args is not JSON: {exc}")
+    if not isinstance(args, dict):
+        fail("--args must be a JSON object")
+    due = parse_time(run_at, datetime.now(UTC), "--run-at") if run_at is not None else None
+    try:
+        options = EnqueueOptions(
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=due,
+            retry=RetryPolicy(max_attempts=max_attempts) if max_attempts else None,
+            timeout=timeout,
+            lease=lease,
+            idempotency_key=idempotency_key,
+        )
+        with open_client(url, schema, app_spec) as app:
+            handle = app.enqueue(name, args, options=options)
+            stored = app.get(handle.id) if not app_spec else None
+            workers = app.list_workers() if stored is not None else []
+    except ConveyorError as exc:
+        fail(exc)
+    click.echo(json.dumps({"id": handle.id}) if as_json else str(handle.id))
+    now = datetime.now(UTC)
+    if stored is not None and unserved([(stored.name, stored.queue)], workers, now):
+        warn(
+            f"no live worker serves task {stored.name!r} on queue {stored.queue!r} "
+            f"({serving(workers, now)}); it stays pending until one does "
+            "(with --app MODULE:ATTR the task's own queue and options are used)"
+        )
+
+
+@click.command()
+@click.argument("task_id", type=int)
+@click.argument("message")
+@click.option(
+    "--idempotency-key",
+    help="Send at most once under this key: repeating the command prints the first id.",
+)
+@backend_options
+@json_option
+def send(
+    task_id: int,
+    message: str,
+    idempotency_key: str | None,
+    url: str | None,
+    schema: str | None,
+    as_json: bool,
+) -> None:
+    """Send MESSAGE (JSON text) to coroutine task TASK_ID (it wakes if it
+    waits); prints the message id."""
+    try:
+        body = json.loads(message)
+    except json.JSONDecodeError as exc:
+        fail(f"MESSAGE is not JSON: {exc}")
+    try:
+        with open_client(url, schema) as app:
+            message_id = app.send(task_id, body, idempotency_key=idempotency_key)
+    except ConveyorError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps({"id": message_id, "task_id": task_id}))
+    else:
+        click.echo(f"message {message_id} sent to task {task_id}")
+
+
+def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--until", help="Created before: ISO 8601, or a duration ago (15m, 2h).")(fn)
+    fn = click.option("--since", help="Created after: ISO 8601, or a duration ago (15m, 2h).")(fn)
+    fn = click.option("--queue", help="Tasks of this queue.")(fn)
+    fn = click.option("--name", help="Tasks of this name.")(fn)
+    fn = click.option("--state", type=state_choice, help="Tasks in this state.")(fn)
+    fn = click.option("--dry-run", is_flag=True, help="Only list what would change.")(fn)
+    return fn
+
+
+def _selected(
+    app: App,
+    state: str | None,
+    name: str | None,
+    queue: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> Iterator[Task]:
+    """Every task the filters select, newest first, page by page."""
+    before = None
+    while True:
+        page = app.list_tasks(state=state, name=name, queue=queue, limit=PAGE, before=before)
+        for task in page:
+            if (since is None or task.created_at >= since) and (
+                until is None or task.created_at < until
+            ):
+                yield task
+        if len(page) < PAGE:
+            return
+        before = page[-1].id
+
+
+def _bulk(
+    action: str,
+    ids: tuple[int, ...],
+    filters: dict[str, Any],
+    dry_run: bool,
+    url: str | None,
+    schema: str | None,
+) -> None:
+    """Cancel or retry the tasks given by id, or every task the filters
+    select; tasks that cannot move (already ended, not failed) are counted,
+    not fatal."""
+    now = datetime.now(UTC)
+    since = parse_time(filters["since"], now, "--since") if filters["since"] else None
+    until = parse_time(filters["until"], now, "--until") if filters["until"] else None
+    chosen = {k: filters[k] for k in ("state", "name", "queue")}
+    if not ids and not any(chosen.values()) and since is None and until is None:
+        fail(f"give task ids or a filter (--state, --name, --queue, --since, --until) to {action}")
+    if ids and (any(chosen.values()) or since or until):
+        fail("give task ids or filters, not both")
+    try:
+        with open_client(url, schema) as app:
+            targets = (
+                list(ids)
+                if ids
+                else [t.id for t in _selected(app, **chosen, since=since, until=until)]
+            )
+            if dry_run:
+                _print_dry_run(action, targets)
+                return
+            moved, refused = _apply(app, action, targets)
+    except ConveyorError as exc:
+        fail(exc)
+    if len(targets) == 1 and not refused:
+        click.echo(f"task {targets[0]}: {moved[0][1]}")
+        return
+    for _, problem in refused:
+        if len(targets) == 1:
+            fail(problem)
+        warn(problem)
+    past = "cancelled" if action == "cancel" else "retried"
+    click.echo(f"{past} {len(moved)} task(s); {len(refused)} could not be {past}")
+
+
+def _print_dry_run(action: str, targets: list[int]) -> None:
+    shown = ", ".join(str(i) for i in targets[:SHOWN_IN_DRY_RUN])
+    more = f" and {len(targets) - SHOWN_IN_DRY_RUN} more" if len(targets) > SHOWN_IN_DRY_RUN else ""
+    console.print(f"would {action} {len(targets)} task(s){': ' + shown + more if targets else ''}")
+
+
+def _apply(
+    app: App, action: str, targets: list[int]
+) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    moved: list[tuple[int, str]] = []
+    refused: list[tuple[int, str]] = []
+    move = app.cancel if action == "cancel" else app.retry
+    with Progress(console=errors, transient=True, disable=len(targets) < PAGE) as progress:
+        bar = progress.add_task(action, total=len(targets))
+        for task_id in targets:
+            try:
+                state: TaskState = move(task_id)
+                moved.append((task_id, state.value))
+            except (InvalidTransitionError, TaskNotFoundError) as exc:
+                refused.append((task_id, str(exc)))
+            progress.advance(bar)
+    return moved, refused
+
+
+@click.command()
+@click.argument("task_ids", type=int, nargs=-1)
+@filter_options
+@backend_options
+def cancel(
+    task_ids: tuple[int, ...],
+    dry_run: bool,
+    url: str | None,
+    schema: str | None,
+    **filters: Any,
+) -> None:
+    """Cancel tasks: by id, or every task the filters select. A running one is
+    told at once and stops within about a second."""
+    _bulk("cancel", task_ids, filters, dry_run, url, schema)
+
+
+@click.command()
+@click.argument("task_ids", type=int, nargs=-1)
+@filter_options
+@backend_options
+def retry(
+    task_ids: tuple[int, ...],
+    dry_run: bool,
+    url: str | None,
+    schema: str | None,
+    **filters: Any,
+) -> None:
+    """Run failed or cancelled tasks again: by id, or every task the filters
+    select (e.g. --state failed --name send_email --since 2h)."""
+    _bulk("retry", task_ids, filters, dry_run, url, schema)

@@ -1,0 +1,290 @@
+"""The commands that read: ``tasks``, ``counts``, ``show``, ``workers``, ``health``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.table import Table
+
+from conveyor.app import App
+from conveyor.backends.protocol import WorkerInfo, inspector_of
+from conveyor.cli.common import (
+    EXIT_ERROR,
+    backend_options,
+    console,
+    fail,
+    iso,
+    json_option,
+    open_client,
+    relative,
+    serving,
+    state_choice,
+    unserved,
+    warn,
+)
+from conveyor.cli.shapes import WAITS, due_at, message_json, task_json, worker_json
+from conveyor.errors import ConveyorError
+from conveyor.model import Task, TaskState
+
+
+def _due(task: Task, now: datetime) -> str:
+    moment = due_at(task)
+    return relative(moment, now) if moment is not None else ""
+
+
+def _warn_unserved(found: list[Task], workers: list[WorkerInfo], now: datetime) -> None:
+    pairs = [(t.name, t.queue) for t in found if t.state is TaskState.PENDING]
+    for name, queue in unserved(pairs, workers, now):
+        warn(f"no live worker serves task {name!r} on queue {queue!r}: it stays pending")
+
+
+@click.command()
+@click.option("--state", type=state_choice, help="Only tasks in this state.")
+@click.option("--name", help="Only tasks of this name.")
+@click.option("--queue", help="Only tasks of this queue.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--before", type=int, help="Only tasks with a smaller id: the next page.")
+@backend_options
+@json_option
+def tasks(
+    state: str | None,
+    name: str | None,
+    queue: str | None,
+    limit: int,
+    before: int | None,
+    url: str | None,
+    schema: str | None,
+    as_json: bool,
+) -> None:
+    """List tasks, newest first; page on with --before (the last id shown).
+
+    A pending task that no live worker serves (its name or queue) is named
+    in a warning on stderr."""
+    try:
+        with open_client(url, schema) as app:
+            found = app.list_tasks(state=state, name=name, queue=queue, limit=limit, before=before)
+            workers = app.list_workers()
+    except ConveyorError as exc:
+        fail(exc)
+    now = datetime.now(UTC)
+    if as_json:
+        click.echo(json.dumps([task_json(t, with_attempts=False) for t in found]))
+    else:
+        table = Table("id", "name", "queue", "state", "priority", "attempt", "due", "created")
+        for t in found:
+            table.add_row(
+                str(t.id),
+                t.name,
+                t.queue,
+                t.state.value,
+                str(t.priority),
+                f"{t.attempt}/{t.max_attempts}",
+                _due(t, now),
+                relative(t.created_at, now),
+            )
+        console.print(table)
+        if len(found) == limit:
+            console.print(f"more with --before {found[-1].id}")
+    _warn_unserved(found, workers, now)
+
+
+@click.command()
+@backend_options
+@json_option
+def counts(url: str | None, schema: str | None, as_json: bool) -> None:
+    """Count tasks by state, queue and name."""
+    try:
+        with open_client(url, schema) as app:
+            found = app.count_tasks()
+    except ConveyorError as exc:
+        fail(exc)
+    if as_json:
+        rows = [
+            {"state": c.state.value, "queue": c.queue, "name": c.name, "count": c.count}
+            for c in found
+        ]
+        click.echo(json.dumps(rows))
+        return
+    table = Table("state", "queue", "name", "count")
+    for c in found:
+        table.add_row(c.state.value, c.queue, c.name, str(c.count))
+    console.print(table)
+
+
+@click.command()
+@click.argument("task_id", type=int)
+@backend_options
+@json_option
+def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> None:
+    """Show a task: when it is due, who runs it, and its attempt history."""
+    try:
+        with open_client(url, schema) as app:
+            task = app.get(task_id)
+            inbox = app.inbox(task_id) if task is not None and task.inbox else []
+            workers = app.list_workers() if task is not None else []
+    except ConveyorError as exc:
+        fail(exc)
+    if task is None:
+        fail(f"no task with id {task_id}")
+    now = datetime.now(UTC)
+    if as_json:
+        data = task_json(task, with_attempts=True)
+        if task.inbox:
+            data["messages"] = [message_json(m) for m in inbox]
+        click.echo(json.dumps(data))
+        _warn_unserved([task], workers, now)
+        return
+    console.print(
+        f"[bold]task {task.id}[/bold] {task.name} on {task.queue}: "
+        f"[bold]{task.state.value}[/bold] (priority {task.priority}, "
+        f"attempt {task.attempt}/{task.max_attempts})"
+    )
+    _print_when(task, workers, now)
+    if task.step is not None:
+        console.print(f"step: {task.step}")
+    if task.parent_id is not None:
+        console.print(f"parent: {task.parent_id}")
+    stateful = task.step is not None or task.inbox
+    console.print(f"{'state' if stateful else 'payload'}: {json.dumps(task.payload)}")
+    if task.inbox:
+        console.print(f"inbox: {len(inbox)} unread message(s)")
+        for m in inbox:
+            sender = f"task {m.sender_id}" if m.sender_id is not None else "outside"
+            console.print(f"  {m.id} {m.kind.value} from {sender}: {json.dumps(m.body)}")
+    if task.result is not None:
+        console.print(f"result: {json.dumps(task.result)}")
+    _print_attempts(task)
+
+
+def _print_when(task: Task, workers: list[WorkerInfo], now: datetime) -> None:
+    """When a pending or waiting task is due, or whose lease a running one holds."""
+    moment = due_at(task)
+    if moment is not None:
+        what = "due" if task.state is TaskState.PENDING else "wakes without a message"
+        console.print(f"{what}: {relative(moment, now)} ({iso(moment)})")
+    if task.state is TaskState.IN_PROGRESS and task.lease_expires_at is not None:
+        console.print(
+            f"running on {task.worker_id}; lease ends {relative(task.lease_expires_at, now)}"
+        )
+    if task.state in WAITS and unserved([(task.name, task.queue)], workers, now):
+        console.print(
+            f"[bold]no live worker serves {task.name!r} on queue {task.queue!r}[/bold] "
+            f"({serving(workers, now)})"
+        )
+
+
+def _print_attempts(task: Task) -> None:
+    steps = any(a.step is not None for a in task.attempts)
+    table = Table(
+        "#", *(["step"] if steps else []), "worker", "outcome", "started", "finished", "error"
+    )
+    for a in task.attempts:
+        error = f"{a.error_type}: {a.error_message}" if a.error_type else ""
+        table.add_row(
+            str(a.number),
+            *([a.step or ""] if steps else []),
+            a.worker_id,
+            a.outcome.value,
+            iso(a.started_at) or "",
+            iso(a.finished_at) or "",
+            error,
+        )
+    console.print(table)
+    last = task.last_attempt
+    if last is not None and last.traceback:
+        console.print(last.traceback, markup=False, highlight=False)
+
+
+@click.command()
+@click.option("--all", "show_all", is_flag=True, help="Also stopped and silent workers.")
+@backend_options
+@json_option
+def workers(url: str | None, schema: str | None, as_json: bool, show_all: bool) -> None:
+    """List live workers (heard from within three heartbeats) with what they serve."""
+    try:
+        with open_client(url, schema) as app:
+            found = app.list_workers()
+    except ConveyorError as exc:
+        fail(exc)
+    now = datetime.now(UTC)
+    shown = found if show_all else [w for w in found if w.live(now)]
+    if as_json:
+        click.echo(json.dumps([worker_json(w, now) for w in shown]))
+        return
+    table = Table("id", "host", "pid", "queues", "tasks", "slots", "last seen", "stopped")
+    for w in shown:
+        table.add_row(
+            w.id,
+            w.host,
+            str(w.pid),
+            ",".join(w.queues),
+            ", ".join(w.tasks),
+            str(w.concurrency),
+            relative(w.last_seen_at, now) if w.last_seen_at else "",
+            relative(w.stopped_at, now) if w.stopped_at else "",
+        )
+    console.print(table)
+    if not show_all and len(shown) < len(found):
+        console.print(f"{len(found) - len(shown)} stopped or silent worker(s): --all shows them")
+
+
+@click.command()
+@click.option(
+    "--min-workers",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Live workers needed to be healthy (0: check the store only).",
+)
+@backend_options
+@json_option
+def health(url: str | None, schema: str | None, min_workers: int, as_json: bool) -> None:
+    """Check the store is reachable, its schema current and enough workers live.
+
+    Exit code 0: healthy; 1: the schema is behind or too few workers are
+    live; 2: the store cannot be reached. Reads only: applies no migration."""
+    try:
+        report = asyncio.run(_health(open_client(url, schema), min_workers))
+    except ConveyorError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        console.print(f"store: {report['store']}: reachable")
+        pending = report["pending_migrations"]
+        console.print(
+            "schema: current"
+            if not pending
+            else f"schema: {len(pending)} migration(s) pending: run `conveyor migrate`"
+        )
+        console.print(f"workers: {len(report['workers'])} live (at least {min_workers} needed)")
+        for w in report["workers"]:
+            console.print(f"  {w['id']} on {w['host']}: queues {','.join(w['queues'])}")
+    if not report["healthy"]:
+        raise SystemExit(EXIT_ERROR)
+
+
+async def _health(app: App, min_workers: int) -> dict[str, Any]:
+    backend = app.make_backend(migrate=False, pool_size=1)
+    await backend.open()
+    try:
+        inspector = inspector_of(backend)
+        if inspector is None:
+            pending, found = [], []
+        else:
+            pending = [m.name for m in await inspector.pending_migrations()]
+            found = [] if pending else await inspector.list_workers()
+    finally:
+        await backend.close()
+    now = datetime.now(UTC)
+    live = [worker_json(w, now) for w in found if w.live(now)]
+    return {
+        "store": backend.location,
+        "pending_migrations": pending,
+        "workers": live,
+        "healthy": not pending and len(live) >= min_workers,
+    }

@@ -1,0 +1,149 @@
+"""The commands that run or prepare the store: ``worker``, ``migrate``, ``demo``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from conveyor.app import App
+from conveyor.backends.protocol import Migration, inspector_of
+from conveyor.cli.common import (
+    backend_options,
+    console,
+    fail,
+    load_app,
+    open_client,
+)
+from conveyor.errors import ConveyorError
+from conveyor.logs import LEVELS, configure_logging
+
+
+@click.command()
+@click.option(
+    "--sql",
+    "print_sql",
+    is_flag=True,
+    help="Print the SQL of the pending migrations for review; apply nothing.",
+)
+@backend_options
+def migrate(url: str | None, schema: str | None, print_sql: bool) -> None:
+    """Create or upgrade the schema (idempotent); creates a SQLite file."""
+    try:
+        if print_sql:
+            pending = asyncio.run(_pending(open_client(url, schema)))
+        else:
+            with open_client(url, schema, create=True) as app:
+                applied = app.migrate()
+    except ConveyorError as exc:
+        fail(exc)
+    if print_sql:
+        for migration in pending:
+            click.echo(f"-- {migration.name}\n{migration.script}")
+        if not pending:
+            click.echo("-- the schema is up to date: nothing to apply")
+        return
+    click.echo(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+
+
+async def _pending(app: App) -> list[Migration]:
+    backend = app.make_backend(migrate=False, pool_size=1)
+    await backend.open()
+    try:
+        inspector = inspector_of(backend)
+        return [] if inspector is None else await inspector.pending_migrations()
+    finally:
+        await backend.close()
+
+
+@click.command()
+@click.argument("app_spec", metavar="MODULE:ATTR")
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--queues", "-q", help="Comma-separated queues (default: the app's).")
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0.5),
+    default=30.0,
+    show_default=True,
+    help="Lease seconds for tasks that set none.",
+)
+@click.option(
+    "--heartbeat-interval",
+    type=click.FloatRange(min=0.01),
+    help="Seconds between lease renewals (default: the shortest lease / 3).",
+)
+@click.option("--poll-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to drain on SIGTERM before releasing running tasks.",
+)
+@click.option("--burst", is_flag=True, help="Exit 0 once no task is due or running.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+@click.option("--quiet", is_flag=True, help="Do not log each finished attempt at INFO.")
+@click.option(
+    "--url", help="Backend URL, instead of the app's (an App() without one reads CONVEYOR_URL)."
+)
+@click.option("--schema", help="PostgreSQL schema, instead of the app's (or CONVEYOR_SCHEMA).")
+def worker(
+    app_spec: str,
+    concurrency: int,
+    queues: str | None,
+    lease: float,
+    heartbeat_interval: float | None,
+    poll_interval: float,
+    grace: float,
+    burst: bool,
+    log_format: str,
+    log_level: str,
+    quiet: bool,
+    url: str | None,
+    schema: str | None,
+) -> None:
+    """Run a worker for the App at MODULE:ATTR (creates a SQLite file)."""
+    configure_logging(log_format, log_level)
+    try:
+        app = load_app(app_spec)
+        if url is not None or schema is not None:
+            app.rebind(url, schema=schema)
+    except ConveyorError as exc:
+        fail(exc)
+    queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+    try:
+        app.run_worker(
+            concurrency=concurrency,
+            queues=queue_list,
+            lease=lease,
+            heartbeat_interval=heartbeat_interval,
+            poll_interval=poll_interval,
+            grace=grace,
+            burst=burst,
+            log_attempts=not quiet,
+        )
+    except ConveyorError as exc:
+        fail(exc)
+
+
+@click.command()
+@click.option("--url", envvar="CONVEYOR_URL", help="Backend URL (CONVEYOR_URL).")
+def demo(url: str | None) -> None:
+    """Run a worker on a few example tasks and show what happened.
+
+    Needs no database server: with no URL it runs on a temporary SQLite file.
+    On PostgreSQL it uses a throwaway schema of its own, dropped at the end.
+    """
+    from conveyor.demo import print_report, run_demo
+
+    try:
+        finished = asyncio.run(run_demo(url, console))
+    except ConveyorError as exc:
+        fail(exc)
+    print_report(finished, console)
