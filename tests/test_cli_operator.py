@@ -342,3 +342,20 @@ def test_sigusr1_logs_what_a_running_worker_does(cli: Cli) -> None:
     assert "in _claim_loop" in dump  # the frames each task is suspended in
     assert worker.returncode == 0
     assert "stopped" in rest.splitlines()[-1]
+
+
+def test_finished_attempts_are_logged_with_their_duration_unless_quiet(cli: Cli) -> None:
+    first = cli.enqueue("add", {"a": 1, "b": 2})
+    done = cli.run("worker", APP, "--burst", "--log-format", "json")
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    [ran] = [r for r in records if r.get("task_id") == first]
+    assert ran["level"] == "INFO" and ran["message"].startswith(f"task add {first} succeeded in ")
+    assert ran["duration"] >= 0 and ran["task_name"] == "add"
+
+    second = cli.enqueue("add", {"a": 1, "b": 2})
+    quiet = cli.run("worker", APP, "--burst", "--log-format", "json", "--quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    logged = [json.loads(line) for line in quiet.stderr.splitlines()]
+    assert not [r for r in logged if r.get("task_id") == second]
+    assert cli.show(second)["state"] == "succeeded"

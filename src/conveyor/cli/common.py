@@ -10,11 +10,12 @@ exits 2, like a malformed command line (click's usage message).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
@@ -23,7 +24,7 @@ from rich.console import Console
 
 from conveyor.app import App
 from conveyor.backends import resolve_url, sqlite_path
-from conveyor.backends.protocol import WorkerInfo
+from conveyor.backends.protocol import Inspector, WorkerInfo, inspector_of
 from conveyor.errors import BackendUnavailableError
 from conveyor.model import TaskState
 
@@ -103,6 +104,18 @@ def open_client(
     if not create:
         require_store(app.url)
     return app
+
+
+@contextlib.asynccontextmanager
+async def read_side(app: App) -> AsyncIterator[Inspector | None]:
+    """The store's read side (None: the backend has none), opened without
+    applying migrations: ``health`` and ``migrate --sql`` only read."""
+    backend = app.make_backend(migrate=False, pool_size=1)
+    await backend.open()
+    try:
+        yield inspector_of(backend)
+    finally:
+        await backend.close()
 
 
 def require_store(url: str | None) -> None:

@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from conveyor.app import App
-from conveyor.backends.protocol import WorkerInfo, inspector_of
+from conveyor.backends.protocol import WorkerInfo
 from conveyor.cli.common import (
     EXIT_ERROR,
     backend_options,
@@ -20,6 +20,7 @@ from conveyor.cli.common import (
     iso,
     json_option,
     open_client,
+    read_side,
     relative,
     serving,
     state_choice,
@@ -269,21 +270,16 @@ def health(url: str | None, schema: str | None, min_workers: int, as_json: bool)
 
 
 async def _health(app: App, min_workers: int) -> dict[str, Any]:
-    backend = app.make_backend(migrate=False, pool_size=1)
-    await backend.open()
-    try:
-        inspector = inspector_of(backend)
+    async with read_side(app) as inspector:
         if inspector is None:
             pending, found = [], []
         else:
             pending = [m.name for m in await inspector.pending_migrations()]
             found = [] if pending else await inspector.list_workers()
-    finally:
-        await backend.close()
     now = datetime.now(UTC)
     live = [worker_json(w, now) for w in found if w.live(now)]
     return {
-        "store": backend.location,
+        "store": app.location,
         "pending_migrations": pending,
         "workers": live,
         "healthy": not pending and len(live) >= min_workers,

@@ -7,13 +7,14 @@ import asyncio
 import click
 
 from conveyor.app import App
-from conveyor.backends.protocol import Migration, inspector_of
+from conveyor.backends.protocol import Migration
 from conveyor.cli.common import (
     backend_options,
     console,
     fail,
     load_app,
     open_client,
+    read_side,
 )
 from conveyor.errors import ConveyorError
 from conveyor.logs import LEVELS, configure_logging
@@ -47,13 +48,8 @@ def migrate(url: str | None, schema: str | None, print_sql: bool) -> None:
 
 
 async def _pending(app: App) -> list[Migration]:
-    backend = app.make_backend(migrate=False, pool_size=1)
-    await backend.open()
-    try:
-        inspector = inspector_of(backend)
+    async with read_side(app) as inspector:
         return [] if inspector is None else await inspector.pending_migrations()
-    finally:
-        await backend.close()
 
 
 @click.command()
