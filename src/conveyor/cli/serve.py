@@ -12,7 +12,6 @@ from conveyor.cli.common import (
     backend_options,
     console,
     fail,
-    load_app,
     open_client,
     read_side,
 )
@@ -107,9 +106,7 @@ def worker(
     """Run a worker for the App at MODULE:ATTR (creates a SQLite file)."""
     configure_logging(log_format, log_level)
     try:
-        app = load_app(app_spec)
-        if url is not None or schema is not None:
-            app.rebind(url, schema=schema)
+        app = open_client(url, schema, app_spec, create=True)
     except ConveyorError as exc:
         fail(exc)
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None

@@ -19,6 +19,17 @@ DEFAULT_STOP_TIMEOUT = 10.0
 renewed) before it gives them up (their leases are then left to expire)."""
 HEARTBEATS_PER_LEASE = 3
 """Renewals per lease: the heartbeat beats every third of the shortest lease."""
+MIN_BEAT = 0.05
+"""Seconds: the heartbeat never beats more often than this."""
+
+
+def beat_interval(lease: float, interval: float | None) -> float:
+    """Seconds between heartbeats for leases of ``lease`` seconds: a third of
+    it (at least ``MIN_BEAT``), or the configured ``interval`` if shorter."""
+    natural = max(lease / HEARTBEATS_PER_LEASE, MIN_BEAT)
+    return natural if interval is None else min(interval, natural)
+
+
 MIN_POOL_SIZE = 10
 MAX_DEFAULT_POOL_SIZE = 44
 
@@ -60,8 +71,7 @@ class WorkerConfig:
     def longest_beat(self) -> float:
         """The longest pause between two heartbeats: the interval, or a third
         of the lease (a task's shorter lease shortens it)."""
-        natural = self.lease / HEARTBEATS_PER_LEASE
-        return natural if self.heartbeat_interval is None else min(self.heartbeat_interval, natural)
+        return beat_interval(self.lease, self.heartbeat_interval)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

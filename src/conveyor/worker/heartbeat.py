@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from conveyor.backends.protocol import Backend, HeartbeatParams, HeartbeatResult
 from conveyor.model import LeaseToken
-from conveyor.worker.config import HEARTBEATS_PER_LEASE
+from conveyor.worker.config import beat_interval
 from conveyor.worker.outage import Outage
 
 log = logging.getLogger("conveyor.worker.heartbeat")
@@ -98,10 +98,7 @@ class Heartbeat:
         third of the shortest lease held (a task may set a shorter lease)."""
         with self._lock:
             shortest = min((h.seconds for h in self._leases.values()), default=self.config.lease)
-        natural = max(min(shortest, self.config.lease) / HEARTBEATS_PER_LEASE, 0.05)
-        if self.config.interval is not None:
-            return min(self.config.interval, natural)
-        return natural
+        return beat_interval(min(shortest, self.config.lease), self.config.interval)
 
     # -- one beat --------------------------------------------------------------
 
