@@ -22,6 +22,10 @@ The tree::
         ├── AttemptTimeoutError     the attempt ran past its timeout
         └── WorkerShutdown          the worker is shutting down
 
+    Snooze                          raise it from a handler: due again after a pause,
+                                    the attempt not charged to the budget
+    Retry                           raise it from a handler: retried after its own
+                                    delay (charged to the budget, as any failure)
     Fatal                           raise it (or a subclass) from a handler to fail
     │                               the task at once, skipping the retry policy
     ├── StepError                   a workflow step cannot run as stored (conveyor.workflow)
@@ -34,6 +38,9 @@ Every class in the tree is exported from ``conveyor``.
 """
 
 from __future__ import annotations
+
+import math
+from datetime import timedelta
 
 
 class ConveyorError(Exception):
@@ -138,3 +145,45 @@ class WorkerShutdown(StopAttempt):
 
 class Fatal(Exception):
     """Raise from a handler to fail the task now, skipping remaining retries."""
+
+
+LONGEST_PAUSE = 100 * 365.25 * 86400
+"""The longest snooze or retry delay, in seconds: 100 years (as every duration)."""
+
+
+def _pause(name: str, value: object) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ConfigurationError(f"{name} must be a number of seconds or a timedelta")
+    if not math.isfinite(seconds) or not 0 <= seconds <= LONGEST_PAUSE:
+        raise ConfigurationError(
+            f"{name} must be a finite number of seconds from 0 to {LONGEST_PAUSE:.0f}"
+        )
+    return float(seconds)
+
+
+class Snooze(Exception):
+    """Raise from a handler to run the task again after ``seconds`` (a number
+    or a timedelta) without spending an attempt: the attempt is logged
+    ``interrupted`` (error type ``conveyor.errors.Snooze``) and given back to
+    the budget, so a task may snooze without end. A cancel requested
+    meanwhile ends it ``cancelled``. Raises ConfigurationError for a pause
+    that is negative, not finite or longer than 100 years."""
+
+    def __init__(self, seconds: float | timedelta) -> None:
+        self.seconds = _pause("Snooze seconds", seconds)
+        super().__init__(f"snoozed for {self.seconds:g}s by the handler")
+
+
+class Retry(Exception):
+    """Raise from a handler to fail this attempt and run the task again after
+    ``delay`` seconds (a number or a timedelta; None: the retry policy's
+    back-off), whatever the policy's ``retry_on`` and ``fatal`` say. The
+    attempt counts against the budget like any failure: when it is spent
+    the task ends ``failed``. ``reason`` is logged as the attempt's error;
+    raise it ``from`` an exception to keep that one's traceback too."""
+
+    def __init__(self, delay: float | timedelta | None = None, reason: str | None = None) -> None:
+        self.delay = None if delay is None else _pause("Retry delay", delay)
+        when = "after the policy's back-off" if self.delay is None else f"in {self.delay:g}s"
+        super().__init__(reason if reason else f"retry requested {when}")

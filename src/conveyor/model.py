@@ -10,12 +10,12 @@ from __future__ import annotations
 import enum
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from conveyor.errors import ConfigurationError
+from conveyor.errors import LONGEST_PAUSE, ConfigurationError
 
 
 class TaskState(enum.StrEnum):
@@ -287,7 +287,7 @@ DEFAULT_QUEUE = "default"
 DEFAULT_LEASE_SECONDS = 30.0
 MIN_LEASE_SECONDS = 0.5
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
-MAX_SECONDS = 100 * 365.25 * 86400
+MAX_SECONDS = LONGEST_PAUSE
 """The longest duration conveyor takes (a delay, lease, timeout or retry
 interval): 100 years. Anything longer is a mistake, and a time that far
 ahead would not fit the stores' timestamps (or Python's ``datetime``)."""
@@ -307,6 +307,17 @@ class RetryPolicy:
     ``min(max_interval, initial_interval * backoff_coefficient ** (n - 1))``,
     then spread by ``±jitter`` (a fraction of the delay). ``max_attempts``
     counts every attempt, the first included, and reclaims after a crash.
+
+    ``fatal`` names the exceptions no retry can fix: an attempt that raises
+    one (or a subclass) fails the task at once, like ``conveyor.Fatal``.
+    ``retry_on``, when given, names the only exceptions that are retried:
+    any other fails the task at once (``fatal`` wins where both match). Each
+    takes exception classes or their qualified names (``"module.Class"``,
+    the bare name for builtins); the policy keeps and stores the names, so a
+    stored task is matched by name, through each class an error derives
+    from, in a thread, a child process or another release of the code alike.
+    Timeouts and lost leases are not exceptions a handler raised: they
+    follow the budget, whatever these say.
     """
 
     max_attempts: int = 5
@@ -314,8 +325,12 @@ class RetryPolicy:
     max_interval: float = 60.0
     backoff_coefficient: float = 2.0
     jitter: float = 0.1
+    retry_on: tuple[str | type[BaseException], ...] = ()
+    fatal: tuple[str | type[BaseException], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "retry_on", error_names("retry_on", self.retry_on))
+        object.__setattr__(self, "fatal", error_names("fatal", self.fatal))
         if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
             raise ConfigurationError(
                 f"RetryPolicy.max_attempts must be an integer from 1 to {MAX_ATTEMPTS}"
@@ -345,15 +360,28 @@ class RetryPolicy:
             base += (rng or random).uniform(-spread, spread)
         return max(base, 0.0)
 
-    def to_json(self) -> dict[str, float | int]:
+    def gives_up_on(self, error_types: Sequence[str]) -> bool:
+        """Whether an error whose classes (itself first, then each it derives
+        from, by :func:`qualified_name`) are ``error_types`` must not be
+        retried: one is ``fatal``, or ``retry_on`` is given and none is in it."""
+        if any(name in self.fatal for name in error_types):
+            return True
+        return bool(self.retry_on) and not any(name in self.retry_on for name in error_types)
+
+    def to_json(self) -> dict[str, Any]:
         """The policy as a JSON object, as it is stored with each task."""
-        return {
+        data: dict[str, Any] = {
             "max_attempts": self.max_attempts,
             "initial_interval": self.initial_interval,
             "max_interval": self.max_interval,
             "backoff_coefficient": self.backoff_coefficient,
             "jitter": self.jitter,
         }
+        if self.retry_on:
+            data["retry_on"] = list(self.retry_on)
+        if self.fatal:
+            data["fatal"] = list(self.fatal)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RetryPolicy:
@@ -364,7 +392,53 @@ class RetryPolicy:
             max_interval=float(data["max_interval"]),
             backoff_coefficient=float(data["backoff_coefficient"]),
             jitter=float(data.get("jitter", 0.0)),
+            retry_on=tuple(data.get("retry_on", ())),
+            fatal=tuple(data.get("fatal", ())),
         )
+
+
+MAX_ERROR_NAMES = 64
+"""The most exception names a policy's ``retry_on`` or ``fatal`` takes."""
+
+
+def qualified_name(kind: type) -> str:
+    """How an error's class is named in the attempt log and a retry policy:
+    ``ValueError`` for builtins, else ``module.QualifiedName``."""
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def error_types(exc: BaseException) -> tuple[str, ...]:
+    """The qualified names of ``exc``'s class and of each class it derives from."""
+    return tuple(qualified_name(kind) for kind in type(exc).__mro__)
+
+
+def error_names(field_name: str, given: object) -> tuple[str, ...]:
+    """``given`` (exception classes or qualified names) as sorted, distinct
+    names; anything else raises ConfigurationError."""
+    if isinstance(given, str | type):
+        given = (given,)
+    if not isinstance(given, tuple | list | set | frozenset):
+        raise ConfigurationError(
+            f"RetryPolicy.{field_name} must be a tuple of exception classes or their names"
+        )
+    names: set[str] = set()
+    for item in given:
+        if isinstance(item, type) and issubclass(item, BaseException):
+            names.add(qualified_name(item))
+        elif isinstance(item, str) and 0 < len(item) <= 255 and item.isprintable():
+            names.add(item)
+        else:
+            raise ConfigurationError(
+                f"RetryPolicy.{field_name} takes exception classes or their qualified names, "
+                f"not {item!r}"
+            )
+    if len(names) > MAX_ERROR_NAMES:
+        raise ConfigurationError(
+            f"RetryPolicy.{field_name} takes at most {MAX_ERROR_NAMES} exceptions"
+        )
+    return tuple(sorted(names))
 
 
 DEFAULT_RETRY = RetryPolicy()

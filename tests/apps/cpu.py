@@ -43,3 +43,26 @@ def huge_error(megabytes: int) -> None:
 def huge_result(megabytes: int) -> str:
     """Registered by tests with ``process=True``: a result of ``megabytes`` MB."""
     return "r" * (megabytes * 1_000_000)
+
+
+class Unlucky(LookupError):
+    """A user's error the retry-policy tests name."""
+
+
+def snooze_once(marker: str) -> str:
+    """Registered by tests with ``process=True``: snoozes while ``marker`` is
+    missing (creating it), then succeeds."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise conveyor.Snooze(0.05)
+    return "woke"
+
+
+def raise_unlucky() -> None:
+    """Registered by tests with ``process=True``: raises :class:`Unlucky`."""
+    raise Unlucky("not today")
+
+
+def retry_later(delay: float) -> None:
+    """Registered by tests with ``process=True``: asks for a retry after ``delay``."""
+    raise conveyor.Retry(delay=delay, reason="the mail server said later")

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 from conveyor import payload as codec
 from conveyor import typed
-from conveyor.errors import PayloadError, WorkerShutdown
+from conveyor.errors import PayloadError, Snooze, WorkerShutdown
+from conveyor.model import MAX_ERROR_NAMES, error_types
 from conveyor.worker.texts import (
     MAX_ERROR_MESSAGE,
     MAX_TRACEBACK,
@@ -142,10 +143,21 @@ class ProcessCrashedError(Exception):
 class RemoteError(Exception):
     """An exception raised by a handler in a child process."""
 
-    def __init__(self, type_name: str, message: str, tb: str) -> None:
+    def __init__(
+        self,
+        type_name: str,
+        message: str,
+        tb: str,
+        types: tuple[str, ...] = (),
+        pause: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.type_name = type_name
         self.remote_traceback = tb
+        self.types = types or (type_name,)
+        """The qualified names of the error's class and of each it derives from."""
+        self.pause = pause
+        """A ``Snooze``'s seconds, or a ``Retry``'s delay (None: the policy's)."""
 
 
 _context: Any = None
@@ -219,7 +231,13 @@ class ProcessExecution:
         message = json.loads(data)
         if "error" in message:
             error = message["error"]
-            raise RemoteError(error["type"], error["message"], error["traceback"])
+            raise RemoteError(
+                error["type"],
+                error["message"],
+                error["traceback"],
+                tuple(error.get("types", ())),
+                error.get("pause"),
+            )
         return message["result"]
 
     def stop(self) -> None:
@@ -278,6 +296,8 @@ def _child_main(
             "type": type_name(type(exc)),
             "message": cut(_safe_str(exc), MAX_ERROR_MESSAGE),
             "traceback": format_traceback(exc, MAX_TRACEBACK),
+            "types": error_types(exc)[:MAX_ERROR_NAMES],
+            "pause": exc.seconds if isinstance(exc, Snooze) else getattr(exc, "delay", None),
         }
         with contextlib.suppress(Exception):
             sender.send_bytes(json.dumps({"error": error}).encode())

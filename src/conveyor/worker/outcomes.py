@@ -8,8 +8,8 @@ grow with the error) and never trusts ``str(exc)`` to work.
 from __future__ import annotations
 
 from conveyor.backends.protocol import ClaimedTask, Completion, ErrorInfo
-from conveyor.errors import Fatal, PayloadError, PayloadTooLargeError
-from conveyor.model import Outcome, TaskState
+from conveyor.errors import Fatal, PayloadError, PayloadTooLargeError, Retry, Snooze
+from conveyor.model import Outcome, TaskState, error_types
 from conveyor.worker.executors import RemoteError
 from conveyor.worker.texts import (
     MAX_ERROR_MESSAGE,
@@ -40,22 +40,51 @@ REMOTE_FATAL = frozenset(
     f"conveyor.errors.{kind.__name__}" for kind in (Fatal, PayloadError, PayloadTooLargeError)
 )
 """What a process handler's child reports for the errors no retry can fix."""
+SNOOZE = type_name(Snooze)
+RETRY = type_name(Retry)
+
+
+def _types(exc: BaseException) -> tuple[str, ...]:
+    """The qualified names of the error's class and of each it derives from."""
+    return exc.types if isinstance(exc, RemoteError) else error_types(exc)
 
 
 def is_fatal(exc: BaseException) -> bool:
     """Errors that no retry can fix: ``Fatal`` and payloads that do not decode."""
     if isinstance(exc, RemoteError):
-        return exc.type_name.endswith(".Fatal") or exc.type_name in REMOTE_FATAL
+        return (
+            exc.type_name.endswith(".Fatal")
+            or exc.type_name in REMOTE_FATAL
+            or any(name in REMOTE_FATAL for name in exc.types)
+        )
     return isinstance(exc, Fatal | PayloadError)
 
 
 def failed(task: ClaimedTask, exc: BaseException, outcome: Outcome = Outcome.FAILED) -> Completion:
-    """The attempt failed (or timed out): retry by policy, or fail for good."""
+    """The attempt failed (or timed out): snoozed (``Snooze``), retried by
+    policy or by the handler's ``Retry``, or failed for good: a fatal error,
+    one the policy does not retry, or a spent budget."""
+    types = _types(exc)
+    pause = exc.pause if isinstance(exc, RemoteError) else getattr(exc, "delay", None)
+    if SNOOZE in types:
+        return snoozed(task, exc, exc.seconds if isinstance(exc, Snooze) else pause)
     info = error_info(exc)
+    asked = RETRY in types
     if is_fatal(exc) or task.spent >= task.max_attempts:
         return Completion(task.token, outcome, TaskState.FAILED, error=info)
-    delay = task.retry.delay(task.spent)
+    if outcome is Outcome.FAILED and not asked and task.retry.gives_up_on(types):
+        return Completion(task.token, outcome, TaskState.FAILED, error=info)
+    delay = pause if asked and pause is not None else task.retry.delay(task.spent)
     return Completion(task.token, outcome, TaskState.PENDING, error=info, retry_delay=delay)
+
+
+def snoozed(task: ClaimedTask, exc: BaseException, seconds: float | None) -> Completion:
+    """A ``Snooze``: pending again after its pause, the attempt given back
+    to the budget (logged ``interrupted``)."""
+    info = ErrorInfo(type=SNOOZE, message=cut(describe(exc), MAX_ERROR_MESSAGE))
+    return Completion(
+        task.token, Outcome.INTERRUPTED, TaskState.PENDING, error=info, retry_delay=seconds or 0.0
+    )
 
 
 def succeeded(task: ClaimedTask, result: str) -> Completion:

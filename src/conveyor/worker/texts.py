@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import traceback as tb_module
 
+from conveyor.model import qualified_name
+
 MAX_ERROR_MESSAGE = 4_000
 MAX_TRACEBACK = 32_000
 CUT_NOTE = 40
@@ -41,12 +43,9 @@ def cut(text: str, limit: int) -> str:
     return kept + f"... [{len(text) - len(kept)} characters cut]"
 
 
-def type_name(kind: type) -> str:
-    """How an error's type is stored: ``ValueError`` for builtins, else
-    ``module.QualifiedName``."""
-    if kind.__module__ == "builtins":
-        return kind.__qualname__
-    return f"{kind.__module__}.{kind.__qualname__}"
+type_name = qualified_name
+"""How an error's type is stored: ``ValueError`` for builtins, else
+``module.QualifiedName``."""
 
 
 def reason(exc: BaseException) -> str:
