@@ -146,8 +146,8 @@ STATE_CHANGES: tuple[StateChange, ...] = (
         TaskState.IN_PROGRESS,
         Cause.RELEASE,
         TaskState.PENDING,
-        "an `interrupted` attempt (a worker's graceful shutdown) is given back: "
-        "due at once, not charged to the budget",
+        "an `interrupted` attempt (a worker's graceful shutdown, or the handler's `Snooze`) "
+        "is given back: due at once (or when the snooze ends), not charged to the budget",
     ),
     StateChange(
         TaskState.IN_PROGRESS,
