@@ -41,6 +41,7 @@ from conveyor.backends.protocol import (
     inspector_of,
     transactional_of,
 )
+from conveyor.controls import Controls
 from conveyor.errors import ConfigurationError
 from conveyor.handle import TaskHandle
 from conveyor.model import (
@@ -100,7 +101,7 @@ def chunk_bounds(total: int) -> Iterator[tuple[int, int]]:
         start, size = end, min(size * 2, ENQUEUE_CHUNK)
 
 
-class Client:
+class Client(Controls):
     """A connection to one store (see the module docstring).
 
     ``url`` is a backend URL (``postgresql://…``, ``sqlite:///path.db``,

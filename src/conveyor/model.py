@@ -597,3 +597,39 @@ class Message:
     def is_end(self) -> bool:
         """True for a child's end message (``kind`` is ``end``)."""
         return self.kind is MessageKind.END
+
+
+class PauseKind(enum.StrEnum):
+    """What a pause holds back: every task of a ``queue``, or of a ``task`` name."""
+
+    QUEUE = "queue"
+    TASK = "task"
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A paused queue or task name: no worker starts an attempt of a task
+    that it holds back (not even a reclaim); running attempts go on. Stored,
+    so it outlives every worker until it is resumed."""
+
+    kind: PauseKind
+    name: str
+    paused_at: datetime
+
+
+MAX_NAME = 200
+"""The longest queue or task name a pause (and a schedule) takes."""
+
+
+def check_pause(kind: object, name: object) -> tuple[PauseKind, str]:
+    """``kind`` and ``name`` of a pause, checked: a :class:`PauseKind` (or its
+    value) and a non-empty name of printable text; else ConfigurationError."""
+    try:
+        checked = PauseKind(kind if isinstance(kind, str) else "")
+    except ValueError:
+        raise ConfigurationError(f"a pause is of a 'queue' or a 'task', not {kind!r}") from None
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not name.isprintable():
+        raise ConfigurationError(
+            f"a paused {checked.value} name must be 1 to {MAX_NAME} printable characters"
+        )
+    return checked, name

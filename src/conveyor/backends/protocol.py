@@ -39,7 +39,16 @@ from datetime import datetime
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from conveyor.errors import ConfigurationError
-from conveyor.model import LeaseToken, Message, Outcome, RetryPolicy, Task, TaskState
+from conveyor.model import (
+    LeaseToken,
+    Message,
+    Outcome,
+    Pause,
+    PauseKind,
+    RetryPolicy,
+    Task,
+    TaskState,
+)
 
 
 class Capability(enum.Enum):
@@ -456,6 +465,19 @@ class Backend(Protocol):
 
     async def stop_worker(self, worker_id: str) -> None:
         """Record that a worker stopped."""
+
+    async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
+        """Pause a queue or a task name: from this call's commit on, no claim
+        starts an attempt of a task it holds back (nor reclaims one); running
+        attempts go on. Whether it was paused by this call (False: it was
+        already). Stored: it outlives every worker."""
+
+    async def resume(self, kind: PauseKind, name: str) -> bool:
+        """Undo a pause, and wake idle workers whose work it held back.
+        Whether it was paused."""
+
+    async def list_pauses(self) -> list[Pause]:
+        """Every pause, by kind and name."""
 
     def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
         """Yield a queue name whenever work may have become due there, and a

@@ -2,7 +2,8 @@
 
 Commands: ``migrate`` (``--sql`` to review first), ``worker``, ``enqueue``,
 ``send``, ``tasks``, ``counts``, ``show``, ``workers``, ``cancel``,
-``retry`` (by id or by filter, ``--dry-run``), ``health`` and ``demo``.
+``retry`` (by id or by filter, ``--dry-run``), ``pause``, ``resume``,
+``pauses``, ``health`` and ``demo``.
 Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
 (default ``CONVEYOR_SCHEMA``, then ``conveyor``); ``worker`` (and
 ``enqueue --app``) use the app's own store unless ``--url``/``--schema``
@@ -19,6 +20,7 @@ import logging
 import click
 
 from conveyor.cli.control import cancel, enqueue, retry, send
+from conveyor.cli.flow import pause, pauses, resume
 from conveyor.cli.reads import counts, health, show, tasks, workers
 from conveyor.cli.serve import demo, migrate, worker
 
@@ -32,6 +34,8 @@ def main() -> None:
 for command in (migrate, worker, enqueue, send, tasks, counts, show, cancel, retry, workers):
     main.add_command(command)
 main.add_command(health)
+for command in (pause, resume, pauses):
+    main.add_command(command)
 main.add_command(demo)
 
 logging.getLogger("conveyor").addHandler(logging.NullHandler())

@@ -37,7 +37,7 @@ from conveyor.backends.protocol import (
     WorkerInfo,
     WorkFilter,
 )
-from conveyor.model import LeaseToken, Message, Task, TaskState
+from conveyor.model import LeaseToken, Message, Pause, PauseKind, Task, TaskState, check_pause
 
 _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()
@@ -151,6 +151,19 @@ class MemoryBackend:
 
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
         return self._store.retry(task_id, self._now(now))
+
+    async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
+        kind, name = check_pause(kind, name)
+        return self._store.pause(kind, name, self._now(now))
+
+    async def resume(self, kind: PauseKind, name: str) -> bool:
+        kind, name = check_pause(kind, name)
+        resumed = self._store.resume(kind, name)
+        self._notify_woken()
+        return resumed
+
+    async def list_pauses(self) -> list[Pause]:
+        return self._store.list_pauses()
 
     # -- messages --------------------------------------------------------------
 

@@ -52,7 +52,11 @@ def count_unfinished(store: Store, work: WorkFilter, now: datetime) -> int:
             and r.queue in queues
             and (
                 r.state is TaskState.IN_PROGRESS
-                or (r.state is TaskState.PENDING and r.run_at <= now)
+                or (
+                    r.state is TaskState.PENDING
+                    and r.run_at <= now
+                    and store.pauses.serves(r.queue, r.name)
+                )
             )
         )
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from conveyor import payload as codec
+from conveyor.backends.memory.flow import Pauses
 from conveyor.backends.memory.inboxes import Inboxes
 from conveyor.backends.memory.index import ClaimIndex
 from conveyor.backends.memory.rows import Row
@@ -58,6 +59,8 @@ from conveyor.model import (
     LeaseToken,
     MessageKind,
     Outcome,
+    Pause,
+    PauseKind,
     TaskState,
     check_state_change,
 )
@@ -90,6 +93,7 @@ class Store:
     cancelling: set[int] = field(default_factory=set)
     """Running tasks whose cancel was requested under the lock; their
     workers are told after it."""
+    pauses: Pauses = field(default_factory=Pauses)
 
     # -- state changes: the only writes of a task's state ----------------------
 
@@ -148,8 +152,8 @@ class Store:
         (``failed``, ``cancelled``) without taking a place in the limit."""
         if params.limit <= 0:
             return []
-        names, queues = set(params.names), set(params.queues)
         with self.lock:
+            names, queues = self.pauses.served(set(params.names), set(params.queues))
             candidates = [
                 row
                 for task_id in list(self.index.in_progress)
@@ -412,6 +416,29 @@ class Store:
         if row is None:
             raise TaskNotFoundError(f"no task with id {task_id}")
         return row
+
+    # -- pauses ------------------------------------------------------------------
+
+    def pause(self, kind: PauseKind, name: str, now: datetime) -> bool:
+        with self.lock:
+            return self.pauses.pause(kind, name, now)
+
+    def resume(self, kind: PauseKind, name: str) -> bool:
+        """Undo a pause; the queues it held back are woken."""
+        with self.lock:
+            if not self.pauses.resume(kind, name):
+                return False
+            self.woken.update(
+                row.queue
+                for row in self.tasks.values()
+                if row.state is TaskState.PENDING
+                and (row.queue == name if kind is PauseKind.QUEUE else row.name == name)
+            )
+            return True
+
+    def list_pauses(self) -> list[Pause]:
+        with self.lock:
+            return self.pauses.listed()
 
     # -- workers -----------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from conveyor.backends.postgres import listen, queries, scripts
+from conveyor.backends.postgres.flow import FlowControl
 from conveyor.backends.postgres.inboxes import (
     finish_with_effects,
     has_effects,
@@ -123,7 +124,7 @@ def _check_sync(connection: Any) -> None:
         )
 
 
-class PostgresBackend:
+class PostgresBackend(FlowControl):
     """Tasks in PostgreSQL tables of one schema (default ``conveyor``)."""
 
     capabilities = frozenset(

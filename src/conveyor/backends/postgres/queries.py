@@ -75,16 +75,29 @@ def load(schema: str) -> Mapping[str, bytes]:
         "cancel_channel": sql.Literal(cancel_channel(schema)),
         "lock_space": sql.Literal(lock_space(schema)),
     }
-    parts = {
-        name: sql.SQL(body).format(**names)
-        for name, body in _BLOCKS.items()
-        if name.startswith(PART)
-    }
     return {
-        name: sql.SQL(body).format(**names, **parts).as_bytes(None)
-        for name, body in _BLOCKS.items()
+        name: sql.SQL(body).format(**names).as_bytes(None)
+        for name, body in _with_parts(_BLOCKS).items()
         if not name.startswith(PART)
     }
+
+
+def _with_parts(blocks: Mapping[str, LiteralString]) -> dict[str, LiteralString]:
+    """Every block with the parts it names (``{part_...}``) written in, parts
+    within parts too (as text, before anything is composed)."""
+    parts = {name: body for name, body in blocks.items() if name.startswith(PART)}
+    done: dict[str, LiteralString] = {}
+    for name, body in blocks.items():
+        for _ in range(len(parts) + 1):
+            named = [part for part in parts if "{" + part + "}" in body]
+            if not named:
+                break
+            for part in named:
+                body = body.replace("{" + part + "}", parts[part])
+        else:
+            raise ValueError(f"queries.sql: the parts of {name} name each other in a loop")
+        done[name] = body
+    return done
 
 
 def migrations() -> list[tuple[int, str, LiteralString]]:

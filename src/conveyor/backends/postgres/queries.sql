@@ -119,22 +119,36 @@ join unnest(%(names)s::text[], %(keys)s::text[]) as k(name, key)
 -- with the KEY SHARE lock that storing a message takes on its recipient's
 -- row (the messages' foreign key) until the send commits, and a busy inbox
 -- would keep its task from being claimed or its lease from being renewed.
+--
+-- Paused queues and names are left out: the served queues and names are
+-- cut once per statement (uncorrelated sub-selects, run once), not tested
+-- row by row.
 due as materialized (
     select p.id, p.priority, p.run_at
-    from unnest(%(queues)s::text[]) as q(name)
+    from unnest({part_served_queues}) as q(name)
     cross join lateral (
         select t.id, t.priority, t.run_at
         from {schema}.tasks t
         where t.state = 'pending'
           and t.queue = q.name
           and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-          and t.name = any(%(names)s::text[])
+          and t.name = any({part_served_names})
           and t.attempt <= 2147483645 and t.spent <= 2147483645  -- see quarantine
         order by t.priority desc, t.run_at, t.id
         limit %(limit)s::int
         for no key update of t skip locked
     ) as p
 )
+
+-- name: part_served_queues
+-- Part of the claims: the worker's queues that are not paused.
+array(select q from unnest(%(queues)s::text[]) as q
+      where not exists (select 1 from {schema}.pauses h where h.kind = 'queue' and h.name = q))
+
+-- name: part_served_names
+-- Part of the claims: the worker's task names that are not paused.
+array(select n from unnest(%(names)s::text[]) as n
+      where not exists (select 1 from {schema}.pauses h where h.kind = 'task' and h.name = n))
 
 -- name: part_claimed
 -- Part of both claims: the tasks of the statement's own `chosen` CTE start
@@ -211,8 +225,8 @@ expired as materialized (
       and t.lease_expires_at <= clock.now
       and not t.cancel_requested
       and t.spent < t.max_attempts
-      and t.queue = any(%(queues)s::text[])
-      and t.name = any(%(names)s::text[])
+      and t.queue = any({part_served_queues})
+      and t.name = any({part_served_names})
       and t.attempt <= 2147483645 and t.spent <= 2147483645  -- see quarantine
     order by t.priority desc, t.run_at, t.id
     limit %(limit)s::int
@@ -606,12 +620,40 @@ group by state, queue, name
 order by state, queue, name;
 
 -- name: count_unfinished
--- Tasks a burst worker would still have to wait for: due pending or running.
+-- Tasks a burst worker would still have to wait for: running, or due
+-- pending ones that a claim would take (not paused).
 select count(*) from {schema}.tasks
 where queue = any(%(queues)s::text[])
   and name = any(%(names)s::text[])
   and (state = 'in_progress'
-       or (state = 'pending' and run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())));
+       or (state = 'pending' and run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+           and queue = any({part_served_queues}) and name = any({part_served_names})));
+
+-- name: pause
+-- Pause a queue or a task name (again: nothing changes). Whether it was
+-- paused now comes back.
+insert into {schema}.pauses (kind, name, paused_at)
+values (%(kind)s, %(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
+on conflict (kind, name) do nothing
+returning true;
+
+-- name: resume
+-- Resume a queue or a task name, and wake the idle workers of the queues
+-- it holds back (a queue: itself; a name: each queue with due tasks of it).
+with resumed as (
+    delete from {schema}.pauses where kind = %(kind)s and name = %(name)s
+    returning kind, name
+),
+woken as (
+    select r.name as queue from resumed r where r.kind = 'queue'
+    union
+    select distinct t.queue from {schema}.tasks t, resumed r
+    where r.kind = 'task' and t.state = 'pending' and t.name = r.name
+)
+select (select count(*) from resumed), (select count(pg_notify({channel}, queue)) from woken);
+
+-- name: list_pauses
+select kind, name, paused_at from {schema}.pauses order by kind, name;
 
 -- name: next_run_at
 -- The earliest time a pending task of these queues becomes due.

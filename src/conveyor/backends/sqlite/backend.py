@@ -21,11 +21,11 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
-from typing import Any, LiteralString
+from typing import Any
 
-from conveyor.backends import sqlfiles, wake
+from conveyor.backends import wake
 from conveyor.backends.protocol import (
     CancelHint,
     Capability,
@@ -54,6 +54,7 @@ from conveyor.backends.sqlite.database import (
     connect,
     translated_errors,
 )
+from conveyor.backends.sqlite.flow import FlowControl, served
 from conveyor.backends.sqlite.inboxes import (
     apply_effects,
     holding,
@@ -63,6 +64,8 @@ from conveyor.backends.sqlite.inboxes import (
     send,
 )
 from conveyor.backends.sqlite.migrate import apply_migrations, pending_migrations
+from conveyor.backends.sqlite.statements import SQL
+from conveyor.backends.sqlite.statements import clock as _clock
 from conveyor.backends.stored import (
     LEASE_EXPIRED,
     corrupt_counter_message,
@@ -73,18 +76,12 @@ from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
 from conveyor.errors import ConfigurationError
 from conveyor.model import Attempt, LeaseToken, Message, Task, TaskState
 
-SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
 log = logging.getLogger("conveyor.sqlite")
 CHANGE_POLL_INTERVAL = 0.01
 """Seconds between checks for commits made by other processes (wake-ups)."""
 
 
-def _clock(conn: sqlite3.Connection, now: datetime | None) -> float:
-    value: float = conn.execute(SQL["clock"], {"now": rows.seconds(now)}).fetchone()[0]
-    return value
-
-
-class SQLiteBackend:
+class SQLiteBackend(FlowControl):
     """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``)."""
 
     capabilities = frozenset(
@@ -207,6 +204,7 @@ class SQLiteBackend:
         self, conn: sqlite3.Connection, params: ClaimParams, sweep: bool
     ) -> list[ClaimedTask]:
         now = _clock(conn, params.now)
+        params = served(conn, params)
         scope = {
             "now": now,
             "queues": json.dumps(list(params.queues)),

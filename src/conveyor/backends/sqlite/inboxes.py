@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
-from typing import Any, LiteralString
+from collections.abc import Sequence
+from typing import Any
 
-from conveyor.backends import sqlfiles
 from conveyor.backends.protocol import Completion, Delivery, EnqueueParams
 from conveyor.backends.sqlite import rows
+from conveyor.backends.sqlite.statements import SQL
 from conveyor.backends.stored import check_recipient, message_row
 from conveyor.model import Message, TaskState
-
-SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
 
 
 def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) -> list[int]:

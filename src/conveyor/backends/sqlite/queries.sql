@@ -278,11 +278,31 @@ group by state, queue, name
 order by state, queue, name;
 
 -- name: count_unfinished
--- Tasks a burst worker would still have to wait for: due pending or running.
+-- Tasks a burst worker would still have to wait for: running, or due
+-- pending ones that a claim would take (not paused).
 select count(*) from conveyor_tasks
 where queue in (select value from json_each(:queues))
   and name in (select value from json_each(:names))
-  and (state = 'in_progress' or (state = 'pending' and run_at <= :now));
+  and (state = 'in_progress'
+       or (state = 'pending' and run_at <= :now
+           and queue not in (select name from conveyor_pauses where kind = 'queue')
+           and name not in (select name from conveyor_pauses where kind = 'task')));
+
+-- name: paused
+-- What the claims leave out: every paused queue and task name.
+select kind, name from conveyor_pauses;
+
+-- name: pause
+-- Pause a queue or a task name (again: nothing changes); a row back if paused now.
+insert into conveyor_pauses (kind, name, paused_at) values (:kind, :name, :now)
+on conflict (kind, name) do nothing
+returning 1;
+
+-- name: resume
+delete from conveyor_pauses where kind = :kind and name = :name returning 1;
+
+-- name: list_pauses
+select kind, name, paused_at from conveyor_pauses order by kind, name;
 
 -- name: next_run_at
 -- The earliest time a pending task of these queues becomes due.

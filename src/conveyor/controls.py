@@ -1,0 +1,74 @@
+"""Operator controls of a client: pause and resume queues and task names.
+
+:class:`Controls` is a base of :class:`conveyor.Client` (and so of
+:class:`conveyor.App`): every control has a sync form and an ``_async``
+form, and runs on the store the client talks to.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from conveyor.backends import Backend
+from conveyor.errors import ConfigurationError
+from conveyor.model import Pause, PauseKind
+from conveyor.portal import Portal
+
+
+class _Named(Protocol):
+    name: str
+
+
+def pause_target(queue: str | None, task: str | _Named | None) -> tuple[PauseKind, str]:
+    """The one thing a pause names: a queue or a task (a name or a task object)."""
+    if (queue is None) == (task is None):
+        raise ConfigurationError("name one queue= or one task= to pause or resume")
+    if queue is not None:
+        return PauseKind.QUEUE, queue
+    assert task is not None
+    return PauseKind.TASK, task if isinstance(task, str) else task.name
+
+
+class Controls:
+    """Pauses (see :meth:`pause_async`)."""
+
+    portal: Portal
+
+    async def backend(self) -> Backend:
+        raise NotImplementedError  # the client's own
+
+    async def pause_async(
+        self, *, queue: str | None = None, task: str | _Named | None = None
+    ) -> bool:
+        """Pause a queue or a task (its name, or the task object): within
+        about a second no worker starts an attempt of a task it holds back
+        (claims read the pause; none starts once this returns, save a claim
+        already under way); running attempts go on. Enqueues still store
+        tasks. The pause is stored and lasts until :meth:`resume_async`,
+        across restarts. True if this call paused it (False: it was
+        already). Raises ConfigurationError unless exactly one is named."""
+        kind, name = pause_target(queue, task)
+        return await (await self.backend()).pause(kind, name)
+
+    def pause(self, *, queue: str | None = None, task: str | _Named | None = None) -> bool:
+        """Sync form of :meth:`pause_async`."""
+        return self.portal.run(self.pause_async(queue=queue, task=task))
+
+    async def resume_async(
+        self, *, queue: str | None = None, task: str | _Named | None = None
+    ) -> bool:
+        """Undo a pause; idle workers hear of it at once. True if it was paused."""
+        kind, name = pause_target(queue, task)
+        return await (await self.backend()).resume(kind, name)
+
+    def resume(self, *, queue: str | None = None, task: str | _Named | None = None) -> bool:
+        """Sync form of :meth:`resume_async`."""
+        return self.portal.run(self.resume_async(queue=queue, task=task))
+
+    async def pauses_async(self) -> list[Pause]:
+        """Every paused queue and task name."""
+        return await (await self.backend()).list_pauses()
+
+    def pauses(self) -> list[Pause]:
+        """Sync form of :meth:`pauses_async`."""
+        return self.portal.run(self.pauses_async())

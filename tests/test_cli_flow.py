@@ -1,0 +1,55 @@
+"""``conveyor pause``, ``resume`` and ``pauses`` as an operator runs them, on
+PostgreSQL and SQLite: the pause is stored and what a claim then takes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import conveyor
+from conveyor.backends.protocol import ClaimParams
+from tests.cli_harness import Cli
+
+
+def claimable(cli: Cli, queue: str, name: str) -> int:
+    """How many due tasks a worker serving ``name`` on ``queue`` would claim."""
+    app = conveyor.App(cli.env["CONVEYOR_URL"], schema=cli.env["CONVEYOR_SCHEMA"])
+
+    async def count() -> int:
+        backend = await app.backend()
+        claimed = await backend.claim(
+            ClaimParams(worker_id="probe", names=[name], queues=[queue], limit=10, lease=30)
+        )
+        return len(claimed)
+
+    try:
+        return asyncio.run(count())
+    finally:
+        app.close()
+
+
+def test_pause_and_resume_a_queue_from_the_command_line(cli: Cli) -> None:
+    cli.enqueue("report", {}, "--queue", "mail")
+    assert cli.ok("pause", "--queue", "mail").strip() == "queue mail: paused"
+    assert cli.ok("pause", "--queue", "mail").strip() == "queue mail: was paused already"
+    [listed] = cli.json("pauses")
+    assert (listed["kind"], listed["name"]) == ("queue", "mail")
+    assert "mail" in cli.ok("pauses")
+    assert claimable(cli, "mail", "report") == 0
+    assert cli.ok("resume", "--queue", "mail").strip() == "queue mail: resumed"
+    assert cli.ok("resume", "--queue", "mail").strip() == "queue mail: was not paused"
+    assert cli.json("pauses") == []
+    assert claimable(cli, "mail", "report") == 1
+
+
+def test_pause_a_task_name(cli: Cli) -> None:
+    cli.enqueue("report", {})
+    cli.enqueue("other", {})
+    cli.ok("pause", "--task", "report")
+    assert claimable(cli, "default", "report") == 0
+    assert claimable(cli, "default", "other") == 1
+    assert cli.ok("pauses", "--json").count('"task"') == 1
+
+
+def test_pause_wants_one_target(cli: Cli) -> None:
+    assert "one --queue or one --task" in cli.fails("pause")
+    assert "one --queue or one --task" in cli.fails("resume", "--queue", "a", "--task", "b")
