@@ -4,6 +4,7 @@ PostgreSQL and SQLite: the pause is stored and what a claim then takes."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import conveyor
 from conveyor.backends.protocol import ClaimParams
@@ -53,3 +54,19 @@ def test_pause_a_task_name(cli: Cli) -> None:
 def test_pause_wants_one_target(cli: Cli) -> None:
     assert "one --queue or one --task" in cli.fails("pause")
     assert "one --queue or one --task" in cli.fails("resume", "--queue", "a", "--task", "b")
+
+
+def test_prune_counts_then_deletes_finished_tasks(cli: Cli) -> None:
+    task_id = cli.enqueue("report", {})
+    cli.ok("cancel", str(task_id))
+    pending = cli.enqueue("report", {})
+    # Nothing is old enough under the defaults.
+    assert cli.ok("prune", "--dry-run").strip() == "would prune 0 task(s) and 0 worker(s)"
+    assert "takes an age" in cli.fails("prune", "--cancelled", "soon")
+    counted = cli.json("prune", "--cancelled", "1h", "--dry-run")
+    assert counted == {"tasks": 0, "workers": 0, "dry_run": True}  # not an hour old
+    time.sleep(1.2)
+    assert cli.json("prune", "--cancelled", "1s", "--dry-run")["tasks"] == 1
+    assert cli.ok("prune", "--cancelled", "1s").strip() == "pruned 1 task(s) and 0 worker(s)"
+    assert "no task" in cli.fails("show", str(task_id))
+    assert str(pending) in cli.ok("show", str(pending))

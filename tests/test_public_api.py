@@ -33,6 +33,7 @@ EXPECTED = [
     "Poll",
     "PollError",
     "ResultTimeoutError",
+    "Retention",
     "Retry",
     "RetryPolicy",
     "Sleep",

@@ -48,6 +48,7 @@ from conveyor.model import (
     TaskState,
 )
 from conveyor.options import EnqueueOptions
+from conveyor.retention import Retention
 from conveyor.task import BoundTask, TaskDef
 from conveyor.worker import Worker, WorkerConfig
 from conveyor.workflow import Done, Next, StepError, Workflow, done, next
@@ -81,6 +82,7 @@ __all__ = [
     "Poll",
     "PollError",
     "ResultTimeoutError",
+    "Retention",
     "Retry",
     "RetryPolicy",
     "Sleep",

@@ -1,4 +1,5 @@
-"""Operator controls of a client: pause and resume queues and task names.
+"""Operator controls of a client: pause and resume queues and task names,
+prune what retention does not keep.
 
 :class:`Controls` is a base of :class:`conveyor.Client` (and so of
 :class:`conveyor.App`): every control has a sync form and an ``_async``
@@ -7,12 +8,15 @@ form, and runs on the store the client talks to.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Protocol
 
 from conveyor.backends import Backend
+from conveyor.backends.protocol import Inspector, PruneResult
 from conveyor.errors import ConfigurationError
 from conveyor.model import Pause, PauseKind
 from conveyor.portal import Portal
+from conveyor.retention import DEFAULT_RETENTION, Retention
 
 
 class _Named(Protocol):
@@ -35,6 +39,9 @@ class Controls:
     portal: Portal
 
     async def backend(self) -> Backend:
+        raise NotImplementedError  # the client's own
+
+    async def _inspector(self) -> Inspector:
         raise NotImplementedError  # the client's own
 
     async def pause_async(
@@ -72,3 +79,26 @@ class Controls:
     def pauses(self) -> list[Pause]:
         """Sync form of :meth:`pauses_async`."""
         return self.portal.run(self.pauses_async())
+
+    async def prune_async(
+        self, retention: Retention | None = None, *, dry_run: bool = False
+    ) -> PruneResult:
+        """Delete what ``retention`` (default: :class:`Retention`'s defaults)
+        does not keep, now, batch after batch, as workers do on their own;
+        with ``dry_run``, only count it. What was (or would be) deleted; a
+        prune that finds another under way (PostgreSQL) stops ``busy``."""
+        keep = retention if retention is not None else DEFAULT_RETENTION
+        now = datetime.now(UTC)
+        if dry_run:
+            return await (await self._inspector()).count_prunable(keep.params(now))
+        backend = await self.backend()
+        tasks = workers = 0
+        while True:
+            done = await backend.prune(keep.params(now, workers=not tasks))
+            tasks, workers = tasks + done.tasks, workers + done.workers
+            if done.busy or done.tasks < keep.batch:
+                return PruneResult(tasks, workers, busy=done.busy)
+
+    def prune(self, retention: Retention | None = None, *, dry_run: bool = False) -> PruneResult:
+        """Sync form of :meth:`prune_async`."""
+        return self.portal.run(self.prune_async(retention, dry_run=dry_run))

@@ -20,9 +20,11 @@ behaviour that cronsim implements:
 
 * An expression whose minute and hour fields are both fixed (neither starts
   with ``*``: ``30 2 * * *``, ``0 9-17 * * MON-FRI``) follows the wall
-  clock. A slot at a wall time that does not exist fires once, at the first
-  minute after the gap; a wall time that happens twice fires once, at its
-  first occurrence (the earlier UTC instant).
+  clock. Slots at wall times that do not exist fire once, at the first
+  minute after the gap (all of them together, with a slot at that minute if
+  there is one); a wall time that happens twice fires once, at its first
+  occurrence (the earlier UTC instant). So ``0 0-23 * * *`` is not
+  ``0 * * * *``: it fires once for the two 02:00 of a repeated hour.
 * An expression whose minute or hour field starts with ``*`` (``0 * * * *``,
   ``*/15 * * * *``, ``30 */2 * * *``) follows real time: each wall time that
   exists fires, once per occurrence. A wall time in a gap does not fire; one
@@ -46,9 +48,9 @@ rules hold: the hourly ``0 * * * *`` is then 1.5 h apart across a change.
 
 Every slot is returned as an aware UTC datetime; slots of one schedule are
 strictly increasing and the same whatever instant a computation starts from.
-Not guaranteed: that a slot fires on time (that depends on running workers),
-nor anything about the historical offsets of a zone before 1970 that are not
-whole minutes.
+Not guaranteed: that a slot fires on time (that depends on running workers);
+that processes agree on slots near a change of offset that their time zone
+databases (the system's, or the tzdata package) date differently.
 """
 
 from __future__ import annotations
@@ -98,10 +100,12 @@ class Schedule:
     characters), ``task`` is the name of the task it enqueues with ``args``
     (kept as given: they are encoded when enqueued). Exactly one of ``cron``
     (a five-field expression read in the IANA zone ``tz``) and ``every``
-    (seconds or a timedelta, at least 1 s, at most 100 years) is given.
-    ``missed``, ``catch_up`` (1 to 1000) and ``grace`` (seconds, above 0)
-    say what :meth:`due` fires after slots were missed. Every invalid field
-    raises ConfigurationError.
+    (seconds, at least 1 and at most 100 years) is given. ``missed``,
+    ``catch_up`` (1 to 1000) and ``grace`` (seconds, above 0) say what
+    :meth:`due` fires after slots were missed. ``every`` and ``grace`` take a
+    timedelta and ``missed`` its string value too, stored normalised (float
+    seconds, a :class:`Missed`); ``cron`` is stored with single spaces.
+    Every invalid field raises ConfigurationError.
     """
 
     name: str
@@ -130,9 +134,7 @@ class Schedule:
             object.__setattr__(self, "cron", " ".join(self.cron.split()))
         if self.every is not None:
             object.__setattr__(self, "every", _seconds(f"{where}: every", self.every, 1.0))
-        object.__setattr__(self, "grace", _seconds(f"{where}: grace", self.grace, 0.0))
-        if self.grace == 0:
-            raise ConfigurationError(f"{where}: grace must be above 0 seconds")
+        object.__setattr__(self, "grace", _seconds(f"{where}: grace", self.grace, 1e-6))
         if not isinstance(self.args, Mapping):
             raise ConfigurationError(f"{where}: args must be a mapping, not {self.args!r}")
         object.__setattr__(self, "missed", _missed(where, self.missed, self.catch_up))
@@ -198,9 +200,10 @@ class Schedule:
         at = _utc("now", now)
         if last_slot is None:
             return self.slots(at - _MICROSECOND, at, 1)
+        fired = _utc("last_slot", last_slot)
         if self.missed is Missed.ALL:
-            return self.slots(last_slot, at, self.catch_up)
-        latest = self.slots(last_slot, at, 1)
+            return self.slots(fired, at, self.catch_up)
+        latest = self.slots(fired, at, 1)
         if self.missed is Missed.SKIP and latest:
             return latest if (at - latest[0]).total_seconds() <= self.grace else []
         return latest
@@ -259,16 +262,13 @@ class Schedule:
             return  # past the year 9999
 
     def _cron_slots(self, after: datetime, until: datetime, limit: int) -> list[datetime]:
-        """The last ``limit`` cron slots in (after, until], found in windows ending at ``until``.
-
-        A window that holds from ``limit`` to ``budget`` slots gives the
-        answer in one scan. Five-field slots are at least a minute apart, so
-        a ``limit``-minute window holds too few or just enough; doubling it
-        until it holds enough, then halving the gap between a start known to
-        leave too few slots (``sparse``) and one known to leave too many
-        (``dense``), ends with such a window, or with a gap under a minute,
-        where a start leaves at most one slot more than ``sparse`` does.
-        """
+        """The last ``limit`` cron slots in (after, until]: a window ending at
+        ``until`` that holds ``limit`` to ``budget`` slots gives them in one
+        scan. Slots are a minute apart or more, so a ``limit``-minute window
+        holds at most ``limit``; doubling it, then halving the gap between a
+        start that leaves too few (``sparse``) and one that leaves too many
+        (``dense``), finds such a window, or a gap under a minute where
+        ``dense`` leaves at most one slot more than ``sparse``."""
         budget = 4 * limit + 4
         sparse, dense = until, None
         span = until - after
@@ -291,8 +291,7 @@ class Schedule:
     def _count(
         self, after: datetime, until: datetime, keep: int, budget: int
     ) -> tuple[int, list[datetime]]:
-        """How many cron slots lie in (after, until], counting no further than
-        ``budget + 1``, and the last ``keep`` of them."""
+        """How many cron slots lie in (after, until] (up to ``budget + 1``), the last ``keep``."""
         kept: deque[datetime] = deque(maxlen=keep)
         count = 0
         for slot in self._cron_after(after):

@@ -33,7 +33,7 @@ Guarantees every implementation keeps (the conformance suite checks them):
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeAlias, runtime_checkable
@@ -283,6 +283,34 @@ class TaskCount:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class PruneParams:
+    """What one batch of :meth:`Backend.prune` may delete: finished tasks of
+    each state in ``before``, finished before its time, at most ``limit``
+    (0 or more) in all; and, with ``workers_before``, workers stopped (or
+    silent) since before that time."""
+
+    before: Mapping[TaskState, datetime]
+    limit: int = 1000
+    workers_before: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if not all(state.is_terminal for state in self.before):
+            raise ConfigurationError("only finished tasks are pruned")
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0:
+            raise ConfigurationError("limit must be an integer, 0 or more")
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    """What one batch deleted. ``busy``: another worker is pruning the same
+    store right now, and this batch did nothing."""
+
+    tasks: int
+    workers: int
+    busy: bool = False
+
+
 SILENT_BEATS = 3
 """Heartbeats a worker may miss before it counts as gone (not live)."""
 UNKNOWN_BEAT_SECONDS = 10.0
@@ -466,6 +494,16 @@ class Backend(Protocol):
     async def stop_worker(self, worker_id: str) -> None:
         """Record that a worker stopped."""
 
+    async def prune(self, params: PruneParams) -> PruneResult:
+        """Delete one batch of finished tasks (with their attempts, messages
+        and idempotency keys) and old workers, as ``params`` allow; oldest
+        ids first. Never a task that is pending, in progress or waiting, nor
+        a finished one whose parent is alive (its end message may yet be
+        read). One transaction per batch, whose locks are held only as long
+        as it runs; rows locked by others (a claim, a completion) are passed
+        by. Stores that many processes share prune in one process at a time:
+        a batch that finds another one under way returns ``busy``."""
+
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         """Pause a queue or a task name: from this call's commit on, no claim
         starts an attempt of a task it holds back (nor reclaims one); running
@@ -565,6 +603,11 @@ class Inspector(Protocol):
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Every worker the store knows, live or stopped, newest first."""
+
+    async def count_prunable(self, params: PruneParams) -> PruneResult:
+        """How many tasks and workers :meth:`Backend.prune` would delete with
+        ``params``, all batches together (``limit`` is ignored). Reads only;
+        reads every finished task of the states named."""
 
     async def pending_migrations(self) -> list[Migration]:
         """The migrations this store still needs, in order, without applying

@@ -83,12 +83,16 @@ def _with_texts(body: LiteralString) -> LiteralString:
     return _TEXT.sub(text, body)
 
 
+_TRAILING_COMMENT = re.compile(r"\s+--\s[^']*$")
+
+
 def _without_comment_lines(body: LiteralString) -> LiteralString:
-    """The statement without its whole-line comments and indentation: they
-    stay in the file for readers, and a shorter statement is one psycopg keeps
-    parsed (it caches statements up to 4 KiB) instead of parsing it again at
-    every execution. No string literal of ours spans lines."""
-    lines = (line.strip() for line in body.splitlines())
+    """The statement without its comments and indentation: they stay in the
+    file for readers, and a shorter statement is one psycopg keeps parsed (it
+    caches statements up to 4 KiB) instead of parsing it again at every
+    execution. A comment at the end of a line goes too when it holds no
+    quote (no string literal of ours holds `` -- ``, nor spans lines)."""
+    lines = (_TRAILING_COMMENT.sub("", line.strip()) for line in body.splitlines())
     return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 

@@ -129,13 +129,21 @@ def require_store(url: str | None) -> None:
         )
 
 
+def parse_duration(text: str) -> float | None:
+    """Seconds of a duration such as ``90s``, ``15m``, ``2h``, ``7d``; None
+    if ``text`` is not one."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if not found:
+        return None
+    return float(found.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[found.group(2)]
+
+
 def parse_time(text: str, now: datetime, option: str) -> datetime:
     """An ISO 8601 time (UTC unless it has an offset), or a duration before
     ``now``: ``90s``, ``15m``, ``2h``, ``7d``."""
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
-    if found:
-        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[found.group(2)]
-        return now - timedelta(seconds=float(found.group(1)) * unit)
+    seconds = parse_duration(text)
+    if seconds is not None:
+        return now - timedelta(seconds=seconds)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

@@ -1,4 +1,5 @@
-"""The commands of flow control: ``pause``, ``resume`` and ``pauses``."""
+"""The commands of flow control and retention: ``pause``, ``resume``,
+``pauses`` and ``prune``."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from conveyor.cli.common import (
     fail,
     json_option,
     open_client,
+    parse_duration,
     relative,
 )
 from conveyor.errors import ConveyorError
+from conveyor.retention import Retention
 
 
 def _target(fn: click.decorators.FC) -> click.decorators.FC:
@@ -88,3 +91,59 @@ def pauses(url: str | None, schema: str | None, as_json: bool) -> None:
     for p in found:
         table.add_row(p.kind.value, p.name, relative(p.paused_at, now))
     console.print(table)
+
+
+def _age(text: str, option: str) -> float | None:
+    if text.strip().lower() in ("never", "forever"):
+        return None
+    seconds = parse_duration(text)
+    if seconds is None or seconds < 1:
+        fail(f"{option} takes an age such as 90s, 15m, 2h, 7d, or 'forever': {text!r}")
+    return seconds
+
+
+@click.command()
+@click.option(
+    "--succeeded", default="1d", show_default=True, help="Keep succeeded tasks this long."
+)
+@click.option("--failed", default="14d", show_default=True, help="Keep failed tasks this long.")
+@click.option(
+    "--cancelled", default="14d", show_default=True, help="Keep cancelled tasks this long."
+)
+@click.option(
+    "--workers", default="1d", show_default=True, help="Keep stopped or silent workers this long."
+)
+@click.option("--dry-run", is_flag=True, help="Only count what would go.")
+@backend_options
+@json_option
+def prune(
+    succeeded: str,
+    failed: str,
+    cancelled: str,
+    workers: str,
+    dry_run: bool,
+    url: str | None,
+    schema: str | None,
+    as_json: bool,
+) -> None:
+    """Delete finished tasks (with their attempts and messages) and stopped
+    workers older than their age ('forever' keeps them), as workers do on
+    their own every minute. Never an unfinished task, nor a finished one
+    whose parent is still alive."""
+    retention = Retention(
+        succeeded=_age(succeeded, "--succeeded"),
+        failed=_age(failed, "--failed"),
+        cancelled=_age(cancelled, "--cancelled"),
+        workers=_age(workers, "--workers"),
+    )
+    try:
+        with open_client(url, schema) as app:
+            done = app.prune(retention, dry_run=dry_run)
+    except ConveyorError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps({"tasks": done.tasks, "workers": done.workers, "dry_run": dry_run}))
+    elif dry_run:
+        click.echo(f"would prune {done.tasks} task(s) and {done.workers} worker(s)")
+    else:
+        click.echo(f"pruned {done.tasks} task(s) and {done.workers} worker(s)")

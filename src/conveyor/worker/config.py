@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from conveyor.errors import ConfigurationError
 from conveyor.model import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS, check_duration
+from conveyor.retention import DEFAULT_RETENTION, Retention
 
 DEFAULT_CONCURRENCY = 10
 DEFAULT_POLL_INTERVAL = 1.0
@@ -60,6 +61,9 @@ class WorkerConfig:
     pool_size: int | None = None
     log_attempts: bool = True
     """Log each finished attempt at INFO with its duration (else at DEBUG)."""
+    retention: Retention | None = DEFAULT_RETENTION
+    """How long finished tasks and stopped workers are kept (see
+    :class:`Retention`); None: this worker never prunes."""
 
     def connections(self) -> int:
         """Pool size: ``pool_size``, else room for claims, completions and one
@@ -84,3 +88,5 @@ class WorkerConfig:
         check_duration("poll_interval", self.poll_interval, minimum=MIN_POLL_INTERVAL)
         check_duration("grace", self.grace)
         check_duration("stop_timeout", self.stop_timeout)
+        if self.retention is not None and not isinstance(self.retention, Retention):
+            raise ConfigurationError("retention must be a conveyor.Retention or None")

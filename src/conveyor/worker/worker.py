@@ -57,6 +57,7 @@ from conveyor.worker.config import WorkerConfig
 from conveyor.worker.dump import state_dump
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
 from conveyor.worker.outage import Outage
+from conveyor.worker.pruner import Pruner
 from conveyor.worker.stopping import cancel_and_wait
 from conveyor.worker.texts import reason
 
@@ -116,6 +117,7 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         self.completer: Completer | None = None
         self.cancels: CancelWatch | None = None
+        self.pruner: Pruner | None = None
         self.claimed_count = 0
         self.outage = Outage()
         """The store's reachability, logged once per change (every part reports)."""
@@ -208,6 +210,9 @@ class Worker:
             self.outage,
         )
         self.cancels.start()
+        if self.config.retention is not None:
+            self.pruner = Pruner(backend, self.config.retention)
+            self.pruner.start()
         listener = None
         if Capability.NOTIFICATIONS in backend.capabilities:
             listener = loop.create_task(self._listen(backend), name="conveyor-listener")
@@ -546,6 +551,8 @@ class Worker:
         await self._stop_running()
         if listener is not None:
             await cancel_and_wait(listener)
+        if self.pruner is not None:
+            await self.pruner.stop()
         if self.cancels is not None:
             await self.cancels.stop()
         if self.completer is not None:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from conveyor.backends import wake
-from conveyor.backends.memory import reads
+from conveyor.backends.memory import reads, retention
 from conveyor.backends.memory.store import Store
 from conveyor.backends.protocol import (
     Capability,
@@ -30,6 +30,8 @@ from conveyor.backends.protocol import (
     HeartbeatResult,
     Migration,
     NewTask,
+    PruneParams,
+    PruneResult,
     SendParams,
     TaskCount,
     TaskFilter,
@@ -151,6 +153,12 @@ class MemoryBackend:
 
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
         return self._store.retry(task_id, self._now(now))
+
+    async def prune(self, params: PruneParams) -> PruneResult:
+        return retention.prune(self._store, params)
+
+    async def count_prunable(self, params: PruneParams) -> PruneResult:
+        return retention.count_prunable(self._store, params)
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)

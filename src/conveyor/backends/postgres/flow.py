@@ -1,4 +1,4 @@
-"""Flow control on PostgreSQL: pauses (and the controls that come with them).
+"""Flow control and retention on PostgreSQL: pauses and pruning.
 
 A mixin of :class:`~conveyor.backends.postgres.backend.PostgresBackend`:
 each method is one statement of ``queries.sql`` run through the backend's
@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from conveyor.backends.protocol import PruneParams, PruneResult
 from conveyor.model import Pause, PauseKind, check_pause
 
 
 class FlowControl:
-    """Pause, resume and list pauses (see :class:`~conveyor.backends.protocol.Backend`)."""
+    """Pause, resume, list pauses, prune (see :class:`~conveyor.backends.protocol.Backend`)."""
 
     async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         raise NotImplementedError  # the backend's own
@@ -34,3 +35,24 @@ class FlowControl:
     async def list_pauses(self) -> list[Pause]:
         rows = await self._fetchall("list_pauses", {})
         return [Pause(PauseKind(kind), name, paused_at) for kind, name, paused_at in rows]
+
+    async def prune(self, params: PruneParams) -> PruneResult:
+        held, tasks, workers = (await self._fetchall("prune", _prune_args(params)))[0]
+        return PruneResult(tasks=tasks, workers=workers, busy=not held)
+
+    async def count_prunable(self, params: PruneParams) -> PruneResult:
+        args = _prune_args(params)
+        tasks = sum(count for _state, count in await self._fetchall("count_prunable", args))
+        workers = 0
+        if params.workers_before is not None:
+            workers = (await self._fetchall("count_prunable_workers", args))[0][0]
+        return PruneResult(tasks=tasks, workers=workers)
+
+
+def _prune_args(params: PruneParams) -> dict[str, Any]:
+    return {
+        "states": [state.value for state in params.before],
+        "befores": list(params.before.values()),
+        "limit": params.limit,
+        "workers_before": params.workers_before,
+    }

@@ -120,19 +120,19 @@ join unnest(%(names)s::text[], %(keys)s::text[]) as k(name, key)
 -- row (the messages' foreign key) until the send commits, and a busy inbox
 -- would keep its task from being claimed or its lease from being renewed.
 --
--- Paused queues and names are left out: the served queues and names are
--- cut once per statement (uncorrelated sub-selects, run once), not tested
--- row by row.
+-- Paused queues and names are left out: the statement's `served` CTE
+-- ({part_served}) cuts them once, not row by row.
 due as materialized (
     select p.id, p.priority, p.run_at
-    from unnest({part_served_queues}) as q(name)
+    from served s
+    cross join unnest(s.queues) as q(name)
     cross join lateral (
         select t.id, t.priority, t.run_at
         from {schema}.tasks t
         where t.state = 'pending'
           and t.queue = q.name
           and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-          and t.name = any({part_served_names})
+          and t.name = any(s.names)
           and t.attempt <= 2147483645 and t.spent <= 2147483645  -- see quarantine
         order by t.priority desc, t.run_at, t.id
         limit %(limit)s::int
@@ -140,15 +140,15 @@ due as materialized (
     ) as p
 )
 
--- name: part_served_queues
--- Part of the claims: the worker's queues that are not paused.
-array(select q from unnest(%(queues)s::text[]) as q
-      where not exists (select 1 from {schema}.pauses h where h.kind = 'queue' and h.name = q))
-
--- name: part_served_names
--- Part of the claims: the worker's task names that are not paused.
-array(select n from unnest(%(names)s::text[]) as n
-      where not exists (select 1 from {schema}.pauses h where h.kind = 'task' and h.name = n))
+-- name: part_served
+-- Part of the claims (a CTE): the worker's queues and task names that are
+-- not paused, as two arrays (uncorrelated sub-selects, run once).
+served as (
+    select array(select unnest(%(queues)s::text[])
+                 except select name from {schema}.pauses where kind = 'queue') as queues,
+           array(select unnest(%(names)s::text[])
+                 except select name from {schema}.pauses where kind = 'task') as names
+)
 
 -- name: part_claimed
 -- Part of both claims: the tasks of the statement's own `chosen` CTE start
@@ -186,6 +186,7 @@ claimed as (
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
+{part_served},
 {part_claim_due},
 chosen as (
     select id from due
@@ -215,18 +216,19 @@ order by priority desc, run_at, id;
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
+{part_served},
 {part_claim_due},
 -- Expired leases that may run again, in claim order (there are few rows in
 -- progress, so sorting them is cheap).
 expired as materialized (
     select t.id, t.priority, t.run_at, t.attempt, t.worker_id, t.attempt_started_at, t.step
-    from {schema}.tasks t, clock
+    from {schema}.tasks t, clock, served s
     where t.state = 'in_progress'
       and t.lease_expires_at <= clock.now
       and not t.cancel_requested
       and t.spent < t.max_attempts
-      and t.queue = any({part_served_queues})
-      and t.name = any({part_served_names})
+      and t.queue = any(s.queues)
+      and t.name = any(s.names)
       and t.attempt <= 2147483645 and t.spent <= 2147483645  -- see quarantine
     order by t.priority desc, t.run_at, t.id
     limit %(limit)s::int
@@ -622,12 +624,14 @@ order by state, queue, name;
 -- name: count_unfinished
 -- Tasks a burst worker would still have to wait for: running, or due
 -- pending ones that a claim would take (not paused).
-select count(*) from {schema}.tasks
-where queue = any(%(queues)s::text[])
-  and name = any(%(names)s::text[])
-  and (state = 'in_progress'
-       or (state = 'pending' and run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-           and queue = any({part_served_queues}) and name = any({part_served_names})));
+with {part_served}
+select count(*) from {schema}.tasks t, served s
+where t.queue = any(%(queues)s::text[])
+  and t.name = any(%(names)s::text[])
+  and (t.state = 'in_progress'
+       or (t.state = 'pending'
+           and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+           and t.queue = any(s.queues) and t.name = any(s.names)));
 
 -- name: pause
 -- Pause a queue or a task name (again: nothing changes). Whether it was
@@ -857,3 +861,63 @@ select version from {schema}.migrations order by version;
 -- name: record_migration
 -- The record of a migration, as a reviewed script (migrate --sql) writes it.
 insert into {schema}.migrations (version, name) values (%(version)s, %(name)s);
+
+-- name: prune
+-- Delete up to %(limit)s::int finished tasks, oldest ids first, of each
+-- state whose cutoff is given: finished before it, and no parent still alive
+-- (its end message may yet be read). Their attempts, messages and keys go
+-- with them (foreign keys, on delete cascade); a child left behind keeps
+-- running with no parent. One pruner at a time: a transaction-scoped
+-- advisory lock, tried, not waited for; `held` false means another worker
+-- is pruning and nothing was done. Each state is read off the state index
+-- (state, id), oldest first, skipping rows locked by anyone.
+with guard as (
+    select pg_try_advisory_xact_lock({lock_space}, -1) as held
+),
+doomed as materialized (
+    select d.id
+    from guard,
+         unnest(%(states)s::text[], %(befores)s::timestamptz[]) as c(state, before)
+    cross join lateral (
+        select t.id from {schema}.tasks t
+        where t.state = c.state
+          and t.finished_at < c.before
+          and not exists (
+              select 1 from {schema}.tasks p
+              where p.id = t.parent_id and p.state in ('pending', 'in_progress', 'waiting'))
+        order by t.id
+        limit %(limit)s::int
+        for update of t skip locked
+    ) as d
+    where guard.held
+    limit %(limit)s::int
+),
+gone as (
+    delete from {schema}.tasks t using doomed d where t.id = d.id
+    returning t.id
+),
+workers_gone as (
+    delete from {schema}.workers w using guard
+    where guard.held and %(workers_before)s::timestamptz is not null
+      and coalesce(w.stopped_at, w.last_seen_at) < %(workers_before)s::timestamptz
+    returning w.id
+)
+select (select held from guard), (select count(*) from gone), (select count(*) from workers_gone);
+
+-- name: count_prunable
+-- How many finished tasks of each state a prune with these cutoffs would
+-- delete, all batches together (a full read of those states' rows).
+select t.state, count(*)
+from {schema}.tasks t
+join unnest(%(states)s::text[], %(befores)s::timestamptz[]) as c(state, before)
+  on t.state = c.state and t.finished_at < c.before
+where not exists (
+    select 1 from {schema}.tasks p
+    where p.id = t.parent_id and p.state in ('pending', 'in_progress', 'waiting'))
+group by t.state
+order by t.state;
+
+-- name: count_prunable_workers
+-- How many workers a prune with this cutoff would delete.
+select count(*) from {schema}.workers
+where coalesce(stopped_at, last_seen_at) < %(workers_before)s::timestamptz;

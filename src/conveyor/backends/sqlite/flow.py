@@ -1,4 +1,4 @@
-"""Flow control on SQLite: pauses.
+"""Flow control and retention on SQLite: pauses and pruning.
 
 A mixin of :class:`~conveyor.backends.sqlite.backend.SQLiteBackend`. The
 claim reads the paused queues and names in its own write transaction
@@ -12,7 +12,7 @@ import sqlite3
 from datetime import datetime
 
 from conveyor.backends import wake
-from conveyor.backends.protocol import ClaimParams
+from conveyor.backends.protocol import ClaimParams, PruneParams, PruneResult
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.statements import SQL, clock
@@ -34,7 +34,10 @@ def served(conn: sqlite3.Connection, params: ClaimParams) -> ClaimParams:
 
 
 class FlowControl:
-    """Pause, resume and list pauses (see :class:`~conveyor.backends.protocol.Backend`)."""
+    """Pause, resume, list pauses, prune (see :class:`~conveyor.backends.protocol.Backend`).
+
+    A prune batch is one write transaction: SQLite has one writer at a
+    time, so batches of several processes take turns (never ``busy``)."""
 
     _db: Database
     _wake_key: str
@@ -64,3 +67,33 @@ class FlowControl:
             Pause(PauseKind(kind), name, rows.moment(at) or rows.EARLIEST)
             for kind, name, at in found
         ]
+
+    async def prune(self, params: PruneParams) -> PruneResult:
+        def prune(conn: sqlite3.Connection) -> PruneResult:
+            left = params.limit
+            for state, before in params.before.items():
+                if left <= 0:
+                    break
+                args = {"state": state.value, "before": rows.seconds(before), "limit": left}
+                left -= len(conn.execute(SQL["prune_tasks"], args).fetchall())
+            workers = 0
+            if params.workers_before is not None:
+                args = {"workers_before": rows.seconds(params.workers_before)}
+                workers = len(conn.execute(SQL["prune_workers"], args).fetchall())
+            return PruneResult(tasks=params.limit - left, workers=workers)
+
+        return await self._db.write(prune)
+
+    async def count_prunable(self, params: PruneParams) -> PruneResult:
+        def count(conn: sqlite3.Connection) -> PruneResult:
+            tasks = 0
+            for state, before in params.before.items():
+                args = {"state": state.value, "before": rows.seconds(before)}
+                tasks += conn.execute(SQL["count_prunable"], args).fetchone()[0]
+            workers = 0
+            if params.workers_before is not None:
+                args = {"workers_before": rows.seconds(params.workers_before)}
+                workers = conn.execute(SQL["count_prunable_workers"], args).fetchone()[0]
+            return PruneResult(tasks=tasks, workers=workers)
+
+        return await self._db.read(count)

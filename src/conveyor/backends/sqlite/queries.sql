@@ -443,3 +443,35 @@ from conveyor_tasks t
 join (select json_extract(value, '$[0]') as id, json_extract(value, '$[1]') as attempt
       from json_each(:leases)) as l on l.id = t.id and l.attempt = t.attempt
 where t.worker_id = :worker_id and t.lease_expires_at > :now;
+
+-- name: prune_tasks
+-- Delete up to :limit finished tasks of state :state, finished before
+-- :before, oldest ids first, whose parent is not alive (see the PostgreSQL
+-- prune); attempts, messages and keys go with them (on delete cascade). The
+-- state index (state, id) serves the order.
+delete from conveyor_tasks where id in (
+    select t.id from conveyor_tasks t
+    where t.state = :state
+      and t.finished_at < :before
+      and not exists (
+          select 1 from conveyor_tasks p
+          where p.id = t.parent_id and p.state in ('pending', 'in_progress', 'waiting'))
+    order by t.id
+    limit :limit
+)
+returning id;
+
+-- name: prune_workers
+delete from conveyor_workers where coalesce(stopped_at, last_seen_at) < :workers_before
+returning id;
+
+-- name: count_prunable
+select count(*) from conveyor_tasks t
+where t.state = :state
+  and t.finished_at < :before
+  and not exists (
+      select 1 from conveyor_tasks p
+      where p.id = t.parent_id and p.state in ('pending', 'in_progress', 'waiting'));
+
+-- name: count_prunable_workers
+select count(*) from conveyor_workers where coalesce(stopped_at, last_seen_at) < :workers_before;

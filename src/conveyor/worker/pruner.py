@@ -1,0 +1,76 @@
+"""The worker's pruner: deletes what its :class:`~conveyor.retention.Retention`
+does not keep.
+
+Every worker runs a :class:`Pruner` unless its config says
+``retention=None``. On PostgreSQL one worker at a time prunes (the others
+find the batch ``busy`` and wait for their next turn); a batch deletes at
+most ``batch`` tasks in one short transaction, and batches are spaced by
+``PRUNE_PAUSE`` seconds so claims and completions never queue behind the pruner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from datetime import UTC, datetime
+
+from conveyor.backends.protocol import Backend, PruneResult
+from conveyor.retention import Retention
+from conveyor.worker.texts import reason
+
+log = logging.getLogger("conveyor.worker")
+
+PRUNE_PAUSE = 0.05
+"""Seconds between two batches of one prune."""
+MAX_BATCHES = 100
+"""Batches of one prune at most: a backlog is worked off over several prunes."""
+
+
+class Pruner:
+    """The worker's pruner: every ``interval`` (spread), batches until one
+    deletes less than a full batch, or ``MAX_BATCHES``. Failures are logged
+    and retried at the next turn; the pruner never stops the worker."""
+
+    def __init__(self, backend: Backend, retention: Retention) -> None:
+        self.backend = backend
+        self.retention = retention
+        self.pruned = 0
+        """Tasks this pruner deleted so far."""
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="conveyor-pruner")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def run_once(self, now: datetime | None = None) -> PruneResult:
+        """One prune: its batches, until the backlog is gone (or a batch is
+        ``busy``: another process prunes). What it deleted in all."""
+        tasks = workers = 0
+        for number in range(MAX_BATCHES):
+            moment = now if now is not None else datetime.now(UTC)
+            params = self.retention.params(moment, workers=not number)  # workers: once
+            done = await self.backend.prune(params)
+            if done.busy:
+                return PruneResult(tasks, workers, busy=True)
+            tasks, workers = tasks + done.tasks, workers + done.workers
+            if done.tasks < params.limit:
+                break
+            await asyncio.sleep(PRUNE_PAUSE)
+        self.pruned += tasks
+        if tasks or workers:
+            log.info("pruned %d finished task(s) and %d old worker(s)", tasks, workers)
+        return PruneResult(tasks, workers)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.retention.interval * random.uniform(0.8, 1.2))
+            try:
+                await self.run_once()
+            except Exception as exc:
+                log.warning("prune failed (%s); trying again later", reason(exc))

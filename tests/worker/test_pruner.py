@@ -1,0 +1,89 @@
+"""The worker's pruner on every backend: finished tasks past their age go,
+in batches, while the worker runs; the rest stays; ``retention=None`` keeps
+everything."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import conveyor
+from conveyor import Retention, TaskState
+from conveyor.errors import ConfigurationError
+from conveyor.worker.pruner import Pruner
+from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
+
+
+@pytest.fixture
+def app(any_app: conveyor.App) -> conveyor.App:
+    return any_app
+
+
+async def test_a_running_worker_prunes_what_retention_does_not_keep(app: conveyor.App) -> None:
+    @app.task()
+    async def job(fail: bool = False) -> None:
+        if fail:
+            raise conveyor.Fatal("no")
+
+    keep = Retention(succeeded=1, failed=3600, interval=0.1)
+    async with app:
+        done = [await job.enqueue_async() for _ in range(3)]
+        failed = await job.enqueue_async(fail=True)
+        later = await job.options(delay=3600).enqueue_async()
+        async with RunningWorker(app, retention=keep):
+            await wait_terminal(app, [h.id for h in [*done, failed]])
+
+            async def pruned() -> bool:
+                return all([await app.get_async(h.id) is None for h in done])
+
+            await wait_for(pruned, timeout=15)
+        kept = [await app.get_async(h.id) for h in (failed, later)]
+    assert [t.state for t in kept if t is not None] == [TaskState.FAILED, TaskState.PENDING]
+
+
+async def test_a_backlog_goes_in_batches(app: conveyor.App) -> None:
+    @app.task()
+    async def job() -> None:
+        return None
+
+    async with app:
+        handles = await app.enqueue_many_async(job, [{} for _ in range(25)])
+        async with RunningWorker(app, retention=None, concurrency=10):
+            await wait_terminal(app, [h.id for h in handles])
+        pruner = Pruner(await app.backend(), Retention(succeeded=1, batch=10))
+        soon = datetime.now(UTC)
+        assert (await pruner.run_once(now=soon)).tasks == 0  # not a second old yet
+        result = await pruner.run_once(now=soon + timedelta(seconds=5))
+        assert (result.tasks, result.busy) == (25, False)
+        assert [await app.get_async(h.id) for h in handles] == [None] * 25
+        # The API does the same, as does `conveyor prune`.
+        assert (await app.prune_async(Retention(succeeded=1), dry_run=True)).tasks == 0
+
+
+async def test_retention_none_keeps_everything(app: conveyor.App) -> None:
+    @app.task()
+    async def job() -> None:
+        return None
+
+    async with app:
+        handle = await job.enqueue_async()
+        async with RunningWorker(app, retention=None) as worker:
+            await wait_terminal(app, [handle.id])
+            await asyncio.sleep(0.3)
+            assert worker.pruner is None
+        assert await app.get_async(handle.id) is not None
+
+
+@pytest.mark.parametrize(
+    "bad", [{"succeeded": 0}, {"failed": -1}, {"batch": 0}, {"interval": 0}, {"workers": "1d"}]
+)
+def test_retention_refuses_nonsense(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError, match="Retention"):
+        Retention(**bad)  # type: ignore[arg-type]
+
+
+def test_worker_config_takes_only_a_retention() -> None:
+    with pytest.raises(ConfigurationError, match="retention"):
+        conveyor.WorkerConfig(retention=3600)  # type: ignore[arg-type]
