@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import conveyor
 from conveyor.backends.protocol import ClaimParams
+from conveyor.worker.scheduler import Scheduler
 from tests.cli_harness import Cli
 
 
@@ -70,3 +73,40 @@ def test_prune_counts_then_deletes_finished_tasks(cli: Cli) -> None:
     assert cli.ok("prune", "--cancelled", "1s").strip() == "pruned 1 task(s) and 0 worker(s)"
     assert "no task" in cli.fails("show", str(task_id))
     assert str(pending) in cli.ok("show", str(pending))
+
+
+def test_schedules_lists_each_with_its_next_and_last_slot(cli: Cli) -> None:
+    assert "no schedules" in cli.ok("schedules")
+    app = conveyor.App(cli.env["CONVEYOR_URL"], schema=cli.env["CONVEYOR_SCHEMA"])
+
+    @app.task()
+    async def report() -> None:
+        return None
+
+    app.schedule(report, cron="30 2 * * *", tz="Europe/Paris", name="nightly")
+    app.schedule(report, every=1, name="often")
+
+    async def sync_and_fire() -> None:
+        scheduler = Scheduler(await app.backend(), app.schedules, app.tasks, 1 << 20)
+        await scheduler.sync()
+        await asyncio.sleep(1.1)
+        await scheduler.run_once()
+        await app.aclose()
+
+    try:
+        asyncio.run(sync_and_fire())
+    finally:
+        app.close()
+    nightly, often = cli.json("schedules")
+    assert (nightly["name"], nightly["cron"], nightly["tz"]) == (
+        "nightly",
+        "30 2 * * *",
+        "Europe/Paris",
+    )
+    upcoming = datetime.fromisoformat(nightly["next_slot"])
+    assert upcoming.astimezone(ZoneInfo("Europe/Paris")).strftime("%H:%M") == "02:30"
+    assert nightly["last_task_id"] is None
+    assert (often["every"], often["last_task_state"]) == (1.0, "pending")
+    assert often["last_task_id"] is not None
+    shown = cli.ok("schedules")
+    assert "nightly" in shown and "30 2 * * * (Europe/Paris)" in shown and "every 1s" in shown

@@ -57,3 +57,11 @@ def test_coroutine_fanout_adds_up_its_children_then_waits_for_the_approval(
         "result: {'quote': 7, 'total_cents': 8699}",
         "children: book=2500:succeeded, lamp=3499:succeeded, mug=2700:succeeded",
     ]
+
+
+def test_schedules_declares_a_cron_and_an_interval_schedule() -> None:
+    lines = run_example("schedules.py", CONVEYOR_URL="memory://schedules-example")
+    assert lines == [
+        "nightly_report: cron '30 2 * * *' in Europe/Paris",
+        "refresh_cache: every 300s",
+    ]

@@ -21,12 +21,14 @@ from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskE
 from conveyor.handle import TaskHandle
 from conveyor.model import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, DEFAULT_RETRY, RetryPolicy
 from conveyor.options import EnqueueOptions, OptionFields, options_from
+from conveyor.schedules import Missed, Schedule
 from conveyor.task import Executor, P, R, TaskDecorator, TaskDef, TaskOptions
 from conveyor.worker import Worker, WorkerConfig
 from conveyor.worker.drain import drain_registry
 from conveyor.workflow import Workflow
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class App(Client):
@@ -55,6 +57,8 @@ class App(Client):
         )
         self.allow_unregistered = allow_unregistered
         self.tasks: dict[str, TaskDef] = {}
+        self.schedules: dict[str, Schedule] = {}
+        """The periodic schedules of this app's tasks, by name (see :meth:`schedule`)."""
         self.inline_runner = self._run_inline_worker
 
     # -- registration ------------------------------------------------------
@@ -163,6 +167,96 @@ class App(Client):
             found = Coroutine(self, handler, task_name, options)
             self.tasks[task_name] = found
             return found
+
+        return register
+
+    def schedule(
+        self,
+        task: str | TaskDef,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        tz: str = "UTC",
+        args: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        missed: Missed | str = Missed.LATEST,
+        catch_up: int = 10,
+        grace: float | timedelta = 60.0,
+    ) -> Schedule:
+        """Enqueue ``task`` (registered on this app) with ``args`` once per
+        slot: of a five-field ``cron`` expression read in the IANA zone
+        ``tz``, or ``every`` so many seconds (from the Unix epoch, so every
+        process agrees). Exactly one task per slot is stored, however many
+        workers run (see :mod:`conveyor.worker.scheduler`). A new schedule
+        starts with the first slot after a worker first syncs it. ``missed``
+        says what happens to slots that passed while no worker ran:
+        ``"latest"`` (default) fires the latest once, ``"skip"`` fires none
+        (only a slot at most ``grace`` seconds late), ``"all"`` fires each, at
+        most the last ``catch_up``. ``name`` (default: the task's name) is
+        the schedule's, unique in the app. Time zones and daylight saving
+        time: see :mod:`conveyor.schedules`.
+
+        Raises ConfigurationError (bad field, name taken, task not
+        registered here, a workflow or coroutine) or PayloadError (``args``
+        do not fit the task) now, before any worker runs."""
+        definition = self.tasks.get(task) if isinstance(task, str) else task
+        if definition is None or self.tasks.get(definition.name) is not definition:
+            raise ConfigurationError(f"schedule a task registered on this app, not {task!r}")
+        if isinstance(definition, Workflow | Coroutine):
+            raise ConfigurationError("a schedule enqueues plain tasks, not workflows or coroutines")
+        found = Schedule(
+            name=name if name is not None else definition.name,
+            task=definition.name,
+            cron=cron,
+            every=every,  # type: ignore[arg-type]  # a timedelta is taken too
+            tz=tz,
+            args=dict(args or {}),
+            missed=missed,  # type: ignore[arg-type]  # its string value is taken too
+            catch_up=catch_up,
+            grace=grace,  # type: ignore[arg-type]
+        )
+        if found.name in self.schedules:
+            raise ConfigurationError(
+                f"schedule name {found.name!r} is taken: give this one a name="
+            )
+        definition.encode_args(found.args, self.max_payload_bytes)
+        self.schedules[found.name] = found
+        return found
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        tz: str = "UTC",
+        args: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        missed: Missed | str = Missed.LATEST,
+        catch_up: int = 10,
+        grace: float | timedelta = 60.0,
+    ) -> Callable[[T], T]:
+        """:meth:`schedule` as a decorator, above ``@app.task``::
+
+        @app.periodic(cron="*/5 * * * *", tz="Europe/Paris")
+        @app.task()
+        async def report() -> None: ...
+        """
+
+        def register(task: T) -> T:
+            if not isinstance(task, TaskDef):
+                raise ConfigurationError("put @app.periodic(...) above @app.task(...)")
+            self.schedule(
+                task,
+                cron=cron,
+                every=every,
+                tz=tz,
+                args=args,
+                name=name,
+                missed=missed,
+                catch_up=catch_up,
+                grace=grace,
+            )
+            return task
 
         return register
 

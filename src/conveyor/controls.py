@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from conveyor.backends import Backend
-from conveyor.backends.protocol import Inspector, PruneResult
+from conveyor.backends.protocol import Inspector, PruneResult, StoredSchedule
 from conveyor.errors import ConfigurationError
 from conveyor.model import Pause, PauseKind
 from conveyor.portal import Portal
@@ -102,3 +102,12 @@ class Controls:
     def prune(self, retention: Retention | None = None, *, dry_run: bool = False) -> PruneResult:
         """Sync form of :meth:`prune_async`."""
         return self.portal.run(self.prune_async(retention, dry_run=dry_run))
+
+    async def stored_schedules_async(self) -> tuple[datetime, list[StoredSchedule]]:
+        """The store's clock, and every schedule stored by the workers that
+        synced them (of this app and any other on the same store), by name."""
+        return await (await self.backend()).list_schedules()
+
+    def stored_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
+        """Sync form of :meth:`stored_schedules_async`."""
+        return self.portal.run(self.stored_schedules_async())

@@ -311,6 +311,50 @@ class PruneResult:
     busy: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class StoredSchedule:
+    """A schedule as the store keeps it: its definition (as
+    :class:`conveyor.schedules.Schedule` holds it; ``args`` is encoded
+    JSON), the fingerprint of that definition, and the last slot fired (a
+    new schedule's starts at its first sync) with the task it enqueued."""
+
+    name: str
+    task: str
+    cron: str | None
+    every: float | None
+    tz: str
+    missed: str
+    catch_up: int
+    args: str
+    fingerprint: str
+    last_slot: datetime | None = None
+    last_task_id: int | None = None
+    synced_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSync:
+    """The schedules an app defines, synced when its worker starts: each is
+    stored (a new one starting from now, a changed one keeping its last
+    slot), and stored schedules of ``tasks`` (the app's task names) that it
+    no longer defines are removed."""
+
+    schedules: Sequence[StoredSchedule]
+    tasks: Sequence[str]
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FireParams:
+    """Fire ``slots`` (oldest first) of schedule ``name``: ``tasks`` holds one
+    task per slot (with its key)."""
+
+    name: str
+    fingerprint: str
+    slots: Sequence[datetime]
+    tasks: Sequence[NewTask]
+
+
 SILENT_BEATS = 3
 """Heartbeats a worker may miss before it counts as gone (not live)."""
 UNKNOWN_BEAT_SECONDS = 10.0
@@ -503,6 +547,21 @@ class Backend(Protocol):
         as it runs; rows locked by others (a claim, a completion) are passed
         by. Stores that many processes share prune in one process at a time:
         a batch that finds another one under way returns ``busy``."""
+
+    async def sync_schedules(self, params: ScheduleSync) -> None:
+        """Store an app's schedules and drop those it removed (see
+        :class:`ScheduleSync`), in one transaction."""
+
+    async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
+        """The store's clock now, and every stored schedule by name."""
+
+    async def fire_schedule(self, params: FireParams) -> list[int]:
+        """Enqueue the tasks of some slots of a schedule, at most once per
+        slot across every worker: in one transaction, only if the stored
+        schedule has ``fingerprint`` and its last slot is before the first
+        of ``slots``, move its last slot to the last of them and store the
+        tasks. Their ids, or [] if another worker fired them first (or the
+        schedule changed or went)."""
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         """Pause a queue or a task name: from this call's commit on, no claim

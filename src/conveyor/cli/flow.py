@@ -1,5 +1,5 @@
 """The commands of flow control and retention: ``pause``, ``resume``,
-``pauses`` and ``prune``."""
+``pauses``, ``schedules`` and ``prune``."""
 
 from __future__ import annotations
 
@@ -9,17 +9,21 @@ from datetime import UTC, datetime
 import click
 from rich.table import Table
 
+from conveyor.backends.protocol import StoredSchedule
 from conveyor.cli.common import (
     backend_options,
     console,
     fail,
+    iso,
     json_option,
     open_client,
     parse_duration,
     relative,
+    span,
 )
 from conveyor.errors import ConveyorError
 from conveyor.retention import Retention
+from conveyor.schedules import Schedule
 
 
 def _target(fn: click.decorators.FC) -> click.decorators.FC:
@@ -147,3 +151,75 @@ def prune(
         click.echo(f"would prune {done.tasks} task(s) and {done.workers} worker(s)")
     else:
         click.echo(f"pruned {done.tasks} task(s) and {done.workers} worker(s)")
+
+
+def _next_slot(row: StoredSchedule, now: datetime) -> datetime | None:
+    """When ``row`` fires next, by its stored definition (None: it cannot be read)."""
+    try:
+        schedule = Schedule(
+            name=row.name,
+            task=row.task,
+            cron=row.cron,
+            every=row.every,
+            tz=row.tz,
+            missed=row.missed,  # type: ignore[arg-type]  # its string value is taken too
+            catch_up=row.catch_up,
+        )
+        return schedule.next_slot(max(now, row.last_slot or now))
+    except ConveyorError:
+        return None
+
+
+@click.command()
+@backend_options
+@json_option
+def schedules(url: str | None, schema: str | None, as_json: bool) -> None:
+    """List the schedules workers synced: each with its next slot, its last
+    slot fired and the task that slot enqueued."""
+    try:
+        with open_client(url, schema) as app:
+            now, rows = app.stored_schedules()
+            last = {row.name: app.get(row.last_task_id) for row in rows if row.last_task_id}
+    except ConveyorError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": row.name,
+                        "task": row.task,
+                        "cron": row.cron,
+                        "every": row.every,
+                        "tz": row.tz,
+                        "missed": row.missed,
+                        "next_slot": iso(_next_slot(row, now)),
+                        "last_slot": iso(row.last_slot),
+                        "last_task_id": row.last_task_id,
+                        "last_task_state": (
+                            task.state.value if (task := last.get(row.name)) else None
+                        ),
+                    }
+                    for row in rows
+                ]
+            )
+        )
+        return
+    if not rows:
+        console.print("no schedules: a worker syncs its app's schedules when it starts")
+        return
+    table = Table("name", "task", "when", "next", "last slot", "last task")
+    for row in rows:
+        upcoming = _next_slot(row, now)
+        task = last.get(row.name)
+        table.add_row(
+            row.name,
+            row.task,
+            f"every {row.every:g}s" if row.every is not None else f"{row.cron} ({row.tz})",
+            f"{upcoming:%Y-%m-%d %H:%M:%S}Z (in {span((upcoming - now).total_seconds())})"
+            if upcoming
+            else "?",
+            relative(row.last_slot, now) if row.last_slot else "",
+            f"{row.last_task_id} {task.state.value}" if task else str(row.last_task_id or ""),
+        )
+    console.print(table)

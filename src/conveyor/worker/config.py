@@ -64,6 +64,9 @@ class WorkerConfig:
     retention: Retention | None = DEFAULT_RETENTION
     """How long finished tasks and stopped workers are kept (see
     :class:`Retention`); None: this worker never prunes."""
+    schedules: bool = True
+    """Sync the app's schedules at start and fire them (False: this worker
+    leaves schedules to other workers)."""
 
     def connections(self) -> int:
         """Pool size: ``pool_size``, else room for claims, completions and one

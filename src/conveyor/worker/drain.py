@@ -28,6 +28,8 @@ async def drain_registry(
         handle_signals=False,
         poll_interval=DRAIN_POLL_INTERVAL,
         lease=DRAIN_LEASE,
+        retention=None,  # a drain runs what is due; it prunes and schedules nothing
+        schedules=False,
     )
     worker = Worker(registry, config)
     await worker.run()

@@ -47,6 +47,7 @@ from conveyor.errors import (
     WorkerShutdown,
 )
 from conveyor.model import LeaseToken, Outcome, TaskState
+from conveyor.schedules import Schedule
 from conveyor.task import TaskDef
 from conveyor.worker import outcomes
 from conveyor.worker.attempt import RunningAttempt
@@ -58,6 +59,7 @@ from conveyor.worker.dump import state_dump
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
 from conveyor.worker.outage import Outage
 from conveyor.worker.pruner import Pruner
+from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.stopping import cancel_and_wait
 from conveyor.worker.texts import reason
 
@@ -80,8 +82,9 @@ def _start_runner(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
 
 
 class Registry(Protocol):
-    """What a worker is built from: the registered tasks by name, and the
-    client of the store they are in (an :class:`~conveyor.App` is both)."""
+    """What a worker is built from: the registered tasks and schedules by
+    name, and the client of the store they are in (an :class:`~conveyor.App`
+    is all three)."""
 
     @property
     def tasks(self) -> Mapping[str, TaskDef]: ...
@@ -89,12 +92,16 @@ class Registry(Protocol):
     @property
     def client(self) -> Client: ...
 
+    @property
+    def schedules(self) -> Mapping[str, Schedule]: ...
+
 
 class Worker:
     """Runs a registry's tasks (``Worker(app, config)``); ``await run()`` until stopped."""
 
     def __init__(self, registry: Registry, config: WorkerConfig | None = None) -> None:
         self.tasks: Mapping[str, TaskDef] = dict(registry.tasks)
+        self.schedules: Mapping[str, Schedule] = dict(registry.schedules)
         self.client = registry.client
         self.config = config or WorkerConfig()
         self.id = (
@@ -118,6 +125,7 @@ class Worker:
         self.completer: Completer | None = None
         self.cancels: CancelWatch | None = None
         self.pruner: Pruner | None = None
+        self.scheduler: Scheduler | None = None
         self.claimed_count = 0
         self.outage = Outage()
         """The store's reachability, logged once per change (every part reports)."""
@@ -213,6 +221,11 @@ class Worker:
         if self.config.retention is not None:
             self.pruner = Pruner(backend, self.config.retention)
             self.pruner.start()
+        if self.tasks and self.config.schedules:
+            self.scheduler = Scheduler(
+                backend, self.schedules, self.tasks, self.client.max_payload_bytes
+            )
+            self.scheduler.start()
         listener = None
         if Capability.NOTIFICATIONS in backend.capabilities:
             listener = loop.create_task(self._listen(backend), name="conveyor-listener")
@@ -553,6 +566,8 @@ class Worker:
             await cancel_and_wait(listener)
         if self.pruner is not None:
             await self.pruner.stop()
+        if self.scheduler is not None:
+            await self.scheduler.stop()
         if self.cancels is not None:
             await self.cancels.stop()
         if self.completer is not None:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from conveyor.backends import wake
-from conveyor.backends.memory import reads, retention
+from conveyor.backends.memory import reads, retention, schedules
 from conveyor.backends.memory.store import Store
 from conveyor.backends.protocol import (
     Capability,
@@ -26,13 +26,16 @@ from conveyor.backends.protocol import (
     EnqueueParams,
     FinishParams,
     FinishResult,
+    FireParams,
     HeartbeatParams,
     HeartbeatResult,
     Migration,
     NewTask,
     PruneParams,
     PruneResult,
+    ScheduleSync,
     SendParams,
+    StoredSchedule,
     TaskCount,
     TaskFilter,
     Wakeup,
@@ -153,6 +156,17 @@ class MemoryBackend:
 
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
         return self._store.retry(task_id, self._now(now))
+
+    async def sync_schedules(self, params: ScheduleSync) -> None:
+        schedules.sync(self._store, params, self._now(params.now))
+
+    async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
+        return self._now(None), schedules.listed(self._store)
+
+    async def fire_schedule(self, params: FireParams) -> list[int]:
+        ids = schedules.fire(self._store, params, self._now(None))
+        self._notify_woken()
+        return ids
 
     async def prune(self, params: PruneParams) -> PruneResult:
         return retention.prune(self._store, params)

@@ -44,6 +44,7 @@ from conveyor.backends.protocol import (
     HeartbeatParams,
     HeartbeatResult,
     NewTask,
+    StoredSchedule,
     WorkerInfo,
 )
 from conveyor.backends.stored import (
@@ -94,6 +95,7 @@ class Store:
     """Running tasks whose cancel was requested under the lock; their
     workers are told after it."""
     pauses: Pauses = field(default_factory=Pauses)
+    schedules: dict[str, StoredSchedule] = field(default_factory=dict)
 
     # -- state changes: the only writes of a task's state ----------------------
 

@@ -1,4 +1,4 @@
-"""Flow control and retention on PostgreSQL: pauses and pruning.
+"""Flow control and retention on PostgreSQL: pauses, schedules and pruning.
 
 A mixin of :class:`~conveyor.backends.postgres.backend.PostgresBackend`:
 each method is one statement of ``queries.sql`` run through the backend's
@@ -9,18 +9,68 @@ each method is one statement of ``queries.sql`` run through the backend's
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.protocol import PruneParams, PruneResult
+from psycopg import AsyncConnection
+
+from conveyor.backends.postgres.inboxes import insert_tasks
+from conveyor.backends.protocol import (
+    FireParams,
+    PruneParams,
+    PruneResult,
+    ScheduleSync,
+    StoredSchedule,
+)
 from conveyor.model import Pause, PauseKind, check_pause
 
 
 class FlowControl:
     """Pause, resume, list pauses, prune (see :class:`~conveyor.backends.protocol.Backend`)."""
 
+    sql: Mapping[str, bytes]
+
     async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         raise NotImplementedError  # the backend's own
+
+    def _connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
+        raise NotImplementedError  # the backend's own
+
+    async def sync_schedules(self, params: ScheduleSync) -> None:
+        async with self._connection() as conn, conn.transaction():
+            for stored in params.schedules:
+                await conn.execute(self.sql["sync_schedule"], _schedule_args(stored, params.now))
+            await conn.execute(
+                self.sql["drop_schedules"],
+                {"tasks": list(params.tasks), "names": [s.name for s in params.schedules]},
+            )
+
+    async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
+        rows = await self._fetchall("list_schedules", {})
+        if not rows:
+            return (await self._fetchall("store_clock", {}))[0][0], []
+        return rows[0][-1], [StoredSchedule(*row[:-1]) for row in rows]
+
+    async def fire_schedule(self, params: FireParams) -> list[int]:
+        if not params.slots:
+            return []
+        args = {
+            "name": params.name,
+            "fingerprint": params.fingerprint,
+            "first": params.slots[0],
+            "last": params.slots[-1],
+        }
+        async with self._connection() as conn, conn.transaction():
+            cursor = await conn.execute(self.sql["fire_schedule"], args)
+            if await cursor.fetchone() is None:
+                return []
+            ids = await insert_tasks(conn, self.sql, params.tasks, None)
+            if ids:
+                await conn.execute(
+                    self.sql["fired_task"], {"name": params.name, "task_id": ids[-1]}
+                )
+            return ids
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)
@@ -55,4 +105,19 @@ def _prune_args(params: PruneParams) -> dict[str, Any]:
         "befores": list(params.before.values()),
         "limit": params.limit,
         "workers_before": params.workers_before,
+    }
+
+
+def _schedule_args(stored: StoredSchedule, now: datetime | None) -> dict[str, Any]:
+    return {
+        "name": stored.name,
+        "task": stored.task,
+        "cron": stored.cron,
+        "every": stored.every,
+        "tz": stored.tz,
+        "missed": stored.missed,
+        "catch_up": stored.catch_up,
+        "args": stored.args,
+        "fingerprint": stored.fingerprint,
+        "now": now,
     }

@@ -921,3 +921,48 @@ order by t.state;
 -- How many workers a prune with this cutoff would delete.
 select count(*) from {schema}.workers
 where coalesce(stopped_at, last_seen_at) < %(workers_before)s::timestamptz;
+
+-- name: sync_schedule
+-- Store a schedule as an app defines it: a new one starts from now (it does
+-- not fire for slots before it existed); a changed one keeps its last slot.
+insert into {schema}.schedules
+    (name, task, cron, every_seconds, tz, missed, catch_up, args, fingerprint, last_slot,
+     synced_at)
+values (%(name)s, %(task)s, %(cron)s, %(every)s, %(tz)s, %(missed)s, %(catch_up)s,
+        %(args)s::jsonb, %(fingerprint)s,
+        coalesce(%(now)s::timestamptz, statement_timestamp()),
+        coalesce(%(now)s::timestamptz, statement_timestamp()))
+on conflict (name) do update
+set task = excluded.task, cron = excluded.cron, every_seconds = excluded.every_seconds,
+    tz = excluded.tz, missed = excluded.missed, catch_up = excluded.catch_up,
+    args = excluded.args, fingerprint = excluded.fingerprint, synced_at = excluded.synced_at;
+
+-- name: drop_schedules
+-- Remove the stored schedules of these task names that the syncing app no
+-- longer defines (schedules of other apps' task names stay).
+delete from {schema}.schedules
+where task = any(%(tasks)s::text[]) and not (name = any(%(names)s::text[]));
+
+-- name: list_schedules
+select name, task, cron, every_seconds, tz, missed, catch_up, args::text, fingerprint,
+       last_slot, last_task_id, synced_at, statement_timestamp()
+from {schema}.schedules
+order by name;
+
+-- name: store_clock
+select statement_timestamp();
+
+-- name: fire_schedule
+-- Take the slots %(first)s to %(last)s of a schedule whose stored definition
+-- is this worker's (its fingerprint) and that no one fired yet: the row
+-- lock makes concurrent fires of one schedule take turns, and the second
+-- finds last_slot moved on. A row back: these slots are this caller's to
+-- enqueue, in the same transaction.
+update {schema}.schedules
+set last_slot = %(last)s::timestamptz
+where name = %(name)s and fingerprint = %(fingerprint)s
+  and (last_slot is null or last_slot < %(first)s::timestamptz)
+returning name;
+
+-- name: fired_task
+update {schema}.schedules set last_task_id = %(task_id)s where name = %(name)s;

@@ -1,4 +1,4 @@
-"""Flow control and retention on SQLite: pauses and pruning.
+"""Flow control and retention on SQLite: pauses, schedules and pruning.
 
 A mixin of :class:`~conveyor.backends.sqlite.backend.SQLiteBackend`. The
 claim reads the paused queues and names in its own write transaction
@@ -8,13 +8,24 @@ claim reads the paused queues and names in its own write transaction
 from __future__ import annotations
 
 import dataclasses
+import json
 import sqlite3
 from datetime import datetime
+from typing import Any
 
 from conveyor.backends import wake
-from conveyor.backends.protocol import ClaimParams, PruneParams, PruneResult
+from conveyor.backends.protocol import (
+    ClaimParams,
+    EnqueueParams,
+    FireParams,
+    PruneParams,
+    PruneResult,
+    ScheduleSync,
+    StoredSchedule,
+)
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
+from conveyor.backends.sqlite.inboxes import insert_tasks
 from conveyor.backends.sqlite.statements import SQL, clock
 from conveyor.model import Pause, PauseKind, check_pause
 
@@ -41,6 +52,48 @@ class FlowControl:
 
     _db: Database
     _wake_key: str
+
+    async def sync_schedules(self, params: ScheduleSync) -> None:
+        def sync(conn: sqlite3.Connection) -> None:
+            now = clock(conn, params.now)
+            for stored in params.schedules:
+                conn.execute(SQL["sync_schedule"], _schedule_args(stored, now))
+            names = json.dumps([s.name for s in params.schedules])
+            conn.execute(
+                SQL["drop_schedules"], {"tasks": json.dumps(list(params.tasks)), "names": names}
+            )
+
+        await self._db.write(sync)
+
+    async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
+        def read(conn: sqlite3.Connection) -> tuple[datetime, list[StoredSchedule]]:
+            now = rows.moment(clock(conn, None)) or rows.EARLIEST
+            return now, [_stored(row) for row in conn.execute(SQL["list_schedules"]).fetchall()]
+
+        return await self._db.read(read)
+
+    async def fire_schedule(self, params: FireParams) -> list[int]:
+        if not params.slots:
+            return []
+        args = {
+            "name": params.name,
+            "fingerprint": params.fingerprint,
+            "first": rows.seconds(params.slots[0]),
+            "last": rows.seconds(params.slots[-1]),
+        }
+
+        def fire(conn: sqlite3.Connection) -> list[int]:
+            if conn.execute(SQL["fire_schedule"], args).fetchone() is None:
+                return []
+            ids = insert_tasks(conn, EnqueueParams(params.tasks), clock(conn, None))
+            if ids:
+                conn.execute(SQL["fired_task"], {"name": params.name, "task_id": ids[-1]})
+            return ids
+
+        ids = await self._db.write(fire)
+        if ids:
+            wake.notify(self._wake_key, (t.queue for t in params.tasks))
+        return ids
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)
@@ -97,3 +150,36 @@ class FlowControl:
             return PruneResult(tasks=tasks, workers=workers)
 
         return await self._db.read(count)
+
+
+def _schedule_args(stored: StoredSchedule, now: float) -> dict[str, object]:
+    return {
+        "name": stored.name,
+        "task": stored.task,
+        "cron": stored.cron,
+        "every": stored.every,
+        "tz": stored.tz,
+        "missed": stored.missed,
+        "catch_up": stored.catch_up,
+        "args": stored.args,
+        "fingerprint": stored.fingerprint,
+        "now": now,
+    }
+
+
+def _stored(row: tuple[Any, ...]) -> StoredSchedule:
+    name, task, cron, every, tz, missed, catch_up, args, fingerprint = row[:9]
+    return StoredSchedule(
+        name,
+        task,
+        cron,
+        every,
+        tz,
+        missed,
+        catch_up,
+        args,
+        fingerprint,
+        last_slot=rows.moment(row[9]),
+        last_task_id=row[10],
+        synced_at=rows.moment(row[11]),
+    )

@@ -475,3 +475,39 @@ where t.state = :state
 
 -- name: count_prunable_workers
 select count(*) from conveyor_workers where coalesce(stopped_at, last_seen_at) < :workers_before;
+
+-- name: sync_schedule
+-- Store a schedule as an app defines it (see the PostgreSQL statement).
+insert into conveyor_schedules
+    (name, task, cron, every_seconds, tz, missed, catch_up, args, fingerprint, last_slot,
+     synced_at)
+values (:name, :task, :cron, :every, :tz, :missed, :catch_up, :args, :fingerprint, :now, :now)
+on conflict (name) do update
+set task = excluded.task, cron = excluded.cron, every_seconds = excluded.every_seconds,
+    tz = excluded.tz, missed = excluded.missed, catch_up = excluded.catch_up,
+    args = excluded.args, fingerprint = excluded.fingerprint, synced_at = excluded.synced_at;
+
+-- name: drop_schedules
+-- Remove the stored schedules of these task names (a JSON array) that the
+-- syncing app (its schedule names, a JSON array) no longer defines.
+delete from conveyor_schedules
+where task in (select value from json_each(:tasks))
+  and name not in (select value from json_each(:names));
+
+-- name: list_schedules
+select name, task, cron, every_seconds, tz, missed, catch_up, args, fingerprint,
+       last_slot, last_task_id, synced_at
+from conveyor_schedules
+order by name;
+
+-- name: fire_schedule
+-- Take slots :first to :last of a schedule no one fired yet (see the
+-- PostgreSQL statement; SQLite's one writer makes concurrent fires take turns).
+update conveyor_schedules
+set last_slot = :last
+where name = :name and fingerprint = :fingerprint
+  and (last_slot is null or last_slot < :first)
+returning name;
+
+-- name: fired_task
+update conveyor_schedules set last_task_id = :task_id where name = :name;
