@@ -30,6 +30,7 @@ from conveyor.errors import (
     Retry,
     Snooze,
     StopAttempt,
+    TaskExistsError,
     TaskFailedError,
     TaskFinishedError,
     TaskNotFoundError,
@@ -47,7 +48,7 @@ from conveyor.model import (
     Task,
     TaskState,
 )
-from conveyor.options import EnqueueOptions
+from conveyor.options import EnqueueOptions, Unique
 from conveyor.retention import Retention
 from conveyor.task import BoundTask, TaskDef
 from conveyor.worker import Worker, WorkerConfig
@@ -93,11 +94,13 @@ __all__ = [
     "Task",
     "TaskContext",
     "TaskDef",
+    "TaskExistsError",
     "TaskFailedError",
     "TaskFinishedError",
     "TaskHandle",
     "TaskNotFoundError",
     "TaskState",
+    "Unique",
     "UnknownTaskError",
     "Worker",
     "WorkerConfig",

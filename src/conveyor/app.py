@@ -20,7 +20,7 @@ from conveyor.coroutine import Coroutine
 from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskError
 from conveyor.handle import TaskHandle
 from conveyor.model import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, DEFAULT_RETRY, RetryPolicy
-from conveyor.options import EnqueueOptions, OptionFields, options_from
+from conveyor.options import EnqueueOptions, OptionFields, Unique, options_from
 from conveyor.schedules import Missed, Schedule
 from conveyor.task import Executor, P, R, TaskDecorator, TaskDef, TaskOptions
 from conveyor.worker import Worker, WorkerConfig
@@ -91,6 +91,7 @@ class App(Client):
         timeout: float | None = None,
         lease: float | None = None,
         process: bool = False,
+        unique: Unique | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -105,15 +106,18 @@ class App(Client):
         timeout: float | None = None,
         lease: float | None = None,
         process: bool = False,
+        unique: Unique | None = None,
     ) -> TaskDef | TaskDecorator:
         """Register a handler: ``async def`` runs on the worker's loop, plain
         ``def`` in a thread, and ``process=True`` in a child process (for
         CPU-bound work; the handler must be importable by module and name).
+        ``unique`` makes its tasks unique by a key (see :class:`conveyor.Unique`;
+        an enqueue's own ``unique=`` or ``idempotency_key=`` overrides it).
 
         Raises DuplicateTaskError if the name is taken.
         """
         options = TaskOptions(
-            queue=queue, priority=priority, retry=retry, timeout=timeout, lease=lease
+            queue=queue, priority=priority, retry=retry, timeout=timeout, lease=lease, unique=unique
         )
 
         def register(handler: Callable[..., Any]) -> TaskDef:

@@ -8,6 +8,7 @@ The tree::
     ├── PayloadError                a payload or result is not strict JSON
     │   └── PayloadTooLargeError    the encoded payload exceeds the cap
     ├── UnknownTaskError            enqueue of a name the app has not registered
+    ├── TaskExistsError             a unique task's key is held (on_conflict="raise")
     ├── TaskNotFoundError           no task with that id
     ├── InvalidTransitionError      cancel/retry of a task in a state that forbids it
     │   ├── TaskFinishedError       a message sent to a task that has finished
@@ -73,6 +74,17 @@ class PayloadTooLargeError(PayloadError):
 
 class UnknownTaskError(ConveyorError, LookupError):
     """Enqueue named a task the app has not registered."""
+
+
+class TaskExistsError(ConveyorError):
+    """An enqueue with ``Unique(on_conflict="raise")`` found its key held by
+    a stored task (``task_id``): nothing of that enqueue was stored."""
+
+    def __init__(self, name: str, key: str, task_id: int) -> None:
+        super().__init__(f"task {task_id} of {name!r} holds the unique key {key!r}")
+        self.name = name
+        self.key = key
+        self.task_id = task_id
 
 
 class TaskNotFoundError(ConveyorError, LookupError):

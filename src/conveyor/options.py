@@ -11,13 +11,101 @@ raises ConfigurationError (naming the valid options).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import hashlib
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from conveyor.errors import ConfigurationError
 from conveyor.model import MIN_LEASE_SECONDS, RetryPolicy, check_duration, check_idempotency_key
+
+UniqueScope = Literal["pending", "active", "stored"]
+OnConflict = Literal["existing", "replace", "raise"]
+SCOPES = ("pending", "active", "stored")
+ON_CONFLICT = ("existing", "replace", "raise")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unique:
+    """At most one task of a name per key, within a scope.
+
+    ``key`` is the unique key: a string, a function of the payload's
+    arguments (``lambda args: f"user:{args['user_id']}"``), or None for the
+    payload itself (its canonical JSON, hashed): identical payloads are one
+    task. Keys are per task name.
+
+    ``scope`` says how long a task holds its key: ``"pending"`` until a
+    worker starts it (a task already running does not hold back a new
+    one), ``"active"`` (default) until it finishes, ``"stored"`` as long as
+    it is stored (an idempotency key: until retention deletes it), or a
+    duration (seconds or a timedelta) after its enqueue, whatever its state.
+    A task whose scope ended never takes its key back (a retry of a failed
+    task does not).
+
+    ``on_conflict`` says what an enqueue whose key is held does:
+    ``"existing"`` (default) stores nothing and returns the holder's
+    handle; ``"replace"`` gives the holder this enqueue's payload, priority
+    and due time if it is still pending (else it is left as it is) and
+    returns its handle; ``"raise"`` raises TaskExistsError, storing
+    nothing of the enqueue (of a whole ``enqueue_many``).
+
+    Race-free: the store's unique index on (name, key) decides, so
+    concurrent enqueues from any number of processes, in callers'
+    transactions or not, store one task per held key.
+    """
+
+    key: str | Callable[[Mapping[str, Any]], str] | None = None
+    scope: UniqueScope | float | timedelta = "active"
+    on_conflict: OnConflict = "existing"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.key, str):
+            check_idempotency_key(self.key)
+        elif self.key is not None and not callable(self.key):
+            raise ConfigurationError("Unique.key is a string, a function of the arguments, or None")
+        scope = self.scope
+        if isinstance(scope, timedelta):
+            scope = scope.total_seconds()
+        if isinstance(scope, int | float) and not isinstance(scope, bool):
+            object.__setattr__(self, "scope", check_duration("Unique.scope", scope, minimum=0.001))
+        elif scope not in SCOPES:
+            raise ConfigurationError(
+                f"Unique.scope is one of {', '.join(SCOPES)} or a duration, not {scope!r}"
+            )
+        if self.on_conflict not in ON_CONFLICT:
+            raise ConfigurationError(
+                f"Unique.on_conflict is one of {', '.join(ON_CONFLICT)}, not {self.on_conflict!r}"
+            )
+
+    def key_for(self, args: Mapping[str, Any], payload: str) -> str:
+        """The key of a task with these arguments (``payload``: their JSON)."""
+        if isinstance(self.key, str):
+            return self.key
+        if self.key is None:
+            canonical = json.dumps(json.loads(payload), sort_keys=True, separators=(",", ":"))
+            return "payload:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
+        try:
+            key = self.key(args)
+        except Exception as exc:
+            raise ConfigurationError(f"the unique key function failed: {exc!r}") from exc
+        if not isinstance(key, str):
+            raise ConfigurationError(f"the unique key function returned {key!r}, not a string")
+        checked = check_idempotency_key(key)
+        assert checked is not None
+        return checked
+
+    @property
+    def period(self) -> float | None:
+        """Seconds a task holds its key after its enqueue (a duration scope)."""
+        return float(self.scope) if isinstance(self.scope, int | float) else None
+
+    @property
+    def state_scope(self) -> str | None:
+        """``pending`` or ``active`` (the key is released when the task leaves
+        it), else None (held while stored, or for a period)."""
+        return self.scope if self.scope in ("pending", "active") else None  # type: ignore[return-value]
 
 
 class OptionFields(TypedDict, total=False):
@@ -31,6 +119,7 @@ class OptionFields(TypedDict, total=False):
     timeout: float
     lease: float
     idempotency_key: str
+    unique: Unique
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +131,9 @@ class EnqueueOptions:
     is due; ``retry``, ``timeout`` and ``lease`` govern its attempts (a
     workflow's come from its steps and cannot be given per call);
     ``idempotency_key`` makes the call safe to repeat (see
-    :meth:`conveyor.App.enqueue`).
+    :meth:`conveyor.App.enqueue`); it is ``Unique(key=..., scope="stored")``.
+    ``unique`` makes the task unique by a key (see :class:`Unique`),
+    overriding the task's own; give it or ``idempotency_key``, not both.
     """
 
     queue: str | None = None
@@ -53,6 +144,7 @@ class EnqueueOptions:
     timeout: float | None = None
     lease: float | None = None
     idempotency_key: str | None = None
+    unique: Unique | None = None
 
     def __post_init__(self) -> None:
         if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
@@ -76,6 +168,10 @@ class EnqueueOptions:
         check_duration("timeout", self.timeout, minimum=0.001)
         check_duration("lease", self.lease, minimum=MIN_LEASE_SECONDS)
         check_idempotency_key(self.idempotency_key)
+        if self.unique is not None and not isinstance(self.unique, Unique):
+            raise ConfigurationError("unique must be a conveyor.Unique")
+        if self.unique is not None and self.idempotency_key is not None:
+            raise ConfigurationError("give idempotency_key or unique, not both")
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> EnqueueOptions:
@@ -98,11 +194,12 @@ class EnqueueOptions:
 
     def merge(self, later: EnqueueOptions) -> EnqueueOptions:
         """These options with ``later``'s set fields on top (``delay`` and
-        ``run_at`` replace each other)."""
+        ``run_at`` replace each other, as ``idempotency_key`` and ``unique`` do)."""
         changes = later.given()
-        if "delay" in changes or "run_at" in changes:
-            changes.setdefault("delay", None)
-            changes.setdefault("run_at", None)
+        for pair in (("delay", "run_at"), ("idempotency_key", "unique")):
+            if any(name in changes for name in pair):
+                for name in pair:
+                    changes.setdefault(name, None)
         return dataclasses.replace(self, **changes) if changes else self
 
     def due(self) -> tuple[datetime | None, float]:

@@ -52,6 +52,7 @@ from conveyor.options import (
     NO_OPTIONS,
     EnqueueOptions,
     OptionFields,
+    Unique,
     check_priority,
     options_from,
 )
@@ -101,8 +102,11 @@ class TaskOptions:
     retry: RetryPolicy = DEFAULT_RETRY
     timeout: float | None = None
     lease: float | None = None
+    unique: Unique | None = None
 
     def __post_init__(self) -> None:
+        if self.unique is not None and not isinstance(self.unique, Unique):
+            raise ConfigurationError("unique must be a conveyor.Unique")
         if not self.queue or not isinstance(self.queue, str):
             raise ConfigurationError("queue must be a non-empty string")
         check_priority(self.priority)
@@ -115,7 +119,7 @@ class TaskOptions:
         """These defaults with the options of one call on top."""
         changes = {
             name: value
-            for name in ("queue", "priority", "retry", "timeout", "lease")
+            for name in ("queue", "priority", "retry", "timeout", "lease", "unique")
             if (value := getattr(options, name)) is not None
         }
         return dataclasses.replace(self, **changes) if changes else self
@@ -137,6 +141,14 @@ class TaskOptions:
             lease=self.lease,
             **extra,
         )
+
+
+def unique_task(task: NewTask, unique: Unique, args: Mapping[str, Any]) -> None:
+    """Give ``task`` its unique key (from ``args``), scope and conflict rule."""
+    task.idempotency_key = unique.key_for(args, task.payload)
+    task.unique_scope = unique.state_scope
+    task.unique_for = unique.period
+    task.on_conflict = unique.on_conflict
 
 
 def step_state(step: Any, max_bytes: int) -> str:
@@ -336,12 +348,14 @@ class TaskDef(Generic[P, R]):
         when, seconds = options.due()
         max_bytes = self.client.max_payload_bytes
         key = options.idempotency_key
-        tasks = [
-            defaults.new_task(
-                self.name, self.encode_args(args, max_bytes), when, seconds, idempotency_key=key
-            )
-            for args in many
-        ]
+        unique = None if key is not None else defaults.unique
+        tasks = []
+        for args in many:
+            payload = self.encode_args(args, max_bytes)
+            task = defaults.new_task(self.name, payload, when, seconds, idempotency_key=key)
+            if unique is not None:
+                unique_task(task, unique, args or {})
+            tasks.append(task)
         if keys is not None:
             for task, each in zip(tasks, keys, strict=True):
                 task.idempotency_key = each
@@ -382,7 +396,8 @@ class TaskDef(Generic[P, R]):
     def _encoder(
         self, payloads: Sequence[Mapping[str, Any] | None], options: EnqueueOptions, batch: bool
     ) -> Callable[[int, int], list[NewTask]]:
-        keys = batch_keys(options.idempotency_key, len(payloads)) if batch else None
+        batched = batch and options.idempotency_key is not None
+        keys = batch_keys(options.idempotency_key, len(payloads)) if batched else None
 
         def encode(start: int, end: int) -> list[NewTask]:
             part = keys[start:end] if keys is not None else None

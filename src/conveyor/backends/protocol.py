@@ -92,9 +92,20 @@ class NewTask:
     message: str | None = None
     """A first message (encoded JSON) for the new task's inbox, from ``parent_id``."""
     idempotency_key: str | None = None
-    """Identifies this enqueue among those of its task name: an enqueue whose
-    name and key are already stored inserts nothing (nor its first message)
-    and returns the stored task's id."""
+    """The task's unique key among those of its name: an enqueue whose name
+    and key are held by a stored task inserts nothing (nor its first
+    message) and, by ``on_conflict``, returns the holder's id, replaces the
+    pending holder's payload, priority and due time, or raises
+    TaskExistsError."""
+    unique_scope: str | None = None
+    """``pending`` or ``active``: the task gives its key up when it leaves
+    that scope (starts; finishes). None: it holds it while stored (or for
+    ``unique_for``)."""
+    unique_for: float | None = None
+    """Seconds after its enqueue the task holds its key (then a new enqueue
+    of the key takes it)."""
+    on_conflict: str = "existing"
+    """``existing``, ``replace`` or ``raise`` (see ``idempotency_key``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,8 @@ class Row:
     parent_id: int | None = None
     inbox: bool = False
     idempotency_key: str | None = None
+    unique_scope: str | None = None
+    unique_until: datetime | None = None
     attempts: list[Attempt] = field(default_factory=list)
 
     @classmethod
@@ -65,6 +67,18 @@ class Row:
             parent_id=new.parent_id,
             inbox=new.inbox,
             idempotency_key=new.idempotency_key,
+            unique_scope=new.unique_scope if new.idempotency_key is not None else None,
+            unique_until=now + timedelta(seconds=new.unique_for)
+            if new.unique_for is not None and new.idempotency_key is not None
+            else None,
+        )
+
+    def leaves_unique_scope(self) -> bool:
+        """Whether the state it just took ends its hold on its unique key."""
+        if self.idempotency_key is None or self.unique_scope is None:
+            return False
+        return self.state.is_terminal or (
+            self.unique_scope == "pending" and self.state is not TaskState.PENDING
         )
 
     def live(self, attempt: int, worker_id: str, now: datetime) -> bool:

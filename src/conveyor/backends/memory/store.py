@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from conveyor import payload as codec
+from conveyor.backends.memory import unique
 from conveyor.backends.memory.flow import Pauses
 from conveyor.backends.memory.inboxes import Inboxes
 from conveyor.backends.memory.index import ClaimIndex
@@ -106,6 +107,8 @@ class Store:
         check_state_change(row.state, cause, state)
         row.state = state
         self.index.update(row)
+        if row.leaves_unique_scope():
+            unique.release(self, row)
 
     def take_wakeups(self) -> tuple[set[str], set[int]]:
         """The queues where tasks became due and the running tasks whose
@@ -120,18 +123,33 @@ class Store:
     def enqueue(self, tasks: Iterable[NewTask], now: datetime) -> list[int]:
         """Store every task, pending at its ``run_at`` (else ``delay`` seconds
         from ``now``), and return their ids in order. A task whose name and
-        idempotency key are stored already is not stored again (nor its first
-        message): the stored one's id comes back."""
+        unique key are held by a stored task is not stored (nor its first
+        message): by its ``on_conflict``, the holder's id comes back, the
+        pending holder takes its payload, priority and due time, or
+        TaskExistsError is raised and nothing is stored."""
         with self.lock:
-            return [self._insert(new, now, Cause.ENQUEUE).id for new in tasks]
+            batch = list(tasks)
+            unique.refuse_held(self, batch, now)
+            mine: set[int] = set()
+            return [self._insert(new, now, Cause.ENQUEUE, mine).id for new in batch]
 
-    def _insert(self, new: NewTask, now: datetime, cause: Cause) -> Row:
+    def _insert(
+        self, new: NewTask, now: datetime, cause: Cause, mine: set[int] | None = None
+    ) -> Row:
+        """Store ``new`` (or find the holder of its key); ``mine`` collects the
+        ids this enqueue stored (a key repeated in it is its first task's)."""
         key = new.idempotency_key
-        if key is not None and (new.name, key) in self.keys:
-            return self.tasks[self.keys[(new.name, key)]]
+        if key is not None:
+            holder = unique.holder(self, new.name, key, now)
+            if holder is not None:
+                if mine is not None and holder.id in mine:
+                    return holder
+                return unique.conflict(self, holder, new, now)
         check_state_change(None, cause, TaskState.PENDING)
         row = Row.new(next(self.ids), new, now)
         self.tasks[row.id] = row
+        if mine is not None:
+            mine.add(row.id)
         if key is not None:
             self.keys[(new.name, key)] = row.id
         self.index.update(row)

@@ -34,6 +34,7 @@ from conveyor.backends.postgres.migrate import apply_migrations, pending_migrati
 from conveyor.backends.postgres.rows import (
     enqueue_statement,
     finish_statement,
+    may_raise,
     ordered_ids,
 )
 from conveyor.backends.postgres.transactions import (
@@ -342,7 +343,11 @@ class PostgresBackend(FlowControl):
         _check_async(connection)
         if not params.tasks:
             return []
-        return await insert_tasks(connection, self.sql, params.tasks, params.now)
+        if not may_raise(params.tasks):
+            return await insert_tasks(connection, self.sql, params.tasks, params.now)
+        # A savepoint: a TaskExistsError leaves the caller's transaction as it was.
+        async with connection.transaction():
+            return await insert_tasks(connection, self.sql, params.tasks, params.now)
 
     async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
         """One transaction; each chunk is sent before the next is drawn, so the
@@ -369,7 +374,10 @@ class PostgresBackend(FlowControl):
         _check_sync(connection)
         if not params.tasks:
             return []
-        return scripts.run_sync(connection, scripts.insert(self.sql, params.tasks, params.now))
+        if not may_raise(params.tasks):
+            return scripts.run_sync(connection, scripts.insert(self.sql, params.tasks, params.now))
+        with connection.transaction():  # a savepoint, as in enqueue_in
+            return scripts.run_sync(connection, scripts.insert(self.sql, params.tasks, params.now))
 
     # -- messages --------------------------------------------------------
 

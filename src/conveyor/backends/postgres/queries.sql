@@ -85,26 +85,58 @@ returning array[id];
 -- whose snapshot sees the commit that made this one skip.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, created_at)
+     timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, unique_scope,
+     unique_until, created_at)
 select i.name, i.queue, i.payload::jsonb, i.priority,
        coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
        i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
-       i.inbox, i.parent_id, i.idempotency_key, coalesce(%(now)s::timestamptz, statement_timestamp())
+       i.inbox, i.parent_id, i.idempotency_key, i.unique_scope,
+       coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.unique_for),
+       coalesce(%(now)s::timestamptz, statement_timestamp())
 from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
             %(max_attempts)s::int[], %(retry_policies)s::text[],
             %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
-            %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(keys)s::text[])
+            %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(keys)s::text[],
+            %(scopes)s::text[], %(periods)s::float8[])
     with ordinality
     as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, ord)
+         timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, unique_scope,
+         unique_for, ord)
 order by i.ord
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id, name, idempotency_key;
 
+-- name: release_keys
+-- Unique keys whose period has ended give way to the enqueue that wants
+-- them: cleared, so that enqueue_keyed (next, in the same transaction)
+-- stores a new task under each.
+update {schema}.tasks t
+set idempotency_key = null
+from unnest(%(names)s::text[], %(keys)s::text[]) as k(name, key)
+where t.name = k.name and t.idempotency_key = k.key
+  and t.unique_until <= coalesce(%(now)s::timestamptz, statement_timestamp());
+
+-- name: replace_pending
+-- on_conflict "replace": the holders that are still pending take the
+-- payload, priority and due time of the enqueue that found them.
+update {schema}.tasks t
+set payload = r.payload::jsonb,
+    priority = r.priority,
+    run_at = coalesce(r.run_at,
+                      coalesce(%(now)s::timestamptz, statement_timestamp())
+                      + make_interval(secs => r.delay))
+from unnest(%(ids)s::bigint[], %(payloads)s::text[], %(priorities)s::int[],
+            %(run_ats)s::timestamptz[], %(delays)s::float8[])
+    as r(id, payload, priority, run_at, delay)
+where t.id = r.id and t.state = 'pending'
+returning t.id, t.queue;
+
 -- name: stored_keys
--- The tasks stored under these names and idempotency keys.
-select t.name, t.idempotency_key, t.id
+-- The tasks holding these names' unique keys, and whether each one's
+-- period is over (release_keys then frees the key).
+select t.name, t.idempotency_key, t.id,
+       coalesce(t.unique_until <= coalesce(%(now)s::timestamptz, statement_timestamp()), false)
 from {schema}.tasks t
 join unnest(%(names)s::text[], %(keys)s::text[]) as k(name, key)
   on t.name = k.name and t.idempotency_key = k.key;

@@ -12,7 +12,6 @@ from typing import Any
 
 from conveyor.backends.protocol import Completion, Delivery, EnqueueParams, NewTask
 from conveyor.backends.stored import retry_json
-from conveyor.errors import BackendError
 from conveyor.model import Outcome, TaskState
 
 
@@ -85,9 +84,31 @@ def keyed(tasks: Sequence[NewTask]) -> bool:
     return any(t.idempotency_key is not None for t in tasks)
 
 
+def may_raise(tasks: Sequence[NewTask]) -> bool:
+    """Whether an insert of ``tasks`` may raise TaskExistsError midway."""
+    return any(t.on_conflict == "raise" and t.idempotency_key is not None for t in tasks)
+
+
 def keyed_args(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]:
     """Arguments of ``enqueue_keyed``."""
-    return {**_columns(tasks, now), "keys": [t.idempotency_key for t in tasks]}
+    return {
+        **_columns(tasks, now),
+        "keys": [t.idempotency_key for t in tasks],
+        "scopes": [t.unique_scope for t in tasks],
+        "periods": [t.unique_for for t in tasks],
+    }
+
+
+def replace_args(replacing: Sequence[tuple[NewTask, int]], now: datetime | None) -> dict[str, Any]:
+    """Arguments of ``replace_pending``: each holder's id and its new values."""
+    return {
+        "now": now,
+        "ids": [holder for _, holder in replacing],
+        "payloads": [t.payload for t, _ in replacing],
+        "priorities": [t.priority for t, _ in replacing],
+        "run_ats": [t.run_at for t, _ in replacing],
+        "delays": [t.delay for t, _ in replacing],
+    }
 
 
 def keyed_ids(
@@ -113,28 +134,13 @@ def keyed_ids(
     return ids, fresh
 
 
-def stored_keys_args(tasks: Sequence[NewTask], ids: Sequence[int | None]) -> dict[str, Any]:
-    """Arguments of ``stored_keys`` for the skipped tasks."""
-    skipped = [t for t, task_id in zip(tasks, ids, strict=True) if task_id is None]
-    return {"names": [t.name for t in skipped], "keys": [t.idempotency_key for t in skipped]}
-
-
-def with_stored(
-    tasks: Sequence[NewTask], ids: Sequence[int | None], stored: list[tuple[Any, ...]]
-) -> list[int]:
-    """``ids`` with each skipped task's stored id filled in."""
-    found = {(r[0], r[1]): int(r[2]) for r in stored}
-    complete = []
-    for task, task_id in zip(tasks, ids, strict=True):
-        if task_id is None:
-            task_id = found.get((task.name, task.idempotency_key))
-            if task_id is None:  # nothing deletes tasks while this runs
-                raise BackendError(
-                    f"task {task.name!r} with idempotency key {task.idempotency_key!r} "
-                    "was neither stored nor found; retry the call"
-                )
-        complete.append(task_id)
-    return complete
+def key_pairs_args(tasks: Sequence[NewTask], now: datetime | None = None) -> dict[str, Any]:
+    """Arguments of ``stored_keys`` and ``release_keys`` for ``tasks``' keys."""
+    return {
+        "now": now,
+        "names": [t.name for t in tasks],
+        "keys": [t.idempotency_key for t in tasks],
+    }
 
 
 def first_messages_args(

@@ -23,16 +23,16 @@ from conveyor.backends.postgres.rows import (
     deliver_args,
     enqueue_statement,
     first_messages_args,
+    key_pairs_args,
     keyed,
     keyed_args,
     keyed_ids,
     ordered_ids,
-    stored_keys_args,
-    with_stored,
+    replace_args,
 )
 from conveyor.backends.protocol import Delivery, EnqueueParams, NewTask
 from conveyor.backends.stored import check_recipient
-from conveyor.errors import TaskFinishedError
+from conveyor.errors import BackendError, TaskExistsError, TaskFinishedError
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -67,17 +67,19 @@ def run_sync(conn: Connection[Any], script: Script[T]) -> T:
         return result
 
 
+KEYED_ROUNDS = 4
+"""Rounds of a keyed insert at most: a key found held may be given up (its
+holder left its scope, or its period ended) before its holder is read, and
+the task is then inserted in the next round."""
+
+
 def insert(sql: Statements, tasks: Sequence[NewTask], now: datetime | None) -> Script[list[int]]:
     """Insert ``tasks`` and their first messages; their ids in order. A task
-    whose idempotency key is stored already is not inserted (nor its first
-    message): the stored task's id comes back."""
+    whose unique key a stored task holds is not inserted (nor its first
+    message): see :func:`_insert_keyed`."""
     fresh = None
     if keyed(tasks):
-        found, fresh = keyed_ids(tasks, (yield sql["enqueue_keyed"], keyed_args(tasks, now)))
-        stored: Rows = []
-        if None in found:
-            stored = yield sql["stored_keys"], stored_keys_args(tasks, found)
-        ids = with_stored(tasks, found, stored)
+        ids, fresh = yield from _insert_keyed(sql, tasks, now)
     else:
         name, args = enqueue_statement(EnqueueParams(tasks=tasks, now=now))
         ids = ordered_ids((yield sql[name], args))
@@ -85,6 +87,58 @@ def insert(sql: Statements, tasks: Sequence[NewTask], now: datetime | None) -> S
     if firsts is not None:
         yield sql["first_messages"], firsts
     return ids
+
+
+def _insert_keyed(
+    sql: Statements, tasks: Sequence[NewTask], now: datetime | None
+) -> Generator[Step, Rows, tuple[list[int], list[bool]]]:
+    """Insert keyed tasks: each id, and whether it is new. The unique index
+    decides who holds a key (a concurrent enqueue of one key waits for the
+    other's commit, then finds it held). A held key answers by the task's
+    ``on_conflict``: the holder's id; a pending holder replaced; or
+    TaskExistsError (the caller's transaction then stores nothing). A key
+    repeated within the batch is the batch's first task with it."""
+    ids: list[int | None] = [None] * len(tasks)
+    fresh = [False] * len(tasks)
+    todo = list(range(len(tasks)))
+    for _ in range(KEYED_ROUNDS):
+        batch = [tasks[i] for i in todo]
+        found, new = keyed_ids(batch, (yield sql["enqueue_keyed"], keyed_args(batch, now)))
+        held = [i for i, task_id in zip(todo, found, strict=True) if task_id is None]
+        for i, task_id, is_new in zip(todo, found, new, strict=True):
+            ids[i], fresh[i] = task_id, is_new
+        if not held:
+            break
+        holders = yield sql["stored_keys"], key_pairs_args([tasks[i] for i in held], now)
+        by_pair = {(r[0], r[1]): (int(r[2]), bool(r[3])) for r in holders}
+        over = [tasks[i] for i in held if by_pair.get(_key(tasks[i]), (0, False))[1]]
+        if over:
+            yield sql["release_keys"], key_pairs_args(over, now)
+        todo = []
+        replacing: list[tuple[NewTask, int]] = []
+        for i in held:
+            holder, ended = by_pair.get(_key(tasks[i]), (None, False))
+            if holder is None or ended:
+                todo.append(i)  # given up meanwhile: insert it in the next round
+                continue
+            ids[i] = holder
+            task = tasks[i]
+            if task.on_conflict == "raise":
+                assert task.idempotency_key is not None
+                raise TaskExistsError(task.name, task.idempotency_key, holder)
+            if task.on_conflict == "replace":
+                replacing.append((task, holder))
+        if replacing:
+            yield sql["replace_pending"], replace_args(replacing, now)
+        if not todo:
+            break
+    if None in ids:
+        raise BackendError("a unique key kept changing hands while this enqueue ran; retry it")
+    return [task_id for task_id in ids if task_id is not None], fresh
+
+
+def _key(task: NewTask) -> tuple[str, str | None]:
+    return task.name, task.idempotency_key
 
 
 def _pair(delivery: Delivery) -> tuple[int, str | None]:

@@ -13,20 +13,33 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.backends.protocol import Completion, Delivery, EnqueueParams
+from conveyor.backends.protocol import Completion, Delivery, EnqueueParams, NewTask
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.statements import SQL
 from conveyor.backends.stored import check_recipient, message_row
+from conveyor.errors import TaskExistsError
 from conveyor.model import Message, TaskState
 
 
 def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) -> list[int]:
     """Insert tasks and their first messages; their ids in input order. A
-    task whose name and idempotency key are stored already is not inserted
-    (nor its first message): the stored task's id comes back."""
+    task whose name and unique key a stored task holds is not inserted (nor
+    its first message): see :func:`_insert_keyed`."""
     values = rows.enqueue_rows(params, now)
     if any(t.idempotency_key is not None for t in params.tasks):
-        ids, fresh = _insert_keyed(conn, values)
+        # A savepoint: a TaskExistsError midway leaves the transaction as it
+        # was. Begun first, as sqlite3 would before an insert: a savepoint
+        # outside a transaction would commit at its release.
+        if not conn.in_transaction:
+            conn.execute("begin")
+        conn.execute("savepoint conveyor_enqueue")
+        try:
+            ids, fresh = _insert_keyed(conn, params.tasks, values)
+        except BaseException:
+            conn.execute("rollback to conveyor_enqueue")
+            conn.execute("release conveyor_enqueue")
+            raise
+        conn.execute("release conveyor_enqueue")
     else:
         conn.executemany(SQL["enqueue"], values)
         # Under the write lock rowids are drawn one after another: the last
@@ -45,16 +58,36 @@ def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) ->
 
 
 def _insert_keyed(
-    conn: sqlite3.Connection, values: list[dict[str, Any]]
+    conn: sqlite3.Connection, tasks: Sequence[NewTask], values: list[dict[str, Any]]
 ) -> tuple[list[int], list[bool]]:
-    """Insert one task at a time: each id, and whether it is new."""
+    """Insert one task at a time (under the write lock: no one else writes
+    meanwhile): each id, and whether it is new. A key whose holder's period
+    is over is freed first; a held key answers by the task's
+    ``on_conflict`` (a key repeated in the batch is the batch's first task)."""
     ids, fresh = [], []
-    for value in values:
-        inserted = conn.execute(SQL["enqueue_keyed"], value).fetchone()
-        fresh.append(inserted is not None)
-        if inserted is None:
-            inserted = conn.execute(SQL["stored_key"], value).fetchone()
-        ids.append(int(inserted[0]))
+    mine: set[int] = set()
+    for task, value in zip(tasks, values, strict=True):
+        held = None
+        if task.idempotency_key is not None:
+            held = conn.execute(SQL["stored_key"], value).fetchone()
+            if held is not None and held[1]:
+                conn.execute(SQL["release_key"], {"id": held[0]})
+                held = None
+        if held is None:
+            inserted = conn.execute(SQL["enqueue_keyed"], value).fetchone()
+            ids.append(int(inserted[0]))
+            fresh.append(True)
+            mine.add(int(inserted[0]))
+            continue
+        holder = int(held[0])
+        if holder not in mine:
+            if task.on_conflict == "raise":
+                assert task.idempotency_key is not None
+                raise TaskExistsError(task.name, task.idempotency_key, holder)
+            if task.on_conflict == "replace":
+                conn.execute(SQL["replace_pending"], {**value, "id": holder})
+        ids.append(holder)
+        fresh.append(False)
     return ids, fresh
 
 

@@ -29,14 +29,30 @@ values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :m
 -- are stored already (then stored_key reads the stored task's id).
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key)
+     timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key,
+     unique_scope, unique_until)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
-        :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key)
+        :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key,
+        :unique_scope, :now + :unique_for)
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id;
 
 -- name: stored_key
-select id from conveyor_tasks where name = :name and idempotency_key = :idempotency_key;
+-- The task holding a unique key, and whether its period is over (then
+-- release_key frees the key for the enqueue that wants it).
+select id, coalesce(unique_until <= :now, 0), state
+from conveyor_tasks where name = :name and idempotency_key = :idempotency_key;
+
+-- name: release_key
+update conveyor_tasks set idempotency_key = null where id = :id;
+
+-- name: replace_pending
+-- on_conflict "replace": a pending holder takes the enqueue's payload,
+-- priority and due time.
+update conveyor_tasks
+set payload = :payload, priority = :priority, run_at = coalesce(:run_at, :now + :delay)
+where id = :id and state = 'pending'
+returning queue;
 
 -- name: end_expired
 -- Expired leases that must not run again: the crash budget is spent or a

@@ -74,6 +74,8 @@ def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
             "inbox": t.inbox,
             "parent_id": t.parent_id,
             "idempotency_key": t.idempotency_key,
+            "unique_scope": t.unique_scope,
+            "unique_for": t.unique_for,
         }
         for t in params.tasks
     ]
