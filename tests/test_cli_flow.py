@@ -110,3 +110,15 @@ def test_schedules_lists_each_with_its_next_and_last_slot(cli: Cli) -> None:
     assert often["last_task_id"] is not None
     shown = cli.ok("schedules")
     assert "nightly" in shown and "30 2 * * * (Europe/Paris)" in shown and "every 1s" in shown
+
+
+def test_run_now_and_delete(cli: Cli) -> None:
+    later = cli.enqueue("report", {}, "--delay", "3600")
+    assert claimable(cli, "default", "report") == 0
+    assert cli.ok("run-now", str(later)).strip() == f"task {later}: due now"
+    assert claimable(cli, "default", "report") == 1
+    assert "cannot run now" in cli.fails("run-now", str(later))  # claimed: not pending
+    other = cli.enqueue("report", {})
+    assert "cancel it first" in cli.fails("delete", str(later), "--yes")
+    assert cli.ok("delete", str(other), "--yes").strip() == f"task {other}: deleted"
+    assert "no task" in cli.fails("show", str(other))

@@ -1,5 +1,6 @@
-"""Operator controls of a client: pause and resume queues and task names,
-prune what retention does not keep.
+"""Operator controls of a client: pause and resume queues and task names;
+run a pending task now, delete one, retry failed ones in bulk; prune what
+retention does not keep; read the stored schedules.
 
 :class:`Controls` is a base of :class:`conveyor.Client` (and so of
 :class:`conveyor.App`): every control has a sync form and an ``_async``
@@ -8,13 +9,14 @@ form, and runs on the store the client talks to.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
 from conveyor.backends import Backend
-from conveyor.backends.protocol import Inspector, PruneResult, StoredSchedule
+from conveyor.backends.protocol import Inspector, PruneResult, RetryMany, StoredSchedule
 from conveyor.errors import ConfigurationError
-from conveyor.model import Pause, PauseKind
+from conveyor.model import Pause, PauseKind, TaskState
 from conveyor.portal import Portal
 from conveyor.retention import DEFAULT_RETENTION, Retention
 
@@ -111,3 +113,77 @@ class Controls:
     def stored_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
         """Sync form of :meth:`stored_schedules_async`."""
         return self.portal.run(self.stored_schedules_async())
+
+    async def run_now_async(self, task_id: int) -> TaskState:
+        """Make a pending task due now: a delay, a retry's back-off, a snooze
+        or a coroutine's sleep cut short; idle workers of its queue hear of it
+        at once. Raises TaskNotFoundError, or InvalidTransitionError for a
+        task that is not pending."""
+        return await (await self.backend()).run_now(task_id)
+
+    def run_now(self, task_id: int) -> TaskState:
+        """Sync form of :meth:`run_now_async`."""
+        return self.portal.run(self.run_now_async(task_id))
+
+    async def delete_async(self, task_id: int) -> None:
+        """Delete a task with its attempt log and messages, for good. Raises
+        TaskNotFoundError, or InvalidTransitionError for a running task
+        (cancel it first) or an unfinished child whose parent waits for it
+        (cancel it instead: the parent then hears of its end)."""
+        await (await self.backend()).delete(task_id)
+
+    def delete(self, task_id: int) -> None:
+        """Sync form of :meth:`delete_async`."""
+        self.portal.run(self.delete_async(task_id))
+
+    async def retry_many_async(
+        self,
+        *,
+        states: Sequence[TaskState | str] = (TaskState.FAILED,),
+        name: str | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        batch: int = 500,
+    ) -> list[int]:
+        """Run again every failed (or, in ``states``, cancelled) task of
+        ``name`` and ``queue`` created in [``since``, ``until``), each filter
+        optional: pending now with a fresh budget, as :meth:`retry`, in
+        batches of ``batch`` in the store (one statement each, oldest first).
+        A task that fails again meanwhile is not retried twice by one call;
+        one locked by a worker at that moment is passed by. The ids retried."""
+        backend = await self.backend()
+        chosen = tuple(TaskState(s) for s in states)
+        done: list[int] = []
+        while True:
+            ids = await backend.retry_many(
+                RetryMany(
+                    states=chosen,
+                    name=name,
+                    queue=queue,
+                    since=since,
+                    until=until,
+                    after=done[-1] if done else 0,
+                    limit=batch,
+                )
+            )
+            done += ids
+            if len(ids) < batch:
+                return done
+
+    def retry_many(
+        self,
+        *,
+        states: Sequence[TaskState | str] = (TaskState.FAILED,),
+        name: str | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        batch: int = 500,
+    ) -> list[int]:
+        """Sync form of :meth:`retry_many_async`."""
+        return self.portal.run(
+            self.retry_many_async(
+                states=states, name=name, queue=queue, since=since, until=until, batch=batch
+            )
+        )

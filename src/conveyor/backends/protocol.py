@@ -295,6 +295,30 @@ class TaskCount:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryMany:
+    """One batch of a bulk retry: tasks in ``states`` (finished ones: failed,
+    cancelled) with ids above ``after``, of ``name`` and ``queue`` and created
+    in [``since``, ``until``) where given, at most ``limit``, oldest first."""
+
+    states: Sequence[TaskState] = (TaskState.FAILED,)
+    name: str | None = None
+    queue: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    after: int = 0
+    limit: int = 500
+    now: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if not self.states or not all(
+            s in (TaskState.FAILED, TaskState.CANCELLED) for s in self.states
+        ):
+            raise ConfigurationError("a bulk retry takes failed and cancelled tasks")
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise ConfigurationError("limit must be an integer, at least 1")
+
+
+@dataclass(frozen=True, slots=True)
 class PruneParams:
     """What one batch of :meth:`Backend.prune` may delete: finished tasks of
     each state in ``before``, finished before its time, at most ``limit``
@@ -533,6 +557,21 @@ class Backend(Protocol):
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
         """Make a failed or cancelled task pending again with a fresh budget.
         Raises TaskNotFoundError or InvalidTransitionError."""
+
+    async def run_now(self, task_id: int, now: datetime | None = None) -> TaskState:
+        """Make a pending task due now (a delay, back-off, snooze or sleep cut
+        short) and wake its queue. Raises TaskNotFoundError, or
+        InvalidTransitionError for a task that is not pending."""
+
+    async def delete(self, task_id: int) -> None:
+        """Delete a task with its attempts, messages and keys. Raises
+        TaskNotFoundError, or InvalidTransitionError for a task in progress
+        (cancel it first) or an unfinished one whose parent is alive."""
+
+    async def retry_many(self, selection: RetryMany) -> list[int]:
+        """One batch of a bulk retry (see :class:`RetryMany`): each task
+        pending again, due now, with a fresh budget, as :meth:`retry`; rows
+        locked by others are passed by. The ids moved, in order."""
 
     async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
         """The task (with its attempt log unless told not to), or None."""

@@ -97,6 +97,23 @@ def transition_result(
     raise InvalidTransitionError(f"cannot {what} task {task_id}: it is {current}")
 
 
+def delete_refused(
+    task_id: int, state: str | None, parent_state: str | None
+) -> TaskNotFoundError | InvalidTransitionError:
+    """Why a delete of task ``task_id`` (in ``state``, None if missing; its
+    parent in ``parent_state``) deleted nothing."""
+    if state is None:
+        return TaskNotFoundError(f"no task with id {task_id}")
+    if state == TaskState.IN_PROGRESS:
+        return InvalidTransitionError(
+            f"cannot delete task {task_id}: it is running; cancel it first"
+        )
+    return InvalidTransitionError(
+        f"cannot delete task {task_id}: it is {state} and its parent is {parent_state}, "
+        "waiting for its end; cancel it instead"
+    )
+
+
 def check_recipient(task_id: int, state: str | None, inbox: bool) -> None:
     """Raise why task ``task_id`` (in ``state``, None if missing) cannot take a message."""
     if state is None:

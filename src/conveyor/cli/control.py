@@ -1,4 +1,5 @@
-"""The commands that write: ``enqueue``, ``send``, ``cancel``, ``retry``."""
+"""The commands that write: ``enqueue``, ``send``, ``cancel``, ``retry``,
+``run-now`` and ``delete``."""
 
 from __future__ import annotations
 
@@ -275,3 +276,33 @@ def retry(
     """Run failed or cancelled tasks again: by id, or every task the filters
     select (e.g. --state failed --name send_email --since 2h)."""
     _bulk("retry", task_ids, filters, dry_run, url, schema)
+
+
+@click.command("run-now")
+@click.argument("task_id", type=int)
+@backend_options
+def run_now(task_id: int, url: str | None, schema: str | None) -> None:
+    """Make pending task TASK_ID due now (its delay, back-off or snooze cut short)."""
+    try:
+        with open_client(url, schema) as app:
+            app.run_now(task_id)
+    except ConveyorError as exc:
+        fail(exc)
+    click.echo(f"task {task_id}: due now")
+
+
+@click.command()
+@click.argument("task_id", type=int)
+@click.option("--yes", is_flag=True, help="Do not ask first.")
+@backend_options
+def delete(task_id: int, yes: bool, url: str | None, schema: str | None) -> None:
+    """Delete task TASK_ID with its attempt log and messages, for good (not a
+    running one: cancel it first)."""
+    if not yes:
+        click.confirm(f"delete task {task_id} and its history for good?", abort=True, err=True)
+    try:
+        with open_client(url, schema) as app:
+            app.delete(task_id)
+    except ConveyorError as exc:
+        fail(exc)
+    click.echo(f"task {task_id}: deleted")

@@ -33,6 +33,7 @@ from conveyor.backends.protocol import (
     NewTask,
     PruneParams,
     PruneResult,
+    RetryMany,
     ScheduleSync,
     SendParams,
     StoredSchedule,
@@ -156,6 +157,19 @@ class MemoryBackend:
 
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
         return self._store.retry(task_id, self._now(now))
+
+    async def run_now(self, task_id: int, now: datetime | None = None) -> TaskState:
+        state = self._store.run_now(task_id, self._now(now))
+        self._notify_woken()
+        return state
+
+    async def delete(self, task_id: int) -> None:
+        retention.delete(self._store, task_id)
+
+    async def retry_many(self, selection: RetryMany) -> list[int]:
+        ids = self._store.retry_many(selection, self._now(selection.now))
+        self._notify_woken()
+        return ids
 
     async def sync_schedules(self, params: ScheduleSync) -> None:
         schedules.sync(self._store, params, self._now(params.now))

@@ -1,10 +1,11 @@
-"""Pruning in memory: what the SQL backends' prune deletes, from the store."""
+"""Pruning and deleting in memory: what the SQL backends delete, from the store."""
 
 from __future__ import annotations
 
 from conveyor.backends.memory.rows import Row
 from conveyor.backends.memory.store import Store
 from conveyor.backends.protocol import PruneParams, PruneResult
+from conveyor.backends.stored import delete_refused
 from conveyor.model import TaskState
 
 _ALIVE = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
@@ -44,23 +45,29 @@ def _old_workers(store: Store, params: PruneParams) -> list[str]:
     ]
 
 
+def forget(store: Store, row: Row) -> None:
+    """Delete ``row`` with what the SQL backends delete with it (its
+    messages and keys); its children lose their parent. Under the lock."""
+    del store.tasks[row.id]
+    store.inboxes.unread.pop(row.id, None)
+    for key in [k for k in store.inboxes.keys if k[0] == row.id]:
+        del store.inboxes.keys[key]
+    if row.idempotency_key is not None:
+        store.keys.pop((row.name, row.idempotency_key), None)
+    if row.parent_id is not None:
+        store.children.get(row.parent_id, set()).discard(row.id)
+    for child_id in store.children.pop(row.id, ()):
+        child = store.tasks.get(child_id)
+        if child is not None:
+            child.parent_id = None
+
+
 def prune(store: Store, params: PruneParams) -> PruneResult:
     """Delete one batch (see :meth:`conveyor.backends.protocol.Backend.prune`)."""
     with store.lock:
         doomed = _prunable(store, params)[: params.limit]
         for row in doomed:
-            del store.tasks[row.id]
-            store.inboxes.unread.pop(row.id, None)
-            for key in [k for k in store.inboxes.keys if k[0] == row.id]:
-                del store.inboxes.keys[key]
-            if row.idempotency_key is not None:
-                store.keys.pop((row.name, row.idempotency_key), None)
-            if row.parent_id is not None:
-                store.children.get(row.parent_id, set()).discard(row.id)
-            for child_id in store.children.pop(row.id, ()):
-                child = store.tasks.get(child_id)
-                if child is not None:
-                    child.parent_id = None
+            forget(store, row)
         workers = _old_workers(store, params)
         for worker_id in workers:
             del store.workers[worker_id]
@@ -73,3 +80,18 @@ def count_prunable(store: Store, params: PruneParams) -> PruneResult:
         return PruneResult(
             tasks=len(_prunable(store, params)), workers=len(_old_workers(store, params))
         )
+
+
+def delete(store: Store, task_id: int) -> None:
+    """Delete a task (see :meth:`conveyor.backends.protocol.Backend.delete`)."""
+    with store.lock:
+        row = store.tasks.get(task_id)
+        if row is None:
+            raise delete_refused(task_id, None, None)
+        parent = store.tasks.get(row.parent_id) if row.parent_id is not None else None
+        blocked = row.state is TaskState.IN_PROGRESS or (
+            not row.state.is_terminal and parent is not None and parent.state in _ALIVE
+        )
+        if blocked:
+            raise delete_refused(task_id, row.state, parent.state if parent else None)
+        forget(store, row)

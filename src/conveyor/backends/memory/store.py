@@ -45,6 +45,7 @@ from conveyor.backends.protocol import (
     HeartbeatParams,
     HeartbeatResult,
     NewTask,
+    RetryMany,
     StoredSchedule,
     WorkerInfo,
 )
@@ -430,6 +431,41 @@ class Store:
             self._move(row, Cause.MANUAL_RETRY, TaskState.PENDING)
             row.cancel_requested, row.result, row.finished_at = False, None, None
             return row.state
+
+    def run_now(self, task_id: int, now: datetime) -> TaskState:
+        """A pending task becomes due ``now`` (never later). Raises
+        TaskNotFoundError, or InvalidTransitionError for any other state."""
+        with self.lock:
+            row = self._row(task_id)
+            if row.state is not TaskState.PENDING:
+                raise InvalidTransitionError(f"cannot run now task {task_id}: it is {row.state}")
+            if row.run_at > now:
+                row.run_at = now
+                self.index.update(row)
+            self.woken.add(row.queue)
+            return row.state
+
+    def retry_many(self, selection: RetryMany, now: datetime) -> list[int]:
+        """One batch of a bulk retry (see :class:`RetryMany`), each as :meth:`retry`."""
+        states = set(selection.states)
+        with self.lock:
+            chosen = sorted(
+                row.id
+                for row in self.tasks.values()
+                if row.state in states
+                and row.id > selection.after
+                and selection.name in (None, row.name)
+                and selection.queue in (None, row.queue)
+                and (selection.since is None or row.created_at >= selection.since)
+                and (selection.until is None or row.created_at < selection.until)
+            )[: selection.limit]
+            for task_id in chosen:
+                row = self.tasks[task_id]
+                row.spent, row.run_at = 0, now
+                self._move(row, Cause.MANUAL_RETRY, TaskState.PENDING)
+                row.cancel_requested, row.result, row.finished_at = False, None, None
+                self.woken.add(row.queue)
+            return chosen
 
     def _row(self, task_id: int) -> Row:
         row = self.tasks.get(task_id)

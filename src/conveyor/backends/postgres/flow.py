@@ -20,10 +20,12 @@ from conveyor.backends.protocol import (
     FireParams,
     PruneParams,
     PruneResult,
+    RetryMany,
     ScheduleSync,
     StoredSchedule,
 )
-from conveyor.model import Pause, PauseKind, check_pause
+from conveyor.backends.stored import delete_refused, transition_result
+from conveyor.model import Pause, PauseKind, TaskState, check_pause
 
 
 class FlowControl:
@@ -71,6 +73,32 @@ class FlowControl:
                     self.sql["fired_task"], {"name": params.name, "task_id": ids[-1]}
                 )
             return ids
+
+    async def run_now(self, task_id: int, now: datetime | None = None) -> TaskState:
+        rows = await self._fetchall("run_now", {"id": task_id, "now": now})
+        if rows:
+            return TaskState(rows[0][0])
+        current = await self._fetchall("task_state", {"id": task_id})
+        return transition_result(task_id, "run now", None, current[0][0] if current else None)
+
+    async def delete(self, task_id: int) -> None:
+        if await self._fetchall("delete_task", {"id": task_id}):
+            return
+        found = await self._fetchall("delete_blocker", {"id": task_id})
+        raise delete_refused(task_id, *(found[0] if found else (None, None)))
+
+    async def retry_many(self, selection: RetryMany) -> list[int]:
+        args = {
+            "states": [s.value for s in selection.states],
+            "name": selection.name,
+            "queue": selection.queue,
+            "since": selection.since,
+            "until": selection.until,
+            "after": selection.after,
+            "limit": selection.limit,
+            "now": selection.now,
+        }
+        return list((await self._fetchall("retry_many", args))[0][0])
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)

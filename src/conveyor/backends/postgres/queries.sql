@@ -998,3 +998,64 @@ returning name;
 
 -- name: fired_task
 update {schema}.schedules set last_task_id = %(task_id)s where name = %(name)s;
+
+-- name: run_now
+-- A pending task (delayed, backing off, snoozed or asleep) becomes due now;
+-- its queue's idle workers are told. Its state back, or no row.
+with moved as (
+    update {schema}.tasks
+    set run_at = least(run_at, coalesce(%(now)s::timestamptz, statement_timestamp()))
+    where id = %(id)s and state = 'pending'
+    returning state, queue
+)
+select m.state, pg_notify({channel}, m.queue) from moved m;
+
+-- name: delete_task
+-- Delete a task that is not in progress, with its attempts, messages and
+-- keys (on delete cascade); an unfinished one only if no parent of it is
+-- alive (the parent waits for its end). Its id back, or no row.
+delete from {schema}.tasks t
+where t.id = %(id)s and t.state <> 'in_progress'
+  and (t.state in ('succeeded', 'failed', 'cancelled')
+       or not exists (select 1 from {schema}.tasks p
+                      where p.id = t.parent_id
+                        and p.state in ('pending', 'in_progress', 'waiting')))
+returning t.id;
+
+-- name: delete_blocker
+-- Why delete_task deleted nothing: the task's state and its parent's.
+select t.state, p.state
+from {schema}.tasks t left join {schema}.tasks p on p.id = t.parent_id
+where t.id = %(id)s;
+
+-- name: retry_many
+-- One batch of a bulk retry: up to %(limit)s tasks in %(states)s with ids
+-- above %(after)s, of the name, queue and creation window given (each
+-- optional), oldest first, pending again now with a fresh budget (as
+-- retry); rows locked by others are passed by. The ids moved, and their
+-- queues' idle workers told.
+with chosen as materialized (
+    select t.id from {schema}.tasks t
+    where t.state = any(%(states)s::text[]) and t.id > %(after)s::bigint
+      and (%(name)s::text is null or t.name = %(name)s::text)
+      and (%(queue)s::text is null or t.queue = %(queue)s::text)
+      and (%(since)s::timestamptz is null or t.created_at >= %(since)s::timestamptz)
+      and (%(until)s::timestamptz is null or t.created_at < %(until)s::timestamptz)
+    order by t.id
+    limit %(limit)s::int
+    for no key update of t skip locked
+),
+moved as (
+    update {schema}.tasks t
+    set state = 'pending', spent = 0,
+        run_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+        cancel_requested = false, result = null, finished_at = null
+    from chosen c
+    where t.id = c.id
+    returning t.id, t.queue
+),
+notified as (
+    select count(pg_notify({channel}, q.queue)) as n
+    from (select distinct queue from moved) as q
+)
+select array(select id from moved order by id), (select n from notified);

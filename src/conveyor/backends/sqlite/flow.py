@@ -20,6 +20,7 @@ from conveyor.backends.protocol import (
     FireParams,
     PruneParams,
     PruneResult,
+    RetryMany,
     ScheduleSync,
     StoredSchedule,
 )
@@ -27,7 +28,8 @@ from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.inboxes import insert_tasks
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.model import Pause, PauseKind, check_pause
+from conveyor.backends.stored import delete_refused, transition_result
+from conveyor.model import Pause, PauseKind, TaskState, check_pause
 
 
 def served(conn: sqlite3.Connection, params: ClaimParams) -> ClaimParams:
@@ -93,6 +95,50 @@ class FlowControl:
         ids = await self._db.write(fire)
         if ids:
             wake.notify(self._wake_key, (t.queue for t in params.tasks))
+        return ids
+
+    async def run_now(self, task_id: int, now: datetime | None = None) -> TaskState:
+        def move(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
+            args = {"id": task_id, "now": clock(conn, now)}
+            moved = conn.execute(SQL["run_now"], args).fetchone()
+            if moved is not None:
+                return moved[0], None
+            current = conn.execute(SQL["task_state"], {"id": task_id}).fetchone()
+            return None, current[0] if current else None
+
+        changed, current = await self._db.write(move)
+        if changed is not None:
+            wake.notify_all(self._wake_key)
+        return transition_result(task_id, "run now", changed, current)
+
+    async def delete(self, task_id: int) -> None:
+        def delete(conn: sqlite3.Connection) -> tuple[str | None, str | None] | None:
+            if conn.execute(SQL["delete_task"], {"id": task_id}).fetchone() is not None:
+                return None
+            found = conn.execute(SQL["delete_blocker"], {"id": task_id}).fetchone()
+            return (found[0], found[1]) if found else (None, None)
+
+        refused = await self._db.write(delete)
+        if refused is not None:
+            raise delete_refused(task_id, *refused)
+
+    async def retry_many(self, selection: RetryMany) -> list[int]:
+        def retry(conn: sqlite3.Connection) -> list[int]:
+            args = {
+                "states": json.dumps([s.value for s in selection.states]),
+                "name": selection.name,
+                "queue": selection.queue,
+                "since": rows.seconds(selection.since),
+                "until": rows.seconds(selection.until),
+                "after": selection.after,
+                "limit": selection.limit,
+                "now": clock(conn, selection.now),
+            }
+            return sorted(r[0] for r in conn.execute(SQL["retry_many"], args).fetchall())
+
+        ids = await self._db.write(retry)
+        if ids:
+            wake.notify_all(self._wake_key)
         return ids
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:

@@ -527,3 +527,42 @@ returning name;
 
 -- name: fired_task
 update conveyor_schedules set last_task_id = :task_id where name = :name;
+
+-- name: run_now
+-- A pending task becomes due now (see the PostgreSQL statement).
+update conveyor_tasks set run_at = min(run_at, :now)
+where id = :id and state = 'pending'
+returning state, queue;
+
+-- name: delete_task
+-- Delete a task that is not in progress (see the PostgreSQL statement).
+delete from conveyor_tasks
+where id = :id and state <> 'in_progress'
+  and (state in ('succeeded', 'failed', 'cancelled')
+       or not exists (select 1 from conveyor_tasks p
+                      where p.id = conveyor_tasks.parent_id
+                        and p.state in ('pending', 'in_progress', 'waiting')))
+returning id;
+
+-- name: delete_blocker
+select t.state, p.state
+from conveyor_tasks t left join conveyor_tasks p on p.id = t.parent_id
+where t.id = :id;
+
+-- name: retry_many
+-- One batch of a bulk retry (see the PostgreSQL statement); :states is a
+-- JSON array.
+update conveyor_tasks
+set state = 'pending', spent = 0, run_at = :now, cancel_requested = 0, result = null,
+    finished_at = null
+where id in (
+    select id from conveyor_tasks
+    where state in (select value from json_each(:states)) and id > :after
+      and (:name is null or name = :name)
+      and (:queue is null or queue = :queue)
+      and (:since is null or created_at >= :since)
+      and (:until is null or created_at < :until)
+    order by id
+    limit :limit
+)
+returning id;
