@@ -13,6 +13,7 @@ EXPECTED = [
     "BoundTask",
     "CancelledByRequest",
     "Client",
+    "Concurrency",
     "ConfigurationError",
     "ConveyorError",
     "Coroutine",

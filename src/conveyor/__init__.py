@@ -48,7 +48,7 @@ from conveyor.model import (
     Task,
     TaskState,
 )
-from conveyor.options import EnqueueOptions, Unique
+from conveyor.options import Concurrency, EnqueueOptions, Unique
 from conveyor.retention import Retention
 from conveyor.task import BoundTask, TaskDef
 from conveyor.worker import Worker, WorkerConfig
@@ -63,6 +63,7 @@ __all__ = [
     "BoundTask",
     "CancelledByRequest",
     "Client",
+    "Concurrency",
     "ConfigurationError",
     "ConveyorError",
     "Coroutine",

@@ -20,7 +20,7 @@ from conveyor.coroutine import Coroutine
 from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskError
 from conveyor.handle import TaskHandle
 from conveyor.model import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, DEFAULT_RETRY, RetryPolicy
-from conveyor.options import EnqueueOptions, OptionFields, Unique, options_from
+from conveyor.options import Concurrency, EnqueueOptions, OptionFields, Unique, options_from
 from conveyor.schedules import Missed, Schedule
 from conveyor.task import Executor, P, R, TaskDecorator, TaskDef, TaskOptions
 from conveyor.worker import Worker, WorkerConfig
@@ -92,6 +92,7 @@ class App(Client):
         lease: float | None = None,
         process: bool = False,
         unique: Unique | None = None,
+        concurrency: Concurrency | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -107,17 +108,26 @@ class App(Client):
         lease: float | None = None,
         process: bool = False,
         unique: Unique | None = None,
+        concurrency: Concurrency | None = None,
     ) -> TaskDef | TaskDecorator:
         """Register a handler: ``async def`` runs on the worker's loop, plain
         ``def`` in a thread, and ``process=True`` in a child process (for
         CPU-bound work; the handler must be importable by module and name).
         ``unique`` makes its tasks unique by a key (see :class:`conveyor.Unique`;
         an enqueue's own ``unique=`` or ``idempotency_key=`` overrides it).
+        ``concurrency`` caps how many of its tasks run at once per key (see
+        :class:`conveyor.Concurrency`).
 
         Raises DuplicateTaskError if the name is taken.
         """
         options = TaskOptions(
-            queue=queue, priority=priority, retry=retry, timeout=timeout, lease=lease, unique=unique
+            queue=queue,
+            priority=priority,
+            retry=retry,
+            timeout=timeout,
+            lease=lease,
+            unique=unique,
+            concurrency=concurrency,
         )
 
         def register(handler: Callable[..., Any]) -> TaskDef:

@@ -19,7 +19,13 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, TypedDict
 
 from conveyor.errors import ConfigurationError
-from conveyor.model import MIN_LEASE_SECONDS, RetryPolicy, check_duration, check_idempotency_key
+from conveyor.model import (
+    MAX_IDEMPOTENCY_KEY,
+    MIN_LEASE_SECONDS,
+    RetryPolicy,
+    check_duration,
+    check_idempotency_key,
+)
 
 UniqueScope = Literal["pending", "active", "stored"]
 OnConflict = Literal["existing", "replace", "raise"]
@@ -108,6 +114,67 @@ class Unique:
         return self.scope if self.scope in ("pending", "active") else None  # type: ignore[return-value]
 
 
+MAX_CONCURRENCY_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Concurrency:
+    """At most ``limit`` attempts of the tasks that share a key run at once,
+    across every worker, whatever their task names.
+
+    ``key`` is a string or a function of the payload's arguments
+    (``lambda args: f"user:{args['user_id']}"``). Enqueues never fail
+    because a key is full: its tasks wait, pending, while tasks of other
+    keys and plain tasks run. When tasks of one key give different limits,
+    the limit of the key's last claimed task applies. Keyed tasks are
+    claimed in claim order within their keys; between keys, the key claimed
+    from longest ago goes first.
+    """
+
+    key: str | Callable[[Mapping[str, Any]], str]
+    limit: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.key, str):
+            _check_key("Concurrency.key", self.key)
+        elif not callable(self.key):
+            raise ConfigurationError("Concurrency.key is a string or a function of the arguments")
+        if (
+            isinstance(self.limit, bool)
+            or not isinstance(self.limit, int)
+            or not 1 <= self.limit <= MAX_CONCURRENCY_LIMIT
+        ):
+            raise ConfigurationError(
+                f"Concurrency.limit is an integer from 1 to {MAX_CONCURRENCY_LIMIT}"
+            )
+
+    def key_for(self, args: Mapping[str, Any]) -> str:
+        """The key of a task with these arguments."""
+        if isinstance(self.key, str):
+            return self.key
+        try:
+            key = self.key(args)
+        except Exception as exc:
+            raise ConfigurationError(f"the concurrency key function failed: {exc!r}") from exc
+        return _check_key("the concurrency key function's result", key)
+
+
+def check_kind(name: str, value: object, kind: type) -> None:
+    """Raise ConfigurationError unless ``value`` is None or a ``kind``."""
+    if value is not None and not isinstance(value, kind):
+        raise ConfigurationError(f"{name} must be a conveyor.{kind.__name__}")
+
+
+def _check_key(what: str, key: object) -> str:
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise ConfigurationError(
+            f"{what} must be a string of 1 to {MAX_IDEMPOTENCY_KEY} characters"
+        )
+    if "\x00" in key:
+        raise ConfigurationError(f"{what} must not hold NUL")
+    return key
+
+
 class OptionFields(TypedDict, total=False):
     """The keyword form of :class:`EnqueueOptions` (``**options`` of every start)."""
 
@@ -120,6 +187,7 @@ class OptionFields(TypedDict, total=False):
     lease: float
     idempotency_key: str
     unique: Unique
+    concurrency: Concurrency
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +202,8 @@ class EnqueueOptions:
     :meth:`conveyor.App.enqueue`); it is ``Unique(key=..., scope="stored")``.
     ``unique`` makes the task unique by a key (see :class:`Unique`),
     overriding the task's own; give it or ``idempotency_key``, not both.
+    ``concurrency`` limits how many tasks of a key run at once (see
+    :class:`Concurrency`), overriding the task's own.
     """
 
     queue: str | None = None
@@ -145,12 +215,24 @@ class EnqueueOptions:
     lease: float | None = None
     idempotency_key: str | None = None
     unique: Unique | None = None
+    concurrency: Concurrency | None = None
 
     def __post_init__(self) -> None:
         if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
             raise ConfigurationError("queue must be a non-empty string")
         if self.priority is not None:
             check_priority(self.priority)
+        self._check_due()
+        check_kind("retry", self.retry, RetryPolicy)
+        check_duration("timeout", self.timeout, minimum=0.001)
+        check_duration("lease", self.lease, minimum=MIN_LEASE_SECONDS)
+        check_idempotency_key(self.idempotency_key)
+        check_kind("unique", self.unique, Unique)
+        if self.unique is not None and self.idempotency_key is not None:
+            raise ConfigurationError("give idempotency_key or unique, not both")
+        check_kind("concurrency", self.concurrency, Concurrency)
+
+    def _check_due(self) -> None:
         if self.delay is not None and self.run_at is not None:
             raise ConfigurationError("give delay or run_at, not both")
         if self.run_at is not None:
@@ -163,15 +245,6 @@ class EnqueueOptions:
             if isinstance(seconds, timedelta):
                 seconds = seconds.total_seconds()
             object.__setattr__(self, "delay", check_duration("delay", seconds))
-        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
-            raise ConfigurationError("retry must be a conveyor.RetryPolicy")
-        check_duration("timeout", self.timeout, minimum=0.001)
-        check_duration("lease", self.lease, minimum=MIN_LEASE_SECONDS)
-        check_idempotency_key(self.idempotency_key)
-        if self.unique is not None and not isinstance(self.unique, Unique):
-            raise ConfigurationError("unique must be a conveyor.Unique")
-        if self.unique is not None and self.idempotency_key is not None:
-            raise ConfigurationError("give idempotency_key or unique, not both")
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> EnqueueOptions:

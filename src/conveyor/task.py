@@ -50,9 +50,11 @@ from conveyor.model import (
 )
 from conveyor.options import (
     NO_OPTIONS,
+    Concurrency,
     EnqueueOptions,
     OptionFields,
     Unique,
+    check_kind,
     check_priority,
     options_from,
 )
@@ -103,10 +105,11 @@ class TaskOptions:
     timeout: float | None = None
     lease: float | None = None
     unique: Unique | None = None
+    concurrency: Concurrency | None = None
 
     def __post_init__(self) -> None:
-        if self.unique is not None and not isinstance(self.unique, Unique):
-            raise ConfigurationError("unique must be a conveyor.Unique")
+        check_kind("unique", self.unique, Unique)
+        check_kind("concurrency", self.concurrency, Concurrency)
         if not self.queue or not isinstance(self.queue, str):
             raise ConfigurationError("queue must be a non-empty string")
         check_priority(self.priority)
@@ -119,7 +122,7 @@ class TaskOptions:
         """These defaults with the options of one call on top."""
         changes = {
             name: value
-            for name in ("queue", "priority", "retry", "timeout", "lease", "unique")
+            for name in ("queue", "priority", "retry", "timeout", "lease", "unique", "concurrency")
             if (value := getattr(options, name)) is not None
         }
         return dataclasses.replace(self, **changes) if changes else self
@@ -355,6 +358,9 @@ class TaskDef(Generic[P, R]):
             task = defaults.new_task(self.name, payload, when, seconds, idempotency_key=key)
             if unique is not None:
                 unique_task(task, unique, args or {})
+            if defaults.concurrency is not None:
+                task.concurrency_key = defaults.concurrency.key_for(args or {})
+                task.concurrency_limit = defaults.concurrency.limit
             tasks.append(task)
         if keys is not None:
             for task, each in zip(tasks, keys, strict=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -303,10 +304,49 @@ async def test_idempotency_keys_and_cancel_checks_use_their_indexes(
     history: PostgresBackend,
 ) -> None:
     for name, args, index in (
-        ("stored_keys", {"names": ["job"], "keys": ["k"]}, "tasks_idempotency"),
+        ("stored_keys", {"names": ["job"], "keys": ["k"], "now": None}, "tasks_idempotency"),
         ("sent_keys", {"task_ids": [1], "keys": ["k"]}, "message_keys_pkey"),
         ("cancel_requested", {"worker_id": "w", "ids": [1, 2], "attempts": [1, 1]}, "tasks_pkey"),
     ):
         plan = await _plan(history, name, args)
         assert not {"tasks", "message_keys"} & _scanned_tables(plan), name
         assert index in {n.get("Index Name") for n in plan}, name
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+async def test_a_keyed_claim_never_walks_the_tasks_behind_a_full_key(
+    backend: PostgresBackend, generic: bool
+) -> None:
+    """100k tasks wait behind one hot key whose one slot is taken: a claim
+    must find the cold key's task without reading the hot key's backlog
+    (neither the plain claim, whose index leaves keyed tasks out, nor the
+    keyed claim, which reads the hot key's room off its running tasks)."""
+    hot = replace(new(run_at=None), concurrency_key="hot", concurrency_limit=1)
+    for _ in range(BACKLOG // 5_000):
+        await backend.enqueue(EnqueueParams(tasks=[hot] * 5_000, now=None))
+    [running] = await backend.claim(
+        ClaimParams(worker_id="w", names=["job"], queues=["default"], limit=1, lease=30)
+    )
+    cold = replace(new(run_at=None), concurrency_key="cold", concurrency_limit=1)
+    [cold_id] = await backend.enqueue(EnqueueParams(tasks=[cold], now=None))
+    args = {**CLAIM_ARGS, "limit": 10, "keys": ["hot", "cold"]}
+    nodes = await (
+        _generic_plan(backend, "claim_keyed", args)
+        if generic
+        else _analyzed(backend, "claim_keyed", args)
+    )
+    keyed_reads = [n for n in nodes if n.get("Index Name") == "tasks_pending_keyed"]
+    assert keyed_reads and all(n["Actual Rows"] <= 10 for n in keyed_reads), keyed_reads
+    assert not [n for n in nodes if n.get("Actual Rows", 0) > 100], [
+        (n["Node Type"], n.get("Index Name"), n.get("Actual Rows")) for n in nodes
+    ]
+    plain = await _analyzed(backend, "claim", CLAIM_ARGS)
+    assert not [n for n in plain if n.get("Actual Rows", 0) > 100]
+    # EXPLAIN ANALYZE ran the keyed claim: it took the cold task, and nothing
+    # of the hot key beside the one running.
+    stored = await backend.get_task(cold_id, with_attempts=False)
+    assert stored is not None and stored.state is TaskState.IN_PROGRESS
+    again = await backend.claim(
+        ClaimParams(worker_id="w", names=["job"], queues=["default"], limit=10, lease=30)
+    )
+    assert again == [] and running.token.task_id != cold_id

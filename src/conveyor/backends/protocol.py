@@ -106,6 +106,11 @@ class NewTask:
     of the key takes it)."""
     on_conflict: str = "existing"
     """``existing``, ``replace`` or ``raise`` (see ``idempotency_key``)."""
+    concurrency_key: str | None = None
+    """At most ``concurrency_limit`` attempts of the tasks that share this key
+    run at once, across every worker (the limit of the key's newest claimed
+    task applies)."""
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,16 @@ def transition_result(
     raise InvalidTransitionError(f"cannot {what} task {task_id}: it is {current}")
 
 
+KEY_SCAN_PER_SLOT = 4
+MIN_KEY_SCAN = 16
+
+
+def key_scan(limit: int) -> int:
+    """How many concurrency keys a keyed claim for ``limit`` tasks reads at
+    most: ``max(4 * limit, 16)``, the ones claimed from longest ago first."""
+    return max(KEY_SCAN_PER_SLOT * limit, MIN_KEY_SCAN)
+
+
 def delete_refused(
     task_id: int, state: str | None, parent_state: str | None
 ) -> TaskNotFoundError | InvalidTransitionError:

@@ -27,6 +27,10 @@ class ClaimIndex:
 
     pending: dict[str, list[Entry]] = field(default_factory=dict)
     in_progress: set[int] = field(default_factory=set)
+    keyed_pending: dict[str, set[int]] = field(default_factory=dict)
+    """Pending tasks with a concurrency key (not in ``pending``), by key."""
+    keyed_running: dict[str, set[int]] = field(default_factory=dict)
+    """Tasks in progress with a concurrency key, by key."""
 
     def update(self, row: Row) -> None:
         """Index ``row`` in the state it just took (a pending one at its run_at)."""
@@ -34,13 +38,34 @@ class ClaimIndex:
             self.in_progress.add(row.id)
         else:
             self.in_progress.discard(row.id)
-        if row.state is TaskState.PENDING:
+        key = row.concurrency_key
+        if key is not None:
+            self._file(self.keyed_pending, key, row.id, row.state is TaskState.PENDING)
+            self._file(self.keyed_running, key, row.id, row.state is TaskState.IN_PROGRESS)
+        elif row.state is TaskState.PENDING:
             heapq.heappush(self.pending.setdefault(row.queue, []), claim_order(row))
+
+    def forget(self, row: Row) -> None:
+        """``row`` is deleted."""
+        self.in_progress.discard(row.id)
+        if row.concurrency_key is not None:
+            self._file(self.keyed_pending, row.concurrency_key, row.id, False)
+            self._file(self.keyed_running, row.concurrency_key, row.id, False)
+
+    @staticmethod
+    def _file(by_key: dict[str, set[int]], key: str, task_id: int, present: bool) -> None:
+        if present:
+            by_key.setdefault(key, set()).add(task_id)
+        elif key in by_key:
+            by_key[key].discard(task_id)
+            if not by_key[key]:
+                del by_key[key]
 
     def due(
         self, tasks: Mapping[int, Row], queue: str, names: set[str], now: datetime, limit: int
     ) -> list[Row]:
-        """The head of ``queue``'s due pending tasks of ``names``, in claim order.
+        """The head of ``queue``'s due pending tasks of ``names`` without a
+        concurrency key (keyed ones are claimed by key: :mod:`.keys`), in claim order.
 
         Every valid entry popped goes back: the caller decides which rows it
         hands out, and those entries are dropped as stale later."""

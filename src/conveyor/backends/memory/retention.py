@@ -49,6 +49,7 @@ def forget(store: Store, row: Row) -> None:
     """Delete ``row`` with what the SQL backends delete with it (its
     messages and keys); its children lose their parent. Under the lock."""
     del store.tasks[row.id]
+    store.index.forget(row)
     store.inboxes.unread.pop(row.id, None)
     for key in [k for k in store.inboxes.keys if k[0] == row.id]:
         del store.inboxes.keys[key]

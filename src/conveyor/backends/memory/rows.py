@@ -46,6 +46,8 @@ class Row:
     idempotency_key: str | None = None
     unique_scope: str | None = None
     unique_until: datetime | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     attempts: list[Attempt] = field(default_factory=list)
 
     @classmethod
@@ -67,6 +69,8 @@ class Row:
             parent_id=new.parent_id,
             inbox=new.inbox,
             idempotency_key=new.idempotency_key,
+            concurrency_key=new.concurrency_key,
+            concurrency_limit=new.concurrency_limit,
             unique_scope=new.unique_scope if new.idempotency_key is not None else None,
             unique_until=now + timedelta(seconds=new.unique_for)
             if new.unique_for is not None and new.idempotency_key is not None

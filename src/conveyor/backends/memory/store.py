@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from conveyor import payload as codec
+from conveyor.backends.memory import keys as concurrency_keys
 from conveyor.backends.memory import unique
 from conveyor.backends.memory.flow import Pauses
 from conveyor.backends.memory.inboxes import Inboxes
@@ -98,6 +99,8 @@ class Store:
     workers are told after it."""
     pauses: Pauses = field(default_factory=Pauses)
     schedules: dict[str, StoredSchedule] = field(default_factory=dict)
+    concurrency: dict[str, concurrency_keys.KeyRow] = field(default_factory=dict)
+    """Concurrency keys with pending tasks (see :mod:`.keys`)."""
 
     # -- state changes: the only writes of a task's state ----------------------
 
@@ -108,6 +111,7 @@ class Store:
         check_state_change(row.state, cause, state)
         row.state = state
         self.index.update(row)
+        concurrency_keys.ensure(self, row)
         if row.leaves_unique_scope():
             unique.release(self, row)
 
@@ -149,6 +153,7 @@ class Store:
         check_state_change(None, cause, TaskState.PENDING)
         row = Row.new(next(self.ids), new, now)
         self.tasks[row.id] = row
+        concurrency_keys.ensure(self, row)
         if mine is not None:
             mine.add(row.id)
         if key is not None:
@@ -186,8 +191,14 @@ class Store:
             ]
             for queue in queues:
                 candidates += self.index.due(self.tasks, queue, names, now, params.limit)
+            keyed, read = concurrency_keys.keyed_due(self, names, queues, now, params.limit)
+            candidates += keyed
             candidates.sort(key=lambda r: (-r.priority, r.run_at, r.id))
-            return [self._hand_out(row, params, now) for row in candidates[: params.limit]]
+            chosen = candidates[: params.limit]
+            handed = [self._hand_out(row, params, now) for row in chosen]
+            keyed_taken = [r for r in chosen if r.concurrency_key is not None]
+            concurrency_keys.settle(self, read, keyed_taken, now)
+            return handed
 
     def _reclaimable(self, row: Row, now: datetime) -> bool:
         """An expired lease: True if its task may run again; else its task

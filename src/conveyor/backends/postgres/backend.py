@@ -34,6 +34,7 @@ from conveyor.backends.postgres.migrate import apply_migrations, pending_migrati
 from conveyor.backends.postgres.rows import (
     enqueue_statement,
     finish_statement,
+    keyed,
     may_raise,
     ordered_ids,
 )
@@ -64,6 +65,7 @@ from conveyor.backends.protocol import (
 from conveyor.backends.stored import (
     attempt_row,
     claimed_task,
+    key_scan,
     message_row,
     task_row,
     transition_result,
@@ -153,6 +155,8 @@ class PostgresBackend(FlowControl):
         self.channel = queries.channel(self.schema)
         self._auto_migrate = migrate
         self._sweep = Sweep(sweep_interval)
+        self._keyed_first = False
+        """Whether the last claim took keyed tasks first (claims alternate)."""
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
         self._pool_size = pool_size
@@ -333,7 +337,7 @@ class PostgresBackend(FlowControl):
     async def enqueue(self, params: EnqueueParams) -> list[int]:
         if not params.tasks:
             return []
-        if not any(t.message or t.idempotency_key for t in params.tasks):
+        if not any(t.message for t in params.tasks) and not keyed(params.tasks):
             name, args = enqueue_statement(params)
             return ordered_ids(await self._fetchall(name, args))
         async with self._connection() as conn, conn.transaction():
@@ -441,8 +445,35 @@ class PostgresBackend(FlowControl):
                         ", ".join(str(r[0]) for r in quarantined),
                     )
             statement = self.sql["claim_reclaim" if sweep else "claim"]
-            rows = await (await conn.execute(statement, args)).fetchall()
+            # Plain and keyed tasks take turns at being claimed first: neither
+            # kind can keep a busy worker from the other.
+            self._keyed_first = keyed_first = not self._keyed_first
+            rows = await self._claim_keyed(conn, args, params.limit) if keyed_first else []
+            if len(rows) < params.limit:
+                left = {**args, "limit": params.limit - len(rows)}
+                rows += await (await conn.execute(statement, left)).fetchall()
+            if not keyed_first and len(rows) < params.limit:
+                rows += await self._claim_keyed(conn, args, params.limit - len(rows))
         return [claimed_task(row, params.worker_id) for row in rows]
+
+    async def _claim_keyed(
+        self, conn: AsyncConnection[Any], args: Mapping[str, Any], limit: int
+    ) -> list[tuple[Any, ...]]:
+        """Claim up to ``limit`` tasks with concurrency keys, if any key has
+        pending tasks: in one transaction, lock key rows, then claim (see
+        ``lock_keys`` and ``claim_keyed`` in queries.sql)."""
+        waiting = await (await conn.execute(self.sql["keys_waiting"])).fetchone()
+        if not waiting or not waiting[0]:
+            return []
+        async with conn.transaction():
+            scan = {"key_scan": key_scan(limit)}
+            keys = [
+                r[0] for r in await (await conn.execute(self.sql["lock_keys"], scan)).fetchall()
+            ]
+            if not keys:
+                return []
+            keyed = {**args, "keys": keys, "limit": limit}
+            return await (await conn.execute(self.sql["claim_keyed"], keyed)).fetchall()
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         tokens = list(params.tokens)

@@ -86,23 +86,25 @@ returning array[id];
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
      timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, unique_scope,
-     unique_until, created_at)
+     unique_until, concurrency_key, concurrency_limit, created_at)
 select i.name, i.queue, i.payload::jsonb, i.priority,
        coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
        i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
        i.inbox, i.parent_id, i.idempotency_key, i.unique_scope,
        coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.unique_for),
+       i.concurrency_key, i.concurrency_limit,
        coalesce(%(now)s::timestamptz, statement_timestamp())
 from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
             %(max_attempts)s::int[], %(retry_policies)s::text[],
             %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
             %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(keys)s::text[],
-            %(scopes)s::text[], %(periods)s::float8[])
+            %(scopes)s::text[], %(periods)s::float8[], %(concurrency_keys)s::text[],
+            %(concurrency_limits)s::int[])
     with ordinality
     as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
          timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, unique_scope,
-         unique_for, ord)
+         unique_for, concurrency_key, concurrency_limit, ord)
 order by i.ord
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id, name, idempotency_key;
@@ -163,6 +165,7 @@ due as materialized (
         from {schema}.tasks t
         where t.state = 'pending'
           and t.queue = q.name
+          and t.concurrency_key is null  -- keyed tasks: claim_keyed
           and t.run_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
           and t.name = any(s.names)
           and t.attempt <= 2147483645 and t.spent <= 2147483645  -- see quarantine
@@ -198,7 +201,8 @@ claimed as (
     where t.id = c.id
     returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
               t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
-              t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.priority, t.run_at
+              t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.priority, t.run_at,
+              t.concurrency_key, t.concurrency_limit
 )
 
 -- name: claim
@@ -1059,3 +1063,82 @@ notified as (
     from (select distinct queue from moved) as q
 )
 select array(select id from moved order by id), (select n from notified);
+
+-- name: keys_waiting
+-- Whether any concurrency key has pending tasks (a row of its own): only
+-- then does a worker run the keyed claim.
+select exists (select 1 from {schema}.concurrency);
+
+-- name: lock_keys
+-- The first statement of a keyed claim: lock up to %(key_scan)s key rows,
+-- those claimed from longest ago first (every key gets its turn), passing by
+-- keys another claim, or a writer making a task of the key pending, holds.
+select c.key from {schema}.concurrency c
+order by c.claimed_at nulls first, c.key
+limit %(key_scan)s::int
+for update skip locked;
+
+-- name: claim_keyed
+-- The second statement of a keyed claim, its snapshot taken after the key
+-- rows %(keys)s were locked: up to %(limit)s due pending tasks of those
+-- keys, each key at most its room (max_running less its running tasks, read
+-- off tasks_running_keyed), in claim order, started as the plain claim
+-- starts its tasks. The keys claimed from are marked (their turn comes
+-- last next time, and take the limit of their newest claimed task); keys
+-- with no pending task left lose their row.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+{part_served},
+open_keys as materialized (
+    select c.key, c.max_running - (
+               select count(*) from {schema}.tasks r
+               where r.concurrency_key = c.key and r.state = 'in_progress') as room
+    from {schema}.concurrency c
+    where c.key = any(%(keys)s::text[])
+),
+keyed_due as materialized (
+    select p.id, p.priority, p.run_at, k.key
+    from open_keys k
+    cross join served s
+    cross join lateral (
+        select t.id, t.priority, t.run_at
+        from {schema}.tasks t, clock
+        where t.concurrency_key = k.key
+          and t.state = 'pending'
+          and t.run_at <= clock.now
+          and t.queue = any(s.queues)
+          and t.name = any(s.names)
+          and t.attempt <= 2147483645 and t.spent <= 2147483645  -- see quarantine
+        order by t.priority desc, t.run_at, t.id
+        limit greatest(least(k.room, %(limit)s::int), 0)
+        for no key update of t skip locked
+    ) as p
+),
+chosen as (
+    select id from keyed_due
+    order by priority desc, run_at, id
+    limit %(limit)s::int
+),
+{part_claimed},
+marked as (
+    update {schema}.concurrency c
+    set claimed_at = clock.now,
+        max_running = coalesce(
+            (select t.concurrency_limit from claimed t
+             where t.concurrency_key = c.key order by t.id desc limit 1),
+            c.max_running)
+    from clock
+    where c.key in (select d.key from keyed_due d join chosen x on x.id = d.id)
+),
+emptied as (
+    delete from {schema}.concurrency c
+    where c.key = any(%(keys)s::text[])
+      and c.key not in (select d.key from keyed_due d)
+      and not exists (select 1 from {schema}.tasks t
+                      where t.concurrency_key = c.key and t.state = 'pending')
+)
+select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id
+from claimed
+order by priority desc, run_at, id;

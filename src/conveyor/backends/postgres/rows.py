@@ -80,8 +80,9 @@ def _columns(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]:
 
 
 def keyed(tasks: Sequence[NewTask]) -> bool:
-    """Whether any of ``tasks`` carries an idempotency key."""
-    return any(t.idempotency_key is not None for t in tasks)
+    """Whether any of ``tasks`` carries a unique or a concurrency key (then
+    ``enqueue_keyed`` stores them)."""
+    return any(t.idempotency_key is not None or t.concurrency_key is not None for t in tasks)
 
 
 def may_raise(tasks: Sequence[NewTask]) -> bool:
@@ -96,6 +97,8 @@ def keyed_args(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]
         "keys": [t.idempotency_key for t in tasks],
         "scopes": [t.unique_scope for t in tasks],
         "periods": [t.unique_for for t in tasks],
+        "concurrency_keys": [t.concurrency_key for t in tasks],
+        "concurrency_limits": [t.concurrency_limit for t in tasks],
     }
 
 

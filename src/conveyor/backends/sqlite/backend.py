@@ -54,7 +54,7 @@ from conveyor.backends.sqlite.database import (
     connect,
     translated_errors,
 )
-from conveyor.backends.sqlite.flow import FlowControl, served
+from conveyor.backends.sqlite.flow import FlowControl, keyed_candidates, served, settle_keys
 from conveyor.backends.sqlite.inboxes import (
     apply_effects,
     holding,
@@ -279,8 +279,14 @@ class SQLiteBackend(FlowControl):
         for queue in dict.fromkeys(params.queues):
             args = {**scope, "queue": queue, "limit": limit}
             candidates += conn.execute(SQL["claim_due"], args).fetchall()
+        keyed, keys = keyed_candidates(conn, scope, limit)
+        candidates += keyed
         candidates.sort(key=lambda row: (-row[2], row[3], row[0]))
-        return [(row[0], row[1]) for row in candidates[:limit]]
+        chosen = candidates[:limit]
+        if keys:
+            taken = {row[0] for row in chosen}
+            settle_keys(conn, scope["now"], keys, [row for row in keyed if row[0] in taken])
+        return [(row[0], row[1]) for row in chosen]
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         tokens = list(params.tokens)

@@ -28,7 +28,7 @@ from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.inboxes import insert_tasks
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.backends.stored import delete_refused, transition_result
+from conveyor.backends.stored import delete_refused, key_scan, transition_result
 from conveyor.model import Pause, PauseKind, TaskState, check_pause
 
 
@@ -44,6 +44,38 @@ def served(conn: sqlite3.Connection, params: ClaimParams) -> ClaimParams:
         queues=[q for q in params.queues if q not in queues],
         names=[n for n in params.names if n not in names],
     )
+
+
+def keyed_candidates(
+    conn: sqlite3.Connection, scope: dict[str, Any], limit: int
+) -> tuple[list[tuple[Any, ...]], set[str]]:
+    """Due pending tasks of the concurrency keys with room, each key at most
+    its room, as ``(id, state, priority, run_at, key, limit)`` rows, and
+    every key read (SQLite's one writer: the running tasks counted are all
+    of them)."""
+    found: list[tuple[Any, ...]] = []
+    read: set[str] = set()
+    for key, room in conn.execute(SQL["open_keys"], {"key_scan": key_scan(limit)}).fetchall():
+        read.add(key)
+        if room > 0:
+            args = {**scope, "key": key, "limit": min(room, limit)}
+            found += conn.execute(SQL["claim_keyed"], args).fetchall()
+    return found, read
+
+
+def settle_keys(
+    conn: sqlite3.Connection, now: float, read: set[str], taken: list[tuple[Any, ...]]
+) -> None:
+    """After a claim: mark the keys the ``taken`` keyed rows are of (with the
+    limit of each one's newest task), drop the rows of the other ``read``
+    keys left with no pending task."""
+    newest = {row[4]: row[5] for row in sorted(taken, key=lambda row: row[0])}
+    conn.executemany(
+        SQL["key_claimed"],
+        [{"now": now, "key": key, "max_running": limit} for key, limit in newest.items()],
+    )
+    if read - newest.keys():
+        conn.execute(SQL["keys_emptied"], {"keys": json.dumps(sorted(read - newest.keys()))})
 
 
 class FlowControl:

@@ -20,9 +20,11 @@ select coalesce(:now, (julianday('now') - 2440587.5) * 86400.0);
 -- One task; run many times in one transaction (executemany).
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key)
+     timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key,
+     concurrency_key, concurrency_limit)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
-        :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key);
+        :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key,
+        :concurrency_key, :concurrency_limit);
 
 -- name: enqueue_keyed
 -- One task that may carry an idempotency key: skipped when its name and key
@@ -30,10 +32,10 @@ values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :m
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
      timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key,
-     unique_scope, unique_until)
+     unique_scope, unique_until, concurrency_key, concurrency_limit)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
         :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key,
-        :unique_scope, :now + :unique_for)
+        :unique_scope, :now + :unique_for, :concurrency_key, :concurrency_limit)
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id;
 
@@ -78,6 +80,7 @@ returning id, state, spent, max_attempts;
 -- index and sort every pending row). The backend runs it once per queue.
 select id, state, priority, run_at from conveyor_tasks indexed by conveyor_tasks_pending_claim
 where state = 'pending'
+  and concurrency_key is null  -- keyed tasks: claim_keyed
   and queue = :queue
   and run_at <= :now
   and name in (select value from json_each(:names))
@@ -566,3 +569,40 @@ where id in (
     limit :limit
 )
 returning id;
+
+-- name: open_keys
+-- Up to :key_scan concurrency keys with pending tasks, claimed from longest
+-- ago first, each with its room: max_running less its running tasks.
+select c.key, c.max_running - (
+           select count(*) from conveyor_tasks r indexed by conveyor_tasks_running_keyed
+           where r.concurrency_key = c.key and r.state = 'in_progress')
+from conveyor_concurrency c
+order by c.claimed_at is not null, c.claimed_at, c.key
+limit :key_scan;
+
+-- name: claim_keyed
+-- The head of one key's due pending tasks, in claim order, at most its room.
+select id, state, priority, run_at, concurrency_key, concurrency_limit
+from conveyor_tasks indexed by conveyor_tasks_pending_keyed
+where state = 'pending'
+  and concurrency_key = :key
+  and run_at <= :now
+  and queue in (select value from json_each(:queues))
+  and name in (select value from json_each(:names))
+  and attempt <= 2147483645 and spent <= 2147483645  -- see quarantine
+order by priority desc, run_at, id
+limit :limit;
+
+-- name: key_claimed
+-- Mark a key claimed from (its turn comes last next time), with the limit
+-- of its newest claimed task.
+update conveyor_concurrency
+set claimed_at = :now, max_running = coalesce(:max_running, max_running)
+where key = :key;
+
+-- name: keys_emptied
+-- Keys with no pending task left lose their row.
+delete from conveyor_concurrency
+where key in (select value from json_each(:keys))
+  and not exists (select 1 from conveyor_tasks t
+                  where t.concurrency_key = conveyor_concurrency.key and t.state = 'pending');

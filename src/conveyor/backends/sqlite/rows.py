@@ -76,6 +76,8 @@ def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
             "idempotency_key": t.idempotency_key,
             "unique_scope": t.unique_scope,
             "unique_for": t.unique_for,
+            "concurrency_key": t.concurrency_key,
+            "concurrency_limit": t.concurrency_limit,
         }
         for t in params.tasks
     ]

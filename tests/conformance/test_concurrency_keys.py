@@ -1,0 +1,131 @@
+"""Concurrency keys on every backend: at most the key's limit of its tasks
+run at once, whoever claims; a full key holds back only its own tasks;
+every way back to pending (retry, release) keeps the task claimable."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from conveyor.backends.protocol import (
+    Backend,
+    ClaimParams,
+    Completion,
+    ErrorInfo,
+    FinishParams,
+    NewTask,
+)
+from conveyor.model import Outcome, PauseKind, TaskState
+from tests.conformance.test_tasks import LEASE, claim, enqueue, later, new, success
+
+
+def keyed(key: str, limit: int = 1, **fields: object) -> NewTask:
+    return replace(new(**fields), concurrency_key=key, concurrency_limit=limit)  # type: ignore[arg-type]
+
+
+def ids(claimed: list) -> list[int]:  # type: ignore[type-arg]
+    return [c.token.task_id for c in claimed]
+
+
+async def finish_ok(backend: Backend, claimed: list, at: float = 1) -> None:  # type: ignore[type-arg]
+    await backend.finish(
+        FinishParams(worker_id="w1", completions=[success(c.token) for c in claimed], now=later(at))
+    )
+
+
+async def test_a_key_runs_at_most_its_limit_at_once(backend: Backend) -> None:
+    held = await enqueue(backend, keyed("user:1"), keyed("user:1"), keyed("user:1"))
+    [plain] = await enqueue(backend, new())
+    first = await claim(backend, limit=10)
+    assert sorted(ids(first)) == sorted([held[0], plain])  # one of the key, and the plain task
+    assert await claim(backend, limit=10) == []  # the key is full
+    await finish_ok(backend, [c for c in first if c.token.task_id == held[0]])
+    assert ids(await claim(backend, limit=10, at=later(2))) == [held[1]]
+
+
+async def test_a_full_key_holds_back_only_its_own_tasks(backend: Backend) -> None:
+    hot = await enqueue(backend, *(keyed("hot") for _ in range(50)))
+    [other] = await enqueue(backend, keyed("cold"))
+    first = await claim(backend, limit=1)
+    second = await claim(backend, limit=5)
+    assert sorted(ids(first) + ids(second)) == sorted([hot[0], other])
+
+
+async def test_a_limit_above_one_across_claims(backend: Backend) -> None:
+    await enqueue(backend, *(keyed("k", limit=3) for _ in range(10)))
+    taken = []
+    for worker in ("w1", "w2", "w3", "w4"):
+        taken += await claim(backend, worker, limit=2)
+    assert len(taken) == 3
+
+
+async def test_concurrent_claims_never_overfill_a_key(backend: Backend) -> None:
+    await enqueue(backend, *(keyed("k", limit=2) for _ in range(20)))
+
+    async def one(worker: str) -> int:
+        claimed = await backend.claim(
+            ClaimParams(
+                worker_id=worker,
+                names=["job"],
+                queues=["default"],
+                limit=3,
+                lease=LEASE,
+                now=later(1),
+            )
+        )
+        return len(claimed)
+
+    counts = await asyncio.gather(*(one(f"w{i}") for i in range(8)))
+    assert sum(counts) == 2
+
+
+async def test_keyed_tasks_keep_their_claim_order_within_a_key(backend: Backend) -> None:
+    _low, high = await enqueue(backend, keyed("k", priority=0), keyed("k", priority=9))
+    assert ids(await claim(backend)) == [high]
+
+
+async def test_a_retried_or_released_keyed_task_is_claimed_again(backend: Backend) -> None:
+    [task_id] = await enqueue(backend, keyed("k"))
+    [first] = await claim(backend)
+    retry = Completion(
+        first.token, Outcome.FAILED, TaskState.PENDING, error=ErrorInfo("E", "x"), retry_delay=0
+    )
+    await backend.finish(FinishParams(worker_id="w1", completions=[retry], now=later(1)))
+    [second] = await claim(backend, at=later(2))
+    assert second.token.task_id == task_id
+    release = Completion(
+        second.token,
+        Outcome.INTERRUPTED,
+        TaskState.PENDING,
+        error=ErrorInfo("I", "x"),
+        retry_delay=0,
+    )
+    await backend.finish(FinishParams(worker_id="w1", completions=[release], now=later(3)))
+    [third] = await claim(backend, at=later(4))
+    assert third.token.task_id == task_id and third.token.attempt == 3
+
+
+async def test_an_expired_lease_is_taken_back_without_a_second_runner(backend: Backend) -> None:
+    first, second = await enqueue(backend, keyed("k"), keyed("k"))
+    [running] = await claim(backend)
+    assert running.token.task_id == first
+    # Long after its lease: the next claims take the expired one back, not
+    # the second task beside it.
+    for at in (LEASE + 1, LEASE + 2):
+        again = await claim(backend, "w2", at=later(at))
+        assert ids(again) in ([first], [])
+    task = await backend.get_task(second, with_attempts=False)
+    assert task is not None and task.state is TaskState.PENDING
+
+
+async def test_paused_names_and_cancelled_tasks_free_their_key(backend: Backend) -> None:
+    a, b = await enqueue(backend, keyed("k"), keyed("k"))
+    await backend.pause(PauseKind.TASK, "job")
+    assert await claim(backend) == []
+    await backend.resume(PauseKind.TASK, "job")
+    [running] = await claim(backend)
+    await backend.cancel(b, now=later(1))
+    await finish_ok(backend, [running])
+    [c] = await enqueue(backend, keyed("k"))
+    assert ids(await claim(backend, at=later(2))) == [c]
+    assert running.token.task_id == a
