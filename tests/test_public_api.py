@@ -34,6 +34,7 @@ EXPECTED = [
     "Poll",
     "PollError",
     "ResultTimeoutError",
+    "RateLimit",
     "Retention",
     "Retry",
     "RetryPolicy",

@@ -48,7 +48,7 @@ from conveyor.model import (
     Task,
     TaskState,
 )
-from conveyor.options import Concurrency, EnqueueOptions, Unique
+from conveyor.options import Concurrency, EnqueueOptions, RateLimit, Unique
 from conveyor.retention import Retention
 from conveyor.task import BoundTask, TaskDef
 from conveyor.worker import Worker, WorkerConfig
@@ -83,6 +83,7 @@ __all__ = [
     "PayloadTooLargeError",
     "Poll",
     "PollError",
+    "RateLimit",
     "ResultTimeoutError",
     "Retention",
     "Retry",

@@ -20,7 +20,14 @@ from conveyor.coroutine import Coroutine
 from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskError
 from conveyor.handle import TaskHandle
 from conveyor.model import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, DEFAULT_RETRY, RetryPolicy
-from conveyor.options import Concurrency, EnqueueOptions, OptionFields, Unique, options_from
+from conveyor.options import (
+    Concurrency,
+    EnqueueOptions,
+    OptionFields,
+    RateLimit,
+    Unique,
+    options_from,
+)
 from conveyor.schedules import Missed, Schedule
 from conveyor.task import Executor, P, R, TaskDecorator, TaskDef, TaskOptions
 from conveyor.worker import Worker, WorkerConfig
@@ -93,6 +100,7 @@ class App(Client):
         process: bool = False,
         unique: Unique | None = None,
         concurrency: Concurrency | None = None,
+        rate: RateLimit | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -109,6 +117,7 @@ class App(Client):
         process: bool = False,
         unique: Unique | None = None,
         concurrency: Concurrency | None = None,
+        rate: RateLimit | None = None,
     ) -> TaskDef | TaskDecorator:
         """Register a handler: ``async def`` runs on the worker's loop, plain
         ``def`` in a thread, and ``process=True`` in a child process (for
@@ -116,7 +125,8 @@ class App(Client):
         ``unique`` makes its tasks unique by a key (see :class:`conveyor.Unique`;
         an enqueue's own ``unique=`` or ``idempotency_key=`` overrides it).
         ``concurrency`` caps how many of its tasks run at once per key (see
-        :class:`conveyor.Concurrency`).
+        :class:`conveyor.Concurrency`), ``rate`` how many start per period
+        (see :class:`conveyor.RateLimit`).
 
         Raises DuplicateTaskError if the name is taken.
         """
@@ -128,6 +138,7 @@ class App(Client):
             lease=lease,
             unique=unique,
             concurrency=concurrency,
+            rate=rate,
         )
 
         def register(handler: Callable[..., Any]) -> TaskDef:

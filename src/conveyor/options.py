@@ -159,6 +159,62 @@ class Concurrency:
         return _check_key("the concurrency key function's result", key)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateLimit:
+    """At most ``limit`` starts per ``per`` (seconds or a timedelta) of the
+    tasks that share a key, across every worker.
+
+    ``key`` is a string (``"queue:mail"`` for a queue's tasks, given on each
+    of them), a function of the arguments, or None: the task's own name (all
+    tasks of that name). The store keeps a token bucket per key: ``limit``
+    tokens at most, refilled at ``limit`` per ``per``, one spent by each
+    start; a start waits, pending, for a token. So a key starts at most
+    ``limit`` tasks at once after a quiet spell and ``limit`` per ``per``
+    sustained (in any window of ``per``: at most twice ``limit``).
+    A task has one flow-control key: with a :class:`Concurrency` too, the
+    rate applies to the concurrency key (give ``key`` None or the same).
+    The rate a key's row was made with applies until the row is gone (the
+    key drained and its bucket full again).
+    """
+
+    limit: int
+    per: float | timedelta
+    key: str | Callable[[Mapping[str, Any]], str] | None = None
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.limit, bool)
+            or not isinstance(self.limit, int)
+            or not 1 <= self.limit <= MAX_CONCURRENCY_LIMIT
+        ):
+            raise ConfigurationError(
+                f"RateLimit.limit is an integer from 1 to {MAX_CONCURRENCY_LIMIT}"
+            )
+        per = self.per.total_seconds() if isinstance(self.per, timedelta) else self.per
+        object.__setattr__(self, "per", check_duration("RateLimit.per", per, minimum=0.001))
+        if isinstance(self.key, str):
+            _check_key("RateLimit.key", self.key)
+        elif self.key is not None and not callable(self.key):
+            raise ConfigurationError("RateLimit.key is a string, a function, or None")
+
+    @property
+    def seconds(self) -> float:
+        """``per`` in seconds."""
+        return self.per.total_seconds() if isinstance(self.per, timedelta) else float(self.per)
+
+    def key_for(self, args: Mapping[str, Any], task_name: str) -> str:
+        """The key of a task of ``task_name`` with these arguments."""
+        if self.key is None:
+            return f"task:{task_name}"
+        if isinstance(self.key, str):
+            return self.key
+        try:
+            key = self.key(args)
+        except Exception as exc:
+            raise ConfigurationError(f"the rate limit key function failed: {exc!r}") from exc
+        return _check_key("the rate limit key function's result", key)
+
+
 def check_kind(name: str, value: object, kind: type) -> None:
     """Raise ConfigurationError unless ``value`` is None or a ``kind``."""
     if value is not None and not isinstance(value, kind):
@@ -188,6 +244,7 @@ class OptionFields(TypedDict, total=False):
     idempotency_key: str
     unique: Unique
     concurrency: Concurrency
+    rate: RateLimit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,7 +260,8 @@ class EnqueueOptions:
     ``unique`` makes the task unique by a key (see :class:`Unique`),
     overriding the task's own; give it or ``idempotency_key``, not both.
     ``concurrency`` limits how many tasks of a key run at once (see
-    :class:`Concurrency`), overriding the task's own.
+    :class:`Concurrency`) and ``rate`` how many start per period (see
+    :class:`RateLimit`), each overriding the task's own.
     """
 
     queue: str | None = None
@@ -216,6 +274,7 @@ class EnqueueOptions:
     idempotency_key: str | None = None
     unique: Unique | None = None
     concurrency: Concurrency | None = None
+    rate: RateLimit | None = None
 
     def __post_init__(self) -> None:
         if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
@@ -231,6 +290,7 @@ class EnqueueOptions:
         if self.unique is not None and self.idempotency_key is not None:
             raise ConfigurationError("give idempotency_key or unique, not both")
         check_kind("concurrency", self.concurrency, Concurrency)
+        check_kind("rate", self.rate, RateLimit)
 
     def _check_due(self) -> None:
         if self.delay is not None and self.run_at is not None:
@@ -305,3 +365,30 @@ def options_from(options: EnqueueOptions | None, keywords: Mapping[str, Any]) ->
     if options is not None and not isinstance(options, EnqueueOptions):
         raise ConfigurationError("options must be a conveyor.EnqueueOptions")
     return base.merge(EnqueueOptions.of(keywords)) if keywords else base
+
+
+def flow_key(
+    concurrency: Concurrency | None,
+    rate: RateLimit | None,
+    args: Mapping[str, Any],
+    task_name: str,
+) -> tuple[str | None, int | None, int | None, float | None]:
+    """A task's flow-control key, its concurrency limit, and its rate (limit,
+    seconds): from ``concurrency`` and ``rate``, which share one key."""
+    if concurrency is None and rate is None:
+        return None, None, None, None
+    key = concurrency.key_for(args) if concurrency is not None else None
+    if rate is not None:
+        own = rate.key_for(args, task_name) if rate.key is not None or key is None else key
+        if key is not None and own != key:
+            raise ConfigurationError(
+                f"a task has one flow-control key: its concurrency key is {key!r}, "
+                f"its rate limit's {own!r} (give RateLimit(key=None) to share it)"
+            )
+        key = own
+    return (
+        key,
+        concurrency.limit if concurrency is not None else None,
+        rate.limit if rate is not None else None,
+        rate.seconds if rate is not None else None,
+    )

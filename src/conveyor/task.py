@@ -53,9 +53,11 @@ from conveyor.options import (
     Concurrency,
     EnqueueOptions,
     OptionFields,
+    RateLimit,
     Unique,
     check_kind,
     check_priority,
+    flow_key,
     options_from,
 )
 
@@ -94,6 +96,10 @@ class TaskDecorator(Protocol):
     def __call__(self, fn: Callable[P, R], /) -> TaskDef[P, R]: ...
 
 
+OVERRIDDEN = ("queue", "priority", "retry", "timeout", "lease", "unique", "concurrency", "rate")
+"""The task defaults that an enqueue's options override, one by one."""
+
+
 @dataclass(frozen=True, slots=True)
 class TaskOptions:
     """A task's defaults; the options of one call (:class:`EnqueueOptions`)
@@ -106,10 +112,12 @@ class TaskOptions:
     lease: float | None = None
     unique: Unique | None = None
     concurrency: Concurrency | None = None
+    rate: RateLimit | None = None
 
     def __post_init__(self) -> None:
         check_kind("unique", self.unique, Unique)
         check_kind("concurrency", self.concurrency, Concurrency)
+        check_kind("rate", self.rate, RateLimit)
         if not self.queue or not isinstance(self.queue, str):
             raise ConfigurationError("queue must be a non-empty string")
         check_priority(self.priority)
@@ -121,9 +129,7 @@ class TaskOptions:
     def apply(self, options: EnqueueOptions) -> TaskOptions:
         """These defaults with the options of one call on top."""
         changes = {
-            name: value
-            for name in ("queue", "priority", "retry", "timeout", "lease", "unique", "concurrency")
-            if (value := getattr(options, name)) is not None
+            name: value for name in OVERRIDDEN if (value := getattr(options, name)) is not None
         }
         return dataclasses.replace(self, **changes) if changes else self
 
@@ -358,9 +364,13 @@ class TaskDef(Generic[P, R]):
             task = defaults.new_task(self.name, payload, when, seconds, idempotency_key=key)
             if unique is not None:
                 unique_task(task, unique, args or {})
-            if defaults.concurrency is not None:
-                task.concurrency_key = defaults.concurrency.key_for(args or {})
-                task.concurrency_limit = defaults.concurrency.limit
+            if defaults.concurrency is not None or defaults.rate is not None:
+                (
+                    task.concurrency_key,
+                    task.concurrency_limit,
+                    task.rate_limit,
+                    task.rate_period,
+                ) = flow_key(defaults.concurrency, defaults.rate, args or {}, self.name)
             tasks.append(task)
         if keys is not None:
             for task, each in zip(tasks, keys, strict=True):

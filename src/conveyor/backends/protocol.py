@@ -111,6 +111,11 @@ class NewTask:
     run at once, across every worker (the limit of the key's newest claimed
     task applies)."""
     concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    """At most this many tasks of ``concurrency_key`` start per ``rate_period``
+    seconds (a token bucket of ``rate_limit`` tokens, refilled at that rate;
+    the rate the key had when its row was made applies)."""
+    rate_period: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ that reads it and finds none left (as the SQL backends do).
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,18 +24,44 @@ if TYPE_CHECKING:
     from conveyor.backends.memory.store import Store
 
 
+UNLIMITED = 1_000_000
+"""The running limit of a key that only has a rate."""
+
+
 @dataclass
 class KeyRow:
-    """A key's row: its limit, and when a claim last took a task of it."""
+    """A key's row: its limit, when a claim last took a task of it, and its
+    rate bucket (``tokens`` as of ``refilled_at``)."""
 
     max_running: int
     claimed_at: datetime | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
+    tokens: float | None = None
+    refilled_at: datetime | None = None
+
+    def tokens_at(self, now: datetime) -> float | None:
+        """The bucket's tokens at ``now`` (None: no rate)."""
+        if self.rate_limit is None or self.rate_period is None or self.tokens is None:
+            return None
+        elapsed = (now - (self.refilled_at or now)).total_seconds()
+        refill = elapsed * self.rate_limit / self.rate_period
+        return min(float(self.rate_limit), self.tokens + refill)
 
 
-def ensure(store: Store, row: Row) -> None:
-    """``row`` became pending: its key has a row."""
+def ensure(store: Store, row: Row, now: datetime | None = None) -> None:
+    """``row`` became pending: its key has a row (a new one with a full bucket)."""
     if row.concurrency_key is not None and row.state is TaskState.PENDING:
-        store.concurrency.setdefault(row.concurrency_key, KeyRow(row.concurrency_limit or 1))
+        store.concurrency.setdefault(
+            row.concurrency_key,
+            KeyRow(
+                row.concurrency_limit or UNLIMITED,
+                rate_limit=row.rate_limit,
+                rate_period=row.rate_period,
+                tokens=None if row.rate_limit is None else float(row.rate_limit),
+                refilled_at=now,
+            ),
+        )
 
 
 def keyed_due(
@@ -49,7 +77,11 @@ def keyed_due(
     read = [key for key, _ in order[: key_scan(limit)]]
     found: list[Row] = []
     for key in read:
-        room = store.concurrency[key].max_running - len(store.index.keyed_running.get(key, ()))
+        found_row = store.concurrency[key]
+        room = found_row.max_running - len(store.index.keyed_running.get(key, ()))
+        tokens = found_row.tokens_at(now)
+        if tokens is not None:
+            room = min(room, math.floor(tokens))
         if room <= 0:
             continue
         due = sorted(
@@ -68,13 +100,23 @@ def keyed_due(
 
 def settle(store: Store, read: Iterable[str], taken: list[Row], now: datetime) -> None:
     """After a claim: the keys of ``taken`` (rows just claimed) are marked,
-    with the limit of each one's newest task; other keys read that have no
-    pending task lose their row."""
+    with the limit of each one's newest task and the tokens spent; other keys
+    read that have no pending task lose their row (one with a rate once its
+    bucket is full)."""
     newest = {row.concurrency_key: row for row in sorted(taken, key=lambda row: row.id)}
+    spent = Counter(row.concurrency_key for row in taken)
     for key, row in newest.items():
-        if key is not None and key in store.concurrency:
-            store.concurrency[key].claimed_at = now
-            store.concurrency[key].max_running = row.concurrency_limit or 1
+        found = store.concurrency.get(key) if key is not None else None
+        if found is not None:
+            tokens = found.tokens_at(now)
+            found.claimed_at = now
+            found.max_running = row.concurrency_limit or UNLIMITED
+            if tokens is not None:
+                found.tokens, found.refilled_at = tokens - spent[key], now
     for key in read:
-        if key not in newest and not store.index.keyed_pending.get(key):
-            store.concurrency.pop(key, None)
+        found = store.concurrency.get(key)
+        if key in newest or found is None or store.index.keyed_pending.get(key):
+            continue
+        tokens = found.tokens_at(now)
+        if found.rate_limit is None or (tokens is not None and tokens >= found.rate_limit):
+            del store.concurrency[key]

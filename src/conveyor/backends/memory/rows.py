@@ -48,6 +48,8 @@ class Row:
     unique_until: datetime | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
     attempts: list[Attempt] = field(default_factory=list)
 
     @classmethod
@@ -71,6 +73,8 @@ class Row:
             idempotency_key=new.idempotency_key,
             concurrency_key=new.concurrency_key,
             concurrency_limit=new.concurrency_limit,
+            rate_limit=new.rate_limit,
+            rate_period=new.rate_period,
             unique_scope=new.unique_scope if new.idempotency_key is not None else None,
             unique_until=now + timedelta(seconds=new.unique_for)
             if new.unique_for is not None and new.idempotency_key is not None

@@ -153,7 +153,7 @@ class Store:
         check_state_change(None, cause, TaskState.PENDING)
         row = Row.new(next(self.ids), new, now)
         self.tasks[row.id] = row
-        concurrency_keys.ensure(self, row)
+        concurrency_keys.ensure(self, row, now)
         if mine is not None:
             mine.add(row.id)
         if key is not None:

@@ -86,13 +86,13 @@ returning array[id];
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
      timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, unique_scope,
-     unique_until, concurrency_key, concurrency_limit, created_at)
+     unique_until, concurrency_key, concurrency_limit, rate_limit, rate_period, created_at)
 select i.name, i.queue, i.payload::jsonb, i.priority,
        coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
        i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
        i.inbox, i.parent_id, i.idempotency_key, i.unique_scope,
        coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.unique_for),
-       i.concurrency_key, i.concurrency_limit,
+       i.concurrency_key, i.concurrency_limit, i.rate_limit, i.rate_period,
        coalesce(%(now)s::timestamptz, statement_timestamp())
 from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
@@ -100,11 +100,11 @@ from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
             %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(keys)s::text[],
             %(scopes)s::text[], %(periods)s::float8[], %(concurrency_keys)s::text[],
-            %(concurrency_limits)s::int[])
+            %(concurrency_limits)s::int[], %(rate_limits)s::int[], %(rate_periods)s::float8[])
     with ordinality
     as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
          timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, unique_scope,
-         unique_for, concurrency_key, concurrency_limit, ord)
+         unique_for, concurrency_key, concurrency_limit, rate_limit, rate_period, ord)
 order by i.ord
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id, name, idempotency_key;
@@ -1090,12 +1090,20 @@ with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
 {part_served},
-open_keys as materialized (
-    select c.key, c.max_running - (
-               select count(*) from {schema}.tasks r
-               where r.concurrency_key = c.key and r.state = 'in_progress') as room
-    from {schema}.concurrency c
+bucket as materialized (
+    select c.key, c.max_running, c.rate_limit,
+           least(c.rate_limit::float8,
+                 c.tokens + extract(epoch from clock.now - c.refilled_at)
+                            * c.rate_limit / c.rate_period) as tokens
+    from {schema}.concurrency c, clock
     where c.key = any(%(keys)s::text[])
+),
+open_keys as materialized (
+    select b.key, b.tokens,
+           least(b.max_running - (select count(*) from {schema}.tasks r
+                                  where r.concurrency_key = b.key and r.state = 'in_progress'),
+                 coalesce(floor(b.tokens)::bigint, %(limit)s::int)) as room
+    from bucket b
 ),
 keyed_due as materialized (
     select p.id, p.priority, p.run_at, k.key
@@ -1125,16 +1133,21 @@ marked as (
     update {schema}.concurrency c
     set claimed_at = clock.now,
         max_running = coalesce(
-            (select t.concurrency_limit from claimed t
+            (select coalesce(t.concurrency_limit, 1000000) from claimed t
              where t.concurrency_key = c.key order by t.id desc limit 1),
-            c.max_running)
-    from clock
-    where c.key in (select d.key from keyed_due d join chosen x on x.id = d.id)
+            c.max_running),
+        tokens = o.tokens - (select count(*) from claimed t where t.concurrency_key = c.key),
+        refilled_at = case when c.rate_limit is null then null else clock.now end
+    from clock, open_keys o
+    where o.key = c.key
+      and c.key in (select d.key from keyed_due d join chosen x on x.id = d.id)
 ),
 emptied as (
     delete from {schema}.concurrency c
-    where c.key = any(%(keys)s::text[])
+    using open_keys o
+    where o.key = c.key
       and c.key not in (select d.key from keyed_due d)
+      and (c.rate_limit is null or o.tokens >= c.rate_limit)
       and not exists (select 1 from {schema}.tasks t
                       where t.concurrency_key = c.key and t.state = 'pending')
 )

@@ -99,6 +99,8 @@ def keyed_args(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]
         "periods": [t.unique_for for t in tasks],
         "concurrency_keys": [t.concurrency_key for t in tasks],
         "concurrency_limits": [t.concurrency_limit for t in tasks],
+        "rate_limits": [t.rate_limit for t in tasks],
+        "rate_periods": [t.rate_period for t in tasks],
     }
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sqlite3
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -48,15 +50,19 @@ def served(conn: sqlite3.Connection, params: ClaimParams) -> ClaimParams:
 
 def keyed_candidates(
     conn: sqlite3.Connection, scope: dict[str, Any], limit: int
-) -> tuple[list[tuple[Any, ...]], set[str]]:
-    """Due pending tasks of the concurrency keys with room, each key at most
-    its room, as ``(id, state, priority, run_at, key, limit)`` rows, and
-    every key read (SQLite's one writer: the running tasks counted are all
-    of them)."""
+) -> tuple[list[tuple[Any, ...]], dict[str, tuple[float | None, int | None]]]:
+    """Due pending tasks of the concurrency keys with room (running tasks
+    and rate tokens allowing), each key at most its room, as ``(id, state,
+    priority, run_at, key, limit)`` rows; and every key read, with its
+    tokens now and its rate (SQLite's one writer: the running tasks counted
+    are all of them)."""
     found: list[tuple[Any, ...]] = []
-    read: set[str] = set()
-    for key, room in conn.execute(SQL["open_keys"], {"key_scan": key_scan(limit)}).fetchall():
-        read.add(key)
+    read: dict[str, tuple[float | None, int | None]] = {}
+    scan = {"key_scan": key_scan(limit), "now": scope["now"]}
+    for key, room, tokens, rate in conn.execute(SQL["open_keys"], scan).fetchall():
+        read[key] = (tokens, rate)
+        if tokens is not None:
+            room = min(room, math.floor(tokens))
         if room > 0:
             args = {**scope, "key": key, "limit": min(room, limit)}
             found += conn.execute(SQL["claim_keyed"], args).fetchall()
@@ -64,18 +70,30 @@ def keyed_candidates(
 
 
 def settle_keys(
-    conn: sqlite3.Connection, now: float, read: set[str], taken: list[tuple[Any, ...]]
+    conn: sqlite3.Connection,
+    now: float,
+    read: dict[str, tuple[float | None, int | None]],
+    taken: list[tuple[Any, ...]],
 ) -> None:
     """After a claim: mark the keys the ``taken`` keyed rows are of (with the
-    limit of each one's newest task), drop the rows of the other ``read``
-    keys left with no pending task."""
+    limit of each one's newest task, and the tokens they spent), drop the
+    rows of the other ``read`` keys left with no pending task (a key with a
+    rate once its bucket is full)."""
     newest = {row[4]: row[5] for row in sorted(taken, key=lambda row: row[0])}
-    conn.executemany(
-        SQL["key_claimed"],
-        [{"now": now, "key": key, "max_running": limit} for key, limit in newest.items()],
-    )
-    if read - newest.keys():
-        conn.execute(SQL["keys_emptied"], {"keys": json.dumps(sorted(read - newest.keys()))})
+    spent = Counter(row[4] for row in taken)
+    marks = []
+    for key, limit in newest.items():
+        tokens = read[key][0]
+        left = None if tokens is None else tokens - spent[key]
+        marks.append({"now": now, "key": key, "max_running": limit, "tokens": left})
+    conn.executemany(SQL["key_claimed"], marks)
+    idle = [
+        key
+        for key, (tokens, rate) in read.items()
+        if key not in newest and (rate is None or (tokens is not None and tokens >= rate))
+    ]
+    if idle:
+        conn.execute(SQL["keys_emptied"], {"keys": json.dumps(sorted(idle))})
 
 
 class FlowControl:

@@ -21,10 +21,10 @@ select coalesce(:now, (julianday('now') - 2440587.5) * 86400.0);
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
      timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key,
-     concurrency_key, concurrency_limit)
+     concurrency_key, concurrency_limit, rate_limit, rate_period)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
         :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key,
-        :concurrency_key, :concurrency_limit);
+        :concurrency_key, :concurrency_limit, :rate_limit, :rate_period);
 
 -- name: enqueue_keyed
 -- One task that may carry an idempotency key: skipped when its name and key
@@ -32,10 +32,11 @@ values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :m
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
      timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key,
-     unique_scope, unique_until, concurrency_key, concurrency_limit)
+     unique_scope, unique_until, concurrency_key, concurrency_limit, rate_limit, rate_period)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
         :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key,
-        :unique_scope, :now + :unique_for, :concurrency_key, :concurrency_limit)
+        :unique_scope, :now + :unique_for, :concurrency_key, :concurrency_limit, :rate_limit,
+        :rate_period)
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id;
 
@@ -572,10 +573,16 @@ returning id;
 
 -- name: open_keys
 -- Up to :key_scan concurrency keys with pending tasks, claimed from longest
--- ago first, each with its room: max_running less its running tasks.
-select c.key, c.max_running - (
+-- ago first, each with the room its running tasks leave (max_running less
+-- them) and the tokens of its rate bucket now (null: no rate).
+select c.key,
+       c.max_running - (
            select count(*) from conveyor_tasks r indexed by conveyor_tasks_running_keyed
-           where r.concurrency_key = c.key and r.state = 'in_progress')
+           where r.concurrency_key = c.key and r.state = 'in_progress'),
+       case when c.rate_limit is null then null
+            else min(c.rate_limit * 1.0,
+                     c.tokens + (:now - c.refilled_at) * c.rate_limit / c.rate_period) end,
+       c.rate_limit
 from conveyor_concurrency c
 order by c.claimed_at is not null, c.claimed_at, c.key
 limit :key_scan;
@@ -595,13 +602,15 @@ limit :limit;
 
 -- name: key_claimed
 -- Mark a key claimed from (its turn comes last next time), with the limit
--- of its newest claimed task.
+-- of its newest claimed task and the tokens left in its rate bucket.
 update conveyor_concurrency
-set claimed_at = :now, max_running = coalesce(:max_running, max_running)
+set claimed_at = :now, max_running = coalesce(:max_running, 1000000), tokens = :tokens,
+    refilled_at = case when rate_limit is null then null else :now end
 where key = :key;
 
 -- name: keys_emptied
--- Keys with no pending task left lose their row.
+-- Keys with no pending task left lose their row (one with a rate once its
+-- bucket is full again: :keys holds only those).
 delete from conveyor_concurrency
 where key in (select value from json_each(:keys))
   and not exists (select 1 from conveyor_tasks t

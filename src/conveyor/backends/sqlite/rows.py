@@ -78,6 +78,8 @@ def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
             "unique_for": t.unique_for,
             "concurrency_key": t.concurrency_key,
             "concurrency_limit": t.concurrency_limit,
+            "rate_limit": t.rate_limit,
+            "rate_period": t.rate_period,
         }
         for t in params.tasks
     ]
