@@ -15,6 +15,13 @@ seconds and report enqueue-to-start latency from the database
     python benchmarks/throughput.py --tasks 20000
     python benchmarks/throughput.py --tasks 20000 --concurrency 10,50,100,200 --json
     python benchmarks/throughput.py --latency --rate 200 --duration 5
+    python benchmarks/throughput.py --tasks 20000 --concurrency 50 --flow plain,keys,rate
+
+``--flow`` drains the same tasks under flow control, each kind in a run of
+its own: ``plain`` (none), ``keys`` (each task under one of ``--keys``
+concurrency keys of limit 1: ``Concurrency(key=f"k{i % keys}", limit=1)``)
+and ``rate`` (every task under one rate limit, ``--rate-limit`` starts a
+second: set above the drain rate it measures what the bookkeeping costs).
 
 Each run uses its own schema ``bench_<random>_...``, dropped at the end
 unless ``--keep``. The URL comes from ``--url``, else ``CONVEYOR_URL``, else
@@ -51,6 +58,7 @@ if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_app import DEFAULT_URL, TASK_NAME, make_app  # noqa: E402
+from conveyor import Concurrency, EnqueueOptions, RateLimit  # noqa: E402
 
 WORKER_APP = "benchmarks.bench_app:app"
 READY_TIMEOUT = 60.0
@@ -73,6 +81,17 @@ def parse_concurrency(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError("concurrency values must be >= 1")
     return values
+
+
+FLOWS = ("plain", "keys", "rate")
+
+
+def parse_flows(text: str) -> list[str]:
+    flows = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [f for f in flows if f not in FLOWS]
+    if not flows or unknown:
+        raise argparse.ArgumentTypeError(f"flows are {', '.join(FLOWS)}: {text!r}")
+    return flows
 
 
 def positive_int(text: str) -> int:
@@ -266,6 +285,7 @@ async def stop_worker(process: subprocess.Popen[bytes]) -> int:
 @dataclass
 class ThroughputResult:
     concurrency: int
+    flow: str
     tasks: int
     schema: str
     enqueue_seconds: float
@@ -299,14 +319,25 @@ class ThroughputResult:
     ok: bool
 
 
-async def enqueue_all(args: argparse.Namespace, schema: str) -> Usage:
+def flow_options(args: argparse.Namespace, flow: str) -> EnqueueOptions:
+    """The enqueue options of a ``--flow`` kind."""
+    keys: int = args.keys
+    if flow == "keys":
+        return EnqueueOptions(concurrency=Concurrency(key=lambda a: f"k{a['i'] % keys}", limit=1))
+    if flow == "rate":
+        return EnqueueOptions(rate=RateLimit(limit=args.rate_limit, per=1, key="bench"))
+    return EnqueueOptions()
+
+
+async def enqueue_all(args: argparse.Namespace, schema: str, flow: str = "plain") -> Usage:
     """Create the schema, then enqueue ``--tasks`` in batches of ``--batch`` (measured)."""
     app = make_app(args.url, schema)
+    options = flow_options(args, flow)
     async with app:  # opens the pool and migrates the fresh schema, unmeasured
         with Meter() as meter:
             for first in range(0, args.tasks, args.batch):
                 payloads = [{"i": i} for i in range(first, min(first + args.batch, args.tasks))]
-                await app.enqueue_many_async(TASK_NAME, payloads)
+                await app.enqueue_many_async(TASK_NAME, payloads, options=options)
     if args.analyze:
         async with connect(args.url) as conn:
             await conn.execute(sql.SQL("analyze {}").format(sql.Identifier(schema, "tasks")))
@@ -351,12 +382,15 @@ async def drain(spec: WorkerSpec, schema: str, timeout: float) -> Drain:
 
 
 async def run_throughput(
-    args: argparse.Namespace, prefix: str, concurrency: int
+    args: argparse.Namespace, prefix: str, concurrency: int, flow: str = "plain"
 ) -> ThroughputResult:
-    schema = f"{prefix}_c{concurrency}"
+    schema = f"{prefix}_c{concurrency}_{flow}"
     tasks: int = args.tasks
-    log(f"[c={concurrency}] schema {schema}: enqueueing {tasks} tasks in batches of {args.batch}")
-    enqueued = await enqueue_all(args, schema)
+    log(
+        f"[c={concurrency} {flow}] schema {schema}: enqueueing {tasks} tasks "
+        f"in batches of {args.batch}"
+    )
+    enqueued = await enqueue_all(args, schema, flow)
     log(f"[c={concurrency}] enqueued in {enqueued.wall:.3f}s; draining with one worker")
 
     profile = None
@@ -376,6 +410,7 @@ async def run_throughput(
     ok = run.exit_code == 0 and count == succeeded == attempt_rows == attempts_ok == tasks
     return ThroughputResult(
         concurrency=concurrency,
+        flow=flow,
         tasks=tasks,
         schema=schema,
         enqueue_seconds=enqueued.wall,
@@ -407,7 +442,8 @@ def _us_per_task(seconds: float | None, tasks: int) -> str:
 
 def throughput_table(results: Sequence[ThroughputResult]) -> str:
     rate = (
-        f"{'conc':>5} {'tasks':>7} {'enqueue/s':>10} {'worker s':>9} {'processed/s':>12} "
+        f"{'conc':>5} {'flow':>6} {'tasks':>7} {'enqueue/s':>10} {'worker s':>9} "
+        f"{'processed/s':>12} "
         f"{'startup s':>10} {'drain s':>8} {'drain/s':>8} {'exit s':>7} {'check':>6}"
     )
     cost = (
@@ -418,7 +454,8 @@ def throughput_table(results: Sequence[ThroughputResult]) -> str:
     lines = [rate, "-" * len(rate)]
     for r in results:
         lines.append(
-            f"{r.concurrency:>5} {r.tasks:>7} {r.enqueue_per_s:>10,.0f} {r.worker_seconds:>9.2f} "
+            f"{r.concurrency:>5} {r.flow:>6} {r.tasks:>7} {r.enqueue_per_s:>10,.0f} "
+            f"{r.worker_seconds:>9.2f} "
             f"{r.processed_per_s:>12,.0f} {r.startup_seconds:>10.2f} {r.drain_seconds:>8.2f} "
             f"{r.drain_per_s:>8,.0f} {r.exit_seconds:>7.2f} {'ok' if r.ok else 'FAIL':>6}"
         )
@@ -635,6 +672,9 @@ async def run(args: argparse.Namespace) -> int:
         "rate": args.rate,
         "duration": args.duration,
         "poll_interval": args.poll_interval,
+        "flow": args.flow,
+        "keys": args.keys,
+        "rate_limit": args.rate_limit,
         "analyze": args.analyze,
     }
     schemas: list[str] = []
@@ -646,8 +686,9 @@ async def run(args: argparse.Namespace) -> int:
                 schemas.append(f"{prefix}_l{concurrency}")
                 latency.append(await run_latency(args, prefix, concurrency))
             else:
-                schemas.append(f"{prefix}_c{concurrency}")
-                throughput.append(await run_throughput(args, prefix, concurrency))
+                for flow in args.flow:
+                    schemas.append(f"{prefix}_c{concurrency}_{flow}")
+                    throughput.append(await run_throughput(args, prefix, concurrency, flow))
     finally:
         if args.keep:
             log(f"kept schemas: {', '.join(schemas)}")
@@ -713,6 +754,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=positive_float, default=200.0, help="latency: tasks/s")
     parser.add_argument(
         "--duration", type=positive_float, default=5.0, help="latency: seconds of enqueueing"
+    )
+    parser.add_argument(
+        "--flow",
+        type=parse_flows,
+        default=["plain"],
+        help="flow control of the drained tasks, comma-separated: plain, keys, rate",
+    )
+    parser.add_argument(
+        "--keys", type=positive_int, default=1000, help="flow keys: concurrency keys (limit 1)"
+    )
+    parser.add_argument(
+        "--rate-limit", type=positive_int, default=1_000_000, help="flow rate: starts a second"
     )
     parser.add_argument("--keep", action="store_true", help="keep the benchmark schemas")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -157,6 +157,8 @@ class PostgresBackend(FlowControl):
         self._sweep = Sweep(sweep_interval)
         self._keyed_first = False
         """Whether the last claim took keyed tasks first (claims alternate)."""
+        self._keyed_active = False
+        """Whether keyed tasks were waiting at the last look (see ``_claim``)."""
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
         self._pool_size = pool_size
@@ -445,15 +447,20 @@ class PostgresBackend(FlowControl):
                         ", ".join(str(r[0]) for r in quarantined),
                     )
             statement = self.sql["claim_reclaim" if sweep else "claim"]
-            # Plain and keyed tasks take turns at being claimed first: neither
-            # kind can keep a busy worker from the other.
-            self._keyed_first = keyed_first = not self._keyed_first
+            # While keyed tasks wait, plain and keyed tasks take turns at being
+            # claimed first: neither kind can keep a busy worker from the other.
+            self._keyed_first = keyed_first = self._keyed_active and not self._keyed_first
             rows = await self._claim_keyed(conn, args, params.limit) if keyed_first else []
             if len(rows) < params.limit:
                 left = {**args, "limit": params.limit - len(rows)}
-                rows += await (await conn.execute(statement, left)).fetchall()
-            if not keyed_first and len(rows) < params.limit:
-                rows += await self._claim_keyed(conn, args, params.limit - len(rows))
+                plain = await (await conn.execute(statement, left)).fetchall()
+                # Keys are looked for when they were seen last time, when the
+                # plain claim comes back short, and at each sweep: a keyed
+                # task waits at most a poll interval behind a plain backlog.
+                look = self._keyed_active or sweep or len(plain) < left["limit"]
+                rows += plain
+                if not keyed_first and look and len(rows) < params.limit:
+                    rows += await self._claim_keyed(conn, args, params.limit - len(rows))
         return [claimed_task(row, params.worker_id) for row in rows]
 
     async def _claim_keyed(
@@ -462,15 +469,19 @@ class PostgresBackend(FlowControl):
         """Claim up to ``limit`` tasks with concurrency keys, if any key has
         pending tasks: in one transaction, lock key rows, then claim (see
         ``lock_keys`` and ``claim_keyed`` in queries.sql)."""
-        waiting = await (await conn.execute(self.sql["keys_waiting"])).fetchone()
-        if not waiting or not waiting[0]:
-            return []
+        if not self._keyed_active:
+            waiting = await (await conn.execute(self.sql["keys_waiting"])).fetchone()
+            self._keyed_active = bool(waiting and waiting[0])
+            if not self._keyed_active:
+                return []
         async with conn.transaction():
             scan = {"key_scan": key_scan(limit)}
-            keys = [
-                r[0] for r in await (await conn.execute(self.sql["lock_keys"], scan)).fetchall()
-            ]
+            locked = await (await conn.execute(self.sql["lock_keys"], scan)).fetchall()
+            keys = [row[0] for row in locked]
             if not keys:
+                # No key row, or every one held by another claim: look again
+                # when the probe says so.
+                self._keyed_active = False
                 return []
             keyed = {**args, "keys": keys, "limit": limit}
             return await (await conn.execute(self.sql["claim_keyed"], keyed)).fetchall()
