@@ -771,3 +771,29 @@ def test_where_a_kill_caught_each_execution_is_counted() -> None:
     counts = run([t], ledger, [fault("kill", "w1", 0.5)]).names["chaos_work"]
     assert (counts.killed_in_body, counts.killed_before_commit) == (1, 0)
     assert run([t], ledger).names["chaos_work"].killed_in_body == 0
+
+
+def test_a_schedule_slot_twice_or_missing_is_a_violation() -> None:
+    def tick(task_id: int, second: int) -> Task:
+        return replace(
+            task(task_id, TaskState.SUCCEEDED),
+            name="chaos_tick",
+            idempotency_key=f"schedule:chaos_tick:2030-01-01T00:00:{second:02d}",
+        )
+
+    def slots(ticks: list[Task]) -> list[tuple[int | None, str]]:
+        report = check(
+            tasks={t.id: t for t in ticks},
+            enqueued=[],
+            ledger=[],
+            faults=[],
+            lease=LEASE,
+            poll_interval=POLL,
+            ticks=ticks,
+        )
+        return [(v.task_id, v.detail) for v in report.violations if v.kind is Kind.SCHEDULE_SLOT]
+
+    assert slots([tick(1, 0), tick(2, 1), tick(3, 2)]) == []
+    assert [v[0] for v in slots([tick(1, 0), tick(2, 0), tick(3, 1)])] == [2]
+    [(missing, detail)] = slots([tick(1, 0), tick(2, 1), tick(3, 4)])
+    assert missing == 3 and "3s" in detail

@@ -20,6 +20,9 @@ The workload:
   children and collects their results from their end messages, plus every
   outside message, until an outside ``"last"``; it ends with what it
   collected, sorted: a message consumed twice or lost shows in that list.
+* ``chaos_tick``: fired by a schedule every second (missed slots all fire,
+  up to 1,000 of them): each slot's task must exist once, with no slot
+  missing between the first and the last.
 * ``chaos_cpu_thread`` / ``chaos_cpu_process``: hold the GIL (one C call that
   does not release it) for ``hold_ms``; the thread handler only in its first
   attempt, since a thread handler's GIL-holding call starves its worker's
@@ -41,6 +44,8 @@ import conveyor
 from conveyor import App, RetryPolicy, TaskContext
 
 TASK_NAME = "chaos_work"
+TICK_NAME = "chaos_tick"
+TICK_SECONDS = 1.0
 FLOW_NAME = "chaos_flow"
 GATHER_NAME = "chaos_gather"
 CPU_THREAD_NAME = "chaos_cpu_thread"
@@ -83,6 +88,14 @@ async def chaos_work(ctx: TaskContext, i: int, sleep_ms: int) -> int:
     await asyncio.sleep(sleep_ms / 1000)
     record("end", ctx)
     return i
+
+
+@app.periodic(every=TICK_SECONDS, missed="all", catch_up=1000)
+@app.task(name=TICK_NAME, retry=RETRY)
+async def chaos_tick(ctx: TaskContext) -> None:
+    """One slot of the schedule: recorded like every execution."""
+    record("start", ctx)
+    record("end", ctx)
 
 
 flow = app.workflow(FLOW_NAME)

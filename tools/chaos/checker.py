@@ -56,11 +56,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, cast
 
 from conveyor.model import Attempt, Outcome, Task, TaskState
@@ -102,6 +104,8 @@ class Kind(enum.StrEnum):
     HUNG_WORKER = "hung_worker"
     """A worker that did not exit within its bound after SIGTERM (the
     harness then killed it)."""
+    SCHEDULE_SLOT = "schedule_slot"
+    """A schedule's slot fired twice, or missed between two that fired."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,6 +468,32 @@ def _check_lost(tasks: Mapping[int, Task], enqueued: Sequence[int]) -> list[Viol
     return found
 
 
+def _check_schedule(ticks: Sequence[Task], seconds: float) -> list[Violation]:
+    """Each slot (the key ``schedule:NAME:SLOT``) enqueued once, and every slot
+    between the first and the last enqueued (the schedule fires all missed
+    slots)."""
+    slots: dict[datetime, list[int]] = defaultdict(list)
+    for task in ticks:
+        key = task.idempotency_key or ""
+        stamp = key.split(":", 2)[-1].removesuffix("Z")
+        try:
+            slots[datetime.fromisoformat(stamp)].append(task.id)
+        except ValueError:
+            return [_v(Kind.SCHEDULE_SLOT, task, f"not a schedule's key: {key!r}")]
+    found = [
+        Violation(Kind.SCHEDULE_SLOT, ids[1], f"slot {slot} fired by tasks {ids}")
+        for slot, ids in sorted(slots.items())
+        if len(ids) > 1
+    ]
+    ordered = sorted(slots)
+    for earlier, later in itertools.pairwise(ordered):
+        gap = (later - earlier).total_seconds()
+        if abs(gap - seconds) > 1e-6:
+            detail = f"{gap:.0f}s from slot {earlier} to {later}: slots missing"
+            found.append(Violation(Kind.SCHEDULE_SLOT, slots[later][0], detail))
+    return found
+
+
 def _check_success(h: _History) -> list[Violation]:
     """``double_success``, ``step_rerun`` and ``stale_write_accepted``."""
     task = h.task
@@ -799,13 +829,17 @@ def check(
     reclaim_slack: float = DEFAULT_RECLAIM_SLACK,
     single_writer: bool = False,
     expected: Mapping[int, Expected] | None = None,
+    ticks: Sequence[Task] = (),
+    tick_seconds: float = 1.0,
 ) -> Report:
     """Check a run's history; every violation found, not just the first.
 
     ``tasks``: the stored tasks by id, with their attempts. ``enqueued``: the
     ids whose enqueue was acknowledged. ``lease`` and ``poll_interval``: the
     workers' settings (a task's own lease wins). ``control``: a fault-free
-    run. ``initial_workers``: workers spawned at the start (default: the
+    run. ``ticks``: the tasks a schedule of ``tick_seconds`` slots enqueued
+    (each slot once, none missing between the first and the last; they are
+    in ``tasks`` too). ``initial_workers``: workers spawned at the start (default: the
     spawns before the first kill, stop or term). ``single_writer``: the
     store has one writer at a time (SQLite), see ``_deaths``. ``expected``:
     what some succeeded tasks' results must be.
@@ -822,7 +856,7 @@ def check(
         if f.event == "kill":
             kills[f.pid].append(f.at)
 
-    violations = _check_lost(tasks, acknowledged)
+    violations = _check_lost(tasks, acknowledged) + _check_schedule(ticks, tick_seconds)
     violations += [
         Violation(Kind.HUNG_WORKER, None, f"worker pid {f.pid} did not exit after SIGTERM")
         for f in faults

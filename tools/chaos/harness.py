@@ -67,6 +67,8 @@ from tools.chaos.app import (
     LEDGER_ENV,
     RETRY,
     TASK_NAME,
+    TICK_NAME,
+    TICK_SECONDS,
     Hop,
     chaos_gather,
     flow,
@@ -558,6 +560,10 @@ async def _run(
         children = await client.list_tasks_async(name=TASK_NAME, limit=len(tasks) + 10_000)
         extra = [t.id for t in children if t.parent_id is not None]
         tasks.update(await _stored(client, extra))
+        # The schedule's slots: checked like every task, and each slot once.
+        fired = await client.list_tasks_async(name=TICK_NAME, limit=100_000)
+        ticks = await _stored(client, [t.id for t in fired])
+        tasks.update(ticks)
         if schema is not None:  # a throwaway schema; a SQLite file stays in workdir
             await (await client.backend()).destroy()
     report = check(
@@ -571,6 +577,8 @@ async def _run(
         initial_workers=initial,
         single_writer=url.startswith("sqlite"),
         expected=work.expected,
+        ticks=list(ticks.values()),
+        tick_seconds=TICK_SECONDS,
     )
     (workdir / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     for task in tasks.values():
