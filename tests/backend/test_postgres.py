@@ -234,3 +234,32 @@ async def test_one_pruner_at_a_time(backend: PostgresBackend) -> None:
         assert await backend.prune(params) == PruneResult(tasks=0, workers=0, busy=True)
         await other.rollback()
     assert await backend.prune(params) == PruneResult(tasks=1, workers=0)
+
+
+async def test_prune_and_delete_take_the_attempt_log_too(backend: PostgresBackend) -> None:
+    """The attempt log keeps no foreign key to its task (migration 0004): a
+    deleted task's attempts must be deleted by the same statement, or the
+    log would grow for ever under retention."""
+    ids = await enqueue(backend, new(), new(), new())
+    taken = await claim(backend, limit=3)
+    await backend.finish(
+        FinishParams(
+            "w1",
+            [Completion(c.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED) for c in taken],
+            now=later(1),
+        )
+    )
+    attempts = psycopg.sql.Identifier(backend.schema, "attempts")
+    count = psycopg.sql.SQL("select count(*) from {}").format(attempts)
+
+    async def logged() -> int:
+        async with backend.pool.connection() as conn:
+            row = await (await conn.execute(count)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert await logged() == 3
+    await backend.delete(ids[0])
+    assert await logged() == 2
+    assert (await backend.prune(PruneParams({TaskState.SUCCEEDED: later(2)}))).tasks == 2
+    assert await logged() == 0

@@ -57,9 +57,9 @@ order; ends sent by one statement in any order) equal the model's; and so do
 ``count_unfinished`` and ``next_due_at``. SQL triggers (a child's end waking
 its parent, a cancel reaching children) stamp the real clock, years before
 the injected one: those times are checked for plausibility and overwritten
-with the model's (``restamp``). A schedule synced without ``now`` and a
-fired task's ``created_at`` take the store's own clock too: those times are
-only checked to be real-clock times.
+with the model's (``restamp``). A schedule synced without ``now`` takes the
+store's own clock too (its times are only checked to be real-clock times),
+and so does a fire (its tasks are given a due time).
 
 Times are compared rounded to the millisecond: storage precision differs
 (PostgreSQL keeps microseconds, SQLite float seconds), and every time here is
@@ -74,7 +74,10 @@ ignoring the injected clock; then, with inboxes, a first message waking a
 delayed task, a finishing poll's message to itself, and a message to a
 failing poll cutting its backoff short, where the memory backend wrote a
 batch's effects and completions in another order than the SQL ones), so none of
-them comes back.
+them comes back. The ``xfail`` replays after them pin disagreements about unique
+keys found since, which the machine sidesteps (``sidestep``) until they are
+settled: each passes, and then fails as an unexpected pass, once the
+backends agree.
 """
 
 from __future__ import annotations
@@ -1193,6 +1196,7 @@ class BackendAgreement(RuleBasedStateMachine):
     @rule(
         cutoffs=st.lists(
             st.tuples(st.sampled_from(FINISHED), st.sampled_from(PRUNE_CUTOFFS)),
+            min_size=1,
             max_size=3,
             unique_by=lambda cutoff: cutoff[0],
         ),

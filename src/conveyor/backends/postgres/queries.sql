@@ -901,8 +901,8 @@ insert into {schema}.migrations (version, name) values (%(version)s, %(name)s);
 -- name: prune
 -- Delete up to %(limit)s::int finished tasks, oldest ids first, of each
 -- state whose cutoff is given: finished before it, and no parent still alive
--- (its end message may yet be read). Their attempts, messages and keys go
--- with them (foreign keys, on delete cascade); a child left behind keeps
+-- (its end message may yet be read). Their attempts (attempts_gone), messages
+-- and keys (foreign keys, on delete cascade) go with them; a child left behind keeps
 -- running with no parent. One pruner at a time: a transaction-scoped
 -- advisory lock, tried, not waited for; `held` false means another worker
 -- is pruning and nothing was done. Each state is read off the state index
@@ -931,6 +931,11 @@ doomed as materialized (
 gone as (
     delete from {schema}.tasks t using doomed d where t.id = d.id
     returning t.id
+),
+-- The attempt log has no foreign key to its task (migration 0004): its rows
+-- go here, in the same statement.
+attempts_gone as (
+    delete from {schema}.attempts a using gone g where a.task_id = g.id
 ),
 workers_gone as (
     delete from {schema}.workers w using guard
@@ -1018,13 +1023,20 @@ select m.state, pg_notify({channel}, m.queue) from moved m;
 -- Delete a task that is not in progress, with its attempts, messages and
 -- keys (on delete cascade); an unfinished one only if no parent of it is
 -- alive (the parent waits for its end). Its id back, or no row.
-delete from {schema}.tasks t
-where t.id = %(id)s and t.state <> 'in_progress'
-  and (t.state in ('succeeded', 'failed', 'cancelled')
-       or not exists (select 1 from {schema}.tasks p
-                      where p.id = t.parent_id
-                        and p.state in ('pending', 'in_progress', 'waiting')))
-returning t.id;
+with gone as (
+    delete from {schema}.tasks t
+    where t.id = %(id)s and t.state <> 'in_progress'
+      and (t.state in ('succeeded', 'failed', 'cancelled')
+           or not exists (select 1 from {schema}.tasks p
+                          where p.id = t.parent_id
+                            and p.state in ('pending', 'in_progress', 'waiting')))
+    returning t.id
+),
+-- The attempt log has no foreign key to its task (migration 0004).
+attempts_gone as (
+    delete from {schema}.attempts a using gone g where a.task_id = g.id
+)
+select id from gone;
 
 -- name: delete_blocker
 -- Why delete_task deleted nothing: the task's state and its parent's.
