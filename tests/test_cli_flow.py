@@ -122,3 +122,12 @@ def test_run_now_and_delete(cli: Cli) -> None:
     assert "cancel it first" in cli.fails("delete", str(later), "--yes")
     assert cli.ok("delete", str(other), "--yes").strip() == f"task {other}: deleted"
     assert "no task" in cli.fails("show", str(other))
+
+
+def test_the_worker_takes_no_prune_and_no_schedules(cli: Cli) -> None:
+    help_text = cli.ok("worker", "--help")
+    assert "--no-prune" in help_text and "--no-schedules" in help_text
+    done = cli.run(
+        "worker", "tests.apps.cli_app:app", "--burst", "--no-prune", "--no-schedules", timeout=60
+    )
+    assert done.returncode == 0, done.stderr

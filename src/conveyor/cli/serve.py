@@ -85,6 +85,12 @@ async def _pending(app: App) -> list[Migration]:
 )
 @click.option("--quiet", is_flag=True, help="Do not log each finished attempt at INFO.")
 @click.option(
+    "--no-prune", is_flag=True, help="Never delete finished tasks (retention is off here)."
+)
+@click.option(
+    "--no-schedules", is_flag=True, help="Neither sync nor fire the app's schedules here."
+)
+@click.option(
     "--url", help="Backend URL, instead of the app's (an App() without one reads CONVEYOR_URL)."
 )
 @click.option("--schema", help="PostgreSQL schema, instead of the app's (or CONVEYOR_SCHEMA).")
@@ -100,10 +106,14 @@ def worker(
     log_format: str,
     log_level: str,
     quiet: bool,
+    no_prune: bool,
+    no_schedules: bool,
     url: str | None,
     schema: str | None,
 ) -> None:
-    """Run a worker for the App at MODULE:ATTR (creates a SQLite file)."""
+    """Run a worker for the App at MODULE:ATTR (creates a SQLite file). It
+    also fires the app's schedules and prunes finished tasks past their age
+    (succeeded 1 day, failed and cancelled 14 days) unless told not to."""
     configure_logging(log_format, log_level)
     try:
         app = open_client(url, schema, app_spec, create=True)
@@ -120,6 +130,8 @@ def worker(
             grace=grace,
             burst=burst,
             log_attempts=not quiet,
+            schedules=not no_schedules,
+            **({"retention": None} if no_prune else {}),
         )
     except ConveyorError as exc:
         fail(exc)
