@@ -257,13 +257,14 @@ class Spec:
     message: bool = False
     """A coroutine task's first message."""
     key: str | None = None
-    """Its unique key (a spawned child has none)."""
     scope: str | None = None
     period: float | None = None
     on_conflict: str = "existing"
+    """Its unique key, scope, period and on_conflict, as on NewTask (a
+    spawned child has no key)."""
 
 
-def coroutine_spec(spec: Spec) -> Spec:
+def coherent_spec(spec: Spec) -> Spec:
     """Only coroutine tasks have a first message, and they have no step. Only
     PERIOD_KEY is held for a period."""
     if spec.key != PERIOD_KEY:
@@ -309,7 +310,7 @@ SPECS = st.builds(
     scope=st.sampled_from(SCOPES),
     period=st.sampled_from((None, None, 10.0, 30.0)),
     on_conflict=st.sampled_from(CONFLICTS),
-).map(coroutine_spec)
+).map(coherent_spec)
 
 
 def ms(value: datetime | None) -> int | None:
@@ -1186,6 +1187,7 @@ class BackendAgreement(RuleBasedStateMachine):
         self.pauses_agree()
 
     def pauses_agree(self) -> None:
+        """Both backends list the same pauses (paused_at from the injected clock)."""
         listed = [
             [(p.kind, p.name, ms(p.paused_at)) for p in self.run(b.list_pauses())]
             for b in (self.model, self.real)
@@ -1245,8 +1247,8 @@ class BackendAgreement(RuleBasedStateMachine):
             self.run(backend.sync_schedules(params))
         self.schedules_agree(f"sync_schedules({params})")
 
-    def schedules_agree(self, call: str) -> list[StoredSchedule]:
-        """The schedules both backends list; the model's."""
+    def schedules_agree(self, call: str) -> None:
+        """Both backends list the same schedules, and read their own clocks."""
         (model_now, want), (real_now, have) = [
             self.run(b.list_schedules()) for b in (self.model, self.real)
         ]
@@ -1254,7 +1256,6 @@ class BackendAgreement(RuleBasedStateMachine):
         assert [schedule_view(s, self.real_model_id) for s in have] == [
             schedule_view(s) for s in want
         ], f"schedules after {call} at {self.now}"
-        return want
 
     @precondition(lambda self: len(self.ids) < MAX_TASKS)
     @rule(
