@@ -263,3 +263,39 @@ async def test_prune_and_delete_take_the_attempt_log_too(backend: PostgresBacken
     assert await logged() == 2
     assert (await backend.prune(PruneParams({TaskState.SUCCEEDED: later(2)}))).tasks == 2
     assert await logged() == 0
+
+
+async def test_a_store_whose_server_does_not_vacuum_is_vacuumed_by_its_workers(
+    backend: PostgresBackend,
+) -> None:
+    """With autovacuum off (as on this machine's server, or for the table),
+    dead rows past the threshold are vacuumed away after a prune."""
+    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+    async with backend.pool.connection() as conn:
+        await conn.execute(
+            psycopg.sql.SQL("alter table {} set (autovacuum_enabled = false)").format(tasks)
+        )
+        await conn.execute(
+            psycopg.sql.SQL(
+                "insert into {} (name, queue, payload, max_attempts, retry_policy)"
+                " select 'job', 'default', '{{}}', 3, '{{}}' from generate_series(1, 30000)"
+            ).format(tasks)
+        )
+        await conn.execute(psycopg.sql.SQL("delete from {}").format(tasks))
+    dead = psycopg.sql.SQL(
+        "select n_dead_tup from pg_stat_user_tables where schemaname = %s and relname = 'tasks'"
+    )
+
+    async def dead_rows() -> int:
+        async with backend.pool.connection() as conn:
+            await conn.execute("select pg_stat_clear_snapshot()")
+            row = await (await conn.execute(dead, (backend.schema,))).fetchone()
+        return int(row[0]) if row else 0
+
+    for _ in range(50):  # the statistics collector reports within a moment
+        if await dead_rows() >= 30000:
+            break
+        await asyncio.sleep(0.1)
+    assert await backend.vacuum() == ["tasks"]
+    assert await dead_rows() < 1000
+    assert await backend.vacuum() == []  # nothing left to do

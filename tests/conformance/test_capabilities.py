@@ -11,6 +11,7 @@ from conveyor.backends.protocol import (
     Capability,
     Inspector,
     TransactionalEnqueue,
+    Vacuums,
     attempt_transactions_of,
     inspector_of,
     transactional_of,
@@ -22,6 +23,7 @@ EXPECTED = {
         Capability.ATTEMPT_TRANSACTION,
         Capability.NOTIFICATIONS,
         Capability.INSPECT,
+        Capability.VACUUM,
     },
     "SQLiteBackend": {
         Capability.TRANSACTIONAL_ENQUEUE,
@@ -34,6 +36,7 @@ PROTOCOLS = {
     Capability.TRANSACTIONAL_ENQUEUE: TransactionalEnqueue,
     Capability.ATTEMPT_TRANSACTION: AttemptTransactions,
     Capability.INSPECT: Inspector,
+    Capability.VACUUM: Vacuums,
 }
 
 

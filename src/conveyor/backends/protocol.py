@@ -67,6 +67,8 @@ class Capability(enum.Enum):
     """A read side for the CLI and dashboards: lists, counts and workers."""
     INLINE = "inline"
     """Tests only: an enqueue runs its tasks to the end before it returns."""
+    VACUUM = "vacuum"
+    """The store's tables need vacuuming that the server may not do itself."""
 
 
 @dataclass(slots=True)  # not frozen: built per task, and frozen costs 7x
@@ -731,6 +733,28 @@ class Inspector(Protocol):
     async def pending_migrations(self) -> list[Migration]:
         """The migrations this store still needs, in order, without applying
         them (an empty list: the schema is current). Reads only."""
+
+
+@runtime_checkable
+class Vacuums(Protocol):
+    """``Capability.VACUUM``: a store whose dead rows must be vacuumed away
+    (PostgreSQL). Workers call :meth:`vacuum` after they prune."""
+
+    async def vacuum(self) -> list[str]:
+        """Vacuum the store's tables that need it and that the server will not
+        vacuum itself (its autovacuum is off, for the server or the table):
+        those with more dead rows than 10,000 plus a fifth of their live
+        ones. Tables another session is vacuuming are passed by. The tables
+        vacuumed."""
+
+
+def vacuums_of(backend: Backend) -> Vacuums | None:
+    """The backend as :class:`Vacuums`, if it declares it."""
+    if Capability.VACUUM not in backend.capabilities:
+        return None
+    if isinstance(backend, Vacuums):
+        return backend
+    raise _undeclared(backend, Capability.VACUUM)
 
 
 def transactional_of(backend: Backend) -> TransactionalEnqueue | None:

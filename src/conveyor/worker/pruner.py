@@ -2,8 +2,11 @@
 does not keep.
 
 Every worker runs a :class:`Pruner` unless its config says
-``retention=None``. On PostgreSQL one worker at a time prunes (the others
-find the batch ``busy`` and wait for their next turn); a batch deletes at
+``retention=None``. After each prune it vacuums the store's tables if the
+store needs it and its server will not (PostgreSQL with autovacuum off:
+see :class:`~conveyor.backends.protocol.Vacuums`). On PostgreSQL one
+worker at a time prunes (the others find the batch ``busy`` and wait for
+their next turn); a batch deletes at
 most ``batch`` tasks in one short transaction, and batches are spaced by
 ``PRUNE_PAUSE`` seconds so claims and completions never queue behind the pruner.
 """
@@ -15,7 +18,7 @@ import logging
 import random
 from datetime import UTC, datetime
 
-from conveyor.backends.protocol import Backend, PruneResult
+from conveyor.backends.protocol import Backend, PruneResult, vacuums_of
 from conveyor.retention import Retention
 from conveyor.worker.texts import reason
 
@@ -65,6 +68,11 @@ class Pruner:
         self.pruned += tasks
         if tasks or workers:
             log.info("pruned %d finished task(s) and %d old worker(s)", tasks, workers)
+        vacuums = vacuums_of(self.backend)
+        if vacuums is not None:
+            vacuumed = await vacuums.vacuum()
+            if vacuumed:
+                log.info("vacuumed %s (the server's autovacuum is off)", ", ".join(vacuumed))
         return PruneResult(tasks, workers)
 
     async def _loop(self) -> None:

@@ -136,6 +136,7 @@ class PostgresBackend(FlowControl):
             Capability.ATTEMPT_TRANSACTION,
             Capability.NOTIFICATIONS,
             Capability.INSPECT,
+            Capability.VACUUM,
         }
     )
 

@@ -13,7 +13,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 
 from conveyor.backends.postgres.inboxes import insert_tasks
 from conveyor.backends.protocol import (
@@ -32,6 +32,7 @@ class FlowControl:
     """Pause, resume, list pauses, prune (see :class:`~conveyor.backends.protocol.Backend`)."""
 
     sql: Mapping[str, bytes]
+    schema: str
 
     async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         raise NotImplementedError  # the backend's own
@@ -125,6 +126,15 @@ class FlowControl:
         if params.workers_before is not None:
             workers = (await self._fetchall("count_prunable_workers", args))[0][0]
         return PruneResult(tasks=tasks, workers=workers)
+
+    async def vacuum(self) -> list[str]:
+        done = []
+        for (table,) in await self._fetchall("tables_to_vacuum", {"schema": self.schema}):
+            target = sql.Identifier(self.schema, table)
+            async with self._connection() as conn:
+                await conn.execute(sql.SQL("vacuum (skip_locked) {}").format(target))
+            done.append(str(table))
+        return done
 
 
 def _prune_args(params: PruneParams) -> dict[str, Any]:

@@ -1167,3 +1167,18 @@ select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
        timeout_seconds, lease_seconds, lease_expires_at, step, parent_id
 from claimed
 order by priority desc, run_at, id;
+
+-- name: tables_to_vacuum
+-- This schema's tables whose dead rows the server will not vacuum away: its
+-- autovacuum is off (for the server, or the table), and they hold more dead
+-- rows than autovacuum's own default threshold would allow (10,000 plus a
+-- fifth of the live ones; the default base is 50: a queue's churn makes a
+-- larger one more sensible).
+select s.relname
+from pg_stat_user_tables s
+join pg_class c on c.oid = s.relid
+where s.schemaname = %(schema)s::text
+  and s.n_dead_tup > 10000 + 0.2 * s.n_live_tup
+  and (current_setting('autovacuum') = 'off'
+       or 'autovacuum_enabled=false' = any(coalesce(c.reloptions, array[]::text[])))
+order by s.n_dead_tup desc;
