@@ -131,3 +131,21 @@ def test_the_worker_takes_no_prune_and_no_schedules(cli: Cli) -> None:
         "worker", "tests.apps.cli_app:app", "--burst", "--no-prune", "--no-schedules", timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_keys_shows_what_holds_keyed_tasks(cli: Cli) -> None:
+    assert "no flow-control key" in cli.ok("keys")
+    app = conveyor.App(cli.env["CONVEYOR_URL"], schema=cli.env["CONVEYOR_SCHEMA"])
+
+    @app.task(concurrency=conveyor.Concurrency(key="user:7", limit=2))
+    def sync_user() -> None:
+        return None
+
+    try:
+        for _ in range(3):
+            sync_user.enqueue()
+    finally:
+        app.close()
+    [key] = cli.json("keys")
+    assert (key["key"], key["max_running"], key["running"], key["pending"]) == ("user:7", 2, 0, 3)
+    assert "user:7" in cli.ok("keys")

@@ -14,7 +14,13 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from conveyor.backends import Backend
-from conveyor.backends.protocol import Inspector, PruneResult, RetryMany, StoredSchedule
+from conveyor.backends.protocol import (
+    Inspector,
+    KeyInfo,
+    PruneResult,
+    RetryMany,
+    StoredSchedule,
+)
 from conveyor.errors import ConfigurationError
 from conveyor.model import Pause, PauseKind, TaskState
 from conveyor.portal import Portal
@@ -187,3 +193,13 @@ class Controls:
                 states=states, name=name, queue=queue, since=since, until=until, batch=batch
             )
         )
+
+    async def list_keys_async(self, limit: int = 1000) -> list[KeyInfo]:
+        """The flow-control keys (concurrency keys and rate limits) the store
+        tracks, with their running and pending tasks and, for a rate, its
+        tokens now and when the next comes (see :class:`KeyInfo`)."""
+        return await (await self._inspector()).list_keys(limit)
+
+    def list_keys(self, limit: int = 1000) -> list[KeyInfo]:
+        """Sync form of :meth:`list_keys_async`."""
+        return self.portal.run(self.list_keys_async(limit))

@@ -55,3 +55,18 @@ async def test_a_rate_and_a_concurrency_limit_on_one_key(backend: Backend) -> No
         FinishParams(worker_id="w1", completions=[success(one.token)], now=later(2))
     )
     assert [c.token.task_id for c in await claim(backend, limit=10, at=later(2))] == [ids[1]]
+
+
+async def test_keys_list_what_holds_keyed_tasks_back_and_until_when(backend: Backend) -> None:
+    await enqueue(backend, *(rated("r", limit=2, per=10) for _ in range(3)))
+    keyed = replace(new(), concurrency_key="c", concurrency_limit=1)
+    await enqueue(backend, keyed, keyed)
+    before = {k.key: k for k in await backend.list_keys(now=later(0))}
+    assert (before["c"].running, before["c"].pending, before["c"].max_running) == (0, 2, 1)
+    assert (before["r"].pending, before["r"].rate_limit, before["r"].tokens) == (3, 2, 2)
+    assert before["r"].next_start_at is None  # a token is there
+    await claim(backend, limit=10, at=later(1))
+    after = {k.key: k for k in await backend.list_keys(now=later(1))}
+    assert (after["c"].running, after["c"].pending) == (1, 1)
+    assert (after["r"].running, after["r"].pending, after["r"].tokens) == (2, 1, 0)
+    assert after["r"].next_start_at == later(6)  # one token in 10 s / 2

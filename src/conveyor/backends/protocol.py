@@ -402,6 +402,23 @@ class FireParams:
     tasks: Sequence[NewTask]
 
 
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """A flow-control key with pending tasks (or a rate bucket still
+    refilling): its running limit, its running and pending tasks, and its
+    rate (``tokens`` now; ``next_start_at``: when the next token comes, None
+    while one is there or when it has no rate)."""
+
+    key: str
+    max_running: int
+    running: int
+    pending: int
+    rate_limit: int | None = None
+    rate_period: float | None = None
+    tokens: float | None = None
+    next_start_at: datetime | None = None
+
+
 SILENT_BEATS = 3
 """Heartbeats a worker may miss before it counts as gone (not live)."""
 UNKNOWN_BEAT_SECONDS = 10.0
@@ -724,6 +741,11 @@ class Inspector(Protocol):
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Every worker the store knows, live or stopped, newest first."""
+
+    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
+        """The flow-control keys the store tracks (see :class:`KeyInfo`), by
+        key, at most ``limit``: what holds keyed tasks back, and until when
+        (``now``: tests only)."""
 
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         """How many tasks and workers :meth:`Backend.prune` would delete with

@@ -4,7 +4,7 @@ Commands: ``migrate`` (``--sql`` to review first), ``worker``, ``enqueue``,
 ``send``, ``tasks``, ``counts``, ``show``, ``workers``, ``cancel``,
 ``retry`` (by id or by filter, ``--dry-run``), ``run-now``, ``delete``,
 ``pause``, ``resume``,
-``pauses``, ``schedules``, ``prune``, ``health`` and ``demo``.
+``pauses``, ``keys``, ``schedules``, ``prune``, ``health`` and ``demo``.
 Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
 (default ``CONVEYOR_SCHEMA``, then ``conveyor``); ``worker`` (and
 ``enqueue --app``) use the app's own store unless ``--url``/``--schema``
@@ -21,7 +21,7 @@ import logging
 import click
 
 from conveyor.cli.control import cancel, delete, enqueue, retry, run_now, send
-from conveyor.cli.flow import pause, pauses, prune, resume, schedules
+from conveyor.cli.flow import keys, pause, pauses, prune, resume, schedules
 from conveyor.cli.reads import counts, health, show, tasks, workers
 from conveyor.cli.serve import demo, migrate, worker
 
@@ -35,7 +35,7 @@ def main() -> None:
 for command in (migrate, worker, enqueue, send, tasks, counts, show, cancel, retry, workers):
     main.add_command(command)
 main.add_command(health)
-for command in (run_now, delete, pause, resume, pauses, schedules, prune):
+for command in (run_now, delete, pause, resume, pauses, keys, schedules, prune):
     main.add_command(command)
 main.add_command(demo)
 

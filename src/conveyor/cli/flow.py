@@ -1,5 +1,5 @@
 """The commands of flow control and retention: ``pause``, ``resume``,
-``pauses``, ``schedules`` and ``prune``."""
+``pauses``, ``keys``, ``schedules`` and ``prune``."""
 
 from __future__ import annotations
 
@@ -221,5 +221,56 @@ def schedules(url: str | None, schema: str | None, as_json: bool) -> None:
             else "?",
             relative(row.last_slot, now) if row.last_slot else "",
             f"{row.last_task_id} {task.state.value}" if task else str(row.last_task_id or ""),
+        )
+    console.print(table)
+
+
+@click.command()
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@backend_options
+@json_option
+def keys(limit: int, url: str | None, schema: str | None, as_json: bool) -> None:
+    """List the flow-control keys (concurrency keys, rate limits) holding
+    tasks: running and pending tasks per key, and for a rate its tokens and
+    when the next start comes."""
+    try:
+        with open_client(url, schema) as app:
+            found = app.list_keys(limit)
+    except ConveyorError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "key": k.key,
+                        "max_running": k.max_running,
+                        "running": k.running,
+                        "pending": k.pending,
+                        "rate_limit": k.rate_limit,
+                        "rate_period": k.rate_period,
+                        "tokens": k.tokens,
+                        "next_start_at": iso(k.next_start_at),
+                    }
+                    for k in found
+                ]
+            )
+        )
+        return
+    if not found:
+        console.print("no flow-control key holds a task")
+        return
+    now = datetime.now(UTC)
+    table = Table("key", "running", "pending", "rate", "tokens", "next start")
+    for k in found:
+        rate = f"{k.rate_limit} per {k.rate_period:g}s" if k.rate_limit else ""
+        limit_text = "" if k.max_running >= 1_000_000 else f" of {k.max_running}"
+        table.add_row(
+            k.key,
+            f"{k.running}{limit_text}",
+            str(k.pending),
+            rate,
+            f"{k.tokens:.2f}" if k.tokens is not None else "",
+            f"in {span((k.next_start_at - now).total_seconds())}" if k.next_start_at else "",
         )
     console.print(table)

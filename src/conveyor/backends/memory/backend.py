@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from conveyor.backends import wake
+from conveyor.backends.memory import keys as concurrency_keys
 from conveyor.backends.memory import reads, retention, schedules
 from conveyor.backends.memory.store import Store
 from conveyor.backends.protocol import (
@@ -29,6 +30,7 @@ from conveyor.backends.protocol import (
     FireParams,
     HeartbeatParams,
     HeartbeatResult,
+    KeyInfo,
     Migration,
     NewTask,
     PruneParams,
@@ -184,6 +186,9 @@ class MemoryBackend:
 
     async def prune(self, params: PruneParams) -> PruneResult:
         return retention.prune(self._store, params)
+
+    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
+        return concurrency_keys.listed(self._store, self._now(now), limit)
 
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         return retention.count_prunable(self._store, params)

@@ -12,11 +12,12 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from conveyor.backends.memory.index import claim_order
 from conveyor.backends.memory.rows import Row
+from conveyor.backends.protocol import KeyInfo
 from conveyor.backends.stored import key_scan
 from conveyor.model import TaskState
 
@@ -120,3 +121,28 @@ def settle(store: Store, read: Iterable[str], taken: list[Row], now: datetime) -
         tokens = found.tokens_at(now)
         if found.rate_limit is None or (tokens is not None and tokens >= found.rate_limit):
             del store.concurrency[key]
+
+
+def listed(store: Store, now: datetime, limit: int) -> list[KeyInfo]:
+    """The keys with rows, as the SQL backends list them."""
+    with store.lock:
+        found = []
+        for key in sorted(store.concurrency)[:limit]:
+            row = store.concurrency[key]
+            tokens = row.tokens_at(now)
+            upcoming = None
+            if tokens is not None and tokens < 1 and row.rate_limit and row.rate_period:
+                upcoming = now + timedelta(seconds=(1 - tokens) * row.rate_period / row.rate_limit)
+            found.append(
+                KeyInfo(
+                    key,
+                    row.max_running,
+                    len(store.index.keyed_running.get(key, ())),
+                    len(store.index.keyed_pending.get(key, ())),
+                    row.rate_limit,
+                    row.rate_period,
+                    tokens,
+                    upcoming,
+                )
+            )
+        return found

@@ -18,6 +18,7 @@ from psycopg import AsyncConnection, sql
 from conveyor.backends.postgres.inboxes import insert_tasks
 from conveyor.backends.protocol import (
     FireParams,
+    KeyInfo,
     PruneParams,
     PruneResult,
     RetryMany,
@@ -118,6 +119,10 @@ class FlowControl:
     async def prune(self, params: PruneParams) -> PruneResult:
         held, tasks, workers = (await self._fetchall("prune", _prune_args(params)))[0]
         return PruneResult(tasks=tasks, workers=workers, busy=not held)
+
+    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
+        rows = await self._fetchall("list_keys", {"limit": limit, "now": now})
+        return [KeyInfo(*row) for row in rows]
 
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         args = _prune_args(params)

@@ -1182,3 +1182,29 @@ where s.schemaname = %(schema)s::text
   and (current_setting('autovacuum') = 'off'
        or 'autovacuum_enabled=false' = any(coalesce(c.reloptions, array[]::text[])))
 order by s.n_dead_tup desc;
+
+-- name: list_keys
+-- The concurrency keys with their running and pending tasks (counted off
+-- their indexes) and their rate bucket now, by key.
+with clock as (select coalesce(%(now)s::timestamptz, statement_timestamp()) as now),
+bucket as (
+    select c.key, c.max_running, c.rate_limit, c.rate_period,
+           least(c.rate_limit::float8,
+                 c.tokens + extract(epoch from clock.now - c.refilled_at)
+                            * c.rate_limit / c.rate_period) as tokens,
+           clock.now
+    from {schema}.concurrency c, clock
+    order by c.key
+    limit %(limit)s::int
+)
+select b.key, b.max_running,
+       (select count(*) from {schema}.tasks r
+        where r.concurrency_key = b.key and r.state = 'in_progress'),
+       (select count(*) from {schema}.tasks p
+        where p.concurrency_key = b.key and p.state = 'pending'),
+       b.rate_limit, b.rate_period, b.tokens,
+       case when b.tokens < 1
+            then b.now + make_interval(secs => (1 - b.tokens) * b.rate_period / b.rate_limit)
+       end
+from bucket b
+order by b.key;

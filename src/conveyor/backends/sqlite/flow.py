@@ -20,6 +20,7 @@ from conveyor.backends.protocol import (
     ClaimParams,
     EnqueueParams,
     FireParams,
+    KeyInfo,
     PruneParams,
     PruneResult,
     RetryMany,
@@ -233,6 +234,14 @@ class FlowControl:
 
         return await self._db.write(prune)
 
+    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
+        def read(conn: sqlite3.Connection) -> list[KeyInfo]:
+            moment = clock(conn, now)
+            found = conn.execute(SQL["list_keys"], {"now": moment, "limit": limit}).fetchall()
+            return [key_info(row, moment) for row in found]
+
+        return await self._db.read(read)
+
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         def count(conn: sqlite3.Connection) -> PruneResult:
             tasks = 0
@@ -279,3 +288,11 @@ def _stored(row: tuple[Any, ...]) -> StoredSchedule:
         last_task_id=row[10],
         synced_at=rows.moment(row[11]),
     )
+
+
+def key_info(row: tuple[Any, ...], now: float) -> KeyInfo:
+    key, max_running, running, pending, rate, period, tokens = row
+    upcoming = None
+    if tokens is not None and tokens < 1:
+        upcoming = rows.moment(now + (1 - tokens) * period / rate)
+    return KeyInfo(key, max_running, running, pending, rate, period, tokens, upcoming)

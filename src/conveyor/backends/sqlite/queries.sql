@@ -615,3 +615,19 @@ delete from conveyor_concurrency
 where key in (select value from json_each(:keys))
   and not exists (select 1 from conveyor_tasks t
                   where t.concurrency_key = conveyor_concurrency.key and t.state = 'pending');
+
+-- name: list_keys
+-- The concurrency keys with their running and pending tasks and their rate
+-- bucket now (see the PostgreSQL statement), by key.
+select c.key, c.max_running,
+       (select count(*) from conveyor_tasks r indexed by conveyor_tasks_running_keyed
+        where r.concurrency_key = c.key and r.state = 'in_progress'),
+       (select count(*) from conveyor_tasks p indexed by conveyor_tasks_pending_keyed
+        where p.concurrency_key = c.key and p.state = 'pending'),
+       c.rate_limit, c.rate_period,
+       case when c.rate_limit is null then null
+            else min(c.rate_limit * 1.0,
+                     c.tokens + (:now - c.refilled_at) * c.rate_limit / c.rate_period) end
+from conveyor_concurrency c
+order by c.key
+limit :limit;
