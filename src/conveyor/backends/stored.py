@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import ClaimedTask
+from conveyor.backends.protocol import ClaimedTask, StoredSchedule
 from conveyor.errors import (
     InvalidTransitionError,
     NoInboxError,
@@ -95,6 +95,23 @@ def transition_result(
     if current is None:
         raise TaskNotFoundError(f"no task with id {task_id}")
     raise InvalidTransitionError(f"cannot {what} task {task_id}: it is {current}")
+
+
+def schedule_args(stored: StoredSchedule, now: object) -> dict[str, object]:
+    """The arguments of a backend's ``sync_schedule`` statement: ``stored``'s
+    definition, and ``now`` (a time in the backend's own form, or None)."""
+    return {
+        "name": stored.name,
+        "task": stored.task,
+        "cron": stored.cron,
+        "every": stored.every,
+        "tz": stored.tz,
+        "missed": stored.missed,
+        "catch_up": stored.catch_up,
+        "args": stored.args,
+        "fingerprint": stored.fingerprint,
+        "now": now,
+    }
 
 
 KEY_SCAN_PER_SLOT = 4

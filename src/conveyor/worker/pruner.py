@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from conveyor.backends.protocol import Backend, PruneResult, vacuums_of
 from conveyor.retention import Retention
+from conveyor.worker.stopping import Background
 from conveyor.worker.texts import reason
 
 log = logging.getLogger("conveyor.worker")
@@ -30,26 +31,18 @@ MAX_BATCHES = 100
 """Batches of one prune at most: a backlog is worked off over several prunes."""
 
 
-class Pruner:
+class Pruner(Background):
     """The worker's pruner: every ``interval`` (spread), batches until one
     deletes less than a full batch, or ``MAX_BATCHES``. Failures are logged
     and retried at the next turn; the pruner never stops the worker."""
+
+    name = "conveyor-pruner"
 
     def __init__(self, backend: Backend, retention: Retention) -> None:
         self.backend = backend
         self.retention = retention
         self.pruned = 0
         """Tasks this pruner deleted so far."""
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="conveyor-pruner")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     async def run_once(self, now: datetime | None = None) -> PruneResult:
         """One prune: its batches, until the backlog is gone (or a batch is

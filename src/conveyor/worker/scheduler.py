@@ -23,6 +23,7 @@ from conveyor.backends.protocol import Backend, FireParams, ScheduleSync, Stored
 from conveyor.options import EnqueueOptions
 from conveyor.schedules import Schedule
 from conveyor.task import TaskDef
+from conveyor.worker.stopping import Background
 from conveyor.worker.texts import reason
 
 log = logging.getLogger("conveyor.worker")
@@ -50,8 +51,10 @@ def stored(schedule: Schedule, definition: TaskDef, max_bytes: int) -> StoredSch
     )
 
 
-class Scheduler:
+class Scheduler(Background):
     """Syncs and fires ``schedules`` (by name) of the tasks ``tasks`` (by name)."""
+
+    name = "conveyor-scheduler"
 
     def __init__(
         self,
@@ -66,16 +69,6 @@ class Scheduler:
         self.max_payload_bytes = max_payload_bytes
         self.fired = 0
         """Tasks this scheduler enqueued so far."""
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="conveyor-scheduler")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     async def sync(self) -> None:
         """Store this app's schedules; drop the removed ones of its task names."""

@@ -27,3 +27,23 @@ async def cancel_and_wait(task: asyncio.Task[Any], every: float = RECANCEL_EVERY
         await asyncio.wait({task}, timeout=every)
     with contextlib.suppress(asyncio.CancelledError, Exception):
         task.result()
+
+
+class Background:
+    """A worker's loop of its own (the pruner, the scheduler): :meth:`start`
+    runs :meth:`_loop` as an asyncio task named ``name``; :meth:`stop` ends
+    it for sure (see :func:`cancel_and_wait`)."""
+
+    name = "conveyor-background"
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=self.name)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+
+    async def _loop(self) -> None:
+        raise NotImplementedError

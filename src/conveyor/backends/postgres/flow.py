@@ -25,7 +25,7 @@ from conveyor.backends.protocol import (
     ScheduleSync,
     StoredSchedule,
 )
-from conveyor.backends.stored import delete_refused, transition_result
+from conveyor.backends.stored import delete_refused, schedule_args, transition_result
 from conveyor.model import Pause, PauseKind, TaskState, check_pause
 
 
@@ -44,7 +44,7 @@ class FlowControl:
     async def sync_schedules(self, params: ScheduleSync) -> None:
         async with self._connection() as conn, conn.transaction():
             for stored in params.schedules:
-                await conn.execute(self.sql["sync_schedule"], _schedule_args(stored, params.now))
+                await conn.execute(self.sql["sync_schedule"], schedule_args(stored, params.now))
             await conn.execute(
                 self.sql["drop_schedules"],
                 {"tasks": list(params.tasks), "names": [s.name for s in params.schedules]},
@@ -148,19 +148,4 @@ def _prune_args(params: PruneParams) -> dict[str, Any]:
         "befores": list(params.before.values()),
         "limit": params.limit,
         "workers_before": params.workers_before,
-    }
-
-
-def _schedule_args(stored: StoredSchedule, now: datetime | None) -> dict[str, Any]:
-    return {
-        "name": stored.name,
-        "task": stored.task,
-        "cron": stored.cron,
-        "every": stored.every,
-        "tz": stored.tz,
-        "missed": stored.missed,
-        "catch_up": stored.catch_up,
-        "args": stored.args,
-        "fingerprint": stored.fingerprint,
-        "now": now,
     }

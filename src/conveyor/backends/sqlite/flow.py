@@ -31,7 +31,7 @@ from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.inboxes import insert_tasks
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.backends.stored import delete_refused, key_scan, transition_result
+from conveyor.backends.stored import delete_refused, key_scan, schedule_args, transition_result
 from conveyor.model import Pause, PauseKind, TaskState, check_pause
 
 
@@ -110,7 +110,7 @@ class FlowControl:
         def sync(conn: sqlite3.Connection) -> None:
             now = clock(conn, params.now)
             for stored in params.schedules:
-                conn.execute(SQL["sync_schedule"], _schedule_args(stored, now))
+                conn.execute(SQL["sync_schedule"], schedule_args(stored, now))
             names = json.dumps([s.name for s in params.schedules])
             conn.execute(
                 SQL["drop_schedules"], {"tasks": json.dumps(list(params.tasks)), "names": names}
@@ -255,21 +255,6 @@ class FlowControl:
             return PruneResult(tasks=tasks, workers=workers)
 
         return await self._db.read(count)
-
-
-def _schedule_args(stored: StoredSchedule, now: float) -> dict[str, object]:
-    return {
-        "name": stored.name,
-        "task": stored.task,
-        "cron": stored.cron,
-        "every": stored.every,
-        "tz": stored.tz,
-        "missed": stored.missed,
-        "catch_up": stored.catch_up,
-        "args": stored.args,
-        "fingerprint": stored.fingerprint,
-        "now": now,
-    }
 
 
 def _stored(row: tuple[Any, ...]) -> StoredSchedule:
