@@ -74,10 +74,11 @@ ignoring the injected clock; then, with inboxes, a first message waking a
 delayed task, a finishing poll's message to itself, and a message to a
 failing poll cutting its backoff short, where the memory backend wrote a
 batch's effects and completions in another order than the SQL ones), so none of
-them comes back. The ``xfail`` replays after them pin disagreements about unique
-keys found since, which the machine sidesteps (``sidestep``) until they are
-settled: each passes, and then fails as an unexpected pass, once the
-backends agree.
+them comes back. The ``xfail`` replays after them pin disagreements found
+since (unique keys in a batch or a fire; a paused expired lease), which the
+machine sidesteps (``sidestep``; ``claim``) until they are settled: once the
+backends agree, a replay passes, its strict ``xfail`` fails the suite, and
+the sidestep it names can go.
 """
 
 from __future__ import annotations
@@ -953,6 +954,31 @@ class BackendAgreement(RuleBasedStateMachine):
         queues=st.sampled_from([QUEUES, QUEUES[:1], QUEUES[1:]]),
     )
     def claim(self, worker: str, limit: int, queues: tuple[str, ...]) -> None:
+        if self.pause_holds_an_expired_lease():
+            # Sidestepped until test_replay_a_pause_holds_back_an_expired_lease_s_end passes.
+            note("claim: not run, a pause holds back an expired lease")
+            return
+        self.claim_tasks(worker, limit, queues)
+
+    def pause_holds_an_expired_lease(self) -> bool:
+        """Whether a paused queue or task name holds back a task whose lease
+        expired (PostgreSQL's claim ends one whose budget is spent or whose
+        cancel was requested; the model and SQLite leave it until the resume)."""
+        paused = {(p.kind, p.name) for p in self.run(self.model.list_pauses())}
+        if not paused:
+            return False
+        for task_id in self.ids:
+            task = self.run(self.model.get_task(task_id, with_attempts=False))
+            if (
+                task is not None
+                and task.lease_expires_at is not None
+                and task.lease_expires_at <= self.now
+                and {(PauseKind.QUEUE, task.queue), (PauseKind.TASK, task.name)} & paused
+            ):
+                return True
+        return False
+
+    def claim_tasks(self, worker: str, limit: int, queues: tuple[str, ...]) -> None:
         params = ClaimParams(
             worker_id=worker,
             names=[NAME],
@@ -1545,10 +1571,10 @@ def test_replay_a_message_to_a_failing_poll_waits_out_its_backoff(kind: str) -> 
     )
 
 
-# Disagreements the machine found and sidesteps (see sidestep) until they
-# are settled: each replay passes once the backends agree.
+# Disagreements the machine found and sidesteps (see sidestep and claim)
+# until they are settled: each replay passes once the backends agree.
 
-KNOWN_DISAGREEMENT = "a backend disagrees with the model: see sidestep"
+KNOWN_DISAGREEMENT = "a backend disagrees with the model: see sidestep and claim"
 
 
 def schedule_s1(m: BackendAgreement) -> None:
@@ -1586,6 +1612,26 @@ def test_replay_two_replaces_of_one_holder_in_a_batch(kind: str) -> None:
         kind,
         lambda m: m.enqueue([Spec(key="k1")], uniform=False),
         lambda m: m.enqueue_tasks([keyed(m, "k1", "replace"), keyed(m, "k1", "replace")]),
+    )
+
+
+@pytest.mark.xfail(strict=True, reason=KNOWN_DISAGREEMENT)
+@pytest.mark.parametrize("kind", ["postgres"])
+@pytest.mark.parametrize("pause", [(PauseKind.QUEUE, QUEUES[0]), (PauseKind.TASK, NAME)])
+def test_replay_a_pause_holds_back_an_expired_lease_s_end(
+    kind: str, pause: tuple[PauseKind, str]
+) -> None:
+    """A task with a budget of one runs, its queue or name is paused, its
+    lease expires, and a claim comes: the model (and SQLite) leave it in
+    progress until the resume; PostgreSQL's claim ends it failed (and one
+    whose cancel was requested, cancelled)."""
+    replay(
+        kind,
+        lambda m: m.enqueue([Spec(max_attempts=1)], uniform=False),
+        lambda m: m.claim_tasks("w1", limit=1, queues=QUEUES),
+        lambda m: m.pause(pause),
+        lambda m: m.advance(LEASE),
+        lambda m: m.claim_tasks("w2", limit=1, queues=QUEUES),
     )
 
 

@@ -29,6 +29,9 @@ PRUNE_PAUSE = 0.05
 """Seconds between two batches of one prune."""
 MAX_BATCHES = 100
 """Batches of one prune at most: a backlog is worked off over several prunes."""
+VACUUM_EVERY = 10
+"""Batches between two looks at whether the store needs vacuuming: each
+deleted row stays in the indexes a batch walks until it is vacuumed away."""
 
 
 class Pruner(Background):
@@ -57,16 +60,23 @@ class Pruner(Background):
             tasks, workers = tasks + done.tasks, workers + done.workers
             if done.tasks < params.limit:
                 break
+            if number % VACUUM_EVERY == VACUUM_EVERY - 1:
+                await self._vacuum()  # the rows deleted so far slow the next batches
             await asyncio.sleep(PRUNE_PAUSE)
         self.pruned += tasks
         if tasks or workers:
             log.info("pruned %d finished task(s) and %d old worker(s)", tasks, workers)
+        await self._vacuum()
+        return PruneResult(tasks, workers)
+
+    async def _vacuum(self) -> None:
+        """Vacuum what the store needs and its server will not (see
+        :class:`~conveyor.backends.protocol.Vacuums`)."""
         vacuums = vacuums_of(self.backend)
         if vacuums is not None:
             vacuumed = await vacuums.vacuum()
             if vacuumed:
                 log.info("vacuumed %s (the server's autovacuum is off)", ", ".join(vacuumed))
-        return PruneResult(tasks, workers)
 
     async def _loop(self) -> None:
         while True:
