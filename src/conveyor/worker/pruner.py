@@ -18,9 +18,9 @@ import logging
 import random
 from datetime import UTC, datetime
 
-from conveyor.backends.protocol import Backend, PruneResult, Vacuums, vacuums_of
+from conveyor.backends.protocol import Backend, PruneResult, vacuums_of
 from conveyor.retention import Retention
-from conveyor.worker.stopping import Background, cancel_and_wait
+from conveyor.worker.stopping import Background
 from conveyor.worker.texts import reason
 
 log = logging.getLogger("conveyor.worker")
@@ -46,7 +46,6 @@ class Pruner(Background):
         self.retention = retention
         self.pruned = 0
         """Tasks this pruner deleted so far."""
-        self._vacuuming: asyncio.Task[None] | None = None
 
     async def run_once(self, now: datetime | None = None) -> PruneResult:
         """One prune: its batches, until the backlog is gone (or a batch is
@@ -71,31 +70,13 @@ class Pruner(Background):
         return PruneResult(tasks, workers)
 
     async def _vacuum(self) -> None:
-        """Start vacuuming what the store needs and its server will not (see
-        :class:`~conveyor.backends.protocol.Vacuums`), beside the pruning,
-        unless a vacuum of this pruner still runs."""
+        """Vacuum what the store needs and its server will not (see
+        :class:`~conveyor.backends.protocol.Vacuums`)."""
         vacuums = vacuums_of(self.backend)
-        if vacuums is None or (self._vacuuming is not None and not self._vacuuming.done()):
-            return
-        self._vacuuming = asyncio.get_running_loop().create_task(
-            self._vacuum_now(vacuums), name="conveyor-vacuum"
-        )
-
-    @staticmethod
-    async def _vacuum_now(vacuums: Vacuums) -> None:
-        try:
+        if vacuums is not None:
             vacuumed = await vacuums.vacuum()
-        except Exception as exc:
-            log.warning("vacuum failed (%s); trying again later", reason(exc))
-            return
-        if vacuumed:
-            log.info("vacuumed %s (the server's autovacuum is off)", ", ".join(vacuumed))
-
-    async def stop(self) -> None:
-        await super().stop()
-        vacuuming, self._vacuuming = self._vacuuming, None
-        if vacuuming is not None:
-            await cancel_and_wait(vacuuming)
+            if vacuumed:
+                log.info("vacuumed %s (the server's autovacuum is off)", ", ".join(vacuumed))
 
     async def _loop(self) -> None:
         while True:
