@@ -75,10 +75,9 @@ delayed task, a finishing poll's message to itself, and a message to a
 failing poll cutting its backoff short, where the memory backend wrote a
 batch's effects and completions in another order than the SQL ones), so none of
 them comes back. The ``xfail`` replays after them pin disagreements found
-since (unique keys in a batch or a fire; a paused expired lease), which the
-machine sidesteps (``sidestep``; ``claim``) until they are settled: once the
-backends agree, a replay passes, its strict ``xfail`` fails the suite, and
-the sidestep it names can go.
+since (a key that changes hands in a batch), which the machine sidesteps
+(``sidestep``) until it is settled: once the backends agree, the replay
+passes, its strict ``xfail`` fails the suite, and the sidestep can go.
 """
 
 from __future__ import annotations
@@ -277,23 +276,14 @@ def coherent_spec(spec: Spec) -> Spec:
 
 def sidestep(specs: list[Spec], fire: bool = False) -> list[Spec]:
     """``specs`` as one batch, without what the backends disagree on until
-    the ``xfail`` replays below pass: PERIOD_KEY in a batch of one only (on
+    the ``xfail`` replay below passes: PERIOD_KEY in a batch of one only (on
     PostgreSQL a task that takes over a key whose period ended gets an id
-    after the batch's other new tasks); one ``replace`` per key (PostgreSQL
-    applies one of several, the others the last); in a fire, ``existing``
-    only, as the scheduler sends (the memory backend neither raises nor
-    keeps a key repeated in a fire to its first task)."""
-    replacing: set[str | None] = set()
-    out = []
-    for spec in specs:
-        if spec.key == PERIOD_KEY and len(specs) > 1:
-            spec = replace(spec, key=None, period=None)
-        if fire or (spec.on_conflict == "replace" and spec.key in replacing):
-            spec = replace(spec, on_conflict="existing")
-        if spec.on_conflict == "replace":
-            replacing.add(spec.key)
-        out.append(spec)
-    return out
+    after the batch's other new tasks). ``fire``: the batch is a fire's."""
+    del fire  # a fire's batch is like any other now
+    return [
+        replace(spec, key=None, period=None) if spec.key == PERIOD_KEY and len(specs) > 1 else spec
+        for spec in specs
+    ]
 
 
 SPECS = st.builds(
@@ -954,29 +944,7 @@ class BackendAgreement(RuleBasedStateMachine):
         queues=st.sampled_from([QUEUES, QUEUES[:1], QUEUES[1:]]),
     )
     def claim(self, worker: str, limit: int, queues: tuple[str, ...]) -> None:
-        if self.pause_holds_an_expired_lease():
-            # Sidestepped until test_replay_a_pause_holds_back_an_expired_lease_s_end passes.
-            note("claim: not run, a pause holds back an expired lease")
-            return
         self.claim_tasks(worker, limit, queues)
-
-    def pause_holds_an_expired_lease(self) -> bool:
-        """Whether a paused queue or task name holds back a task whose lease
-        expired (PostgreSQL's claim ends one whose budget is spent or whose
-        cancel was requested; the model and SQLite leave it until the resume)."""
-        paused = {(p.kind, p.name) for p in self.run(self.model.list_pauses())}
-        if not paused:
-            return False
-        for task_id in self.ids:
-            task = self.run(self.model.get_task(task_id, with_attempts=False))
-            if (
-                task is not None
-                and task.lease_expires_at is not None
-                and task.lease_expires_at <= self.now
-                and {(PauseKind.QUEUE, task.queue), (PauseKind.TASK, task.name)} & paused
-            ):
-                return True
-        return False
 
     def claim_tasks(self, worker: str, limit: int, queues: tuple[str, ...]) -> None:
         params = ClaimParams(
@@ -1601,13 +1569,11 @@ def test_replay_a_key_taken_over_keeps_its_place_in_the_batch(kind: str) -> None
     )
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_DISAGREEMENT)
 @pytest.mark.parametrize("kind", ["postgres"])
 def test_replay_two_replaces_of_one_holder_in_a_batch(kind: str) -> None:
-    """Task 1 holds k1; one enqueue of two tasks with k1 and ``replace``: the
-    model (and SQLite) replace task 1's payload twice, the last wins;
-    PostgreSQL applies one of the two (one UPDATE ... FROM with two rows
-    for one task)."""
+    """Task 1 holds k1; one enqueue of two tasks with k1 and ``replace``:
+    task 1's payload is replaced twice, the last wins (PostgreSQL once
+    applied either: one UPDATE ... FROM with two rows for one task)."""
     replay(
         kind,
         lambda m: m.enqueue([Spec(key="k1")], uniform=False),
@@ -1615,16 +1581,14 @@ def test_replay_two_replaces_of_one_holder_in_a_batch(kind: str) -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_DISAGREEMENT)
 @pytest.mark.parametrize("kind", ["postgres"])
 @pytest.mark.parametrize("pause", [(PauseKind.QUEUE, QUEUES[0]), (PauseKind.TASK, NAME)])
 def test_replay_a_pause_holds_back_an_expired_lease_s_end(
     kind: str, pause: tuple[PauseKind, str]
 ) -> None:
     """A task with a budget of one runs, its queue or name is paused, its
-    lease expires, and a claim comes: the model (and SQLite) leave it in
-    progress until the resume; PostgreSQL's claim ends it failed (and one
-    whose cancel was requested, cancelled)."""
+    lease expires, and a claim comes: it stays in progress until the resume
+    (PostgreSQL's claim once ended it failed)."""
     replay(
         kind,
         lambda m: m.enqueue([Spec(max_attempts=1)], uniform=False),
@@ -1635,12 +1599,10 @@ def test_replay_a_pause_holds_back_an_expired_lease_s_end(
     )
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_DISAGREEMENT)
 @pytest.mark.parametrize("kind", REAL_BACKENDS)
 def test_replay_a_fire_that_meets_a_held_key_with_raise(kind: str) -> None:
-    """Task 1 holds k1; a fire whose task has k1 and ``raise``: the model
-    fires (returns [1], moves the last slot); the SQL backends raise
-    TaskExistsError and fire nothing."""
+    """Task 1 holds k1; a fire whose task has k1 and ``raise``: every backend
+    raises TaskExistsError and fires nothing (the model once fired)."""
     replay(
         kind,
         schedule_s1,
@@ -1651,12 +1613,11 @@ def test_replay_a_fire_that_meets_a_held_key_with_raise(kind: str) -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_DISAGREEMENT)
 @pytest.mark.parametrize("kind", REAL_BACKENDS)
 def test_replay_a_key_repeated_in_a_fire_is_its_first_task(kind: str) -> None:
     """A fire of two slots whose tasks share k1, the second with ``replace``:
-    the SQL backends keep the first task as it is (a key repeated in a
-    batch is its first task); the model gives it the second's payload."""
+    the first task stays as it is (a key repeated in a batch is its first
+    task; the model once gave it the second's payload)."""
     slots = [T0 + timedelta(seconds=1), T0 + timedelta(seconds=2)]
     replay(
         kind,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime
 
+from conveyor.backends.memory import unique
 from conveyor.backends.memory.store import Store
 from conveyor.backends.protocol import FireParams, ScheduleSync, StoredSchedule
 from conveyor.model import Cause
@@ -42,7 +43,9 @@ def fire(store: Store, params: FireParams, now: datetime) -> list[int]:
             return []
         if found.last_slot is not None and found.last_slot >= params.slots[0]:
             return []
-        ids = [store._insert(new, now, Cause.ENQUEUE).id for new in params.tasks]
+        unique.refuse_held(store, params.tasks, now)
+        mine: set[int] = set()
+        ids = [store._insert(new, now, Cause.ENQUEUE, mine).id for new in params.tasks]
         store.schedules[params.name] = dataclasses.replace(
             found,
             last_slot=params.slots[-1],

@@ -274,12 +274,12 @@ expired as materialized (
 exhausted as materialized (
     select t.id, t.attempt, t.spent, t.max_attempts, t.cancel_requested, t.worker_id,
            t.attempt_started_at, t.step
-    from {schema}.tasks t, clock
+    from {schema}.tasks t, clock, served s
     where t.state = 'in_progress'
       and t.lease_expires_at <= clock.now
       and (t.cancel_requested or t.spent >= t.max_attempts)
-      and t.queue = any(%(queues)s::text[])
-      and t.name = any(%(names)s::text[])
+      and t.queue = any(s.queues)
+      and t.name = any(s.names)
     for no key update of t skip locked
 ),
 ended as (

@@ -105,7 +105,9 @@ def keyed_args(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]
 
 
 def replace_args(replacing: Sequence[tuple[NewTask, int]], now: datetime | None) -> dict[str, Any]:
-    """Arguments of ``replace_pending``: each holder's id and its new values."""
+    """Arguments of ``replace_pending``: each holder's id and its new values
+    (a holder replaced twice in one batch takes the last: one row each)."""
+    replacing = list({holder: (task, holder) for task, holder in replacing}.values())
     return {
         "now": now,
         "ids": [holder for _, holder in replacing],
