@@ -195,3 +195,32 @@ def test_a_poll_spawns_with_typed_options_and_refuses_unknown_ones() -> None:
         assert (spawned.queue, spawned.priority, spawned.payload) == ("kids", 5, {"n": 2})
         conveyor.testing.drain(app, queues=["kids", "default"])
         assert "colour" in handle.result(timeout=10)
+
+
+BAD_KEYS = {"empty": "", "nul": "a\x00b", "lone-surrogate": "user:\ud800", "huge": "k" * 100_000}
+
+
+@pytest.mark.parametrize("key", BAD_KEYS.values(), ids=BAD_KEYS.keys())
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda key: conveyor.Unique(key=key),
+        lambda key: conveyor.Concurrency(key=key),
+        lambda key: conveyor.RateLimit(limit=1, per=1, key=key),
+    ],
+    ids=["unique", "concurrency", "rate"],
+)
+def test_every_kind_of_key_refuses_text_a_store_cannot_hold(
+    app: conveyor.App, make: Any, key: str
+) -> None:
+    """Given as a value, the key is refused when the option is made; made by
+    a function, when the task is enqueued, and nothing is stored."""
+    with pytest.raises(conveyor.ConfigurationError, match="key"):
+        make(key)
+    send_email, _, _ = _register(app)
+    option = make(lambda args: key)
+    field = {"Unique": "unique", "Concurrency": "concurrency", "RateLimit": "rate"}
+    bound = send_email.options(**{field[type(option).__name__]: option})
+    with pytest.raises(conveyor.ConfigurationError, match="key function's result"):
+        bound.enqueue(to="a")
+    assert app.list_tasks() == []

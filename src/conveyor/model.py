@@ -464,18 +464,22 @@ MAX_IDEMPOTENCY_KEY = 255
 """The longest idempotency key, in characters."""
 
 
-def check_idempotency_key(key: str | None) -> str | None:
-    """Validate an optional idempotency key: 1 to ``MAX_IDEMPOTENCY_KEY``
-    characters of text every store can hold (no NUL, no lone surrogate)."""
-    if key is None:
-        return None
+def check_key(what: str, key: object) -> str:
+    """Validate a key (idempotency, unique, concurrency, rate limit): 1 to
+    ``MAX_IDEMPOTENCY_KEY`` characters of text every store can hold (no NUL,
+    no lone surrogate); ``what`` names it in the ConfigurationError."""
     if not isinstance(key, str) or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
         raise ConfigurationError(
-            f"an idempotency key must be a string of 1 to {MAX_IDEMPOTENCY_KEY} characters"
+            f"{what} must be a string of 1 to {MAX_IDEMPOTENCY_KEY} characters, not {key!r:.80}"
         )
     if "\x00" in key or not _encodable(key):
-        raise ConfigurationError("an idempotency key must be valid text without NUL")
+        raise ConfigurationError(f"{what} must be valid text without NUL")
     return key
+
+
+def check_idempotency_key(key: str | None) -> str | None:
+    """Validate an optional idempotency key (see :func:`check_key`)."""
+    return None if key is None else check_key("an idempotency key", key)
 
 
 def _encodable(text: str) -> bool:

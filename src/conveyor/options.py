@@ -20,11 +20,11 @@ from typing import Any, Literal, TypedDict
 
 from conveyor.errors import ConfigurationError
 from conveyor.model import (
-    MAX_IDEMPOTENCY_KEY,
     MIN_LEASE_SECONDS,
     RetryPolicy,
     check_duration,
     check_idempotency_key,
+    check_key,
 )
 
 UniqueScope = Literal["pending", "active", "stored"]
@@ -68,7 +68,7 @@ class Unique:
 
     def __post_init__(self) -> None:
         if isinstance(self.key, str):
-            check_idempotency_key(self.key)
+            check_key("Unique.key", self.key)
         elif self.key is not None and not callable(self.key):
             raise ConfigurationError("Unique.key is a string, a function of the arguments, or None")
         scope = self.scope
@@ -87,20 +87,10 @@ class Unique:
 
     def key_for(self, args: Mapping[str, Any], payload: str) -> str:
         """The key of a task with these arguments (``payload``: their JSON)."""
-        if isinstance(self.key, str):
-            return self.key
         if self.key is None:
             canonical = json.dumps(json.loads(payload), sort_keys=True, separators=(",", ":"))
             return "payload:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
-        try:
-            key = self.key(args)
-        except Exception as exc:
-            raise ConfigurationError(f"the unique key function failed: {exc!r}") from exc
-        if not isinstance(key, str):
-            raise ConfigurationError(f"the unique key function returned {key!r}, not a string")
-        checked = check_idempotency_key(key)
-        assert checked is not None
-        return checked
+        return _key_of("unique", self.key, args)
 
     @property
     def period(self) -> float | None:
@@ -136,27 +126,14 @@ class Concurrency:
 
     def __post_init__(self) -> None:
         if isinstance(self.key, str):
-            _check_key("Concurrency.key", self.key)
+            check_key("Concurrency.key", self.key)
         elif not callable(self.key):
             raise ConfigurationError("Concurrency.key is a string or a function of the arguments")
-        if (
-            isinstance(self.limit, bool)
-            or not isinstance(self.limit, int)
-            or not 1 <= self.limit <= MAX_CONCURRENCY_LIMIT
-        ):
-            raise ConfigurationError(
-                f"Concurrency.limit is an integer from 1 to {MAX_CONCURRENCY_LIMIT}"
-            )
+        _check_limit("Concurrency.limit", self.limit)
 
     def key_for(self, args: Mapping[str, Any]) -> str:
         """The key of a task with these arguments."""
-        if isinstance(self.key, str):
-            return self.key
-        try:
-            key = self.key(args)
-        except Exception as exc:
-            raise ConfigurationError(f"the concurrency key function failed: {exc!r}") from exc
-        return _check_key("the concurrency key function's result", key)
+        return _key_of("concurrency", self.key, args)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,18 +159,11 @@ class RateLimit:
     key: str | Callable[[Mapping[str, Any]], str] | None = None
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.limit, bool)
-            or not isinstance(self.limit, int)
-            or not 1 <= self.limit <= MAX_CONCURRENCY_LIMIT
-        ):
-            raise ConfigurationError(
-                f"RateLimit.limit is an integer from 1 to {MAX_CONCURRENCY_LIMIT}"
-            )
+        _check_limit("RateLimit.limit", self.limit)
         per = self.per.total_seconds() if isinstance(self.per, timedelta) else self.per
         object.__setattr__(self, "per", check_duration("RateLimit.per", per, minimum=0.001))
         if isinstance(self.key, str):
-            _check_key("RateLimit.key", self.key)
+            check_key("RateLimit.key", self.key)
         elif self.key is not None and not callable(self.key):
             raise ConfigurationError("RateLimit.key is a string, a function, or None")
 
@@ -206,13 +176,7 @@ class RateLimit:
         """The key of a task of ``task_name`` with these arguments."""
         if self.key is None:
             return f"task:{task_name}"
-        if isinstance(self.key, str):
-            return self.key
-        try:
-            key = self.key(args)
-        except Exception as exc:
-            raise ConfigurationError(f"the rate limit key function failed: {exc!r}") from exc
-        return _check_key("the rate limit key function's result", key)
+        return _key_of("rate limit", self.key, args)
 
 
 def check_kind(name: str, value: object, kind: type) -> None:
@@ -221,14 +185,27 @@ def check_kind(name: str, value: object, kind: type) -> None:
         raise ConfigurationError(f"{name} must be a conveyor.{kind.__name__}")
 
 
-def _check_key(what: str, key: object) -> str:
-    if not isinstance(key, str) or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
-        raise ConfigurationError(
-            f"{what} must be a string of 1 to {MAX_IDEMPOTENCY_KEY} characters"
-        )
-    if "\x00" in key:
-        raise ConfigurationError(f"{what} must not hold NUL")
-    return key
+def _key_of(
+    what: str, key: str | Callable[[Mapping[str, Any]], str], args: Mapping[str, Any]
+) -> str:
+    """``key`` itself, or what the function ``key`` makes of ``args``,
+    checked (a failing function is a ConfigurationError naming ``what``)."""
+    if isinstance(key, str):
+        return key
+    try:
+        found = key(args)
+    except Exception as exc:
+        raise ConfigurationError(f"the {what} key function failed: {exc!r}") from exc
+    return check_key(f"the {what} key function's result", found)
+
+
+def _check_limit(what: str, limit: object) -> None:
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 0 < limit <= MAX_CONCURRENCY_LIMIT
+    ):
+        raise ConfigurationError(f"{what} is an integer from 1 to {MAX_CONCURRENCY_LIMIT}")
 
 
 class OptionFields(TypedDict, total=False):

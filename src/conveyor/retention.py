@@ -20,7 +20,8 @@ DEFAULT_FAILED = 14 * DAY
 DEFAULT_CANCELLED = 14 * DAY
 DEFAULT_WORKERS = 1 * DAY
 DEFAULT_PRUNE_INTERVAL = 60.0
-"""Seconds between two prunes of one worker (spread by ±20 %)."""
+"""Seconds between two prunes of one worker (spread by ±20 %), unless the
+last one left a backlog (see :mod:`conveyor.worker.pruner`)."""
 DEFAULT_PRUNE_BATCH = 1000
 """Tasks deleted per transaction."""
 
@@ -41,8 +42,9 @@ class Retention:
     what its idempotency key promised: the same key enqueues anew. Ages are
     measured on the pruning worker's clock against the store's finish
     times: a clock a few seconds off moves a cutoff of days by as much.
-    ``interval`` is the pause between one worker's prunes, ``batch`` the
-    tasks deleted per transaction."""
+    ``interval`` is the pause between one worker's prunes (a prune that
+    stopped with a backlog left is followed at once), ``batch`` the tasks
+    deleted per transaction."""
 
     succeeded: float | timedelta | None = DEFAULT_SUCCEEDED
     failed: float | timedelta | None = DEFAULT_FAILED

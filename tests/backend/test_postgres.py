@@ -298,4 +298,13 @@ async def test_a_store_whose_server_does_not_vacuum_is_vacuumed_by_its_workers(
         await asyncio.sleep(0.1)
     assert await backend.vacuum() == ["tasks"]
     assert await dead_rows() < 1000
+    async with backend.pool.connection() as conn:
+        analyzed = await (
+            await conn.execute(
+                "select last_analyze is not null from pg_stat_user_tables"
+                " where schemaname = %s and relname = 'tasks'",
+                (backend.schema,),
+            )
+        ).fetchone()
+    assert analyzed == (True,), "vacuumed without statistics for the planner"
     assert await backend.vacuum() == []  # nothing left to do

@@ -797,3 +797,30 @@ def test_a_schedule_slot_twice_or_missing_is_a_violation() -> None:
     assert [v[0] for v in slots([tick(1, 0), tick(2, 0), tick(3, 1)])] == [2]
     [(missing, detail)] = slots([tick(1, 0), tick(2, 1), tick(3, 4)])
     assert missing == 3 and "3s" in detail
+
+
+def test_a_unique_key_held_twice_or_answered_wrong_is_a_violation() -> None:
+    def raced(task_id: int, k: int) -> Task:
+        return replace(task(task_id, TaskState.SUCCEEDED), name="chaos_race", payload={"k": k})
+
+    def breaches(races: list[Task], answers: list[dict[int, int] | None]) -> list[int | None]:
+        report = check(
+            tasks={t.id: t for t in races},
+            enqueued=[],
+            ledger=[],
+            faults=[],
+            lease=LEASE,
+            poll_interval=POLL,
+            races=races,
+            race_answers=answers,
+            race_keys=2,
+        )
+        return [v.task_id for v in report.violations if v.kind is Kind.UNIQUE_KEY]
+
+    stored = [raced(1, 0), raced(2, 1)]
+    agreed = {0: 1, 1: 2}
+    assert breaches(stored, [agreed, agreed]) == []
+    assert breaches([*stored, raced(3, 1)], [agreed, agreed]) == [3]  # key 1 held twice
+    assert breaches(stored, [agreed, {0: 1, 1: 7}]) == [7]  # answered a task not stored
+    assert breaches(stored, [agreed, {0: 1}]) == [None]  # a key left unanswered
+    assert breaches(stored, [agreed, None]) == [None]  # a racer that failed

@@ -12,6 +12,7 @@ import pytest
 import conveyor
 from conveyor import Retention, TaskState
 from conveyor.errors import ConfigurationError
+from conveyor.worker import pruner as pruner_module
 from conveyor.worker.pruner import Pruner
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 
@@ -60,6 +61,29 @@ async def test_a_backlog_goes_in_batches(app: conveyor.App) -> None:
         assert [await app.get_async(h.id) for h in handles] == [None] * 25
         # The API does the same, as does `conveyor prune`.
         assert (await app.prune_async(Retention(succeeded=1), dry_run=True)).tasks == 0
+
+
+async def test_a_prune_that_stops_at_max_batches_is_followed_soon(
+    app: conveyor.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @app.task()
+    async def job() -> None:
+        return None
+
+    monkeypatch.setattr(pruner_module, "MAX_BATCHES", 2)
+    async with app:
+        handles = await app.enqueue_many_async(job, [{} for _ in range(25)])
+        async with RunningWorker(app, retention=None, concurrency=10):
+            await wait_terminal(app, [h.id for h in handles])
+        pruner = Pruner(await app.backend(), Retention(succeeded=1, batch=10, interval=3600))
+        later = datetime.now(UTC) + timedelta(seconds=5)
+        assert (await pruner.run_once(now=later)).tasks == 20  # two full batches: more left
+        assert pruner.backlog
+        assert pruner.next_pause() == pruner_module.PRUNE_PAUSE  # not a whole interval
+        assert (await pruner.run_once(now=later)).tasks == 5
+        assert not pruner.backlog
+        assert 0.8 * 3600 <= pruner.next_pause() <= 1.2 * 3600
+        assert pruner.pruned == 25
 
 
 async def test_retention_none_keeps_everything(app: conveyor.App) -> None:

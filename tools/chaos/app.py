@@ -23,6 +23,8 @@ The workload:
 * ``chaos_tick``: fired by a schedule every second (missed slots all fire,
   up to 1,000 of them): each slot's task must exist once, with no slot
   missing between the first and the last.
+* ``chaos_race``: enqueued by racing processes (``tools.chaos.race``), each
+  under the unique key ``race:K`` held while it is stored: one task per key.
 * ``chaos_cpu_thread`` / ``chaos_cpu_process``: hold the GIL (one C call that
   does not release it) for ``hold_ms``; the thread handler only in its first
   attempt, since a thread handler's GIL-holding call starves its worker's
@@ -37,6 +39,7 @@ import ctypes
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +49,7 @@ from conveyor import App, RetryPolicy, TaskContext
 TASK_NAME = "chaos_work"
 TICK_NAME = "chaos_tick"
 TICK_SECONDS = 1.0
+RACE_NAME = "chaos_race"
 FLOW_NAME = "chaos_flow"
 GATHER_NAME = "chaos_gather"
 CPU_THREAD_NAME = "chaos_cpu_thread"
@@ -96,6 +100,18 @@ async def chaos_tick(ctx: TaskContext) -> None:
     """One slot of the schedule: recorded like every execution."""
     record("start", ctx)
     record("end", ctx)
+
+
+def race_key(args: Mapping[str, Any]) -> str:
+    return f"race:{args['k']}"
+
+
+@app.task(name=RACE_NAME, retry=RETRY, unique=conveyor.Unique(key=race_key, scope="stored"))
+async def chaos_race(ctx: TaskContext, k: int) -> int:
+    """One key of the unique race: recorded like every execution; returns ``k``."""
+    record("start", ctx)
+    record("end", ctx)
+    return k
 
 
 flow = app.workflow(FLOW_NAME)

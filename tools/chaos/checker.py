@@ -106,6 +106,9 @@ class Kind(enum.StrEnum):
     harness then killed it)."""
     SCHEDULE_SLOT = "schedule_slot"
     """A schedule's slot fired twice, or missed between two that fired."""
+    UNIQUE_KEY = "unique_key"
+    """A unique key of the race held by two tasks, or a racer answered with
+    another task than the one stored for its key (or failing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,6 +497,31 @@ def _check_schedule(ticks: Sequence[Task], seconds: float) -> list[Violation]:
     return found
 
 
+def _check_unique(
+    races: Sequence[Task], answers: Sequence[Mapping[int, int] | None], keys: int
+) -> list[Violation]:
+    """One stored task per key of the race (its payload's ``k``), and every
+    racer answered, for each key, with that task."""
+    stored: dict[int, list[int]] = defaultdict(list)
+    for task in races:
+        stored[int(task.payload["k"])].append(task.id)
+    found = [
+        Violation(Kind.UNIQUE_KEY, ids[1], f"key race:{k} is held by tasks {sorted(ids)}")
+        for k, ids in sorted(stored.items())
+        if len(ids) > 1
+    ]
+    for n, answered in enumerate(answers):
+        if answered is None:
+            found.append(Violation(Kind.UNIQUE_KEY, None, f"racer {n} failed (race-{n}.log)"))
+            continue
+        for k in range(keys):
+            got, ids = answered.get(k), stored.get(k, [])
+            if got is None or got not in ids:
+                detail = f"racer {n} was answered {got} for race:{k}; stored: {ids}"
+                found.append(Violation(Kind.UNIQUE_KEY, got, detail))
+    return found
+
+
 def _check_success(h: _History) -> list[Violation]:
     """``double_success``, ``step_rerun`` and ``stale_write_accepted``."""
     task = h.task
@@ -831,6 +859,9 @@ def check(
     expected: Mapping[int, Expected] | None = None,
     ticks: Sequence[Task] = (),
     tick_seconds: float = 1.0,
+    races: Sequence[Task] = (),
+    race_answers: Sequence[Mapping[int, int] | None] = (),
+    race_keys: int = 0,
 ) -> Report:
     """Check a run's history; every violation found, not just the first.
 
@@ -839,8 +870,11 @@ def check(
     workers' settings (a task's own lease wins). ``control``: a fault-free
     run. ``ticks``: the tasks a schedule of ``tick_seconds`` slots enqueued
     (each slot once, none missing between the first and the last; they are
-    in ``tasks`` too). ``initial_workers``: workers spawned at the start (default: the
-    spawns before the first kill, stop or term). ``single_writer``: the
+    in ``tasks`` too). ``races``: the tasks of the unique race, whose racers
+    were answered ``race_answers`` (key to id; None: a racer failed) for
+    keys ``0..race_keys-1`` (see :func:`_check_unique`). ``initial_workers``:
+    workers spawned at the start (default: the spawns before the first kill,
+    stop or term). ``single_writer``: the
     store has one writer at a time (SQLite), see ``_deaths``. ``expected``:
     what some succeeded tasks' results must be.
     """
@@ -857,6 +891,7 @@ def check(
             kills[f.pid].append(f.at)
 
     violations = _check_lost(tasks, acknowledged) + _check_schedule(ticks, tick_seconds)
+    violations += _check_unique(races, race_answers, race_keys)
     violations += [
         Violation(Kind.HUNG_WORKER, None, f"worker pid {f.pid} did not exit after SIGTERM")
         for f in faults

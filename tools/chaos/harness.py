@@ -31,6 +31,11 @@ workload gains handlers that hold the GIL for three leases, in a thread in
 their first attempt, which freezes their worker and costs its leases, and
 in a process executor, which must keep its lease).
 
+Meanwhile ``racers`` processes race to enqueue the same ``race_keys``
+unique tasks (:mod:`tools.chaos.race`), through the scenario's proxy or
+restarts: the store must keep one task per key and answer every racer
+with it.
+
 A send whose outcome the harness cannot know (the connection failed) is
 recorded as ``maybe``: the checker allows it at most once.
 
@@ -65,6 +70,7 @@ from tools.chaos.app import (
     CPU_THREAD_NAME,
     LAST,
     LEDGER_ENV,
+    RACE_NAME,
     RETRY,
     TASK_NAME,
     TICK_NAME,
@@ -108,6 +114,9 @@ class Profile:
     cpu_tasks: int = 6
     """GIL-holding tasks per executor (thread, process), in the ``gil`` scenario only."""
     cpu_hold_leases: float = 3.0
+    racers: int = 4
+    """Processes that race to enqueue the same unique keys (``tools.chaos.race``)."""
+    race_keys: int = 100
 
 
 SMOKE = Profile()
@@ -379,6 +388,8 @@ class Workload:
     """The process handlers that hold the GIL (``gil`` only)."""
     sent: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
     maybe: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    races: list[dict[int, int] | None] = field(default_factory=list)
+    """What each racer of the unique race was answered (None: it failed)."""
 
     def add(self, ids: Sequence[int], results: Sequence[Any]) -> None:
         self.ids += ids
@@ -464,6 +475,41 @@ async def send_mail(client: App, work: Workload, profile: Profile) -> None:
                 await asyncio.sleep(0.5)
 
 
+RACE_HEAD_START = 3.0
+"""Seconds between spawning the racers and their start: time to import."""
+
+
+def spawn_racers(
+    profile: Profile, env: dict[str, str], workdir: Path
+) -> list[tuple[Path, subprocess.Popen[bytes]]]:
+    """The racers of the unique race, each with the file it writes."""
+    start = time.time() + RACE_HEAD_START
+    procs = []
+    for n in range(profile.racers):
+        out = workdir / f"race-{n}.json"
+        command = [sys.executable, "-m", "tools.chaos.race", "--keys", str(profile.race_keys)]
+        command += ["--seed", str(n), "--start", str(start), "--out", str(out)]
+        with (workdir / f"race-{n}.log").open("wb") as log:
+            procs.append(
+                (out, subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=log))
+            )
+    return procs
+
+
+async def race_unique(work: Workload, profile: Profile, env: dict[str, str], workdir: Path) -> None:
+    """The unique race: ``racers`` processes enqueue the same ``race_keys``
+    unique tasks at once (see :mod:`tools.chaos.race`), through the run's
+    faults. What each was answered goes to ``work.races``, and the tasks to
+    the workload (each must succeed with its key's number)."""
+    procs = spawn_racers(profile, env, workdir)
+    for out, proc in procs:
+        code = await asyncio.to_thread(proc.wait)
+        answers = json.loads(out.read_text()) if code == 0 and out.exists() else None
+        work.races.append({int(k): i for k, i in answers.items()} if answers else None)
+    ids = sorted({(k, i) for answers in work.races if answers for k, i in answers.items()})
+    work.add([i for _, i in ids], [k for k, _ in ids])
+
+
 async def wait_until_done(client: App, seconds: float, step: float = 0.5) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -532,7 +578,10 @@ async def _run(
         for _ in range(profile.workers):
             workers.spawn()
         initial = profile.workers
-        background = [asyncio.create_task(send_mail(client, work, profile))]
+        background = [
+            asyncio.create_task(send_mail(client, work, profile)),
+            asyncio.create_task(race_unique(work, profile, env, workdir)),
+        ]
         if chosen.cpu:
             background.append(asyncio.create_task(hold_gil_in_threads(client, work, profile)))
         try:
@@ -564,6 +613,9 @@ async def _run(
         fired = await client.list_tasks_async(name=TICK_NAME, limit=100_000)
         ticks = await _stored(client, [t.id for t in fired])
         tasks.update(ticks)
+        raced = await client.list_tasks_async(name=RACE_NAME, limit=100_000)
+        races = await _stored(client, [t.id for t in raced])
+        tasks.update(races)
         if schema is not None:  # a throwaway schema; a SQLite file stays in workdir
             await (await client.backend()).destroy()
     report = check(
@@ -579,6 +631,9 @@ async def _run(
         expected=work.expected,
         ticks=list(ticks.values()),
         tick_seconds=TICK_SECONDS,
+        races=list(races.values()),
+        race_answers=work.races,
+        race_keys=profile.race_keys,
     )
     (workdir / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     for task in tasks.values():

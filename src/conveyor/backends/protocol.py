@@ -743,9 +743,9 @@ class Inspector(Protocol):
         """Every worker the store knows, live or stopped, newest first."""
 
     async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
-        """The flow-control keys the store tracks (see :class:`KeyInfo`), by
-        key, at most ``limit``: what holds keyed tasks back, and until when
-        (``now``: tests only)."""
+        """The flow-control keys that hold tasks back (see :class:`KeyInfo`),
+        by key, at most ``limit``: those with pending tasks or a rate bucket
+        still refilling, and until when (``now``: tests only)."""
 
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         """How many tasks and workers :meth:`Backend.prune` would delete with
@@ -766,8 +766,9 @@ class Vacuums(Protocol):
         """Vacuum the store's tables that need it and that the server will not
         vacuum itself (its autovacuum is off, for the server or the table):
         those with more dead rows than 10,000 plus a fifth of their live
-        ones. Tables another session is vacuuming are passed by. The tables
-        vacuumed."""
+        ones, and analyze them (the server's autovacuum would have; without
+        statistics the planner guesses). Tables another session is vacuuming
+        are passed by. The tables vacuumed."""
 
 
 def vacuums_of(backend: Backend) -> Vacuums | None:

@@ -25,10 +25,11 @@ from rich.console import Console
 from conveyor.app import App
 from conveyor.backends import resolve_url, sqlite_path
 from conveyor.backends.protocol import Inspector, WorkerInfo, inspector_of
-from conveyor.errors import BackendUnavailableError
+from conveyor.errors import BackendUnavailableError, ConveyorError
 from conveyor.model import TaskState
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 2
 """The exit code of a command that could not reach its store."""
@@ -104,6 +105,16 @@ def open_client(
     if not create:
         require_store(app.url)
     return app
+
+
+def with_client(url: str | None, schema: str | None, use: Callable[[App], T]) -> T:
+    """What ``use`` returns, given the client of a command (see
+    :func:`open_client`); a ConveyorError ends the command (:func:`fail`)."""
+    try:
+        with open_client(url, schema) as app:
+            return use(app)
+    except ConveyorError as exc:
+        fail(exc)
 
 
 @contextlib.asynccontextmanager

@@ -25,6 +25,7 @@ from conveyor.cli.common import (
     state_choice,
     unserved,
     warn,
+    with_client,
 )
 from conveyor.errors import ConveyorError, InvalidTransitionError, TaskNotFoundError
 from conveyor.model import RetryPolicy, Task, TaskState
@@ -136,11 +137,9 @@ def send(
         body = json.loads(message)
     except json.JSONDecodeError as exc:
         fail(f"MESSAGE is not JSON: {exc}")
-    try:
-        with open_client(url, schema) as app:
-            message_id = app.send(task_id, body, idempotency_key=idempotency_key)
-    except ConveyorError as exc:
-        fail(exc)
+    message_id = with_client(
+        url, schema, lambda app: app.send(task_id, body, idempotency_key=idempotency_key)
+    )
     if as_json:
         click.echo(json.dumps({"id": message_id, "task_id": task_id}))
     else:
@@ -283,11 +282,7 @@ def retry(
 @backend_options
 def run_now(task_id: int, url: str | None, schema: str | None) -> None:
     """Make pending task TASK_ID due now (its delay, back-off or snooze cut short)."""
-    try:
-        with open_client(url, schema) as app:
-            app.run_now(task_id)
-    except ConveyorError as exc:
-        fail(exc)
+    with_client(url, schema, lambda app: app.run_now(task_id))
     click.echo(f"task {task_id}: due now")
 
 
@@ -300,9 +295,5 @@ def delete(task_id: int, yes: bool, url: str | None, schema: str | None) -> None
     running one: cancel it first)."""
     if not yes:
         click.confirm(f"delete task {task_id} and its history for good?", abort=True, err=True)
-    try:
-        with open_client(url, schema) as app:
-            app.delete(task_id)
-    except ConveyorError as exc:
-        fail(exc)
+    with_client(url, schema, lambda app: app.delete(task_id))
     click.echo(f"task {task_id}: deleted")

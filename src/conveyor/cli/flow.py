@@ -9,19 +9,21 @@ from datetime import UTC, datetime
 import click
 from rich.table import Table
 
+from conveyor.app import App
 from conveyor.backends.protocol import StoredSchedule
 from conveyor.cli.common import (
     backend_options,
     console,
     fail,
-    iso,
     json_option,
-    open_client,
     parse_duration,
     relative,
     span,
+    with_client,
 )
+from conveyor.cli.shapes import key_json, pause_json, schedule_json
 from conveyor.errors import ConveyorError
+from conveyor.model import Task
 from conveyor.retention import Retention
 from conveyor.schedules import Schedule
 
@@ -37,12 +39,11 @@ def _switch(
 ) -> None:
     if (queue is None) == (task_name is None):
         fail(f"give one --queue or one --task to {action}")
-    try:
-        with open_client(url, schema) as app:
-            move = app.pause if action == "pause" else app.resume
-            changed = move(queue=queue, task=task_name)
-    except ConveyorError as exc:
-        fail(exc)
+    changed = with_client(
+        url,
+        schema,
+        lambda app: (app.pause if action == "pause" else app.resume)(queue=queue, task=task_name),
+    )
     what = f"queue {queue}" if queue is not None else f"task {task_name}"
     if action == "pause":
         click.echo(f"{what}: paused" if changed else f"{what}: was paused already")
@@ -72,20 +73,9 @@ def resume(queue: str | None, task_name: str | None, url: str | None, schema: st
 @json_option
 def pauses(url: str | None, schema: str | None, as_json: bool) -> None:
     """List the paused queues and task names."""
-    try:
-        with open_client(url, schema) as app:
-            found = app.pauses()
-    except ConveyorError as exc:
-        fail(exc)
+    found = with_client(url, schema, lambda app: app.pauses())
     if as_json:
-        click.echo(
-            json.dumps(
-                [
-                    {"kind": p.kind.value, "name": p.name, "paused_at": p.paused_at.isoformat()}
-                    for p in found
-                ]
-            )
-        )
+        click.echo(json.dumps([pause_json(p) for p in found]))
         return
     if not found:
         console.print("nothing is paused")
@@ -140,11 +130,7 @@ def prune(
         cancelled=_age(cancelled, "--cancelled"),
         workers=_age(workers, "--workers"),
     )
-    try:
-        with open_client(url, schema) as app:
-            done = app.prune(retention, dry_run=dry_run)
-    except ConveyorError as exc:
-        fail(exc)
+    done = with_client(url, schema, lambda app: app.prune(retention, dry_run=dry_run))
     if as_json:
         click.echo(json.dumps({"tasks": done.tasks, "workers": done.workers, "dry_run": dry_run}))
     elif dry_run:
@@ -176,33 +162,15 @@ def _next_slot(row: StoredSchedule, now: datetime) -> datetime | None:
 def schedules(url: str | None, schema: str | None, as_json: bool) -> None:
     """List the schedules workers synced: each with its next slot, its last
     slot fired and the task that slot enqueued."""
-    try:
-        with open_client(url, schema) as app:
-            now, rows = app.stored_schedules()
-            last = {row.name: app.get(row.last_task_id) for row in rows if row.last_task_id}
-    except ConveyorError as exc:
-        fail(exc)
+
+    def read(app: App) -> tuple[datetime, list[StoredSchedule], dict[str, Task | None]]:
+        now, rows = app.stored_schedules()
+        return now, rows, {row.name: app.get(row.last_task_id) for row in rows if row.last_task_id}
+
+    now, rows, last = with_client(url, schema, read)
     if as_json:
         click.echo(
-            json.dumps(
-                [
-                    {
-                        "name": row.name,
-                        "task": row.task,
-                        "cron": row.cron,
-                        "every": row.every,
-                        "tz": row.tz,
-                        "missed": row.missed,
-                        "next_slot": iso(_next_slot(row, now)),
-                        "last_slot": iso(row.last_slot),
-                        "last_task_id": row.last_task_id,
-                        "last_task_state": (
-                            task.state.value if (task := last.get(row.name)) else None
-                        ),
-                    }
-                    for row in rows
-                ]
-            )
+            json.dumps([schedule_json(r, _next_slot(r, now), last.get(r.name)) for r in rows])
         )
         return
     if not rows:
@@ -233,29 +201,9 @@ def keys(limit: int, url: str | None, schema: str | None, as_json: bool) -> None
     """List the flow-control keys (concurrency keys, rate limits) holding
     tasks: running and pending tasks per key, and for a rate its tokens and
     when the next start comes."""
-    try:
-        with open_client(url, schema) as app:
-            found = app.list_keys(limit)
-    except ConveyorError as exc:
-        fail(exc)
+    found = with_client(url, schema, lambda app: app.list_keys(limit))
     if as_json:
-        click.echo(
-            json.dumps(
-                [
-                    {
-                        "key": k.key,
-                        "max_running": k.max_running,
-                        "running": k.running,
-                        "pending": k.pending,
-                        "rate_limit": k.rate_limit,
-                        "rate_period": k.rate_period,
-                        "tokens": k.tokens,
-                        "next_start_at": iso(k.next_start_at),
-                    }
-                    for k in found
-                ]
-            )
-        )
+        click.echo(json.dumps([key_json(k) for k in found]))
         return
     if not found:
         console.print("no flow-control key holds a task")

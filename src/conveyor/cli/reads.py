@@ -26,6 +26,7 @@ from conveyor.cli.common import (
     state_choice,
     unserved,
     warn,
+    with_client,
 )
 from conveyor.cli.shapes import WAITS, due_at, message_json, task_json, worker_json
 from conveyor.errors import ConveyorError
@@ -98,11 +99,7 @@ def tasks(
 @json_option
 def counts(url: str | None, schema: str | None, as_json: bool) -> None:
     """Count tasks by state, queue and name."""
-    try:
-        with open_client(url, schema) as app:
-            found = app.count_tasks()
-    except ConveyorError as exc:
-        fail(exc)
+    found = with_client(url, schema, lambda app: app.count_tasks())
     if as_json:
         rows = [
             {"state": c.state.value, "queue": c.queue, "name": c.name, "count": c.count}
@@ -206,11 +203,7 @@ def _print_attempts(task: Task) -> None:
 @json_option
 def workers(url: str | None, schema: str | None, as_json: bool, show_all: bool) -> None:
     """List live workers (heard from within three heartbeats) with what they serve."""
-    try:
-        with open_client(url, schema) as app:
-            found = app.list_workers()
-    except ConveyorError as exc:
-        fail(exc)
+    found = with_client(url, schema, lambda app: app.list_workers())
     now = datetime.now(UTC)
     shown = found if show_all else [w for w in found if w.live(now)]
     if as_json:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.protocol import WorkerInfo
+from conveyor.backends.protocol import KeyInfo, StoredSchedule, WorkerInfo
 from conveyor.cli.common import iso
-from conveyor.model import Attempt, Message, Task, TaskState
+from conveyor.model import Attempt, Message, Pause, Task, TaskState
 
 WAITS = (TaskState.PENDING, TaskState.WAITING)
 
@@ -65,6 +65,43 @@ def attempt_json(attempt: Attempt) -> dict[str, Any]:
         "traceback": attempt.traceback,
         "started_at": iso(attempt.started_at),
         "finished_at": iso(attempt.finished_at),
+    }
+
+
+def pause_json(pause: Pause) -> dict[str, Any]:
+    """The JSON shape of a pause (``pauses``)."""
+    return {"kind": pause.kind.value, "name": pause.name, "paused_at": iso(pause.paused_at)}
+
+
+def key_json(key: KeyInfo) -> dict[str, Any]:
+    """The JSON shape of a flow-control key (``keys``)."""
+    return {
+        "key": key.key,
+        "max_running": key.max_running,
+        "running": key.running,
+        "pending": key.pending,
+        "rate_limit": key.rate_limit,
+        "rate_period": key.rate_period,
+        "tokens": key.tokens,
+        "next_start_at": iso(key.next_start_at),
+    }
+
+
+def schedule_json(
+    row: StoredSchedule, next_slot: datetime | None, last_task: Task | None
+) -> dict[str, Any]:
+    """The JSON shape of a stored schedule (``schedules``)."""
+    return {
+        "name": row.name,
+        "task": row.task,
+        "cron": row.cron,
+        "every": row.every,
+        "tz": row.tz,
+        "missed": row.missed,
+        "next_slot": iso(next_slot),
+        "last_slot": iso(row.last_slot),
+        "last_task_id": row.last_task_id,
+        "last_task_state": last_task.state.value if last_task else None,
     }
 
 

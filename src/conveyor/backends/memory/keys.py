@@ -65,12 +65,19 @@ def ensure(store: Store, row: Row, now: datetime | None = None) -> None:
         )
 
 
+def spent_lease(row: Row, now: datetime) -> bool:
+    """A running task whose lease expired with nothing left to run: its next
+    sweep ends it, and it takes no room of its key meanwhile."""
+    expired = row.lease_expires_at is not None and row.lease_expires_at <= now
+    return expired and (row.cancel_requested or row.spent >= row.max_attempts)
+
+
 def keyed_due(
     store: Store, names: set[str], queues: set[str], now: datetime, limit: int
 ) -> tuple[list[Row], list[str]]:
-    """Due pending tasks of the keys with room, each key at most its room, in
-    claim order within a key; and every key read (those claimed from longest
-    ago first, at most ``key_scan(limit)``)."""
+    """Due pending tasks of the keys with room (see :func:`spent_lease`),
+    each key at most its room, in claim order within a key; and every key
+    read (those claimed from longest ago first, at most ``key_scan(limit)``)."""
     order = sorted(
         store.concurrency.items(),
         key=lambda item: (item[1].claimed_at is not None, item[1].claimed_at or now, item[0]),
@@ -79,7 +86,8 @@ def keyed_due(
     found: list[Row] = []
     for key in read:
         found_row = store.concurrency[key]
-        room = found_row.max_running - len(store.index.keyed_running.get(key, ()))
+        running = [store.tasks[task_id] for task_id in store.index.keyed_running.get(key, ())]
+        room = found_row.max_running - sum(not spent_lease(row, now) for row in running)
         tokens = found_row.tokens_at(now)
         if tokens is not None:
             room = min(room, math.floor(tokens))
@@ -124,12 +132,21 @@ def settle(store: Store, read: Iterable[str], taken: list[Row], now: datetime) -
 
 
 def listed(store: Store, now: datetime, limit: int) -> list[KeyInfo]:
-    """The keys with rows, as the SQL backends list them."""
+    """The keys that hold tasks back (pending tasks, or a rate bucket still
+    refilling), as the SQL backends list them."""
     with store.lock:
-        found = []
-        for key in sorted(store.concurrency)[:limit]:
+        found: list[KeyInfo] = []
+        for key in sorted(store.concurrency):
             row = store.concurrency[key]
             tokens = row.tokens_at(now)
+            pending = len(store.index.keyed_pending.get(key, ()))
+            refilling = (
+                tokens is not None and row.rate_limit is not None and tokens < row.rate_limit
+            )
+            if not pending and not refilling:
+                continue
+            if len(found) == limit:
+                break
             upcoming = None
             if tokens is not None and tokens < 1 and row.rate_limit and row.rate_period:
                 upcoming = now + timedelta(seconds=(1 - tokens) * row.rate_period / row.rate_limit)
@@ -138,7 +155,7 @@ def listed(store: Store, now: datetime, limit: int) -> list[KeyInfo]:
                     key,
                     row.max_running,
                     len(store.index.keyed_running.get(key, ())),
-                    len(store.index.keyed_pending.get(key, ())),
+                    pending,
                     row.rate_limit,
                     row.rate_period,
                     tokens,

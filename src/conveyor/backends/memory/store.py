@@ -195,8 +195,10 @@ class Store:
             candidates += keyed
             candidates.sort(key=lambda r: (-r.priority, r.run_at, r.id))
             chosen = candidates[: params.limit]
+            # A reclaim is not limited by its key: it replaces an admitted attempt.
+            admitted = {row.id for row in keyed}
+            keyed_taken = [row for row in chosen if row.id in admitted]
             handed = [self._hand_out(row, params, now) for row in chosen]
-            keyed_taken = [r for r in chosen if r.concurrency_key is not None]
             concurrency_keys.settle(self, read, keyed_taken, now)
             return handed
 

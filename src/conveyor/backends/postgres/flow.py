@@ -137,7 +137,7 @@ class FlowControl:
         for (table,) in await self._fetchall("tables_to_vacuum", {"schema": self.schema}):
             target = sql.Identifier(self.schema, table)
             async with self._connection() as conn:
-                await conn.execute(sql.SQL("vacuum (skip_locked) {}").format(target))
+                await conn.execute(sql.SQL("vacuum (skip_locked, analyze) {}").format(target))
             done.append(str(table))
         return done
 

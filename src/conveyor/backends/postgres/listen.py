@@ -10,7 +10,6 @@ be due, or to stop, now.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 
@@ -18,10 +17,9 @@ import psycopg
 from psycopg import AsyncConnection, sql
 
 from conveyor.backends.protocol import CancelHint, Wakeup
+from conveyor.backends.reconnect import Outage
 
 log = logging.getLogger("conveyor.postgres")
-RECONNECT_MIN_DELAY = 0.1
-RECONNECT_MAX_DELAY = 5.0
 
 
 async def wakeups(
@@ -33,17 +31,13 @@ async def wakeups(
     listen = sql.SQL("listen {}; listen {}").format(
         sql.Identifier(channel), sql.Identifier(cancels)
     )
-    delay = RECONNECT_MIN_DELAY
-    lost: str | None = None
+    outage = Outage(log)
     while True:
         try:
             conn = await AsyncConnection.connect(url, autocommit=True)
             async with conn:
                 await conn.execute(listen)
-                delay = RECONNECT_MIN_DELAY
-                if lost is not None:
-                    log.info("wake-up listener connected again")
-                    lost = None
+                outage.connected()
                 for queue in queues:
                     yield queue
                 yield CancelHint()
@@ -53,16 +47,4 @@ async def wakeups(
                     elif note.payload in wanted:
                         yield note.payload
         except psycopg.Error as exc:
-            cause = str(exc).strip() or type(exc).__name__
-            # Once per change of cause, not at every try of an outage.
-            level = (
-                logging.WARNING
-                if lost is None
-                else logging.DEBUG
-                if cause == lost
-                else logging.INFO
-            )
-            log.log(level, "wake-up listener lost its connection (%s); retrying", cause)
-            lost = cause
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_DELAY)
+            await outage.lost(exc)

@@ -905,8 +905,16 @@ insert into {schema}.migrations (version, name) values (%(version)s, %(name)s);
 -- and keys (foreign keys, on delete cascade) go with them; a child left behind keeps
 -- running with no parent. One pruner at a time: a transaction-scoped
 -- advisory lock, tried, not waited for; `held` false means another worker
--- is pruning and nothing was done. Each state is read off the state index
--- (state, id), oldest first, skipping rows locked by anyone.
+-- is pruning and nothing was done. Each state's tasks are read off the
+-- primary key, oldest first, skipping rows locked by anyone; the walk stops
+-- at the limit, so a full batch reads about as many rows as it deletes. (The
+-- state index cannot serve: it leaves out running tasks, and a state given
+-- as a parameter does not prove that.) The state test is wrapped in
+-- coalesce so the planner takes it as half the rows, not 0.5 %: without
+-- statistics (autovacuum off means no ANALYZE either) that default made it
+-- expect fewer rows than the limit, read every finished task and sort them,
+-- each batch, slower as the backlog grew. Not avoided: a state with nothing
+-- to prune is walked to the end, in the one batch of a prune that is not full.
 with guard as (
     select pg_try_advisory_xact_lock({lock_space}, -1) as held
 ),
@@ -916,7 +924,7 @@ doomed as materialized (
          unnest(%(states)s::text[], %(befores)s::timestamptz[]) as c(state, before)
     cross join lateral (
         select t.id from {schema}.tasks t
-        where t.state = c.state
+        where coalesce(t.state = c.state, false)
           and t.finished_at < c.before
           and not exists (
               select 1 from {schema}.tasks p
@@ -1110,10 +1118,15 @@ bucket as materialized (
     from {schema}.concurrency c, clock
     where c.key = any(%(keys)s::text[])
 ),
+-- A running task counts against its key's room unless its lease expired
+-- with nothing left to run (the next sweep ends it; it may write nothing).
 open_keys as materialized (
     select b.key, b.tokens,
-           least(b.max_running - (select count(*) from {schema}.tasks r
-                                  where r.concurrency_key = b.key and r.state = 'in_progress'),
+           least(b.max_running - (select count(*) from {schema}.tasks r, clock
+                                  where r.concurrency_key = b.key and r.state = 'in_progress'
+                                    and not (r.lease_expires_at <= clock.now
+                                             and (r.cancel_requested
+                                                  or r.spent >= r.max_attempts))),
                  coalesce(floor(b.tokens)::bigint, %(limit)s::int)) as room
     from bucket b
 ),
@@ -1184,27 +1197,28 @@ where s.schemaname = %(schema)s::text
 order by s.n_dead_tup desc;
 
 -- name: list_keys
--- The concurrency keys with their running and pending tasks (counted off
--- their indexes) and their rate bucket now, by key.
+-- The concurrency keys that hold tasks back: those with pending tasks or a
+-- rate bucket still refilling (a row left with neither waits for the next
+-- keyed claim to drop it), with their running and pending tasks (counted
+-- off their indexes) and their rate bucket now, by key.
 with clock as (select coalesce(%(now)s::timestamptz, statement_timestamp()) as now),
 bucket as (
     select c.key, c.max_running, c.rate_limit, c.rate_period,
            least(c.rate_limit::float8,
                  c.tokens + extract(epoch from clock.now - c.refilled_at)
                             * c.rate_limit / c.rate_period) as tokens,
-           clock.now
+           clock.now,
+           (select count(*) from {schema}.tasks r
+            where r.concurrency_key = c.key and r.state = 'in_progress') as running,
+           (select count(*) from {schema}.tasks p
+            where p.concurrency_key = c.key and p.state = 'pending') as pending
     from {schema}.concurrency c, clock
-    order by c.key
-    limit %(limit)s::int
 )
-select b.key, b.max_running,
-       (select count(*) from {schema}.tasks r
-        where r.concurrency_key = b.key and r.state = 'in_progress'),
-       (select count(*) from {schema}.tasks p
-        where p.concurrency_key = b.key and p.state = 'pending'),
-       b.rate_limit, b.rate_period, b.tokens,
+select b.key, b.max_running, b.running, b.pending, b.rate_limit, b.rate_period, b.tokens,
        case when b.tokens < 1
             then b.now + make_interval(secs => (1 - b.tokens) * b.rate_period / b.rate_limit)
        end
 from bucket b
-order by b.key;
+where b.pending > 0 or b.tokens < b.rate_limit
+order by b.key
+limit %(limit)s::int;

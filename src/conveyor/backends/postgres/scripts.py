@@ -97,10 +97,13 @@ def _insert_keyed(
     other's commit, then finds it held). A held key answers by the task's
     ``on_conflict``: the holder's id; a pending holder replaced; or
     TaskExistsError (the caller's transaction then stores nothing). A key
-    repeated within the batch is the batch's first task with it."""
+    repeated within the batch is the batch's first task with it. Keys whose
+    period has ended are given up first, so the tasks that take them over
+    are inserted with the rest, in the batch's order."""
     ids: list[int | None] = [None] * len(tasks)
     fresh = [False] * len(tasks)
     todo = list(range(len(tasks)))
+    yield sql["release_keys"], key_pairs_args(tasks, now)  # so ids follow the batch's order
     for _ in range(KEYED_ROUNDS):
         batch = [tasks[i] for i in todo]
         found, new = keyed_ids(batch, (yield sql["enqueue_keyed"], keyed_args(batch, now)))

@@ -574,11 +574,15 @@ returning id;
 -- name: open_keys
 -- Up to :key_scan concurrency keys with pending tasks, claimed from longest
 -- ago first, each with the room its running tasks leave (max_running less
--- them) and the tokens of its rate bucket now (null: no rate).
+-- them, but for an expired lease with nothing left to run: see the
+-- PostgreSQL claim_keyed) and the tokens of its rate bucket now (null: no
+-- rate).
 select c.key,
        c.max_running - (
            select count(*) from conveyor_tasks r indexed by conveyor_tasks_running_keyed
-           where r.concurrency_key = c.key and r.state = 'in_progress'),
+           where r.concurrency_key = c.key and r.state = 'in_progress'
+             and not (r.lease_expires_at <= :now
+                      and (r.cancel_requested or r.spent >= r.max_attempts))),
        case when c.rate_limit is null then null
             else min(c.rate_limit * 1.0,
                      c.tokens + (:now - c.refilled_at) * c.rate_limit / c.rate_period) end,
@@ -617,17 +621,21 @@ where key in (select value from json_each(:keys))
                   where t.concurrency_key = conveyor_concurrency.key and t.state = 'pending');
 
 -- name: list_keys
--- The concurrency keys with their running and pending tasks and their rate
--- bucket now (see the PostgreSQL statement), by key.
-select c.key, c.max_running,
-       (select count(*) from conveyor_tasks r indexed by conveyor_tasks_running_keyed
-        where r.concurrency_key = c.key and r.state = 'in_progress'),
-       (select count(*) from conveyor_tasks p indexed by conveyor_tasks_pending_keyed
-        where p.concurrency_key = c.key and p.state = 'pending'),
-       c.rate_limit, c.rate_period,
-       case when c.rate_limit is null then null
-            else min(c.rate_limit * 1.0,
-                     c.tokens + (:now - c.refilled_at) * c.rate_limit / c.rate_period) end
-from conveyor_concurrency c
-order by c.key
+-- The concurrency keys that hold tasks back, with their running and pending
+-- tasks and their rate bucket now (see the PostgreSQL statement), by key.
+select * from (
+    select c.key, c.max_running,
+           (select count(*) from conveyor_tasks r indexed by conveyor_tasks_running_keyed
+            where r.concurrency_key = c.key and r.state = 'in_progress') as running,
+           (select count(*) from conveyor_tasks p indexed by conveyor_tasks_pending_keyed
+            where p.concurrency_key = c.key and p.state = 'pending') as pending,
+           c.rate_limit, c.rate_period,
+           case when c.rate_limit is null then null
+                else min(c.rate_limit * 1.0,
+                         c.tokens + (:now - c.refilled_at) * c.rate_limit / c.rate_period)
+           end as tokens
+    from conveyor_concurrency c
+)
+where pending > 0 or tokens < rate_limit
+order by key
 limit :limit;
