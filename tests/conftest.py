@@ -1,5 +1,6 @@
 """Shared fixtures: real PostgreSQL (one fresh schema per test), SQLite (one
-fresh file per test) and memory (one fresh store per test)."""
+fresh file per test), memory (one fresh store per test) and, for the
+conformance modules it runs so far, Redis (one fresh key prefix per test)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.cli_harness import Cli
 from tools.proxy import Proxy
 
 PG_URL = os.environ.get("CONVEYOR_TEST_URL", "postgresql://127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("CONVEYOR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 @pytest.fixture
@@ -56,7 +58,10 @@ def schema_for(kind: str, request: pytest.FixtureRequest) -> str:
 
 
 def backend_url(kind: str, schema: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
-    """The URL (and options) of a fresh, empty store of ``kind``."""
+    """The URL (and options) of a fresh, empty store of ``kind``: for Redis,
+    a key prefix of its own (``schema``), whose keys ``destroy`` deletes."""
+    if kind == "redis":
+        return REDIS_URL, {"prefix": schema}
     if kind == "postgres":
         return PG_URL, {"schema": schema}
     if kind == "sqlite":

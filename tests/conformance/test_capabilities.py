@@ -31,6 +31,7 @@ EXPECTED = {
         Capability.INSPECT,
     },
     "MemoryBackend": {Capability.NOTIFICATIONS, Capability.INSPECT},
+    "RedisBackend": {Capability.NOTIFICATIONS, Capability.INSPECT},
 }
 PROTOCOLS = {
     Capability.TRANSACTIONAL_ENQUEUE: TransactionalEnqueue,

@@ -1,0 +1,18 @@
+"""The Redis backend (``redis://HOST:PORT/DB``, ``rediss://``; a key prefix).
+
+Needs the ``redis`` extra (``pip install 'conveyor[redis]'``): redis-py is
+imported only inside this package. Every state change is one Lua script
+(``lua/``, one file per operation), run atomically by the server; the
+server's clock rules leases and due times. ``keys`` lays out the keys,
+``scripts`` loads and runs the Lua, ``rows`` maps stored values to domain
+objects, ``reads`` serves the inspector, ``listen`` the wake-ups, and
+``backend`` is :class:`RedisBackend` itself, whose docstring states what it
+guarantees and what it does not do yet.
+
+Not reachable through :func:`conveyor.backends.backend_from_url` yet: build
+it with ``RedisBackend(url, prefix=...)``.
+"""
+
+from conveyor.backends.redis.backend import RedisBackend
+
+__all__ = ["RedisBackend"]

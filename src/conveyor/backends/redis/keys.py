@@ -1,0 +1,188 @@
+"""The key layout of a Redis store: every key of one store, named once.
+
+Every key starts with the store's base, ``{PREFIX}`` (the prefix in braces):
+Redis Cluster hashes only the part in the first braces, so all of one
+store's keys share one hash tag, hence one slot, and every script may touch
+any of them atomically. The price, stated plainly: one store lives on one
+shard of a cluster (use several prefixes to spread several stores).
+
+The Lua scripts name the same keys (``lua/common.lua``); keep both in step.
+
+==========================  =====  ============================================
+key                         type   holds
+==========================  =====  ============================================
+``{p}:layout``              str    the layout version of this store's keys
+``{p}:ids``                 str    the last task id given (INCR: ids ascend in
+                                   enqueue order)
+``{p}:tasks``               zset   every task id (score: the id), newest last
+``{p}:task:ID``             hash   one task's fields (see :mod:`.rows`)
+``{p}:attempts:ID``         list   its attempt log: one JSON row per attempt,
+                                   the running one last
+``{p}:delayed:Q``           zset   pending tasks of queue Q not due yet
+                                   (score: run_at in ms; member: the id)
+``{p}:ready:LEN:Q:NAME``    zset   due pending tasks of queue Q and task NAME,
+                                   all scored 0, each member the claim order
+                                   ``inverted priority|run_at|id`` (fixed width)
+                                   so that ZRANGEBYLEX walks claim order; LEN
+                                   is Q's length (Q and NAME may hold ``:``)
+``{p}:ready-names:Q``       set    the names whose ready set in Q is not empty
+``{p}:pending:Q``           zset   every pending task of queue Q (score: run_at
+                                   in ms), for ``next_due_at``
+``{p}:queues``              set    every queue a pending task was ever indexed
+                                   in, for a task name's resume
+``{p}:leases:Q``            zset   running tasks of queue Q (score: lease
+                                   expiry in ms), for heartbeats and reclaim
+``{p}:corrupt``             set    ids of tasks whose fields did not read (written
+                                   around conveyor), set aside by a claim: out
+                                   of every claim index, their hashes untouched
+``{p}:state:S``             zset   the ids of the tasks in state S (score: the
+                                   id), written with every state change: the
+                                   inspector's lists by state, bulk retries
+``{p}:finished:S``          zset   the tasks finished in state S (terminal),
+                                   all scored 0, each member ``finished_at
+                                   ms|id`` (fixed width): retention's oldest
+                                   first, by ZRANGEBYLEX
+``{p}:unique:LEN:NAME:KEY`` str    the id of the task of NAME holding unique
+                                   key KEY (LEN is NAME's length); deleted when
+                                   the task leaves its scope or is deleted, and
+                                   taken over once its period ended
+``{p}:pauses``              hash   ``queue:NAME`` or ``task:NAME`` -> the
+                                   pause's time (ms); read by every claim
+``{p}:schedules``           set    the names of the stored schedules
+``{p}:schedule:NAME``       hash   one schedule (see :mod:`.schedules`)
+``{p}:message-ids``         str    the last message id given (INCR: ascending)
+``{p}:inbox:ID``            zset   task ID's unread messages (score: message
+                                   id; member: the JSON array ``[id, sender id
+                                   or "", kind, created_at ms, body]``)
+``{p}:sent:ID``             hash   idempotency key -> message id, of the sends
+                                   to task ID that carried a key
+``{p}:children:ID``         zset   the ids of task ID's children (score: the
+                                   id), for a cancel's cascade
+``{p}:workers``             zset   registered worker ids (score: started_at ms)
+``{p}:worker:ID``           hash   one worker's fields (see :mod:`.rows`)
+==========================  =====  ============================================
+
+Two Pub/Sub channels share the names (not keys: nothing is stored):
+``{p}:wake`` carries a queue name where tasks became due, ``{p}:cancel`` the
+id of a running task whose cancel was requested (see :mod:`.listen`).
+
+No key above expires: a task's keys (its hash, attempt log, inbox, send
+keys, unique key and index entries) go when it is deleted or pruned, a
+worker's when it is pruned; ``{p}:queues`` and empty ready-name sets are
+never pruned (one member per queue or name ever used).
+
+Reserved for the parts still to build, so that they fit the same scheme:
+``{p}:concurrency:KEY`` and ``{p}:rate:KEY``.
+
+Layout version 2 added the state, pending, inbox, send-key, children and
+worker keys: a store written with version 1 lacks the state and pending
+indexes, so it is refused. Version 3 added the queues, finished, unique,
+pauses and schedule keys (and ids of one enqueue need not be consecutive): a version 2
+store lacks the finished index and the queues set, so it is refused too.
+"""
+
+from __future__ import annotations
+
+from conveyor.errors import ConfigurationError
+
+DEFAULT_PREFIX = "conveyor"
+LAYOUT_VERSION = "3"
+"""The version of this layout; a store written by another one is refused."""
+
+_GLOB_SPECIALS = "\\*?[]"
+
+
+def check_prefix(prefix: object) -> str:
+    """``prefix`` if it can name a store: a non-empty string of printable
+    characters without braces (they would end the hash tag); else
+    ConfigurationError."""
+    if not isinstance(prefix, str) or not prefix or not prefix.isprintable():
+        raise ConfigurationError("a Redis key prefix must be a non-empty printable string")
+    if "{" in prefix or "}" in prefix:
+        raise ConfigurationError(f"a Redis key prefix cannot hold braces: {prefix!r}")
+    return prefix
+
+
+def base(prefix: str) -> str:
+    """The start of every key of the store: the prefix as a hash tag."""
+    return "{" + prefix + "}"
+
+
+def layout(prefix: str) -> str:
+    return f"{base(prefix)}:layout"
+
+
+def tasks(prefix: str) -> str:
+    return f"{base(prefix)}:tasks"
+
+
+def task(prefix: str, task_id: int) -> str:
+    return f"{base(prefix)}:task:{task_id}"
+
+
+def attempts(prefix: str, task_id: int) -> str:
+    return f"{base(prefix)}:attempts:{task_id}"
+
+
+def pending(prefix: str, queue: str) -> str:
+    return f"{base(prefix)}:pending:{queue}"
+
+
+def state(prefix: str, task_state: str) -> str:
+    return f"{base(prefix)}:state:{task_state}"
+
+
+def workers(prefix: str) -> str:
+    return f"{base(prefix)}:workers"
+
+
+def worker(prefix: str, worker_id: str) -> str:
+    return f"{base(prefix)}:worker:{worker_id}"
+
+
+def finished(prefix: str, task_state: str) -> str:
+    return f"{base(prefix)}:finished:{task_state}"
+
+
+def unique(prefix: str, name: str, key: str) -> str:
+    """The key holding the id of the task of ``name`` that holds ``key``
+    (the name's length in UTF-8 bytes first, as Lua counts it: a name may
+    hold ``:``)."""
+    return f"{base(prefix)}:unique:{len(name.encode())}:{name}:{key}"
+
+
+def queues(prefix: str) -> str:
+    return f"{base(prefix)}:queues"
+
+
+def schedules(prefix: str) -> str:
+    return f"{base(prefix)}:schedules"
+
+
+def schedule(prefix: str, name: str) -> str:
+    return f"{base(prefix)}:schedule:{name}"
+
+
+def pauses(prefix: str) -> str:
+    return f"{base(prefix)}:pauses"
+
+
+def wake_channel(prefix: str) -> str:
+    """The Pub/Sub channel of queues where tasks became due."""
+    return f"{base(prefix)}:wake"
+
+
+def cancel_channel(prefix: str) -> str:
+    """The Pub/Sub channel of running tasks whose cancel was requested."""
+    return f"{base(prefix)}:cancel"
+
+
+def inbox(prefix: str, task_id: int) -> str:
+    return f"{base(prefix)}:inbox:{task_id}"
+
+
+def pattern(prefix: str) -> str:
+    """A SCAN pattern that matches exactly the store's keys (the prefix's
+    glob characters escaped)."""
+    escaped = "".join("\\" + c if c in _GLOB_SPECIALS else c for c in base(prefix))
+    return escaped + ":*"

@@ -1,0 +1,134 @@
+-- claim: hand up to `limit` tasks of these names and queues to a worker, in
+-- claim order (priority desc, run_at, id): due pending tasks and expired
+-- leases with budget left and no cancel requested (reclaimed: the lost
+-- attempt is closed lease_lost). Each starts a new attempt under a lease of
+-- its own length, else the claim's. Every expired lease of these names and
+-- queues whose budget is spent, or whose cancel was requested, ends its task
+-- (failed, cancelled) without taking a place in the limit. Paused queues and
+-- names are left out, expired leases included: they wait for the resume.
+--
+-- ARGV: now, worker id, limit, lease (seconds), the texts LEASE_EXPIRED_ERROR,
+-- LEASE_EXPIRED, CANCELLED_MEANWHILE and CRASH_BUDGET_SPENT (a template with
+-- {spent} and {max_attempts}) of conveyor.backends.stored, the number of
+-- queues, the queues, then the names.
+--
+-- Cost: each served queue's due delayed tasks are all promoted to their
+-- ready sets (each task once in its life), its expired leases are all read
+-- (those of unregistered names stay there), and only the ready sets of
+-- registered names are read, at most `limit` members each: a backlog of a
+-- name this worker does not know costs it nothing.
+local now = clock(ARGV[1])
+local worker = ARGV[2]
+local limit = tonumber(ARGV[3])
+local default_lease = tonumber(ARGV[4])
+local LOST_ERROR, LOST, CANCELLED_MEANWHILE, BUDGET_SPENT = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local queue_count = tonumber(ARGV[9])
+local queues = {}
+for i = 1, queue_count do queues[i] = ARGV[9 + i] end
+local names = {}
+for i = 10 + queue_count, #ARGV do names[ARGV[i]] = true end
+-- A paused queue or name is neither claimed nor reclaimed (read here, in the
+-- claim's own script, so that no claim starts an attempt after a pause).
+queues, names = served(queues, names)
+
+-- Due delayed tasks move to the ready set of their name.
+local function promote(queue)
+  local delayed = key_delayed(queue)
+  local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now)
+  if #due == 0 then return end
+  for _, id in ipairs(due) do
+    local f = redis.call('HMGET', key_task(id), 'name', 'priority', 'run_at', 'state')
+    local priority, run_at = tonumber(f[2]), tonumber(f[3])
+    if f[4] == 'pending' then
+      if f[1] and priority and run_at then
+        index_pending(id, queue, f[1], priority, run_at, now)
+      else
+        set_aside(id, queue, 'name, priority or run_at')
+      end
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', delayed, '-inf', now)
+end
+
+-- An expired lease whose task may not run again: the task ends here, its
+-- lost attempt closed with the reason.
+local function end_expired(id, queue, cancelled, spent, max_attempts)
+  local message = CANCELLED_MEANWHILE
+  if not cancelled then
+    message = string.gsub(BUDGET_SPENT, '{spent}', spent)
+    message = string.gsub(message, '{max_attempts}', max_attempts)
+  end
+  close_attempt(id, now, 'lease_lost', LOST_ERROR, message, nil)
+  local ended_state = cancelled and 'cancelled' or 'failed'
+  move_state(id, 'in_progress', ended_state)
+  mark_finished(id, ended_state, now)
+  end_lease(id, queue)
+  ended(id, now)
+end
+
+local candidates = {}
+for _, queue in ipairs(queues) do
+  promote(queue)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', key_leases(queue), '-inf', now)) do
+    local f = redis.call('HMGET', key_task(id),
+      'name', 'cancel_requested', 'spent', 'max_attempts', 'priority', 'run_at')
+    if names[f[1]] then
+      local cancelled = f[2] == '1'
+      local spent, max_attempts = tonumber(f[3]), tonumber(f[4])
+      local priority, run_at = tonumber(f[5]), tonumber(f[6])
+      if not (spent and max_attempts and priority and run_at and last_attempt_reads(id)) then
+        set_aside(id, queue, 'counters, priority, run_at or attempt log')
+      elseif cancelled or spent >= max_attempts then
+        end_expired(id, queue, cancelled, spent, max_attempts)
+      else
+        candidates[#candidates + 1] = {order_member(priority, run_at, id), queue, f[1], true}
+      end
+    end
+  end
+end
+-- Read once every expired lease has ended: an ending may cancel children
+-- (out of their ready sets) or wake a parent.
+for _, queue in ipairs(queues) do
+  for _, name in ipairs(redis.call('SMEMBERS', key_ready_names(queue))) do
+    if names[name] then
+      local head = redis.call('ZRANGEBYLEX', key_ready(queue, name), '-', '+', 'LIMIT', 0, limit)
+      for _, member in ipairs(head) do
+        candidates[#candidates + 1] = {member, queue, name, false}
+      end
+    end
+  end
+end
+table.sort(candidates, function(a, b) return a[1] < b[1] end)
+
+-- Hand out the head of the order. A ready task whose counters do not read
+-- is set aside instead, and this claim takes one task fewer.
+local claimed = {}
+for i = 1, math.min(limit, #candidates) do
+  local member, queue, name, reclaim = unpack(candidates[i])
+  local id = member_id(member)
+  local key = key_task(id)
+  local f = redis.call('HMGET', key,
+    'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
+    'parent_id')
+  local attempt, spent = tonumber(f[1]), tonumber(f[2])
+  if not reclaim then unready(queue, name, member) end
+  if not (attempt and spent and f[5] and tonumber(f[6]) and f[7]) then
+    set_aside(id, queue, 'counters, payload or retry policy')
+  else
+    if reclaim then close_attempt(id, now, 'lease_lost', LOST_ERROR, LOST, nil) end
+    attempt, spent = attempt + 1, spent + 1
+    local lease = tonumber(f[3]) or default_lease
+    local expires = now + math.floor(lease * 1000 + 0.5)
+    move_state(id, reclaim and 'in_progress' or 'pending', 'in_progress')
+    redis.call('HSET', key, 'attempt', attempt, 'spent', spent,
+      'worker_id', worker, 'lease_expires_at', expires)
+    redis.call('ZADD', key_leases(queue), expires, id)
+    open_attempt(id, attempt, worker, now, f[4] or nil)
+    claimed[#claimed + 1] = {
+      tostring(id), tostring(attempt), name, queue, f[5], tostring(spent), f[6], f[7],
+      f[8] and '=' .. f[8] or '', f[3] and '=' .. f[3] or '', tostring(expires),
+      f[4] and '=' .. f[4] or '', f[9] and '=' .. f[9] or '',
+    }
+  end
+end
+return claimed

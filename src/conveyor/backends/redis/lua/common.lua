@@ -1,0 +1,535 @@
+-- common.lua: composed in front of every operation's script when the scripts
+-- are loaded (conveyor.backends.redis.scripts), so that key names, the
+-- clock, claim order and the attempt log are written once.
+--
+-- KEYS[1] is the store's base, "{prefix}". Every key below starts with it,
+-- so all of one store's keys share one hash tag and one cluster slot: a
+-- script may then name keys it computes (Redis Cluster requires only that
+-- they live in the slot of the keys it declares). The twin of these names in
+-- Python is keys.py; keep the two in step.
+--
+-- Times are integer milliseconds since the Unix epoch. Optional arguments
+-- come as "" for none and "=" followed by the value otherwise (see opt).
+
+local BASE = KEYS[1]
+local KEY_IDS = BASE .. ':ids'
+local KEY_TASKS = BASE .. ':tasks'
+local KEY_CORRUPT = BASE .. ':corrupt'
+local KEY_MESSAGE_IDS = BASE .. ':message-ids'
+local KEY_WORKERS = BASE .. ':workers'
+local KEY_QUEUES = BASE .. ':queues'
+local KEY_PAUSES = BASE .. ':pauses'
+local KEY_SCHEDULES = BASE .. ':schedules'
+-- Pub/Sub channels (not keys): a queue where tasks became due, a task whose
+-- cancel was requested.
+local CHANNEL_WAKE = BASE .. ':wake'
+local CHANNEL_CANCEL = BASE .. ':cancel'
+
+local function key_task(id) return BASE .. ':task:' .. id end
+local function key_attempts(id) return BASE .. ':attempts:' .. id end
+local function key_delayed(queue) return BASE .. ':delayed:' .. queue end
+local function key_ready_names(queue) return BASE .. ':ready-names:' .. queue end
+local function key_leases(queue) return BASE .. ':leases:' .. queue end
+local function key_pending(queue) return BASE .. ':pending:' .. queue end
+local function key_inbox(id) return BASE .. ':inbox:' .. id end
+local function key_sent(id) return BASE .. ':sent:' .. id end
+local function key_children(id) return BASE .. ':children:' .. id end
+local function key_state(state) return BASE .. ':state:' .. state end
+local function key_worker(id) return BASE .. ':worker:' .. id end
+local function key_schedule(name) return BASE .. ':schedule:' .. name end
+local function key_finished(state) return BASE .. ':finished:' .. state end
+-- The name's length comes first: a name and a key may hold ':' themselves.
+local function key_unique(name, key)
+  return BASE .. ':unique:' .. #name .. ':' .. name .. ':' .. key
+end
+-- The queue's length comes first: a queue and a name may hold ':' themselves.
+local function key_ready(queue, name)
+  return BASE .. ':ready:' .. #queue .. ':' .. queue .. ':' .. name
+end
+
+-- The caller's injected time (tests), else the server's clock: the only
+-- authority on leases and due times.
+local function clock(given)
+  if given ~= '' then return tonumber(given) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function opt(text)
+  if text == '' then return nil end
+  return string.sub(text, 2)
+end
+
+local TERMINAL = {succeeded = true, failed = true, cancelled = true}
+
+-- Unique keys: {p}:unique:LEN:NAME:KEY holds the id of the task that holds
+-- the key, whose hash holds idempotency_key, and unique_scope and
+-- unique_until (ms) when given. A task gives its key up (release_key) when
+-- it leaves its scope, in the script that moves it (move_state), when its
+-- period is over and the key is wanted again, or when it is deleted.
+local function release_key(id)
+  local task = key_task(id)
+  local f = redis.call('HMGET', task, 'name', 'idempotency_key')
+  if f[1] and f[2] then
+    local key = key_unique(f[1], f[2])
+    if redis.call('GET', key) == tostring(id) then redis.call('DEL', key) end
+  end
+  redis.call('HDEL', task, 'idempotency_key', 'unique_scope', 'unique_until')
+end
+
+-- The id (a string) of the task holding key `key` of `name`, or nil: a key
+-- whose holder is gone, or whose period ended, is free (reads only).
+local function key_holder(name, key, now)
+  local id = redis.call('GET', key_unique(name, key))
+  if not id then return nil end
+  local f = redis.call('HMGET', key_task(id), 'state', 'unique_until')
+  if not f[1] then return nil end
+  local period_end = tonumber(f[2])
+  if period_end and period_end <= now then return nil end
+  return id
+end
+
+-- Every write of a task's state goes through here, so that the per-state
+-- index (the inspector's lists) stays in step with the hashes, and a task
+-- that leaves its unique scope gives its key up in the same script.
+local function move_state(id, from, to)
+  if from ~= to then
+    if from then redis.call('ZREM', key_state(from), id) end
+    redis.call('ZADD', key_state(to), id, id)
+  end
+  local task = key_task(id)
+  redis.call('HSET', task, 'state', to)
+  local scope = redis.call('HGET', task, 'unique_scope')
+  if scope and (TERMINAL[to] or (scope == 'pending' and to ~= 'pending')) then
+    release_key(id)
+  end
+end
+
+-- Claim order (priority desc, run_at, id) as a string that sorts the same
+-- way: a ready set's members all score 0 and ZRANGEBYLEX walks them in
+-- order. Priorities are 32-bit (conveyor.options.check_priority), so the
+-- inverted one fits 10 digits; run_at is shifted by 10^14 ms so that any
+-- datetime's is positive and fits 15 digits; ids fit 15 digits.
+local PRIORITY_TOP = 2147483647
+local TIME_SHIFT = 100000000000000
+local function order_member(priority, run_at, id)
+  return string.format(
+    '%010d|%015d|%015d', PRIORITY_TOP - priority, run_at + TIME_SHIFT, tonumber(id))
+end
+local function member_id(member) return string.sub(member, -15) + 0 end
+
+-- Finished tasks by finish time, one index per terminal state, for
+-- retention: members ``finished_at|id`` (fixed width, all scored 0) so that
+-- ZRANGEBYLEX walks them oldest first, ids breaking ties. Every write of a
+-- task's finished_at goes through these two.
+local function finished_member(finished_at, id)
+  return string.format('%015d|%015d', finished_at + TIME_SHIFT, tonumber(id))
+end
+local function finished_cutoff(before)
+  return '(' .. string.format('%015d|', before + TIME_SHIFT)
+end
+
+local function mark_finished(id, state, now)
+  redis.call('HSET', key_task(id), 'finished_at', now)
+  redis.call('ZADD', key_finished(state), 0, finished_member(now, id))
+end
+
+-- The task is no longer finished in `state` (retried, or deleted).
+local function unmark_finished(id, state)
+  local task = key_task(id)
+  local finished_at = tonumber(redis.call('HGET', task, 'finished_at'))
+  if finished_at and state then
+    redis.call('ZREM', key_finished(state), finished_member(finished_at, id))
+  end
+  redis.call('HDEL', task, 'finished_at')
+end
+
+-- Pauses: {p}:pauses maps "queue:NAME" and "task:NAME" to the pause's time.
+local function pause_field(kind, name) return kind .. ':' .. name end
+
+-- The queues (a list) and names (a set) that no pause holds back.
+local function served(queues, names)
+  if redis.call('EXISTS', KEY_PAUSES) == 0 then return queues, names end
+  local open_queues, open_names = {}, {}
+  for _, queue in ipairs(queues) do
+    if redis.call('HEXISTS', KEY_PAUSES, pause_field('queue', queue)) == 0 then
+      open_queues[#open_queues + 1] = queue
+    end
+  end
+  for name in pairs(names) do
+    if redis.call('HEXISTS', KEY_PAUSES, pause_field('task', name)) == 0 then
+      open_names[name] = true
+    end
+  end
+  return open_queues, open_names
+end
+
+-- Idle workers hear of a queue where tasks became due, once per script.
+local WOKEN = {}
+local function woke(queue)
+  if WOKEN[queue] then return end
+  WOKEN[queue] = true
+  redis.call('PUBLISH', CHANNEL_WAKE, queue)
+end
+
+-- A pending task enters its queue's indexes: the ready set of its name when
+-- due (and its queue is woken), else the delayed set (promoted to ready by a
+-- claim once due); and, either way, the queue's pending set by run time
+-- (next_due_at reads its head).
+local function index_pending(id, queue, name, priority, run_at, now)
+  redis.call('SADD', KEY_QUEUES, queue)
+  redis.call('ZADD', key_pending(queue), run_at, id)
+  if run_at <= now then
+    redis.call('ZADD', key_ready(queue, name), 0, order_member(priority, run_at, id))
+    redis.call('SADD', key_ready_names(queue), name)
+    woke(queue)
+  else
+    redis.call('ZADD', key_delayed(queue), run_at, id)
+  end
+end
+
+-- A task leaves the ready set of its name (and the pending set): claimed,
+-- cancelled or moved.
+local function unready(queue, name, member)
+  redis.call('ZREM', key_pending(queue), member_id(member))
+  local ready = key_ready(queue, name)
+  if redis.call('ZREM', ready, member) == 1 and redis.call('EXISTS', ready) == 0 then
+    redis.call('SREM', key_ready_names(queue), name)
+  end
+end
+
+local function unindex_pending(id, queue, name, priority, run_at)
+  unready(queue, name, order_member(priority, run_at, id))
+  redis.call('ZREM', key_delayed(queue), id)
+end
+
+-- The attempt log: one JSON row per attempt, the running one last.
+local function open_attempt(id, number, worker, now, step)
+  redis.call('RPUSH', key_attempts(id), cjson.encode({
+    number = number, worker_id = worker, outcome = 'in_progress', started_at = now,
+    step = step or cjson.null,
+  }))
+end
+
+local function close_attempt(id, now, outcome, error_type, message, traceback)
+  local key = key_attempts(id)
+  local row = cjson.decode(redis.call('LINDEX', key, -1))
+  row.outcome = outcome
+  row.finished_at = now
+  row.error_type = error_type or cjson.null
+  row.error_message = message or cjson.null
+  row.traceback = traceback or cjson.null
+  redis.call('LSET', key, -1, cjson.encode(row))
+end
+
+-- Whether a task's attempt log ends in a row that reads (close_attempt
+-- rewrites that row).
+local function last_attempt_reads(id)
+  local text = redis.call('LINDEX', key_attempts(id), -1)
+  if not text then return false end
+  local ok, row = pcall(cjson.decode, text)
+  return ok and type(row) == 'table'
+end
+
+-- Every script checks what it reads before it writes anything: Redis does
+-- not roll back a script that fails halfway. A task whose stored fields do
+-- not read (written around conveyor) is set aside by a claim that meets it:
+-- out of the claim indexes of its queue, into the corrupt set, its hash
+-- untouched, and a warning in the server's log; it then blocks nothing, and
+-- reading it raises a typed error.
+local function set_aside(id, queue, why)
+  redis.call('SADD', KEY_CORRUPT, id)
+  redis.call('ZREM', key_delayed(queue), id)
+  redis.call('ZREM', key_pending(queue), id)
+  redis.call('ZREM', key_leases(queue), id)
+  redis.log(redis.LOG_WARNING,
+    'conveyor: task ' .. id .. ' of ' .. BASE .. ' set aside, its ' .. why .. ' does not read')
+end
+
+-- The attempt is over: no owner, no lease.
+local function end_lease(id, queue)
+  redis.call('HDEL', key_task(id), 'worker_id', 'lease_expires_at')
+  redis.call('ZREM', key_leases(queue), id)
+end
+
+-- A task's fields, 18 arguments from index i of args (ARGV, or a spawn's
+-- decoded array): name, queue, payload, priority, run_at (opt, ms), delay
+-- (ms, used without run_at), max_attempts, retry policy (JSON), timeout
+-- (opt, seconds), lease (opt, seconds), step (opt), inbox ("0"/"1"),
+-- parent id (opt), first message (opt, JSON), unique key (opt), unique
+-- scope (opt), unique period (opt, ms), on_conflict. Python checked them.
+local TASK_FIELDS = 18
+
+-- Inboxes: one sorted set per task, scored by message id (ids ascend in
+-- send order), each member the message as a JSON array
+-- [id, sender id or "", kind, created_at, body (JSON text)].
+local function append_message(id, sender, kind, body, now)
+  local message_id = redis.call('INCR', KEY_MESSAGE_IDS)
+  redis.call('ZADD', key_inbox(id), message_id,
+    cjson.encode({message_id, sender and tostring(sender) or '', kind, now, body}))
+  return message_id
+end
+
+-- Store a new pending task with this id (its first message from its parent,
+-- which does not move a delayed start).
+local function insert_task(id, a, i, now)
+  local name, queue = a[i], a[i + 1]
+  local priority = tonumber(a[i + 3])
+  local run_at = opt(a[i + 4])
+  run_at = run_at and tonumber(run_at) or now + tonumber(a[i + 5])
+  local key = key_task(id)
+  local unique = opt(a[i + 14])
+  if unique then
+    local scope, period = opt(a[i + 15]), opt(a[i + 16])
+    redis.call('SET', key_unique(name, unique), id)
+    redis.call('HSET', key, 'idempotency_key', unique)
+    if scope then redis.call('HSET', key, 'unique_scope', scope) end
+    if period then redis.call('HSET', key, 'unique_until', now + tonumber(period)) end
+  end
+  redis.call('HSET', key,
+    'name', name, 'queue', queue, 'payload', a[i + 2],
+    'priority', a[i + 3], 'run_at', run_at, 'attempt', 0, 'spent', 0,
+    'max_attempts', a[i + 6], 'retry', a[i + 7], 'created_at', now,
+    'inbox', a[i + 11], 'cancel_requested', 0)
+  local timeout, lease, step = opt(a[i + 8]), opt(a[i + 9]), opt(a[i + 10])
+  local parent, message = opt(a[i + 12]), opt(a[i + 13])
+  if timeout then redis.call('HSET', key, 'timeout', timeout) end
+  if lease then redis.call('HSET', key, 'lease', lease) end
+  if step then redis.call('HSET', key, 'step', step) end
+  move_state(id, nil, 'pending')
+  if parent then
+    redis.call('HSET', key, 'parent_id', parent)
+    redis.call('ZADD', key_children(parent), id, id)
+  end
+  redis.call('ZADD', KEY_TASKS, id, id)
+  index_pending(id, queue, name, priority, run_at, now)
+  if message then append_message(id, parent, 'message', message, now) end
+end
+
+-- The id of the stored task holding the unique key of the task at index i
+-- of args that an enqueue with on_conflict "raise" may not pass, or nil
+-- (reads only: an enqueue checks every task before it writes).
+local function refused_key(a, i, now)
+  local key = opt(a[i + 14])
+  if not key or a[i + 17] ~= 'raise' then return nil end
+  return key_holder(a[i], key, now)
+end
+
+-- An enqueue of a held key with on_conflict "replace": a pending holder
+-- takes the new payload, priority and due time (its fields checked first;
+-- one that does not read is left as it is, with a warning in the log).
+local function replace_holder(id, a, i, now)
+  local task = key_task(id)
+  local f = redis.call('HMGET', task, 'state', 'queue', 'name', 'priority', 'run_at')
+  if f[1] ~= 'pending' then return end
+  local priority, run_at = tonumber(f[4]), tonumber(f[5])
+  if not (f[2] and f[3] and priority and run_at) then
+    redis.log(redis.LOG_WARNING,
+      'conveyor: task ' .. id .. ' of ' .. BASE .. ' not replaced, its fields do not read')
+    return
+  end
+  unindex_pending(id, f[2], f[3], priority, run_at)
+  local new_run_at = opt(a[i + 4])
+  new_run_at = new_run_at and tonumber(new_run_at) or now + tonumber(a[i + 5])
+  redis.call('HSET', task, 'payload', a[i + 2], 'priority', a[i + 3], 'run_at', new_run_at)
+  index_pending(id, f[2], f[3], tonumber(a[i + 3]), new_run_at, now)
+end
+
+-- Store the task at index i of args, or find the holder of its unique key
+-- (on_conflict "replace" updates a pending one); returns its id. `mine`
+-- (when given) is the set of ids this enqueue stored: a key repeated in one
+-- enqueue is its first task's, whatever the later one's on_conflict.
+local function store_task(a, i, now, mine)
+  local key = opt(a[i + 14])
+  if key then
+    local holder = key_holder(a[i], key, now)
+    if holder then
+      if not (mine and mine[holder]) and a[i + 17] == 'replace' then
+        replace_holder(holder, a, i, now)
+      end
+      return tonumber(holder)
+    end
+    -- A key whose holder's period ended (or whose holder is gone) is free.
+    local stale = redis.call('GET', key_unique(a[i], key))
+    if stale then release_key(stale) end
+  end
+  local id = redis.call('INCR', KEY_IDS)
+  insert_task(id, a, i, now)
+  if mine then mine[tostring(id)] = true end
+  return id
+end
+
+-- Store the batch of tasks whose fields start at ARGV[first], TASK_FIELDS
+-- each (enqueue.lua, fire_schedule.lua): all of them, or none if a task
+-- with on_conflict "raise" meets a held key (every one checked before
+-- anything is written). Returns {1, the ids...}, or {0, the index (0-based)
+-- of the first task refused, the holder's id}.
+local function store_batch(first, now)
+  local count = (#ARGV - first + 1) / TASK_FIELDS
+  for n = 0, count - 1 do
+    local holder = refused_key(ARGV, first + n * TASK_FIELDS, now)
+    if holder then return {0, n, tonumber(holder)} end
+  end
+  local ids, mine = {1}, {}
+  for n = 0, count - 1 do
+    ids[#ids + 1] = store_task(ARGV, first + n * TASK_FIELDS, now, mine)
+  end
+  return ids
+end
+
+-- A message arrived: a waiting task is pending again, a sleeping one due
+-- now (its run time never moves later). A task whose fields do not read
+-- keeps its message but is not woken (a warning in the server's log): a
+-- script must not fail halfway.
+local function wake(id, now)
+  local f = redis.call('HMGET', key_task(id), 'state', 'queue', 'name', 'priority', 'run_at')
+  local state, queue, name = f[1], f[2], f[3]
+  local priority, run_at = tonumber(f[4]), tonumber(f[5])
+  if state ~= 'waiting' and not (state == 'pending' and run_at and run_at > now) then return end
+  if not (queue and name and priority and run_at) then
+    redis.log(redis.LOG_WARNING,
+      'conveyor: task ' .. id .. ' of ' .. BASE .. ' not woken, its fields do not read')
+    return
+  end
+  if state == 'pending' then unindex_pending(id, queue, name, priority, run_at) end
+  run_at = math.min(run_at, now)
+  move_state(id, state, 'pending')
+  redis.call('HSET', key_task(id), 'run_at', run_at)
+  index_pending(id, queue, name, priority, run_at, now)
+end
+
+-- Put a message in a task's inbox and wake it (the caller checked it takes one).
+local function deliver(id, sender, kind, body, now)
+  local message_id = append_message(id, sender, kind, body, now)
+  wake(id, now)
+  return message_id
+end
+
+-- A task reached a terminal state (its hash says so): its live parent gets
+-- its end message, {"child", "name", "state", "result"}; a cancelled task's
+-- live children are cancelled too (a running one has its cancel requested),
+-- each of them ending in turn.
+local cancel_task
+local function ended(id, now)
+  local f = redis.call('HMGET', key_task(id), 'parent_id', 'name', 'state', 'result')
+  local parent = f[1]
+  if parent then
+    local parent_state = redis.call('HGET', key_task(parent), 'state')
+    if parent_state and not TERMINAL[parent_state] then
+      local body = '{"child":' .. id .. ',"name":' .. cjson.encode(f[2] or '')
+        .. ',"state":' .. cjson.encode(f[3]) .. ',"result":' .. (f[4] or 'null') .. '}'
+      deliver(parent, id, 'end', body, now)
+    end
+  end
+  if f[3] == 'cancelled' then
+    for _, child in ipairs(redis.call('ZRANGE', key_children(id), 0, -1)) do
+      cancel_task(child, now)
+    end
+  end
+end
+
+-- Cancel one task: a pending or waiting one ends cancelled at once, a
+-- running one has its cancel requested. Returns its state after, or nil
+-- when it is finished (or missing); an error reply, before any write, when
+-- a pending one's index fields do not read.
+cancel_task = function(id, now)
+  local key = key_task(id)
+  local f = redis.call('HMGET', key, 'state', 'queue', 'name', 'priority', 'run_at')
+  local state = f[1]
+  if state == 'pending' or state == 'waiting' then
+    if not (f[2] and f[3] and tonumber(f[4]) and tonumber(f[5])) then
+      redis.log(redis.LOG_WARNING, 'conveyor: task ' .. id .. ' of ' .. BASE
+        .. ' not cancelled, its queue, name, priority or run_at does not read')
+      return nil
+    end
+    unindex_pending(id, f[2], f[3], tonumber(f[4]), tonumber(f[5]))
+    move_state(id, state, 'cancelled')
+    mark_finished(id, 'cancelled', now)
+    ended(id, now)
+    return 'cancelled'
+  end
+  if state == 'in_progress' then
+    redis.call('HSET', key, 'cancel_requested', 1)
+    redis.call('PUBLISH', CHANNEL_CANCEL, id)
+    return 'in_progress'
+  end
+  return nil
+end
+
+-- A failed or cancelled task is pending again, due now, with a fresh budget
+-- (attempt numbers go on), no result and no cancel request; the caller
+-- checked its queue, name and priority read.
+local function retry_task(id, state, queue, name, priority, now)
+  unmark_finished(id, state)
+  move_state(id, state, 'pending')
+  local key = key_task(id)
+  redis.call('HSET', key, 'spent', 0, 'run_at', now, 'cancel_requested', 0)
+  redis.call('HDEL', key, 'result')
+  index_pending(id, queue, name, priority, now, now)
+end
+
+local ALIVE = {pending = true, in_progress = true, waiting = true}
+
+-- The state of task id's parent, or nil (no parent, or a parent gone).
+local function parent_state(id)
+  local parent = redis.call('HGET', key_task(id), 'parent_id')
+  return parent and redis.call('HGET', key_task(parent), 'state') or nil
+end
+
+-- Delete a task that is not running, with everything stored for it: its
+-- attempt log, inbox, send keys, unique key and index entries; its
+-- children lose their parent. The caller checked that a pending one's
+-- index fields read.
+local function forget_task(id)
+  local key = key_task(id)
+  local f = redis.call('HMGET', key, 'state', 'queue', 'name', 'priority', 'run_at', 'parent_id')
+  local state, queue = f[1], f[2]
+  if state == 'pending' then
+    unindex_pending(id, queue, f[3], tonumber(f[4]), tonumber(f[5]))
+  elseif queue then
+    redis.call('ZREM', key_leases(queue), id)
+  end
+  unmark_finished(id, state)
+  if state then redis.call('ZREM', key_state(state), id) end
+  release_key(id)
+  if f[6] then redis.call('ZREM', key_children(f[6]), id) end
+  for _, child in ipairs(redis.call('ZRANGE', key_children(id), 0, -1)) do
+    redis.call('HDEL', key_task(child), 'parent_id')
+  end
+  redis.call('ZREM', KEY_TASKS, id)
+  redis.call('SREM', KEY_CORRUPT, id)
+  redis.call('DEL', key, key_attempts(id), key_inbox(id), key_sent(id), key_children(id))
+end
+
+-- Retention: the ids (up to `limit`; nil for no limit) of the tasks finished
+-- in `state` before `before`, oldest finish first (ids breaking ties), but
+-- never a child of a live parent (it may read the child's end yet), read a
+-- page at a time from the state's finished index.
+local function prunable(state, before, limit)
+  local found, offset, cutoff = {}, 0, finished_cutoff(before)
+  while not limit or #found < limit do
+    local page = redis.call('ZRANGEBYLEX', key_finished(state), '-', cutoff, 'LIMIT', offset, 200)
+    if #page == 0 then break end
+    offset = offset + #page
+    for _, member in ipairs(page) do
+      local id = member_id(member)
+      if not ALIVE[parent_state(id) or ''] then
+        found[#found + 1] = id
+        if limit and #found >= limit then break end
+      end
+    end
+  end
+  return found
+end
+
+-- The ids of the workers stopped (or, never stopped, last seen) before
+-- `before`: every registered worker is read.
+local function old_workers(before)
+  local found = {}
+  for _, id in ipairs(redis.call('ZRANGE', KEY_WORKERS, 0, -1)) do
+    local f = redis.call('HMGET', key_worker(id), 'stopped_at', 'last_seen_at')
+    local last = tonumber(f[1]) or tonumber(f[2])
+    if last and last < before then found[#found + 1] = id end
+  end
+  return found
+end

@@ -1,0 +1,18 @@
+-- delete: take a task and everything stored for it (forget_task in
+-- common.lua), never a running one, nor an unfinished child of a live
+-- parent (that parent waits for its end). ARGV: task id. Returns {1}, or
+-- {0, its state or "" (missing), its parent's state or ""}.
+local id = ARGV[1]
+local f = redis.call('HMGET', key_task(id), 'state', 'queue', 'name', 'priority', 'run_at')
+local state = f[1]
+if not state then return {0, '', ''} end
+local parent = parent_state(id)
+if state == 'in_progress' or (not TERMINAL[state] and parent and ALIVE[parent]) then
+  return {0, state, parent or ''}
+end
+if state == 'pending' and not (f[2] and f[3] and tonumber(f[4]) and tonumber(f[5])) then
+  return redis.error_reply(
+    'task ' .. id .. ' is corrupt: its queue, name, priority or run_at does not read')
+end
+forget_task(id)
+return {1}

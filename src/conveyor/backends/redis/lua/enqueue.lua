@@ -1,0 +1,11 @@
+-- enqueue: store tasks, all or none, with ids ascending in input order. A
+-- task whose unique key a stored task holds is not stored (nor its first
+-- message): its on_conflict says whether the holder's id comes back
+-- ("existing"), a pending holder takes its payload, priority and due time
+-- ("replace"), or nothing of the enqueue is stored ("raise": checked for
+-- every task before anything is written). A key repeated in the enqueue is
+-- its first task's.
+-- ARGV: now, then TASK_FIELDS (18, see insert_task in common.lua) per task.
+-- Returns {1, the ids...}, or {0, the index (0-based) of the first task
+-- refused, the holder's id}.
+return store_batch(2, clock(ARGV[1]))

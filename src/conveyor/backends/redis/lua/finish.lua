@@ -1,0 +1,117 @@
+-- finish: apply each completion whose lease is live (fenced as a heartbeat:
+-- this attempt, this worker, not expired); the others change nothing. As on
+-- the other backends (the memory store is the model): first every applied
+-- poll's effects (consumed messages, spawned children, sends: a child's last
+-- messages precede its end), then the completions, then a resting poll whose
+-- inbox still holds messages is due again.
+--
+-- A completion that would make a task pending or waiting after its cancel was
+-- requested ends it cancelled. A transition (a workflow's next step, a
+-- coroutine's rest) brings a new state, options and a fresh budget; an
+-- interrupted attempt is given back to the budget. A task that ends sends
+-- its end message to its live parent, and a cancelled one cancels its live
+-- children (ended, in common.lua). A poll's send to a task that is missing,
+-- finished or has no inbox is dropped.
+--
+-- ARGV: now, worker id, then 11 fields per completion: task id, attempt,
+-- next state (succeeded, failed, cancelled, pending or waiting), outcome,
+-- result (opt, JSON), error type, message and traceback (each opt), retry
+-- delay (opt, ms), transition (opt: a JSON array of step (opt), state,
+-- max_attempts, retry policy, timeout (opt), lease (opt), run_at (opt, ms),
+-- delay (ms)), effects (opt: a JSON array of the consumed message ids, the
+-- sends as [task id, body] and the spawns as TASK_FIELDS arrays). Returns
+-- per completion 1 (applied) or 0 (rejected).
+local FIELDS = 11
+local now = clock(ARGV[1])
+local worker = ARGV[2]
+
+-- Every fence is checked before anything is written.
+local held, applied, seen = {}, {}, {}
+for a = 3, #ARGV, FIELDS do
+  local id, attempt = ARGV[a], tonumber(ARGV[a + 1])
+  local f = redis.call('HMGET', key_task(id), 'state', 'attempt', 'worker_id',
+    'lease_expires_at', 'queue', 'name', 'priority')
+  local expires = tonumber(f[4])
+  -- A task whose fields do not read is rejected, unwritten: its lease
+  -- expires and a claim sets it aside. So is a second completion of one task.
+  if not seen[id] and f[1] == 'in_progress' and tonumber(f[2]) == attempt and f[3] == worker
+      and expires and expires > now
+      and f[5] and f[6] and tonumber(f[7]) and last_attempt_reads(id) then
+    seen[id] = true
+    local effects = opt(ARGV[a + 10])
+    held[#held + 1] = {a = a, id = id, queue = f[5], name = f[6], priority = tonumber(f[7]),
+      effects = effects and cjson.decode(effects)}
+    applied[#applied + 1] = 1
+  else
+    applied[#applied + 1] = 0
+  end
+end
+
+local function apply_effects(h)
+  local consumed, sends, spawns = h.effects[1], h.effects[2], h.effects[3]
+  for _, message_id in ipairs(consumed) do
+    redis.call('ZREMRANGEBYSCORE', key_inbox(h.id), message_id, message_id)
+  end
+  for _, spawn in ipairs(spawns) do
+    store_task(spawn, 1, now, nil)
+  end
+  for _, send in ipairs(sends) do
+    local target = send[1]
+    local f = redis.call('HMGET', key_task(target), 'state', 'inbox')
+    if f[1] and f[2] == '1' and not TERMINAL[f[1]] then
+      deliver(target, h.id, 'message', send[2], now)
+    end
+  end
+end
+
+local function take_state(key, move)
+  local step, timeout, lease = opt(move[1]), opt(move[5]), opt(move[6])
+  redis.call('HSET', key, 'payload', move[2], 'spent', 0, 'max_attempts', move[3],
+    'retry', move[4])
+  if step then redis.call('HSET', key, 'step', step) else redis.call('HDEL', key, 'step') end
+  if timeout then redis.call('HSET', key, 'timeout', timeout)
+  else redis.call('HDEL', key, 'timeout') end
+  if lease then redis.call('HSET', key, 'lease', lease) else redis.call('HDEL', key, 'lease') end
+end
+
+local function complete(h)
+  local a, id = h.a, h.id
+  local key = key_task(id)
+  local state, outcome, result = ARGV[a + 2], ARGV[a + 3], opt(ARGV[a + 4])
+  local move = opt(ARGV[a + 9])
+  move = move and cjson.decode(move)
+  if redis.call('HGET', key, 'cancel_requested') == '1'
+      and (state == 'pending' or state == 'waiting') then
+    state = 'cancelled'
+  end
+  if state == 'succeeded' then
+    if result then redis.call('HSET', key, 'result', result)
+    else redis.call('HDEL', key, 'result') end
+  end
+  if outcome == 'interrupted' then redis.call('HINCRBY', key, 'spent', -1) end
+  if move then take_state(key, move) end
+  if state == 'pending' then
+    local run_at
+    if move then
+      run_at = tonumber(opt(move[7]) or '') or now + tonumber(move[8])
+    else
+      run_at = now + tonumber(opt(ARGV[a + 8]) or '0')
+    end
+    redis.call('HSET', key, 'run_at', run_at)
+    index_pending(id, h.queue, h.name, h.priority, run_at, now)
+  end
+  move_state(id, 'in_progress', state)
+  end_lease(id, h.queue)
+  if TERMINAL[state] then mark_finished(id, state, now) end
+  close_attempt(id, now, outcome, opt(ARGV[a + 5]), opt(ARGV[a + 6]), opt(ARGV[a + 7]))
+  if TERMINAL[state] then ended(id, now) end
+end
+
+for _, h in ipairs(held) do
+  if h.effects then apply_effects(h) end
+end
+for _, h in ipairs(held) do complete(h) end
+for _, h in ipairs(held) do
+  if h.effects and redis.call('EXISTS', key_inbox(h.id)) == 1 then wake(h.id, now) end
+end
+return applied

@@ -1,0 +1,97 @@
+"""The inspector's reads on Redis: task lists from indexes, counts, workers.
+
+Reads only, never a script: each is a few pipelined round trips, not one
+atomic snapshot (a list may see a task move state between two pages, as a
+SQL read under READ COMMITTED would). No read walks the key space.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import cast
+
+import redis.asyncio as aioredis
+
+from conveyor.backends.protocol import TaskCount, TaskFilter, WorkerInfo
+from conveyor.backends.redis import keys, rows
+from conveyor.model import Task, TaskState
+
+PAGE = 200
+"""Task ids a list or a count reads per round trip."""
+
+
+async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilter) -> list[Task]:
+    """Newest first from the index of the filter's state (``{p}:state:S``),
+    else of every task; a name or queue filter is applied to what the index
+    gives, ``PAGE`` ids per round trip, so a rare name or queue costs a walk
+    of that state's tasks (or of all of them) down to ``limit`` matches."""
+    index = (
+        keys.tasks(prefix)
+        if task_filter.state is None
+        else keys.state(prefix, task_filter.state.value)
+    )
+    found: list[Task] = []
+    top = f"({task_filter.before}" if task_filter.before is not None else "+inf"
+    while len(found) < task_filter.limit:
+        ids = cast(list[str], await client.zrevrangebyscore(index, top, "-inf", start=0, num=PAGE))
+        if not ids:
+            break
+        async with client.pipeline(transaction=False) as pipe:
+            for task_id in ids:
+                pipe.hgetall(keys.task(prefix, int(task_id)))
+            hashes = await pipe.execute()
+        for task_id, fields in zip(ids, hashes, strict=True):
+            if fields and _matches(fields, task_filter):
+                found.append(rows.task(int(task_id), fields, ()))
+        top = f"({ids[-1]}"
+    return found[: task_filter.limit]
+
+
+def _matches(fields: dict[str, str], task_filter: TaskFilter) -> bool:
+    state = task_filter.state
+    return (
+        (state is None or fields.get("state") == state.value)
+        and task_filter.name in (None, fields.get("name"))
+        and task_filter.queue in (None, fields.get("queue"))
+    )
+
+
+async def count_tasks(client: aioredis.Redis, prefix: str) -> list[TaskCount]:
+    """Every task's state, queue and name, read ``PAGE`` at a time (as the
+    protocol says: no index holds the three together). A task whose state
+    does not read is left out."""
+    found: Counter[tuple[str, str, str]] = Counter()
+    top = "+inf"
+    while True:
+        ids = cast(
+            list[str],
+            await client.zrevrangebyscore(keys.tasks(prefix), top, "-inf", start=0, num=PAGE),
+        )
+        if not ids:
+            break
+        async with client.pipeline(transaction=False) as pipe:
+            for task_id in ids:
+                pipe.hmget(keys.task(prefix, int(task_id)), "state", "queue", "name")
+            rows_ = await pipe.execute()
+        for state, queue, name in rows_:
+            if state in _STATES and queue is not None and name is not None:
+                found[(state, queue, name)] += 1
+        top = f"({ids[-1]}"
+    return [TaskCount(TaskState(s), q, n, c) for (s, q, n), c in sorted(found.items())]
+
+
+_STATES = frozenset(state.value for state in TaskState)
+
+
+async def list_workers(client: aioredis.Redis, prefix: str) -> list[WorkerInfo]:
+    """Every registered worker, newest start first."""
+    ids = cast(list[str], await client.zrevrange(keys.workers(prefix), 0, -1))
+    async with client.pipeline(transaction=False) as pipe:
+        for worker_id in ids:
+            pipe.hgetall(keys.worker(prefix, worker_id))
+        hashes = await pipe.execute()
+    return [
+        rows.worker(worker_id, fields)
+        for worker_id, fields in zip(ids, hashes, strict=True)
+        if fields
+    ]

@@ -1,0 +1,400 @@
+"""Python values to script arguments, and stored Redis values back to domain
+objects.
+
+Pure functions: no connection, no I/O. Times are integer milliseconds since
+the Unix epoch in Redis (a datetime is floored to its millisecond) and come
+back as aware UTC datetimes. Optional script arguments travel as ``""``
+for None and ``"="`` followed by the value otherwise, so that an empty
+string stays a value.
+
+A task's hash holds these fields (absent: None): ``name``, ``queue``,
+``payload`` (JSON text), ``state``, ``priority``, ``run_at`` (ms),
+``attempt`` (attempts ever made), ``spent`` (attempts charged to the
+current budget), ``max_attempts``, ``retry`` (the policy as JSON),
+``timeout`` and ``lease`` (seconds), ``created_at``, ``finished_at`` and
+``lease_expires_at`` (ms), ``worker_id``, ``result`` (JSON text), ``step``,
+``cancel_requested`` and ``inbox`` (``0``/``1``), ``parent_id``, and, for
+a task holding a unique key, ``idempotency_key``, ``unique_scope`` and
+``unique_until`` (ms). An
+attempt row is a JSON object with ``number``, ``worker_id``, ``outcome``,
+``started_at``, ``finished_at``, ``error_type``, ``error_message``,
+``traceback`` and ``step``. An inbox message is a JSON array (see
+:func:`message`). A worker's hash holds ``host``, ``pid``, ``queues`` and
+``tasks`` (JSON lists), ``concurrency``, ``started_at``, ``last_seen_at``
+and ``stopped_at`` (ms) and ``beat_seconds``.
+
+A stored value that does not read (a field missing or not a number: written
+around conveyor) raises :class:`~conveyor.errors.BackendError` naming the
+task and the field, never a bare KeyError or ValueError.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from conveyor import payload as codec
+from conveyor.backends.protocol import (
+    ClaimedTask,
+    Completion,
+    Delivery,
+    Effects,
+    NewTask,
+    PruneParams,
+    Transition,
+    WorkerInfo,
+)
+from conveyor.backends.stored import retry_json, stored_retry_policy
+from conveyor.errors import BackendError
+from conveyor.model import (
+    Attempt,
+    LeaseToken,
+    Message,
+    MessageKind,
+    Outcome,
+    Pause,
+    PauseKind,
+    Task,
+    TaskState,
+)
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+TASK_FIELDS = 18
+"""Arguments per task of ``enqueue.lua`` (and per spawn of ``finish.lua``)."""
+FINISH_FIELDS = 11
+"""Arguments per completion of ``finish.lua``."""
+
+
+def ms(moment: datetime) -> int:
+    """A time as milliseconds since the epoch (floored; a naive one is taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - EPOCH) // _MILLISECOND
+
+
+def now_arg(moment: datetime | None) -> str:
+    """The ``now`` of a script: the injected time, or "" for the server's clock."""
+    return "" if moment is None else str(ms(moment))
+
+
+def moment(value: int) -> datetime:
+    return EPOCH + value * _MILLISECOND
+
+
+def seconds_ms(seconds: float) -> int:
+    """A duration in whole milliseconds (rounded)."""
+    return round(seconds * 1000)
+
+
+def opt(value: object) -> str:
+    """An optional argument: "" for None, else "=" and the value."""
+    return "" if value is None else f"={value}"
+
+
+def _unopt(value: str) -> str | None:
+    return value[1:] if value else None
+
+
+def _seconds(value: float | None) -> str | None:
+    return None if value is None else repr(float(value))
+
+
+def task_fields(t: NewTask, parent_id: int | None = None) -> list[str]:
+    """A task's ``TASK_FIELDS`` arguments (``insert_task`` in ``common.lua``),
+    its parent ``parent_id`` if given, else its own."""
+    parent = t.parent_id if parent_id is None else parent_id
+    return [
+        t.name,
+        t.queue,
+        t.payload,
+        str(t.priority),
+        opt(None if t.run_at is None else ms(t.run_at)),
+        str(seconds_ms(t.delay)),
+        str(t.max_attempts),
+        retry_json(t.retry),
+        opt(_seconds(t.timeout)),
+        opt(_seconds(t.lease)),
+        opt(t.step),
+        "1" if t.inbox else "0",
+        opt(parent),
+        opt(t.message),
+        opt(t.idempotency_key),
+        opt(t.unique_scope),
+        opt(None if t.unique_for is None else seconds_ms(t.unique_for)),
+        t.on_conflict,
+    ]
+
+
+def enqueue_args(tasks: Sequence[NewTask]) -> list[str]:
+    """The per-task arguments of ``enqueue.lua``, in order."""
+    args: list[str] = []
+    for t in tasks:
+        args += task_fields(t)
+    return args
+
+
+def finish_args(completions: Sequence[Completion]) -> list[str | int]:
+    """The per-completion arguments of ``finish.lua``, in order."""
+    args: list[str | int] = []
+    for c in completions:
+        error = c.error
+        args += [
+            c.token.task_id,
+            c.token.attempt,
+            c.next_state.value,
+            c.outcome.value,
+            opt(c.result),
+            opt(error.type if error else None),
+            opt(error.message if error else None),
+            opt(error.traceback if error else None),
+            opt(None if c.retry_delay is None else seconds_ms(c.retry_delay)),
+            opt(None if c.transition is None else _transition(c.transition)),
+            opt(None if c.effects is None else _effects(c.token.task_id, c.effects)),
+        ]
+    return args
+
+
+def _transition(move: Transition) -> str:
+    return json.dumps(
+        [
+            opt(move.step),
+            move.state,
+            str(move.max_attempts),
+            retry_json(move.retry),
+            opt(_seconds(move.timeout)),
+            opt(_seconds(move.lease)),
+            opt(None if move.run_at is None else ms(move.run_at)),
+            str(seconds_ms(move.delay)),
+        ]
+    )
+
+
+def _effects(task_id: int, effects: Effects) -> str:
+    """A poll's effects; its spawns are its children, its sends come from it."""
+    return json.dumps(
+        [
+            list(effects.consumed),
+            [[str(d.task_id), d.body] for d in effects.sends],
+            [task_fields(new, parent_id=task_id) for new in effects.spawns],
+        ]
+    )
+
+
+def send_args(deliveries: Sequence[Delivery]) -> list[str]:
+    """The per-delivery arguments of ``send.lua``, in order."""
+    args: list[str] = []
+    for d in deliveries:
+        args += [str(d.task_id), d.body, opt(d.sender_id), opt(d.idempotency_key)]
+    return args
+
+
+def claimed_task(row: Sequence[str], worker_id: str) -> ClaimedTask:
+    """A row of ``claim.lua``: id, attempt, name, queue, payload, spent,
+    max_attempts, retry policy, timeout, lease, lease expiry, step, parent id."""
+    task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
+    timeout, lease, expires, step, parent_id = row[8:13]
+    budget = int(max_attempts)
+    return ClaimedTask(
+        token=LeaseToken(task_id=int(task_id), attempt=int(attempt), worker_id=worker_id),
+        name=name,
+        queue=queue,
+        payload=payload,
+        spent=int(spent),
+        max_attempts=budget,
+        retry=stored_retry_policy(retry, budget),
+        timeout=_float(_unopt(timeout)),
+        lease=_float(_unopt(lease)),
+        lease_expires_at=moment(int(expires)),
+        step=_unopt(step),
+        parent_id=_int(_unopt(parent_id)),
+    )
+
+
+def _float(value: str | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _int(value: str | None) -> int | None:
+    return None if value is None else int(value)
+
+
+class _Fields:
+    """A task's hash, read field by field; a bad field is a BackendError."""
+
+    def __init__(self, task_id: int, fields: Mapping[str, str]) -> None:
+        self.task_id = task_id
+        self.fields = fields
+
+    def corrupt(self, name: str, why: str) -> BackendError:
+        return BackendError(f"task {self.task_id} is corrupt in Redis: its field {name!r} {why}")
+
+    def text(self, name: str) -> str:
+        value = self.fields.get(name)
+        if value is None:
+            raise self.corrupt(name, "is missing")
+        return value
+
+    def integer(self, name: str) -> int:
+        try:
+            return int(self.text(name))
+        except ValueError:
+            raise self.corrupt(name, f"is not an integer: {self.fields[name]!r}") from None
+
+    def optional_integer(self, name: str) -> int | None:
+        return self.integer(name) if name in self.fields else None
+
+    def optional_seconds(self, name: str) -> float | None:
+        if name not in self.fields:
+            return None
+        try:
+            return float(self.fields[name])
+        except ValueError:
+            raise self.corrupt(name, f"is not a number: {self.fields[name]!r}") from None
+
+    def optional_moment(self, name: str) -> datetime | None:
+        value = self.optional_integer(name)
+        return None if value is None else moment(value)
+
+    def state(self) -> TaskState:
+        text = self.text("state")
+        try:
+            return TaskState(text)
+        except ValueError:
+            raise self.corrupt("state", f"is not a state: {text!r}") from None
+
+
+def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...]) -> Task:
+    """The task stored in ``fields`` (its hash), with ``attempts``."""
+    f = _Fields(task_id, fields)
+    max_attempts = f.integer("max_attempts")
+    result = fields.get("result")
+    return Task(
+        id=task_id,
+        name=f.text("name"),
+        queue=f.text("queue"),
+        payload=codec.decode_for_display(f.text("payload")),
+        state=f.state(),
+        priority=f.integer("priority"),
+        run_at=moment(f.integer("run_at")),
+        attempt=f.integer("attempt"),
+        max_attempts=max_attempts,
+        retry=stored_retry_policy(f.text("retry"), max_attempts),
+        timeout=f.optional_seconds("timeout"),
+        lease=f.optional_seconds("lease"),
+        result=codec.decode_for_display(result) if result is not None else None,
+        created_at=moment(f.integer("created_at")),
+        finished_at=f.optional_moment("finished_at"),
+        worker_id=fields.get("worker_id"),
+        lease_expires_at=f.optional_moment("lease_expires_at"),
+        cancel_requested=fields.get("cancel_requested") == "1",
+        attempts=attempts,
+        step=fields.get("step"),
+        parent_id=f.optional_integer("parent_id"),
+        inbox=fields.get("inbox") == "1",
+        idempotency_key=fields.get("idempotency_key"),
+    )
+
+
+def attempt(task_id: int, text: str) -> Attempt:
+    """One row of a task's attempt log."""
+    try:
+        row: dict[str, Any] = json.loads(text)
+        finished = row.get("finished_at")
+        return Attempt(
+            task_id=task_id,
+            number=int(row["number"]),
+            worker_id=str(row["worker_id"]),
+            outcome=Outcome(row["outcome"]),
+            started_at=moment(int(row["started_at"])),
+            finished_at=None if finished is None else moment(int(finished)),
+            error_type=row.get("error_type"),
+            error_message=row.get("error_message"),
+            traceback=row.get("traceback"),
+            step=row.get("step"),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BackendError(
+            f"task {task_id} is corrupt in Redis: an attempt row does not read ({exc}): {text!r}"
+        ) from None
+
+
+def message(task_id: int, text: str) -> Message:
+    """One member of a task's inbox: the JSON array ``[id, sender id or "",
+    kind, created_at (ms), body (JSON text)]``. One that does not read
+    (written around conveyor) raises BackendError naming the task."""
+    try:
+        message_id, sender, kind, created_at, body = json.loads(text)
+        return Message(
+            id=int(message_id),
+            task_id=task_id,
+            sender_id=int(sender) if sender != "" else None,
+            kind=MessageKind(kind),
+            body=codec.decode(body),
+            created_at=moment(int(created_at)),
+        )
+    except (ValueError, TypeError) as exc:
+        raise BackendError(
+            f"task {task_id} is corrupt in Redis: a message of its inbox does not read "
+            f"({exc}): {text!r}"
+        ) from None
+
+
+def prune_args(params: PruneParams) -> list[str | int]:
+    """The arguments of ``prune.lua``: the limit, the workers' cutoff, then
+    each state and its cutoff (``count_prunable.lua`` takes all but the limit)."""
+    args: list[str | int] = [
+        params.limit,
+        opt(None if params.workers_before is None else ms(params.workers_before)),
+    ]
+    for state, before in params.before.items():
+        args += [state.value, ms(before)]
+    return args
+
+
+def pause(field: str, paused_at: str) -> Pause:
+    """A field of the pauses hash (``KIND:NAME``) and its time; one that
+    does not read raises BackendError."""
+    kind, _, name = field.partition(":")
+    try:
+        return Pause(PauseKind(kind), name, moment(int(paused_at)))
+    except ValueError:
+        raise BackendError(f"a pause is corrupt in Redis: {field!r} = {paused_at!r}") from None
+
+
+def worker_args(info: WorkerInfo) -> list[str]:
+    """The arguments of ``register_worker.lua`` after ``now``."""
+    return [
+        info.id,
+        info.host,
+        str(info.pid),
+        json.dumps(list(info.queues)),
+        str(info.concurrency),
+        json.dumps(list(info.tasks)),
+        opt(_seconds(info.beat_seconds)),
+    ]
+
+
+def worker(worker_id: str, fields: Mapping[str, str]) -> WorkerInfo:
+    """A worker's hash; one that does not read raises BackendError."""
+    try:
+        stopped = fields.get("stopped_at")
+        beat = fields.get("beat_seconds")
+        return WorkerInfo(
+            id=worker_id,
+            host=fields["host"],
+            pid=int(fields["pid"]),
+            queues=tuple(json.loads(fields["queues"])),
+            concurrency=int(fields["concurrency"]),
+            started_at=moment(int(fields["started_at"])),
+            last_seen_at=moment(int(fields["last_seen_at"])),
+            stopped_at=None if stopped is None else moment(int(stopped)),
+            tasks=tuple(json.loads(fields["tasks"])),
+            beat_seconds=None if beat is None else float(beat),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise BackendError(
+            f"worker {worker_id!r} is corrupt in Redis: its fields do not read ({exc!r})"
+        ) from None

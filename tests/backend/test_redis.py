@@ -1,0 +1,385 @@
+"""What only the Redis backend has: scripts run by SHA, the server's clock,
+key prefixes, and how it reads a corrupt task.
+
+The common contract is in tests/conformance/ (``REDIS_MODULES`` there lists
+the modules Redis runs so far).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis.asyncio as aioredis
+
+from conveyor import payload as codec
+from conveyor.backends.protocol import (
+    ClaimParams,
+    Completion,
+    Delivery,
+    EnqueueParams,
+    FinishParams,
+    HeartbeatParams,
+    PruneParams,
+    ScheduleSync,
+    SendParams,
+    TaskFilter,
+    WorkerInfo,
+)
+from conveyor.backends.redis import RedisBackend, keys, rows
+from conveyor.backends.redis.scripts import OPERATIONS
+from conveyor.errors import BackendError, ConfigurationError, TaskNotFoundError
+from conveyor.model import Outcome, PauseKind, TaskState
+from tests.conformance.test_inboxes import coroutine, rest
+from tests.conformance.test_schedules import SCHEDULE
+from tests.conformance.test_tasks import LEASE, T0, claim, enqueue, new, success
+from tests.conftest import REDIS_URL
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[RedisBackend]:
+    instance = RedisBackend(REDIS_URL, prefix=f"t_{uuid.uuid4().hex[:12]}")
+    await instance.open()
+    yield instance
+    await instance.destroy()
+    await instance.close()
+
+
+async def own_keys(client: aioredis.Redis, prefix: str) -> list[str]:
+    return [key async for key in client.scan_iter(match="{" + prefix + "}:*")]
+
+
+async def test_scripts_run_by_sha_and_survive_a_script_flush(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    assert store._scripts is not None
+    shas = [store._scripts.sha(name) for name in OPERATIONS]
+    [task_id] = await enqueue(store, new())
+    assert (await raw.script_exists(store._scripts.sha("enqueue"))) == [True]
+    await raw.script_flush()
+    assert not any(await raw.script_exists(*shas))
+    # The server forgot every script: the next call loads its own and runs.
+    [claimed] = await claim(store)
+    assert claimed.token.task_id == task_id
+    assert (await raw.script_exists(store._scripts.sha("claim"))) == [True]
+
+
+async def test_times_come_from_the_server_clock_without_an_injected_now(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    seconds, micros = await raw.time()
+    before = datetime.fromtimestamp(seconds, UTC) + timedelta(microseconds=micros)
+    [task_id] = await store.enqueue(EnqueueParams([new(run_at=None)]))
+    # No now anywhere: the task is due at the server's now, not at the test's T0.
+    [claimed] = await store.claim(
+        ClaimParams(worker_id="w1", names=["job"], queues=["default"], limit=1, lease=LEASE)
+    )
+    task = await store.get_task(task_id)
+    assert task is not None
+    after = datetime.now(UTC) + timedelta(seconds=1)
+    floor = before - timedelta(milliseconds=1)
+    assert floor <= task.created_at <= after
+    assert floor <= task.attempts[0].started_at <= after
+    assert claimed.lease_expires_at - task.attempts[0].started_at == timedelta(seconds=LEASE)
+
+
+async def test_destroy_deletes_exactly_its_prefix(raw: aioredis.Redis) -> None:
+    """A prefix with glob characters matches only itself; a neighbour whose
+    name it would match as a pattern keeps its keys."""
+    stem = f"t_{uuid.uuid4().hex[:12]}"
+    mine = RedisBackend(REDIS_URL, prefix=stem + "*")
+    await mine.open()
+    await enqueue(mine, new(), new(run_at=None))
+    neighbours = ["{" + stem + "x}:task:1", "{" + stem + "}:task:1", stem + "*:task:1"]
+    try:
+        await raw.mset(dict.fromkeys(neighbours, "keep"))
+        assert await own_keys(raw, stem + "\\*")
+        await mine.destroy()
+        assert await own_keys(raw, stem + "\\*") == []
+        assert await raw.exists(*neighbours) == len(neighbours)
+    finally:
+        await raw.delete(*neighbours)
+        await mine.destroy()
+        await mine.close()
+
+
+async def test_a_task_hash_missing_a_field_is_a_typed_error(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    stateless, counterless, healthy = await enqueue(store, new(), new(priority=9), new())
+    await raw.hdel(f"{{{store.prefix}}}:task:{stateless}", "state")
+    with pytest.raises(BackendError, match=f"task {stateless} .*'state' is missing"):
+        await store.get_task(stateless)
+    # A claim that meets a task whose counters do not read sets it aside
+    # (out of the claim order, into the corrupt set) instead of failing:
+    # it blocks nothing behind it, and is claimed never again.
+    await raw.hdel(f"{{{store.prefix}}}:task:{counterless}", "attempt")
+    await raw.hdel(f"{{{store.prefix}}}:task:{stateless}", "spent")
+    assert [c.token.task_id for c in await claim(store)] == [healthy]
+    assert await claim(store) == []
+    assert await raw.smembers(f"{{{store.prefix}}}:corrupt") == {
+        str(stateless),
+        str(counterless),
+    }
+    with pytest.raises(BackendError, match=f"task {counterless} .*'attempt' is missing"):
+        await store.get_task(counterless)
+
+
+async def test_what_is_not_built_yet_raises_and_stores_nothing(store: RedisBackend) -> None:
+    keyed = replace(new(), concurrency_key="k", concurrency_limit=1)
+    with pytest.raises(ConfigurationError, match="does not support concurrency keys"):
+        await store.enqueue(EnqueueParams([new(), keyed]))
+    assert await store.list_tasks(TaskFilter()) == []
+    rated = replace(new(), rate_limit=1, rate_period=1.0)
+    with pytest.raises(ConfigurationError, match="does not support rate limits"):
+        await store.enqueue(EnqueueParams([rated]))
+    assert await store.list_tasks(TaskFilter()) == []
+
+
+async def test_a_heartbeat_and_a_finish_of_no_tokens_write_nothing(store: RedisBackend) -> None:
+    beat = await store.heartbeat(HeartbeatParams("w1", [], LEASE))
+    assert beat.renewed == beat.lost == frozenset()
+    done = await store.finish(FinishParams("w1", []))
+    assert done.applied == done.rejected == frozenset()
+
+
+async def test_a_poll_spawning_what_is_not_built_is_refused_before_any_write(
+    store: RedisBackend,
+) -> None:
+    [parent, peer] = await enqueue(store, coroutine(), coroutine())
+    [polled] = await claim(store, names=("coro",), limit=1)
+    seen = await store.inbox(parent)
+    poll = rest(
+        polled,
+        {"n": 1},
+        consumed=tuple(m.id for m in seen),
+        sends=(Delivery(peer, codec.encode("hi"), parent),),
+        spawns=(replace(new(), rate_limit=1, rate_period=1.0),),
+    )
+    with pytest.raises(ConfigurationError, match="rate limits"):
+        await store.finish(FinishParams("w1", [poll]))
+    task = await store.get_task(parent)
+    assert task is not None and task.state is TaskState.IN_PROGRESS
+    assert await store.inbox(parent) == seen and await store.inbox(peer) == []
+    assert [t.id for t in await store.list_tasks(TaskFilter())] == [peer, parent]
+
+
+async def test_an_inbox_message_that_does_not_read_is_a_typed_error(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    [task_id] = await enqueue(store, coroutine(message={"n": 1}))
+    [first] = await store.inbox(task_id)
+    assert first.body == {"n": 1} and first.sender_id is None
+    await raw.zadd(f"{{{store.prefix}}}:inbox:{task_id}", {"not json": first.id + 1})
+    with pytest.raises(BackendError, match=f"task {task_id} .*message of its inbox"):
+        await store.inbox(task_id)
+
+
+async def test_send_keys_live_per_recipient_and_a_refusal_writes_nothing(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    [a, b] = await enqueue(store, coroutine(), coroutine())
+    keyed = [
+        Delivery(a, codec.encode(1), idempotency_key="k"),
+        Delivery(b, codec.encode(2), None, "k"),
+    ]
+    first = await store.send(SendParams(keyed, now=T0))
+    assert await store.send(SendParams(keyed, now=T0)) == first  # same key, same ids
+    assert await raw.hgetall(f"{{{store.prefix}}}:sent:{a}") == {"k": str(first[0])}
+    ids_before = await raw.get(f"{{{store.prefix}}}:message-ids")
+    with pytest.raises(TaskNotFoundError):
+        await store.send(SendParams([Delivery(a, codec.encode(3)), Delivery(999, "1")]))
+    assert await raw.get(f"{{{store.prefix}}}:message-ids") == ids_before
+    assert [m.body for m in await store.inbox(a)] == [1]
+
+
+def test_urls_and_prefixes() -> None:
+    backend = RedisBackend("rediss://:secret@example.com:6380/2?prefix=jobs")
+    assert backend.prefix == "jobs"
+    assert backend.location == "rediss://example.com:6380/2?prefix=jobs"
+    assert "secret" not in backend.location
+    with pytest.raises(ConfigurationError, match="braces"):
+        RedisBackend(REDIS_URL, prefix="a{b}")
+    with pytest.raises(ConfigurationError, match="two key prefixes"):
+        RedisBackend(REDIS_URL + "?prefix=a", prefix="b")
+    with pytest.raises(ConfigurationError, match="redis://"):
+        RedisBackend("postgresql://localhost/db")
+
+
+async def state_index(raw: aioredis.Redis, prefix: str) -> dict[str, set[int]]:
+    found = {}
+    for state in TaskState:
+        ids = await raw.zrange(f"{{{prefix}}}:state:{state.value}", 0, -1)
+        if ids:
+            found[state.value] = {int(i) for i in ids}
+    return found
+
+
+async def test_the_state_index_follows_every_move(store: RedisBackend, raw: aioredis.Redis) -> None:
+    """Each task is in exactly the index of its state, through claims,
+    completions, a suspend and a wake, cancels (cascading) and retries."""
+    [parent, plain, doomed] = await enqueue(store, coroutine(), new(), new())
+    await store.cancel(doomed, now=T0)
+    [polled] = await claim(store, names=("coro",), limit=1)
+    child = replace(new(), parent_id=parent)
+    await store.finish(FinishParams("w1", [rest(polled, {}, spawns=(child,))], now=T0))
+    ran = await claim(store, limit=2)  # the plain task and the child
+    await store.finish(FinishParams("w1", [success(r.token) for r in ran], now=T0))
+    await store.retry(doomed, now=T0)
+    tasks = {t.id: t.state.value for t in await store.list_tasks(TaskFilter())}
+    expected: dict[str, set[int]] = {}
+    for task_id, state in tasks.items():
+        expected.setdefault(state, set()).add(task_id)
+    assert await state_index(raw, store.prefix) == expected
+    assert tasks[parent] == "pending"  # woken by its child's end message
+    assert await store.cancel(parent, now=T0) is TaskState.CANCELLED
+    tasks = {t.id: t.state.value for t in await store.list_tasks(TaskFilter())}
+    assert {i for i, s in tasks.items() if s == "cancelled"} == (
+        await state_index(raw, store.prefix)
+    )["cancelled"]
+    assert plain in tasks
+
+
+async def test_workers_are_registered_seen_and_stopped(store: RedisBackend) -> None:
+    info = WorkerInfo("w1", "host", 42, ("default",), 4, tasks=("job",), beat_seconds=1.5)
+    await store.register_worker(info)
+    await store.register_worker(replace(info, id="w2", beat_seconds=None))
+    [newest, first] = await store.list_workers()
+    assert {newest.id, first.id} == {"w1", "w2"}
+    w1 = next(w for w in (newest, first) if w.id == "w1")
+    assert (w1.host, w1.pid, w1.queues, w1.concurrency, w1.tasks, w1.beat_seconds) == (
+        "host",
+        42,
+        ("default",),
+        4,
+        ("job",),
+        1.5,
+    )
+    assert w1.started_at is not None and w1.stopped_at is None
+    await store.heartbeat(HeartbeatParams("w1", [], LEASE))
+    await store.stop_worker("w1")
+    await store.stop_worker("nobody")
+    stopped = next(w for w in await store.list_workers() if w.id == "w1")
+    assert stopped.stopped_at is not None and stopped.last_seen_at == stopped.stopped_at
+    assert len(await store.list_workers()) == 2
+
+
+async def test_next_due_at_is_the_earliest_pending_run_time(store: RedisBackend) -> None:
+    assert await store.next_due_at(["default", "mail"]) is None
+    soon, later_, _mail = await enqueue(
+        store,
+        new(run_at=T0 + timedelta(seconds=5)),
+        new(run_at=T0 + timedelta(seconds=50)),
+        new(queue="mail", run_at=T0 + timedelta(seconds=1)),
+    )
+    assert await store.next_due_at(["default"]) == T0 + timedelta(seconds=5)
+    assert await store.next_due_at(["default", "mail"]) == T0 + timedelta(seconds=1)
+    [claimed] = await claim(store, at=T0 + timedelta(seconds=5))  # promoted, then claimed
+    assert claimed.token.task_id == soon
+    assert await store.next_due_at(["default"]) == T0 + timedelta(seconds=50)
+    await store.cancel(later_, now=T0)
+    assert await store.next_due_at(["default"]) is None
+    retry = Completion(claimed.token, Outcome.FAILED, TaskState.PENDING, retry_delay=0.0)
+    await store.finish(FinishParams("w1", [retry], now=T0))  # due again at once
+    assert await store.next_due_at(["default"]) == T0
+
+
+async def test_prune_leaves_no_key_of_its_tasks_behind(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    """A pruned task takes every key stored for it: hash, attempt log,
+    inbox, send keys, unique key, children and index entries."""
+    before = set(await own_keys(raw, store.prefix))
+    [parent] = await enqueue(store, replace(coroutine(message={"n": 1}), idempotency_key="k"))
+    [child] = await enqueue(store, replace(new("kid"), parent_id=parent))
+    await store.send(SendParams([Delivery(parent, codec.encode(2), idempotency_key="s")]))
+    [taken] = await claim(store, names=("kid",))
+    await store.finish(FinishParams("w1", [success(taken.token)], now=T0 + timedelta(seconds=1)))
+    await store.cancel(parent, now=T0 + timedelta(seconds=2))
+    cutoff = T0 + timedelta(seconds=10)
+    params = PruneParams({TaskState.SUCCEEDED: cutoff, TaskState.CANCELLED: cutoff})
+    assert (await store.prune(params)).tasks == 2
+    left = set(await own_keys(raw, store.prefix)) - before
+    base = "{" + store.prefix + "}"
+    # What may stay: counters, and sets of queues and names ever used.
+    assert {k for k in left if str(parent) in k.split(":") or str(child) in k.split(":")} == set()
+    assert not any(
+        k.startswith((f"{base}:unique", f"{base}:finished", f"{base}:state")) for k in left
+    )
+    assert await store.list_tasks(TaskFilter()) == []
+
+
+async def test_unique_keys_of_names_with_colons_do_not_collide(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    """The name's length is in the key, so ("a:b", "c") and ("a", "b:c"),
+    or a non-ASCII name, hold keys of their own."""
+    ids = await enqueue(
+        store,
+        replace(new("a:b"), idempotency_key="c"),
+        replace(new("a"), idempotency_key="b:c"),
+        replace(new("é"), idempotency_key="c"),
+    )
+    assert len(set(ids)) == 3
+    assert await raw.get(keys.unique(store.prefix, "é", "c")) == str(ids[2])
+    assert await enqueue(store, replace(new("é"), idempotency_key="c")) == [ids[2]]
+
+
+async def test_concurrent_enqueues_of_one_key_store_one_task(store: RedisBackend) -> None:
+    callers = [RedisBackend(REDIS_URL, prefix=store.prefix) for _ in range(8)]
+    for caller in callers:
+        await caller.open()
+    try:
+        keyed = replace(new(), idempotency_key="race")
+        found = await asyncio.gather(*(c.enqueue(EnqueueParams([keyed])) for c in callers))
+        assert len({ids[0] for ids in found}) == 1
+        assert len(await store.list_tasks(TaskFilter())) == 1
+    finally:
+        for caller in callers:
+            await caller.close()
+
+
+async def test_a_store_of_an_older_layout_is_refused(raw: aioredis.Redis) -> None:
+    prefix = f"t_{uuid.uuid4().hex[:12]}"
+    await raw.set(keys.layout(prefix), "2")
+    try:
+        with pytest.raises(ConfigurationError, match="layout '2'"):
+            await RedisBackend(REDIS_URL, prefix=prefix).open()
+    finally:
+        await raw.delete(keys.layout(prefix))
+
+
+async def test_a_pause_is_a_field_of_one_hash(store: RedisBackend, raw: aioredis.Redis) -> None:
+    await store.pause(PauseKind.TASK, "a:b", now=T0)
+    await store.pause(PauseKind.QUEUE, "mail", now=T0)
+    assert await raw.hgetall(keys.pauses(store.prefix)) == {
+        "task:a:b": str(rows.ms(T0)),
+        "queue:mail": str(rows.ms(T0)),
+    }
+    assert [(p.kind, p.name) for p in await store.list_pauses()] == [
+        (PauseKind.QUEUE, "mail"),
+        (PauseKind.TASK, "a:b"),
+    ]
+
+
+async def test_a_schedule_is_a_hash_and_one_that_does_not_read_is_a_typed_error(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    await store.sync_schedules(ScheduleSync([SCHEDULE], tasks=["job"], now=T0))
+    assert await raw.smembers(keys.schedules(store.prefix)) == {"nightly"}
+    stored = await raw.hgetall(keys.schedule(store.prefix, "nightly"))
+    assert (stored["last_slot"], stored["fingerprint"]) == (str(rows.ms(T0)), "f1")
+    await raw.hset(keys.schedule(store.prefix, "nightly"), "definition", "{")
+    with pytest.raises(BackendError, match="schedule 'nightly' is corrupt"):
+        await store.list_schedules()
