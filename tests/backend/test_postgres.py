@@ -6,6 +6,8 @@ The common contract is in tests/conformance/, run against every backend.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Any
 
 import psycopg
 import pytest
@@ -13,14 +15,18 @@ import pytest
 from conveyor.backends.postgres import PostgresBackend, queries
 from conveyor.backends.protocol import (
     Completion,
+    EnqueueParams,
     FinishParams,
     HeartbeatParams,
+    NewTask,
     PruneParams,
     PruneResult,
+    TaskFilter,
 )
 from conveyor.errors import BackendError, ConfigurationError
 from conveyor.model import Outcome, TaskState
 from tests.conformance.test_tasks import LEASE, claim, enqueue, later, new
+from tests.conftest import PG_URL
 
 
 async def test_migrations_are_recorded_and_idempotent(backend: PostgresBackend) -> None:
@@ -308,3 +314,54 @@ async def test_a_store_whose_server_does_not_vacuum_is_vacuumed_by_its_workers(
         ).fetchone()
     assert analyzed == (True,), "vacuumed without statistics for the planner"
     assert await backend.vacuum() == []  # nothing left to do
+
+
+def _keyed(kind: str, key: str) -> NewTask:
+    task = new()
+    if kind == "unique":
+        return dataclasses.replace(task, idempotency_key=key)
+    return dataclasses.replace(task, concurrency_key=key, concurrency_limit=1)
+
+
+async def _waiting(
+    conn: psycopg.AsyncConnection[Any], waiters: int, done: asyncio.Future[Any]
+) -> None:
+    """Until ``waiters`` sessions wait for a lock, or ``done`` is."""
+    for _ in range(500):
+        if done.done():
+            return
+        cursor = await conn.execute("select count(*) from pg_locks where not granted")
+        row = await cursor.fetchone()
+        if row is not None and row[0] >= waiters:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{waiters} sessions never waited for a lock")
+
+
+@pytest.mark.parametrize("kind", ["unique", "concurrency"])
+async def test_enqueues_of_the_same_new_keys_in_other_orders_do_not_deadlock(
+    backend: PostgresBackend, kind: str
+) -> None:
+    """One enqueue stalls midway on key c (held by an open transaction)
+    after taking key a; another wants b then a. Inserting in batch order,
+    the first then wants b and each waits for the other: PostgreSQL kills
+    one with "deadlock detected". Keys are taken in one order instead."""
+
+    def batch(*keys: str) -> EnqueueParams:
+        return EnqueueParams(tasks=[_keyed(kind, key) for key in keys])
+
+    async with (
+        await psycopg.AsyncConnection.connect(PG_URL) as holder,
+        await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as watcher,
+    ):
+        async with holder.transaction():
+            [held] = await backend.enqueue_in(batch("c"), holder)
+            first = asyncio.ensure_future(backend.enqueue(batch("a", "c", "b")))
+            await _waiting(watcher, 1, first)
+            second = asyncio.ensure_future(backend.enqueue(batch("b", "a")))
+            await _waiting(watcher, 2, second)
+        ids = await asyncio.gather(first, second)
+    tasks = await backend.list_tasks(TaskFilter(limit=100))
+    assert len(tasks) == (3 if kind == "unique" else 6)
+    if kind == "unique":
+        assert ids == [[ids[0][0], held, ids[0][2]], [ids[0][2], ids[0][0]]]

@@ -109,6 +109,36 @@ order by i.ord
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id, name, idempotency_key;
 
+-- name: lock_unique_keys
+-- The unique keys of a batch, locked (advisory, until commit) in one order
+-- before anything is inserted. Two enqueues of the same keys in different
+-- orders would otherwise deadlock on the unique index, each waiting for a
+-- key the other inserted first; now the later one waits for the earlier's
+-- commit before it inserts anything. Keys fold into 32-bit hashes (two keys
+-- sharing one only wait for each other) in a space apart from guard_send's.
+select count(pg_advisory_xact_lock(({lock_space} # 1), k.h))
+from (select distinct hashtext(k.name || chr(31) || k.key) as h
+      from unnest(%(names)s::text[], %(keys)s::text[]) as k(name, key)
+      where k.key is not null
+      order by h) as k;
+
+-- name: ensure_keys
+-- The concurrency rows of a batch's keys, made in key order before its tasks
+-- are inserted (the trigger then finds them). Inserting a new key waits for
+-- another transaction that inserted the same key, uncommitted; two enqueues
+-- of new keys in different orders would otherwise deadlock. A key's limit and
+-- rate come from the batch's first task with it, as the trigger does.
+insert into {schema}.concurrency (key, max_running, rate_limit, rate_period, tokens, refilled_at)
+select distinct on (k.key)
+       k.key, coalesce(k.max_running, 1000000), k.rate_limit, k.rate_period, k.rate_limit,
+       statement_timestamp()
+from unnest(%(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
+            %(rate_limits)s::int[], %(rate_periods)s::float8[])
+    with ordinality as k(key, max_running, rate_limit, rate_period, ord)
+where k.key is not null
+order by k.key, k.ord
+on conflict (key) do nothing;
+
 -- name: release_keys
 -- Unique keys whose period has ended give way to the enqueue that wants
 -- them: cleared, so that enqueue_keyed (next, in the same transaction)

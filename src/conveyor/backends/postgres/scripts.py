@@ -99,11 +99,16 @@ def _insert_keyed(
     TaskExistsError (the caller's transaction then stores nothing). A key
     repeated within the batch is the batch's first task with it. Keys whose
     period has ended are given up first, so the tasks that take them over
-    are inserted with the rest, in the batch's order."""
+    are inserted with the rest, in the batch's order.
+
+    Enqueues of the same keys never deadlock, whatever their order: the
+    batch's unique keys are locked, and its new concurrency keys made, in
+    one order before any task is inserted (``lock_unique_keys``, ``ensure_keys``).
+    Several enqueues in one caller's transaction are ordered by the caller."""
     ids: list[int | None] = [None] * len(tasks)
     fresh = [False] * len(tasks)
     todo = list(range(len(tasks)))
-    yield sql["release_keys"], key_pairs_args(tasks, now)  # so ids follow the batch's order
+    yield from _before_keyed(sql, tasks, now)
     for _ in range(KEYED_ROUNDS):
         batch = [tasks[i] for i in todo]
         found, new = keyed_ids(batch, (yield sql["enqueue_keyed"], keyed_args(batch, now)))
@@ -138,6 +143,20 @@ def _insert_keyed(
     if None in ids:
         raise BackendError("a unique key kept changing hands while this enqueue ran; retry it")
     return [task_id for task_id in ids if task_id is not None], fresh
+
+
+def _before_keyed(
+    sql: Statements, tasks: Sequence[NewTask], now: datetime | None
+) -> Generator[Step, Rows, None]:
+    """What a keyed insert does first: lock the batch's unique keys and make
+    its new concurrency keys, each in one order (so two enqueues of the same
+    keys never deadlock), and give up the unique keys whose period ended (so
+    the tasks taking them over get ids in the batch's order)."""
+    if any(t.idempotency_key is not None for t in tasks):
+        yield sql["lock_unique_keys"], key_pairs_args(tasks)
+        yield sql["release_keys"], key_pairs_args(tasks, now)
+    if len({t.concurrency_key for t in tasks} - {None}) > 1:
+        yield sql["ensure_keys"], keyed_args(tasks, now)
 
 
 def _key(task: NewTask) -> tuple[str, str | None]:
