@@ -24,11 +24,13 @@ from conveyor.backends.protocol import (
     EnqueueParams,
     FinishParams,
     HeartbeatParams,
+    NewTask,
     PruneParams,
     ScheduleSync,
     SendParams,
     TaskFilter,
     WorkerInfo,
+    WorkFilter,
 )
 from conveyor.backends.redis import RedisBackend, keys, rows
 from conveyor.backends.redis.scripts import OPERATIONS
@@ -136,14 +138,11 @@ async def test_a_task_hash_missing_a_field_is_a_typed_error(
         await store.get_task(counterless)
 
 
-async def test_what_is_not_built_yet_raises_and_stores_nothing(store: RedisBackend) -> None:
-    keyed = replace(new(), concurrency_key="k", concurrency_limit=1)
-    with pytest.raises(ConfigurationError, match="does not support concurrency keys"):
-        await store.enqueue(EnqueueParams([new(), keyed]))
-    assert await store.list_tasks(TaskFilter()) == []
-    rated = replace(new(), rate_limit=1, rate_period=1.0)
-    with pytest.raises(ConfigurationError, match="does not support rate limits"):
-        await store.enqueue(EnqueueParams([rated]))
+async def test_a_priority_beyond_32_bits_is_refused_and_stores_nothing(
+    store: RedisBackend,
+) -> None:
+    with pytest.raises(ConfigurationError, match="priority must fit in 32 bits"):
+        await store.enqueue(EnqueueParams([new(), new(priority=2**31)]))
     assert await store.list_tasks(TaskFilter()) == []
 
 
@@ -154,7 +153,7 @@ async def test_a_heartbeat_and_a_finish_of_no_tokens_write_nothing(store: RedisB
     assert done.applied == done.rejected == frozenset()
 
 
-async def test_a_poll_spawning_what_is_not_built_is_refused_before_any_write(
+async def test_a_poll_spawning_what_cannot_be_stored_is_refused_before_any_write(
     store: RedisBackend,
 ) -> None:
     [parent, peer] = await enqueue(store, coroutine(), coroutine())
@@ -165,9 +164,9 @@ async def test_a_poll_spawning_what_is_not_built_is_refused_before_any_write(
         {"n": 1},
         consumed=tuple(m.id for m in seen),
         sends=(Delivery(peer, codec.encode("hi"), parent),),
-        spawns=(replace(new(), rate_limit=1, rate_period=1.0),),
+        spawns=(new(priority=-(2**31) - 1),),
     )
-    with pytest.raises(ConfigurationError, match="rate limits"):
+    with pytest.raises(ConfigurationError, match="32 bits"):
         await store.finish(FinishParams("w1", [poll]))
     task = await store.get_task(parent)
     assert task is not None and task.state is TaskState.IN_PROGRESS
@@ -383,3 +382,75 @@ async def test_a_schedule_is_a_hash_and_one_that_does_not_read_is_a_typed_error(
     await raw.hset(keys.schedule(store.prefix, "nightly"), "definition", "{")
     with pytest.raises(BackendError, match="schedule 'nightly' is corrupt"):
         await store.list_schedules()
+
+
+async def test_a_store_of_layout_3_reads_as_layout_4(raw: aioredis.Redis) -> None:
+    """Layout 4 only added keys (concurrency keys): a layout 3 store holds
+    none of them, and is marked layout 4 when opened."""
+    prefix = f"t_{uuid.uuid4().hex[:12]}"
+    await raw.set(keys.layout(prefix), "3")
+    instance = RedisBackend(REDIS_URL, prefix=prefix)
+    try:
+        await instance.open()
+        assert await raw.get(keys.layout(prefix)) == keys.LAYOUT_VERSION == "4"
+    finally:
+        await instance.destroy()
+        await instance.close()
+
+
+def keyed(key: str, limit: int = 1, **fields: object) -> NewTask:
+    return replace(new(**fields), concurrency_key=key, concurrency_limit=limit)  # type: ignore[arg-type]
+
+
+async def test_a_full_key_costs_a_claim_nothing_of_the_tasks_behind_it(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    """The tasks behind a key are in the key's own sorted set, out of the
+    queue's ready sets; while the key is full a claim does not read that
+    set at all: a member that does not read, put at its front, is met (and
+    dropped) only once the key has room again."""
+    held = await enqueue(store, *(keyed("hot") for _ in range(1000)))
+    [plain] = await enqueue(store, new())
+    first = await claim(store, limit=10)
+    assert sorted(c.token.task_id for c in first) == [held[0], plain]
+    ready = keys.concurrency_ready(store.prefix, "hot")
+    assert await raw.zcard(ready) == 999
+    assert await raw.scard(keys.concurrency_pending(store.prefix, "hot")) == 999
+    assert await raw.zcard(keys.concurrency_leases(store.prefix, "hot")) == 1
+    assert await store.count_unfinished(WorkFilter(["job"], ["default"], now=T0)) == 1001
+    # A member sorting first among the 999 (the claim order of the task
+    # running, which left the set), in no format a claim reads.
+    [head] = await raw.zrange(ready, 0, 0)
+    poison = head[:42].replace(f"{held[1]:015d}", f"{held[0]:015d}") + "|?"
+    assert poison < head
+    await raw.zadd(ready, {poison: 0})
+    for at in (1, 2, 3):
+        assert await claim(store, limit=10, at=T0 + timedelta(seconds=at)) == []
+    assert await raw.zscore(ready, poison) == 0
+    [running] = [c for c in first if c.token.task_id == held[0]]
+    await store.finish(FinishParams("w1", [success(running.token)], now=T0 + timedelta(seconds=4)))
+    [second] = await claim(store, limit=10, at=T0 + timedelta(seconds=5))
+    assert second.token.task_id == held[1]
+    assert await raw.zscore(ready, poison) is None
+    assert await raw.zcard(ready) == 998
+
+
+async def test_a_drained_key_leaves_no_key_behind(store: RedisBackend, raw: aioredis.Redis) -> None:
+    """A key's row goes with the claim that reads it with no pending task
+    left; its sets go as they empty (a rate's row once its bucket is full)."""
+    before = set(await own_keys(raw, store.prefix))
+    rated = replace(keyed("r", limit=2), rate_limit=1, rate_period=10.0)
+    await enqueue(store, keyed("k", limit=2), keyed("k", limit=2), rated)
+    taken = await claim(store, limit=10)
+    assert len(taken) == 3
+    done = [success(c.token) for c in taken]
+    await store.finish(FinishParams("w1", done, now=T0 + timedelta(seconds=1)))
+    assert await claim(store, limit=10, at=T0 + timedelta(seconds=2)) == []
+    left = {k for k in set(await own_keys(raw, store.prefix)) - before if "concurrency" in k}
+    assert left == {keys.concurrency(store.prefix, "r"), keys.concurrency_keys(store.prefix)}
+    [listed] = await store.list_keys(now=T0 + timedelta(seconds=2))
+    assert (listed.key, listed.pending, listed.tokens) == ("r", 0, pytest.approx(0.2))
+    assert await claim(store, limit=10, at=T0 + timedelta(seconds=30)) == []
+    left = {k for k in set(await own_keys(raw, store.prefix)) - before if "concurrency" in k}
+    assert left == set()
+    assert await store.list_keys(now=T0 + timedelta(seconds=30)) == []

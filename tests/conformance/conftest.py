@@ -18,11 +18,13 @@ from tests.conftest import BACKENDS, backend_url, schema_for
 REDIS_MODULES = frozenset(
     {
         "test_capabilities",
+        "test_concurrency_keys",
         "test_controls",
         "test_idempotency",
         "test_inboxes",
         "test_inspector",
         "test_pauses",
+        "test_rate_limits",
         "test_retention",
         "test_schedules",
         "test_steps",

@@ -15,7 +15,7 @@ Limits, stated plainly:
   ``appendfsync``) keep it.
 - One store is one cluster slot (see :mod:`.keys`); a Redis Cluster client
   is not supported yet.
-- Built so far (issue 19, parts 1 to 3): enqueue (with steps, inboxes,
+- Built so far (issue 19, parts 1 to 4): enqueue (with steps, inboxes,
   parents and first messages, and unique keys with their scopes, periods
   and conflicts), claim, heartbeat (which also marks a registered worker
   seen), finish with transitions (a workflow's next step, a coroutine's
@@ -27,12 +27,20 @@ Limits, stated plainly:
   the cancel-requested read, ``get_task``, ``count_unfinished``,
   ``next_due_at``, wake-ups (Pub/Sub: ``NOTIFICATIONS``), workers, and the
   inspector (``INSPECT``: ``list_tasks`` from a per-state index,
-  ``count_tasks`` and ``list_workers``; ``list_keys`` is empty, as no
-  concurrency key or rate limit can exist yet), and schedules (sync, list,
-  and a fire that moves the last slot in the script that enqueues the
-  slots' tasks). Not built yet: concurrency keys and rate limits: an
-  enqueue, fire or completion (a spawn) that asks for one of them raises
-  ConfigurationError saying so, before anything is written.
+  ``count_tasks``, ``list_workers`` and ``list_keys``), schedules (sync,
+  list, and a fire that moves the last slot in the script that enqueues
+  the slots' tasks), and concurrency keys with rate limits (part 4).
+- Concurrency keys and rate limits hold as on the other backends (the
+  memory store is the model; ``lua/keys.lua`` has the design): a claim's
+  script reads at most ``max(4 * limit, 16)`` keys, claimed from longest
+  ago first, counts each one's running tasks from a sorted set of their
+  leases and refills its token bucket from the server's clock, and takes
+  at most the room left from the key's own sorted set of due tasks. Scripts
+  do not overlap, so two claims never fill one key twice. A full key costs
+  a claim its row and its expired leases, never the tasks behind it; a key
+  whose due tasks are of other queues or names is walked past them. Unlike
+  the SQL backends, a key whose pending tasks are all delayed is read but
+  not walked (they join its due set when a claim promotes them).
 - ``prune`` takes, within a state, the oldest finish first (ids break
   ties); the other backends take the lowest ids first, so one batch may
   differ from theirs, never what a prune run to the end deletes.
@@ -53,9 +61,10 @@ Limits, stated plainly:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -87,7 +96,7 @@ from conveyor.backends.protocol import (
     WorkerInfo,
     WorkFilter,
 )
-from conveyor.backends.redis import keys, listen, reads, rows, schedules
+from conveyor.backends.redis import concurrency, keys, listen, persistence, reads, rows, schedules
 from conveyor.backends.redis.scripts import Scripts
 from conveyor.backends.stored import (
     CANCELLED_MEANWHILE,
@@ -96,6 +105,7 @@ from conveyor.backends.stored import (
     LEASE_EXPIRED_ERROR,
     check_recipient,
     delete_refused,
+    key_scan,
     transition_result,
 )
 from conveyor.errors import (
@@ -117,6 +127,9 @@ from conveyor.model import (
 )
 
 SCHEMES = ("redis", "rediss")
+_CHECKED: set[str] = set()
+"""The servers whose persistence this process has checked (host:port)."""
+log = logging.getLogger("conveyor.redis")
 PRIORITY_RANGE = range(-(2**31), 2**31)
 """The priorities the claim order's fixed-width members hold (32-bit, as
 ``conveyor.options.check_priority`` takes)."""
@@ -129,10 +142,6 @@ _FINISH_STATES = frozenset(
         TaskState.WAITING,
     }
 )
-
-
-def _unsupported(operation: str) -> NoReturn:
-    raise ConfigurationError(f"the Redis backend does not support {operation} yet")
 
 
 class RedisBackend:
@@ -158,6 +167,7 @@ class RedisBackend:
         self._url = urlunsplit(parts._replace(query=urlencode(query)))
         host = parts.hostname or "localhost"
         port = f":{parts.port}" if parts.port else ""
+        self._server = f"{host}{port}"
         self._location = f"{parts.scheme}://{host}{port}{parts.path or '/0'}?prefix={self.prefix}"
         self._client: aioredis.Redis | None = None
         self._scripts: Scripts | None = None
@@ -169,19 +179,35 @@ class RedisBackend:
     # -- connection ------------------------------------------------------
 
     async def open(self) -> None:
-        """Connect, and mark a new store with this layout's version. Raises
+        """Connect, and mark a new store (or one of a layout this one reads,
+        :data:`keys.UPGRADED`) with this layout's version. Raises
         ConfigurationError for a store written with another layout."""
         client = aioredis.Redis.from_url(self._url, decode_responses=True)
         self._client, self._scripts = client, Scripts(client)
         with _translated():
             await client.set(keys.layout(self.prefix), keys.LAYOUT_VERSION, nx=True)
             found = await client.get(keys.layout(self.prefix))
+            if found in keys.UPGRADED:
+                await client.set(keys.layout(self.prefix), keys.LAYOUT_VERSION)
+                found = keys.LAYOUT_VERSION
         if found != keys.LAYOUT_VERSION:
             await self.close()  # refused: no connection is left open
             raise ConfigurationError(
                 f"the Redis store {self.location} has key layout {found!r}; "
                 f"this conveyor reads layout {keys.LAYOUT_VERSION!r}"
             )
+        await self._check_persistence(client)
+
+    async def _check_persistence(self, client: aioredis.Redis) -> None:
+        """Warn, once per process and server, of each persistence setting
+        that can lose acknowledged work (see :mod:`.persistence`)."""
+        if self._server in _CHECKED:
+            return
+        _CHECKED.add(self._server)
+        with _translated():
+            found = await persistence.read(client)
+        for problem in found.problems():
+            log.warning("Redis at %s: %s", self._server, problem)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -228,9 +254,7 @@ class RedisBackend:
         holder takes its payload, priority and due time, or TaskExistsError
         is raised and nothing of the enqueue is stored (checked in the same
         script, so concurrent enqueues of one key store one task). Raises
-        ConfigurationError, storing nothing, for a task with an option not
-        built yet (concurrency key, rate limit) or a priority beyond 32
-        bits."""
+        ConfigurationError, storing nothing, for a priority beyond 32 bits."""
         tasks = list(params.tasks)
         if not tasks:
             return []
@@ -260,6 +284,7 @@ class RedisBackend:
             LEASE_EXPIRED,
             CANCELLED_MEANWHILE,
             CRASH_BUDGET_SPENT,
+            key_scan(params.limit),
             len(queues),
             *queues,
             *dict.fromkeys(params.names),
@@ -301,7 +326,7 @@ class RedisBackend:
         """One script for the batch (``finish.lua``), each completion fenced
         on its own, with its transition and a poll's effects (see
         :meth:`Backend.finish`). Raises ConfigurationError, writing nothing,
-        for a completion that spawns a task with an option not built yet."""
+        for a completion that spawns a task with a priority beyond 32 bits."""
         completions = list(params.completions)
         if not completions:
             return FinishResult(frozenset(), frozenset())
@@ -393,10 +418,11 @@ class RedisBackend:
             return await reads.list_workers(self._redis, self.prefix)
 
     async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
-        """Always empty: this backend stores no concurrency keys or rate
-        limits yet (an enqueue that asks for one is refused); unique keys
-        are not listed here, on any backend."""
-        return []
+        """The concurrency keys that hold tasks back, by key, at most
+        ``limit`` (one script, reads only; it reads every key row). Unique
+        keys are not listed here, on any backend."""
+        found = await self._run("list_keys", [rows.now_arg(now)])
+        return concurrency.listed(found, limit)
 
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         """What :meth:`prune` would delete over all its batches (one script,
@@ -578,13 +604,6 @@ def _stored_ids(tasks: Sequence[NewTask], found: list[Any]) -> list[int]:
 def _check_new(task: NewTask) -> None:
     if task.priority not in PRIORITY_RANGE:
         raise ConfigurationError(f"priority must fit in 32 bits, not {task.priority}")
-    unbuilt = {
-        "concurrency keys": task.concurrency_key is not None,
-        "rate limits": task.rate_limit is not None,
-    }
-    for what, asked in unbuilt.items():
-        if asked:
-            _unsupported(what)
 
 
 def _check_completion(c: Completion) -> None:

@@ -8,59 +8,81 @@ shard of a cluster (use several prefixes to spread several stores).
 
 The Lua scripts name the same keys (``lua/common.lua``); keep both in step.
 
-==========================  =====  ============================================
-key                         type   holds
-==========================  =====  ============================================
-``{p}:layout``              str    the layout version of this store's keys
-``{p}:ids``                 str    the last task id given (INCR: ids ascend in
-                                   enqueue order)
-``{p}:tasks``               zset   every task id (score: the id), newest last
-``{p}:task:ID``             hash   one task's fields (see :mod:`.rows`)
-``{p}:attempts:ID``         list   its attempt log: one JSON row per attempt,
-                                   the running one last
-``{p}:delayed:Q``           zset   pending tasks of queue Q not due yet
-                                   (score: run_at in ms; member: the id)
-``{p}:ready:LEN:Q:NAME``    zset   due pending tasks of queue Q and task NAME,
-                                   all scored 0, each member the claim order
-                                   ``inverted priority|run_at|id`` (fixed width)
-                                   so that ZRANGEBYLEX walks claim order; LEN
-                                   is Q's length (Q and NAME may hold ``:``)
-``{p}:ready-names:Q``       set    the names whose ready set in Q is not empty
-``{p}:pending:Q``           zset   every pending task of queue Q (score: run_at
-                                   in ms), for ``next_due_at``
-``{p}:queues``              set    every queue a pending task was ever indexed
-                                   in, for a task name's resume
-``{p}:leases:Q``            zset   running tasks of queue Q (score: lease
-                                   expiry in ms), for heartbeats and reclaim
-``{p}:corrupt``             set    ids of tasks whose fields did not read (written
-                                   around conveyor), set aside by a claim: out
-                                   of every claim index, their hashes untouched
-``{p}:state:S``             zset   the ids of the tasks in state S (score: the
-                                   id), written with every state change: the
-                                   inspector's lists by state, bulk retries
-``{p}:finished:S``          zset   the tasks finished in state S (terminal),
-                                   all scored 0, each member ``finished_at
-                                   ms|id`` (fixed width): retention's oldest
-                                   first, by ZRANGEBYLEX
-``{p}:unique:LEN:NAME:KEY`` str    the id of the task of NAME holding unique
-                                   key KEY (LEN is NAME's length); deleted when
-                                   the task leaves its scope or is deleted, and
-                                   taken over once its period ended
-``{p}:pauses``              hash   ``queue:NAME`` or ``task:NAME`` -> the
-                                   pause's time (ms); read by every claim
-``{p}:schedules``           set    the names of the stored schedules
-``{p}:schedule:NAME``       hash   one schedule (see :mod:`.schedules`)
-``{p}:message-ids``         str    the last message id given (INCR: ascending)
-``{p}:inbox:ID``            zset   task ID's unread messages (score: message
-                                   id; member: the JSON array ``[id, sender id
-                                   or "", kind, created_at ms, body]``)
-``{p}:sent:ID``             hash   idempotency key -> message id, of the sends
-                                   to task ID that carried a key
-``{p}:children:ID``         zset   the ids of task ID's children (score: the
-                                   id), for a cancel's cascade
-``{p}:workers``             zset   registered worker ids (score: started_at ms)
-``{p}:worker:ID``           hash   one worker's fields (see :mod:`.rows`)
-==========================  =====  ============================================
+==============================  =====  ============================================
+key                             type   holds
+==============================  =====  ============================================
+``{p}:layout``                  str    the layout version of this store's keys
+``{p}:ids``                     str    the last task id given (INCR: ids ascend in
+                                       enqueue order)
+``{p}:tasks``                   zset   every task id (score: the id), newest last
+``{p}:task:ID``                 hash   one task's fields (see :mod:`.rows`)
+``{p}:attempts:ID``             list   its attempt log: one JSON row per attempt,
+                                       the running one last
+``{p}:delayed:Q``               zset   pending tasks of queue Q not due yet
+                                       (score: run_at in ms; member: the id)
+``{p}:ready:LEN:Q:NAME``        zset   due pending tasks of queue Q and task NAME
+                                       without a concurrency key, all scored 0,
+                                       each member the claim order
+                                       ``inverted priority|run_at|id`` (fixed width)
+                                       so that ZRANGEBYLEX walks claim order; LEN
+                                       is Q's length (Q and NAME may hold ``:``)
+``{p}:ready-names:Q``           set    the names whose ready set in Q is not empty
+``{p}:pending:Q``               zset   every pending task of queue Q (score: run_at
+                                       in ms), for ``next_due_at``
+``{p}:queues``                  set    every queue a pending task was ever indexed
+                                       in, for a task name's resume
+``{p}:leases:Q``                zset   running tasks of queue Q (score: lease
+                                       expiry in ms), for heartbeats and reclaim
+``{p}:corrupt``                 set    ids of tasks whose fields did not read (written
+                                       around conveyor), set aside by a claim: out
+                                       of every claim index, their hashes untouched
+``{p}:state:S``                 zset   the ids of the tasks in state S (score: the
+                                       id), written with every state change: the
+                                       inspector's lists by state, bulk retries
+``{p}:finished:S``              zset   the tasks finished in state S (terminal),
+                                       all scored 0, each member ``finished_at
+                                       ms|id`` (fixed width): retention's oldest
+                                       first, by ZRANGEBYLEX
+``{p}:unique:LEN:NAME:KEY``     str    the id of the task of NAME holding unique
+                                       key KEY (LEN is NAME's length); deleted when
+                                       the task leaves its scope or is deleted, and
+                                       taken over once its period ended
+``{p}:pauses``                  hash   ``queue:NAME`` or ``task:NAME`` -> the
+                                       pause's time (ms); read by every claim
+``{p}:schedules``               set    the names of the stored schedules
+``{p}:schedule:NAME``           hash   one schedule (see :mod:`.schedules`)
+``{p}:message-ids``             str    the last message id given (INCR: ascending)
+``{p}:inbox:ID``                zset   task ID's unread messages (score: message
+                                       id; member: the JSON array ``[id, sender id
+                                       or "", kind, created_at ms, body]``)
+``{p}:sent:ID``                 hash   idempotency key -> message id, of the sends
+                                       to task ID that carried a key
+``{p}:children:ID``             zset   the ids of task ID's children (score: the
+                                       id), for a cancel's cascade
+``{p}:workers``                 zset   registered worker ids (score: started_at ms)
+``{p}:worker:ID``               hash   one worker's fields (see :mod:`.rows`)
+``{p}:concurrency-keys``        zset   the concurrency keys with a row, in the
+                                       claims' turn order (score: when a claim last
+                                       took a task of the key, ms; ``-inf`` never;
+                                       ties by key)
+``{p}:concurrency:KEY``         hash   key KEY's row: ``max_running``, and with a
+                                       rate ``rate_limit``, ``rate_period`` (s),
+                                       ``tokens`` as of ``refilled_at`` (ms); kept
+                                       while KEY has pending tasks or its bucket
+                                       refills
+``{p}:concurrency-ready:K``     zset   key K's due pending tasks, all scored 0,
+                                       each member the claim order then
+                                       ``|LEN:Q:NAME`` (its queue, LEN bytes long,
+                                       and name): a claim walks them in order
+``{p}:concurrency-pending:K``   set    the ids of key K's pending tasks, due or
+                                       delayed (delayed ones wait in
+                                       ``{p}:delayed:Q``)
+``{p}:concurrency-leases:K``    zset   key K's running tasks (score: lease expiry
+                                       in ms): its running count, without reading
+                                       them (but for expired leases)
+``{p}:concurrency-due:Q``       hash   task name -> how many keyed tasks of queue
+                                       Q are in their keys' ready sets
+==============================  =====  ============================================
 
 Two Pub/Sub channels share the names (not keys: nothing is stored):
 ``{p}:wake`` carries a queue name where tasks became due, ``{p}:cancel`` the
@@ -69,16 +91,25 @@ id of a running task whose cancel was requested (see :mod:`.listen`).
 No key above expires: a task's keys (its hash, attempt log, inbox, send
 keys, unique key and index entries) go when it is deleted or pruned, a
 worker's when it is pruned; ``{p}:queues`` and empty ready-name sets are
-never pruned (one member per queue or name ever used).
+never pruned (one member per queue or name ever used). A concurrency key's
+row goes when a claim reads it with no pending task left (and a full
+bucket); its sets go when they are empty.
 
-Reserved for the parts still to build, so that they fit the same scheme:
-``{p}:concurrency:KEY`` and ``{p}:rate:KEY``.
+A claim reads concurrency keys as ``lua/keys.lua`` says: at most
+``max(4 * limit, 16)`` rows of ``{p}:concurrency-keys``, in turn order; a
+key with room gives the head of its ready set (the tasks of the claim's
+queues and names, at most its room), a full one costs its row and its
+expired leases, never the tasks behind it.
 
 Layout version 2 added the state, pending, inbox, send-key, children and
 worker keys: a store written with version 1 lacks the state and pending
 indexes, so it is refused. Version 3 added the queues, finished, unique,
 pauses and schedule keys (and ids of one enqueue need not be consecutive): a version 2
 store lacks the finished index and the queues set, so it is refused too.
+Version 4 added the concurrency keys and 22 arguments per task: a version 3
+store holds no keyed task, so it reads as version 4 and is marked so when a
+version 4 process opens it (a version 3 process then refuses it, as it
+would misread its keyed tasks).
 """
 
 from __future__ import annotations
@@ -86,8 +117,10 @@ from __future__ import annotations
 from conveyor.errors import ConfigurationError
 
 DEFAULT_PREFIX = "conveyor"
-LAYOUT_VERSION = "3"
+LAYOUT_VERSION = "4"
 """The version of this layout; a store written by another one is refused."""
+UPGRADED = frozenset({"3"})
+"""Older layouts this one reads as they are (marked with it at ``open``)."""
 
 _GLOB_SPECIALS = "\\*?[]"
 
@@ -165,6 +198,26 @@ def schedule(prefix: str, name: str) -> str:
 
 def pauses(prefix: str) -> str:
     return f"{base(prefix)}:pauses"
+
+
+def concurrency_keys(prefix: str) -> str:
+    return f"{base(prefix)}:concurrency-keys"
+
+
+def concurrency(prefix: str, key: str) -> str:
+    return f"{base(prefix)}:concurrency:{key}"
+
+
+def concurrency_ready(prefix: str, key: str) -> str:
+    return f"{base(prefix)}:concurrency-ready:{key}"
+
+
+def concurrency_pending(prefix: str, key: str) -> str:
+    return f"{base(prefix)}:concurrency-pending:{key}"
+
+
+def concurrency_leases(prefix: str, key: str) -> str:
+    return f"{base(prefix)}:concurrency-leases:{key}"
 
 
 def wake_channel(prefix: str) -> str:

@@ -15,10 +15,11 @@ current budget), ``max_attempts``, ``retry`` (the policy as JSON),
 ``lease_expires_at`` (ms), ``worker_id``, ``result`` (JSON text), ``step``,
 ``cancel_requested`` and ``inbox`` (``0``/``1``), ``parent_id``, and, for
 a task holding a unique key, ``idempotency_key``, ``unique_scope`` and
-``unique_until`` (ms). An
-attempt row is a JSON object with ``number``, ``worker_id``, ``outcome``,
-``started_at``, ``finished_at``, ``error_type``, ``error_message``,
-``traceback`` and ``step``. An inbox message is a JSON array (see
+``unique_until`` (ms); ``concurrency_key``, ``concurrency_limit``,
+``rate_limit`` and ``rate_period`` (seconds) when given (see
+``lua/keys.lua``). An attempt row is a JSON object with ``number``,
+``worker_id``, ``outcome``, ``started_at``, ``finished_at``,
+``error_type``, ``error_message``, ``traceback`` and ``step``. An inbox message is a JSON array (see
 :func:`message`). A worker's hash holds ``host``, ``pid``, ``queues`` and
 ``tasks`` (JSON lists), ``concurrency``, ``started_at``, ``last_seen_at``
 and ``stopped_at`` (ms) and ``beat_seconds``.
@@ -62,7 +63,7 @@ from conveyor.model import (
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
-TASK_FIELDS = 18
+TASK_FIELDS = 22
 """Arguments per task of ``enqueue.lua`` (and per spawn of ``finish.lua``)."""
 FINISH_FIELDS = 11
 """Arguments per completion of ``finish.lua``."""
@@ -125,6 +126,10 @@ def task_fields(t: NewTask, parent_id: int | None = None) -> list[str]:
         opt(t.unique_scope),
         opt(None if t.unique_for is None else seconds_ms(t.unique_for)),
         t.on_conflict,
+        opt(t.concurrency_key),
+        opt(t.concurrency_limit),
+        opt(t.rate_limit),
+        opt(_seconds(t.rate_period)),
     ]
 
 

@@ -1,8 +1,10 @@
 """The Lua scripts of the Redis backend: one file per atomic operation.
 
-Each operation's file in ``lua/`` is composed at load after ``common.lua``
-(key names, the clock, claim order, the attempt log, inserts, inboxes,
-wakes, ends and cancels), read once per process from the package's files.
+Each operation's file in ``lua/`` is composed at load after the shared
+files, in order: ``common.lua`` (key names, the clock, claim order, the
+attempt log, inserts, inboxes, wakes, ends and cancels) and ``keys.lua``
+(concurrency keys and rate limits), read once per process from the
+package's files.
 :class:`Scripts` registers them with a client: redis-py's script objects
 run them by SHA (EVALSHA) and, when the server does not know a script (a
 restart, a SCRIPT FLUSH, another server behind the same address), load it
@@ -19,7 +21,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-COMMON = "common"
+SHARED = ("common", "keys")
+"""The files composed in front of every operation's own, in this order."""
 OPERATIONS = (
     "enqueue",
     "claim",
@@ -40,18 +43,18 @@ OPERATIONS = (
     "count_prunable",
     "sync_schedules",
     "fire_schedule",
+    "list_keys",
 )
 """The operations, each the name of its ``lua/NAME.lua`` file."""
 
 
 @functools.cache
 def sources() -> Mapping[str, str]:
-    """Each operation's full script text: ``common.lua`` then its own file."""
+    """Each operation's full script text: the shared files, then its own."""
     folder = resources.files(__package__) / "lua"
-    common = (folder / f"{COMMON}.lua").read_text(encoding="utf-8")
+    shared = "".join((folder / f"{name}.lua").read_text(encoding="utf-8") + "\n" for name in SHARED)
     return {
-        name: common + "\n" + (folder / f"{name}.lua").read_text(encoding="utf-8")
-        for name in OPERATIONS
+        name: shared + (folder / f"{name}.lua").read_text(encoding="utf-8") for name in OPERATIONS
     }
 
 

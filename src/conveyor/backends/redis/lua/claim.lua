@@ -6,27 +6,34 @@
 -- queues whose budget is spent, or whose cancel was requested, ends its task
 -- (failed, cancelled) without taking a place in the limit. Paused queues and
 -- names are left out, expired leases included: they wait for the resume.
+-- Keyed tasks join the candidates from the keys with room, at most each
+-- key's room (keyed_due in keys.lua); a reclaim is not limited by its key
+-- (it replaces an attempt the key admitted) and spends no token.
 --
 -- ARGV: now, worker id, limit, lease (seconds), the texts LEASE_EXPIRED_ERROR,
 -- LEASE_EXPIRED, CANCELLED_MEANWHILE and CRASH_BUDGET_SPENT (a template with
--- {spent} and {max_attempts}) of conveyor.backends.stored, the number of
--- queues, the queues, then the names.
+-- {spent} and {max_attempts}) of conveyor.backends.stored, how many
+-- concurrency keys to read at most (key_scan), the number of queues, the
+-- queues, then the names.
 --
 -- Cost: each served queue's due delayed tasks are all promoted to their
 -- ready sets (each task once in its life), its expired leases are all read
 -- (those of unregistered names stay there), and only the ready sets of
 -- registered names are read, at most `limit` members each: a backlog of a
--- name this worker does not know costs it nothing.
+-- name this worker does not know costs it nothing. At most `key_scan`
+-- concurrency keys are read; a full key costs its row and its expired
+-- leases, not its queued tasks.
 local now = clock(ARGV[1])
 local worker = ARGV[2]
 local limit = tonumber(ARGV[3])
 local default_lease = tonumber(ARGV[4])
 local LOST_ERROR, LOST, CANCELLED_MEANWHILE, BUDGET_SPENT = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local queue_count = tonumber(ARGV[9])
+local key_scan = tonumber(ARGV[9])
+local queue_count = tonumber(ARGV[10])
 local queues = {}
-for i = 1, queue_count do queues[i] = ARGV[9 + i] end
+for i = 1, queue_count do queues[i] = ARGV[10 + i] end
 local names = {}
-for i = 10 + queue_count, #ARGV do names[ARGV[i]] = true end
+for i = 11 + queue_count, #ARGV do names[ARGV[i]] = true end
 -- A paused queue or name is neither claimed nor reclaimed (read here, in the
 -- claim's own script, so that no claim starts an attempt after a pause).
 queues, names = served(queues, names)
@@ -98,20 +105,28 @@ for _, queue in ipairs(queues) do
     end
   end
 end
+local served_queues = {}
+for _, queue in ipairs(queues) do served_queues[queue] = true end
+local keyed, keys_read = keyed_due(served_queues, names, now, limit, key_scan)
+for _, candidate in ipairs(keyed) do candidates[#candidates + 1] = candidate end
 table.sort(candidates, function(a, b) return a[1] < b[1] end)
 
 -- Hand out the head of the order. A ready task whose counters do not read
 -- is set aside instead, and this claim takes one task fewer.
-local claimed = {}
+local claimed, taken = {}, {}
 for i = 1, math.min(limit, #candidates) do
-  local member, queue, name, reclaim = unpack(candidates[i])
+  local member, queue, name, reclaim, key_member, flow_key = unpack(candidates[i])
   local id = member_id(member)
   local key = key_task(id)
   local f = redis.call('HMGET', key,
     'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
-    'parent_id')
+    'parent_id', 'concurrency_key', 'concurrency_limit')
   local attempt, spent = tonumber(f[1]), tonumber(f[2])
-  if not reclaim then unready(queue, name, member) end
+  if flow_key then
+    unready_keyed(id, flow_key, queue, name, key_member)
+  elseif not reclaim then
+    unready(queue, name, member)
+  end
   if not (attempt and spent and f[5] and tonumber(f[6]) and f[7]) then
     set_aside(id, queue, 'counters, payload or retry policy')
   else
@@ -123,6 +138,13 @@ for i = 1, math.min(limit, #candidates) do
     redis.call('HSET', key, 'attempt', attempt, 'spent', spent,
       'worker_id', worker, 'lease_expires_at', expires)
     redis.call('ZADD', key_leases(queue), expires, id)
+    if f[10] then lease_keyed(id, f[10], expires) end
+    if flow_key then
+      local took = taken[flow_key] or {count = 0, newest = 0}
+      took.count = took.count + 1
+      if id > took.newest then took.newest, took.limit = id, f[11] end
+      taken[flow_key] = took
+    end
     open_attempt(id, attempt, worker, now, f[4] or nil)
     claimed[#claimed + 1] = {
       tostring(id), tostring(attempt), name, queue, f[5], tostring(spent), f[6], f[7],
@@ -131,4 +153,5 @@ for i = 1, math.min(limit, #candidates) do
     }
   end
 end
+settle_keys(keys_read, taken, now)
 return claimed

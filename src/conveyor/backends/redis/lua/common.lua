@@ -62,6 +62,10 @@ end
 
 local TERMINAL = {succeeded = true, failed = true, cancelled = true}
 
+-- Concurrency keys and rate limits, defined in keys.lua (composed after
+-- this file): a keyed pending task's indexes, and a keyed task's lease.
+local index_keyed, unindex_keyed, drop_keyed
+
 -- Unique keys: {p}:unique:LEN:NAME:KEY holds the id of the task that holds
 -- the key, whose hash holds idempotency_key, and unique_scope and
 -- unique_until (ms) when given. A task gives its key up (release_key) when
@@ -175,11 +179,15 @@ end
 -- A pending task enters its queue's indexes: the ready set of its name when
 -- due (and its queue is woken), else the delayed set (promoted to ready by a
 -- claim once due); and, either way, the queue's pending set by run time
--- (next_due_at reads its head).
+-- (next_due_at reads its head). A keyed task's due place is its key's
+-- (index_keyed in keys.lua).
 local function index_pending(id, queue, name, priority, run_at, now)
   redis.call('SADD', KEY_QUEUES, queue)
   redis.call('ZADD', key_pending(queue), run_at, id)
-  if run_at <= now then
+  local key = redis.call('HGET', key_task(id), 'concurrency_key')
+  if key then
+    index_keyed(id, key, queue, name, priority, run_at, now)
+  elseif run_at <= now then
     redis.call('ZADD', key_ready(queue, name), 0, order_member(priority, run_at, id))
     redis.call('SADD', key_ready_names(queue), name)
     woke(queue)
@@ -199,7 +207,12 @@ local function unready(queue, name, member)
 end
 
 local function unindex_pending(id, queue, name, priority, run_at)
-  unready(queue, name, order_member(priority, run_at, id))
+  local key = redis.call('HGET', key_task(id), 'concurrency_key')
+  if key then
+    unindex_keyed(id, key, queue, name, priority, run_at)
+  else
+    unready(queue, name, order_member(priority, run_at, id))
+  end
   redis.call('ZREM', key_delayed(queue), id)
 end
 
@@ -242,6 +255,7 @@ local function set_aside(id, queue, why)
   redis.call('ZREM', key_delayed(queue), id)
   redis.call('ZREM', key_pending(queue), id)
   redis.call('ZREM', key_leases(queue), id)
+  drop_keyed(id, true)
   redis.log(redis.LOG_WARNING,
     'conveyor: task ' .. id .. ' of ' .. BASE .. ' set aside, its ' .. why .. ' does not read')
 end
@@ -250,15 +264,18 @@ end
 local function end_lease(id, queue)
   redis.call('HDEL', key_task(id), 'worker_id', 'lease_expires_at')
   redis.call('ZREM', key_leases(queue), id)
+  drop_keyed(id)
 end
 
--- A task's fields, 18 arguments from index i of args (ARGV, or a spawn's
+-- A task's fields, 22 arguments from index i of args (ARGV, or a spawn's
 -- decoded array): name, queue, payload, priority, run_at (opt, ms), delay
 -- (ms, used without run_at), max_attempts, retry policy (JSON), timeout
 -- (opt, seconds), lease (opt, seconds), step (opt), inbox ("0"/"1"),
 -- parent id (opt), first message (opt, JSON), unique key (opt), unique
--- scope (opt), unique period (opt, ms), on_conflict. Python checked them.
-local TASK_FIELDS = 18
+-- scope (opt), unique period (opt, ms), on_conflict, concurrency key (opt),
+-- concurrency limit (opt), rate limit (opt), rate period (opt, seconds).
+-- Python checked them.
+local TASK_FIELDS = 22
 
 -- Inboxes: one sorted set per task, scored by message id (ids ascend in
 -- send order), each member the message as a JSON array
@@ -296,6 +313,12 @@ local function insert_task(id, a, i, now)
   if timeout then redis.call('HSET', key, 'timeout', timeout) end
   if lease then redis.call('HSET', key, 'lease', lease) end
   if step then redis.call('HSET', key, 'step', step) end
+  local flow_key, flow_limit = opt(a[i + 18]), opt(a[i + 19])
+  local rate, period = opt(a[i + 20]), opt(a[i + 21])
+  if flow_key then redis.call('HSET', key, 'concurrency_key', flow_key) end
+  if flow_limit then redis.call('HSET', key, 'concurrency_limit', flow_limit) end
+  if rate then redis.call('HSET', key, 'rate_limit', rate) end
+  if period then redis.call('HSET', key, 'rate_period', period) end
   move_state(id, nil, 'pending')
   if parent then
     redis.call('HSET', key, 'parent_id', parent)
@@ -488,6 +511,7 @@ local function forget_task(id)
     unindex_pending(id, queue, f[3], tonumber(f[4]), tonumber(f[5]))
   elseif queue then
     redis.call('ZREM', key_leases(queue), id)
+    drop_keyed(id)
   end
   unmark_finished(id, state)
   if state then redis.call('ZREM', key_state(state), id) end

@@ -2,7 +2,8 @@
 -- names and queues; a pending task that a pause holds back is not counted (a
 -- burst worker does not wait for it), a running one is.
 -- ARGV: now, the number of queues, the queues, the names.
--- Cost: the ready sets of the names are counted (ZCARD); the due delayed
+-- Cost: the ready sets of the names are counted (ZCARD), and the due keyed
+-- tasks of the queue by name (one HGETALL: see keys.lua); the due delayed
 -- tasks not promoted yet and the running tasks of each queue are read one
 -- by one for their names.
 local now = clock(ARGV[1])
@@ -20,6 +21,10 @@ local open_queues, open_names = served(queues, names)
 for _, queue in ipairs(open_queues) do
   for _, name in ipairs(redis.call('SMEMBERS', key_ready_names(queue))) do
     if open_names[name] then count = count + redis.call('ZCARD', key_ready(queue, name)) end
+  end
+  local keyed = redis.call('HGETALL', key_concurrency_due(queue))
+  for i = 1, #keyed, 2 do
+    if open_names[keyed[i]] then count = count + tonumber(keyed[i + 1]) end
   end
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', key_delayed(queue), '-inf', now)) do
     if open_names[redis.call('HGET', key_task(id), 'name')] then count = count + 1 end

@@ -15,7 +15,8 @@ for i = 4, #ARGV, 2 do
   local id, attempt = ARGV[i], tonumber(ARGV[i + 1])
   local key = key_task(id)
   local f = redis.call('HMGET', key,
-    'state', 'attempt', 'worker_id', 'lease_expires_at', 'lease', 'queue', 'cancel_requested')
+    'state', 'attempt', 'worker_id', 'lease_expires_at', 'lease', 'queue', 'cancel_requested',
+    'concurrency_key')
   local expires = tonumber(f[4])
   local flag = 0
   if f[1] == 'in_progress' and tonumber(f[2]) == attempt and f[3] == worker
@@ -24,6 +25,7 @@ for i = 4, #ARGV, 2 do
     expires = now + math.floor(lease * 1000 + 0.5)
     redis.call('HSET', key, 'lease_expires_at', expires)
     redis.call('ZADD', key_leases(f[6]), expires, id)
+    if f[8] then lease_keyed(id, f[8], expires) end
     flag = f[7] == '1' and 2 or 1
   end
   found[#found + 1] = flag
