@@ -96,7 +96,16 @@ from conveyor.backends.protocol import (
     WorkerInfo,
     WorkFilter,
 )
-from conveyor.backends.redis import concurrency, keys, listen, persistence, reads, rows, schedules
+from conveyor.backends.redis import (
+    concurrency,
+    connect,
+    keys,
+    listen,
+    persistence,
+    reads,
+    rows,
+    schedules,
+)
 from conveyor.backends.redis.scripts import Scripts
 from conveyor.backends.stored import (
     CANCELLED_MEANWHILE,
@@ -182,7 +191,7 @@ class RedisBackend:
         """Connect, and mark a new store (or one of a layout this one reads,
         :data:`keys.UPGRADED`) with this layout's version. Raises
         ConfigurationError for a store written with another layout."""
-        client = aioredis.Redis.from_url(self._url, decode_responses=True)
+        client = connect.client(self._url)
         self._client, self._scripts = client, Scripts(client)
         with _translated():
             await client.set(keys.layout(self.prefix), keys.LAYOUT_VERSION, nx=True)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 
-import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from conveyor.backends.protocol import CancelHint, Wakeup
 from conveyor.backends.reconnect import RECONNECT_MAX_DELAY, Outage
+from conveyor.backends.redis import connect
 
 log = logging.getLogger("conveyor.redis")
 
@@ -32,7 +32,7 @@ async def wakeups(
     wanted = set(queues)
     outage = Outage(log)
     while True:
-        client = aioredis.Redis.from_url(url, decode_responses=True)
+        client = connect.listener(url)
         try:
             async with client.pubsub() as pubsub:
                 await pubsub.subscribe(channel, cancels)
