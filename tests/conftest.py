@@ -46,6 +46,8 @@ def schema() -> Iterator[str]:
 
 
 BACKENDS = ["postgres", "sqlite", "memory"]
+APP_BACKENDS = [*BACKENDS, "redis"]
+"""What ``any_app`` runs on: the conformance suite adds Redis module by module."""
 
 
 def schema_for(kind: str, request: pytest.FixtureRequest) -> str:
@@ -61,7 +63,7 @@ def backend_url(kind: str, schema: str, tmp_path: Path) -> tuple[str, dict[str, 
     """The URL (and options) of a fresh, empty store of ``kind``: for Redis,
     a key prefix of its own (``schema``), whose keys ``destroy`` deletes."""
     if kind == "redis":
-        return REDIS_URL, {"prefix": schema}
+        return REDIS_URL, {"schema": schema}
     if kind == "postgres":
         return PG_URL, {"schema": schema}
     if kind == "sqlite":
@@ -77,13 +79,28 @@ def app(schema: str) -> Iterator[conveyor.App]:
     application.close()
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=APP_BACKENDS)
 def any_app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[conveyor.App]:
     """An App on each backend in turn."""
     url, options = backend_url(request.param, schema_for(request.param, request), tmp_path)
     application = conveyor.App(url, **options)
     yield application
     application.close()
+    if request.param == "redis":
+        drop_redis_prefix(options["schema"])
+
+
+def drop_redis_prefix(prefix: str) -> None:
+    """Delete every key of the Redis store with this key prefix."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        doomed = list(client.scan_iter(match=f"{{{prefix}}}:*", count=1000))
+        for start in range(0, len(doomed), 1000):
+            client.delete(*doomed[start : start + 1000])
+    finally:
+        client.close()
 
 
 @pytest.fixture
@@ -111,13 +128,24 @@ def proxy() -> Iterator[Proxy]:
             gc.collect()
 
 
+CLI_ON_REDIS = pytest.mark.parametrize("cli", ["postgres", "sqlite", "redis"], indirect=True)
+"""A CLI test that runs on Redis too (each case starts processes: the
+commands whose output a store shapes, not every one)."""
+
+
 @pytest.fixture(params=["postgres", "sqlite"])
-def cli(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> Cli:
+def cli(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> Iterator[Cli]:
     """The real ``conveyor`` command on a fresh store: PostgreSQL (a new
-    schema) and SQLite (an empty file, which commands then migrate)."""
+    schema) and SQLite (an empty file, which commands then migrate); with
+    :data:`CLI_ON_REDIS`, Redis too (a new key prefix, deleted after)."""
     schema = schema_for(request.param, request)
+    if request.param == "redis":
+        yield Cli(REDIS_URL, schema)
+        drop_redis_prefix(schema)
+        return
     if request.param == "postgres":
-        return Cli(pg_url, schema)
+        yield Cli(pg_url, schema)
+        return
     store = tmp_path / "tasks.db"
     store.touch()  # commands other than migrate and worker refuse a missing file
-    return Cli(f"sqlite:///{store}", schema)
+    yield Cli(f"sqlite:///{store}", schema)

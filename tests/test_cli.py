@@ -12,6 +12,7 @@ import pytest
 
 import conveyor
 from tests.cli_harness import ROOT, Cli
+from tests.conftest import CLI_ON_REDIS
 
 APP = "tests.apps.cli_app:app"
 TASK_KEYS = {"id", "name", "queue", "state", "priority", "run_at", "result", "attempts"}
@@ -39,6 +40,7 @@ def test_first_migrate_reports_what_it_applied(cli: Cli) -> None:
     assert cli.ok("migrate").strip() == f"applied {count} migration(s)"
 
 
+@CLI_ON_REDIS
 def test_enqueue_prints_the_id_and_show_returns_the_documented_shape(cli: Cli) -> None:
     first = cli.enqueue("send_mail", {"to": "ada@example.com", "n": 3})
     second = cli.enqueue("send_mail", {}, "--queue", "mail", "--priority", "7")
@@ -84,6 +86,7 @@ def test_enqueue_checks_names_against_an_app(cli: Cli) -> None:
     assert cli.show(task_id)["payload"] == {"a": 1, "b": 2}
 
 
+@CLI_ON_REDIS
 def test_tasks_filters_by_state_and_limit(cli: Cli) -> None:
     ids = [cli.enqueue("job", {"i": i}) for i in range(4)]
     cli.ok("cancel", str(ids[1]))
@@ -108,6 +111,7 @@ def test_tasks_filters_by_state_and_limit(cli: Cli) -> None:
     assert [t["id"] for t in page] == [ids[1], ids[0]]
 
 
+@CLI_ON_REDIS
 def test_counts_by_state_queue_and_name(cli: Cli) -> None:
     ids = [cli.enqueue("job") for _ in range(3)]
     cli.enqueue("job", {}, "--queue", "mail")
@@ -157,6 +161,7 @@ def test_unknown_ids_fail(cli: Cli) -> None:
     assert "999999" in cli.fails("retry", "999999")
 
 
+@CLI_ON_REDIS
 def test_burst_worker_runs_tasks_to_completion(cli: Cli) -> None:
     good = cli.enqueue("add", {"a": 2, "b": 3})
     bad = cli.enqueue("explode", {"message": "boom"}, "--max-attempts", "1")
@@ -234,6 +239,7 @@ def test_worker_refuses_a_heartbeat_slower_than_its_lease(cli: Cli) -> None:
     assert "heartbeat_interval" in error
 
 
+@CLI_ON_REDIS
 def test_show_lists_a_workflow_s_steps(cli: Cli) -> None:
     from tests.apps.cli_app import Hello, greeting
 
@@ -255,6 +261,7 @@ def test_show_lists_a_workflow_s_steps(cli: Cli) -> None:
     assert "Hello" in text
 
 
+@CLI_ON_REDIS
 def test_send_wakes_a_waiting_coroutine(cli: Cli) -> None:
     from tests.apps.cli_app import echo
 

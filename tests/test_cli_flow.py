@@ -12,6 +12,7 @@ import conveyor
 from conveyor.backends.protocol import ClaimParams
 from conveyor.worker.scheduler import Scheduler
 from tests.cli_harness import Cli
+from tests.conftest import CLI_ON_REDIS
 
 
 def claimable(cli: Cli, queue: str, name: str) -> int:
@@ -31,6 +32,7 @@ def claimable(cli: Cli, queue: str, name: str) -> int:
         app.close()
 
 
+@CLI_ON_REDIS
 def test_pause_and_resume_a_queue_from_the_command_line(cli: Cli) -> None:
     cli.enqueue("report", {}, "--queue", "mail")
     assert cli.ok("pause", "--queue", "mail").strip() == "queue mail: paused"
@@ -59,6 +61,7 @@ def test_pause_wants_one_target(cli: Cli) -> None:
     assert "one --queue or one --task" in cli.fails("resume", "--queue", "a", "--task", "b")
 
 
+@CLI_ON_REDIS
 def test_prune_counts_then_deletes_finished_tasks(cli: Cli) -> None:
     task_id = cli.enqueue("report", {})
     cli.ok("cancel", str(task_id))
@@ -75,6 +78,7 @@ def test_prune_counts_then_deletes_finished_tasks(cli: Cli) -> None:
     assert str(pending) in cli.ok("show", str(pending))
 
 
+@CLI_ON_REDIS
 def test_schedules_lists_each_with_its_next_and_last_slot(cli: Cli) -> None:
     assert "no schedules" in cli.ok("schedules")
     app = conveyor.App(cli.env["CONVEYOR_URL"], schema=cli.env["CONVEYOR_SCHEMA"])
@@ -133,6 +137,7 @@ def test_the_worker_takes_no_prune_and_no_schedules(cli: Cli) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@CLI_ON_REDIS
 def test_keys_shows_what_holds_keyed_tasks(cli: Cli) -> None:
     assert "no flow-control key" in cli.ok("keys")
     app = conveyor.App(cli.env["CONVEYOR_URL"], schema=cli.env["CONVEYOR_SCHEMA"])

@@ -18,6 +18,7 @@ import pytest
 import conveyor
 from conveyor.backends.protocol import WorkerInfo
 from tests.cli_harness import ROOT, Cli
+from tests.conftest import CLI_ON_REDIS
 from tests.test_cli import APP
 
 SQLITE_ONLY = pytest.mark.parametrize("cli", ["sqlite"], indirect=True)
@@ -149,6 +150,7 @@ def test_show_and_tasks_say_when_a_pending_task_is_due(cli: Cli) -> None:
     assert cli.run("tasks").stderr == ""
 
 
+@CLI_ON_REDIS
 def test_workers_lists_live_workers_unless_asked_for_all(cli: Cli) -> None:
     register(cli, a_worker("live-one", ("default", "mail"), ("add", "notify")))
     register(cli, a_worker("gone-one", ("default",), ("add",)), stopped=True)
@@ -176,6 +178,7 @@ def test_a_real_worker_records_its_tasks_and_queues(cli: Cli) -> None:
 # -- health ----------------------------------------------------------------------
 
 
+@CLI_ON_REDIS
 def test_health_exit_codes(cli: Cli) -> None:
     cli.ok("migrate")
     done = cli.run("health")
@@ -245,6 +248,7 @@ def test_migrate_sql_prints_a_script_that_applies_the_schema(cli: Cli, tmp_path:
 # -- bulk retry and cancel -------------------------------------------------------
 
 
+@CLI_ON_REDIS
 def test_bulk_retry_and_cancel_by_filter(cli: Cli) -> None:
     failing = [cli.enqueue("explode", {"message": "x"}, "--max-attempts", "1") for _ in range(4)]
     other = cli.enqueue("add", {"a": 1, "b": 2}, "--delay", "3600")

@@ -122,7 +122,7 @@ def test_a_key_function_that_fails_is_a_configuration_error(app: conveyor.App) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+@pytest.mark.parametrize("kind", ["postgres", "sqlite", "redis"])
 def test_four_processes_racing_store_one_task_per_key(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

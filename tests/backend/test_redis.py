@@ -454,3 +454,60 @@ async def test_a_drained_key_leaves_no_key_behind(store: RedisBackend, raw: aior
     left = {k for k in set(await own_keys(raw, store.prefix)) - before if "concurrency" in k}
     assert left == set()
     assert await store.list_keys(now=T0 + timedelta(seconds=30)) == []
+
+
+def test_a_redis_url_builds_the_redis_backend_with_its_prefix() -> None:
+    from conveyor.backends import backend_from_url
+
+    plain = backend_from_url("redis://127.0.0.1:6379/2")
+    assert isinstance(plain, RedisBackend) and plain.prefix == keys.DEFAULT_PREFIX
+    assert backend_from_url("rediss://cache.example:6380/0?prefix=shop").location == (
+        "rediss://cache.example:6380/0?prefix=shop"
+    )
+    # The App's schema (or CONVEYOR_SCHEMA) names the prefix, as the URL's does.
+    named = backend_from_url("redis://127.0.0.1:6379/0", schema="billing")
+    assert isinstance(named, RedisBackend) and named.prefix == "billing"
+    with pytest.raises(ConfigurationError, match="two key prefixes"):
+        backend_from_url("redis://127.0.0.1:6379/0?prefix=a", schema="b")
+    with pytest.raises(ConfigurationError, match="braces"):
+        backend_from_url("redis://127.0.0.1:6379/0", schema="a{b}")
+
+
+def test_without_redis_py_a_redis_url_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from conveyor.backends import backend_from_url
+
+    for name in [
+        m
+        for m in sys.modules
+        if m == "redis" or m.startswith(("redis.", "conveyor.backends.redis"))
+    ]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "redis", None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"pip install 'conveyor\[redis\]'"):
+        backend_from_url("redis://127.0.0.1:6379/0")
+
+
+async def test_an_app_on_a_redis_url_runs_its_tasks() -> None:
+    import conveyor
+    from tests.conftest import REDIS_URL, drop_redis_prefix
+    from tests.worker.helpers import run_all
+
+    prefix = f"t_{uuid.uuid4().hex[:12]}"
+    app = conveyor.App(f"{REDIS_URL}?prefix={prefix}")
+
+    @app.task()
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    try:
+        async with app:
+            handle = await add.enqueue_async(a=2, b=3)
+            [task] = await run_all(app, [handle])
+    finally:
+        app.close()
+        drop_redis_prefix(prefix)
+    assert task.state is TaskState.SUCCEEDED and task.result == 5

@@ -7,14 +7,16 @@ the work is done) in a fresh store, then asserts the checker found no
 breach: nothing lost, no stale write accepted, no unexplained duplicate, no
 step re-run after its transition committed, every message consumed exactly
 once, no duplicate at all in the control run, every reclaim within lease +
-poll interval + 1 s. The kill, stop, term, net (PostgreSQL only: a TCP
-proxy resets or black-holes the workers' connections), restart (PostgreSQL
-only: immediate restarts of the local server) and gil cases must also show
-that their fault happened and was survived.
+poll interval + 1 s. The kill, stop, term, net (PostgreSQL and Redis: a TCP
+proxy resets or black-holes the workers' connections), restart (PostgreSQL:
+immediate restarts of the local server; Redis: SIGKILL and restart of a
+server of the run's own, ``appendfsync always``) and gil cases must also
+show that their fault happened and was survived.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import uuid
 from pathlib import Path
@@ -23,30 +25,48 @@ import pytest
 
 from tests.conftest import PG_URL
 from tools.chaos.app import CPU_PROCESS_NAME, CPU_THREAD_NAME
-from tools.chaos.harness import POSTGRES_ONLY, SCENARIOS, SMOKE, run
+from tools.chaos.harness import SCENARIOS, SERVER_ONLY, SMOKE, redis_store, run
+from tools.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(600)
 
 
-def _store(backend: str, tmp_path: Path) -> tuple[str, str | None]:
+def _store(backend: str, tmp_path: Path) -> tuple[str, str | None, RedisServer | None]:
     if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'chaos.db'}", None
-    return PG_URL, f"chaos_{uuid.uuid4().hex[:8]}"
+        return f"sqlite:///{tmp_path / 'chaos.db'}", None, None
+    if backend == "redis":
+        server = redis_store(tmp_path)
+        return server.url, "chaos", server
+    return PG_URL, f"chaos_{uuid.uuid4().hex[:8]}", None
 
+
+REDIS_SMOKE = {"kill", "stop", "net", "restart"}
+"""The scenarios run on Redis by default: those whose faults reach the
+store's connections, leases and persistence. ``CONVEYOR_CHAOS=full`` runs
+every scenario on Redis (the others exercise the worker, tested on the SQL
+backends)."""
+FULL = os.environ.get("CONVEYOR_CHAOS") == "full"
 
 CASES = [
     (backend, scenario)
-    for backend in ("postgres", "sqlite")
+    for backend in ("postgres", "sqlite", "redis")
     for scenario in SCENARIOS
-    if not (backend == "sqlite" and scenario in POSTGRES_ONLY)
+    if not (backend == "sqlite" and scenario in SERVER_ONLY)
+    and (backend != "redis" or FULL or scenario in REDIS_SMOKE)
 ]
 
 
 @pytest.mark.parametrize(("backend", "scenario"), CASES)
 async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
-    url, schema = _store(backend, tmp_path)
+    url, schema, server = _store(backend, tmp_path)
     lines: list[str] = []
-    report = await run(url, scenario, tmp_path / "run", SMOKE, schema=schema, log=lines.append)
+    try:
+        report = await run(
+            url, scenario, tmp_path / "run", SMOKE, schema=schema, log=lines.append, redis=server
+        )
+    finally:
+        if server is not None:
+            server.stop()
     hung = [f.read_text() for f in sorted((tmp_path / "run").glob("hung-*.txt"))]
     assert report.ok, "\n".join([report.summary(), *lines, *hung])
     assert report.enqueued == report.terminal == report.succeeded

@@ -45,18 +45,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("backend", kinds, indirect=True)
 
 
-def _build(kind: str, url: str, options: dict[str, str]) -> Backend:
-    if kind == "redis":  # not behind backend_from_url yet
-        from conveyor.backends.redis import RedisBackend
-
-        return RedisBackend(url, **options)
-    return backend_from_url(url, **options)
-
-
 @pytest.fixture
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     url, options = backend_url(request.param, schema_for(request.param, request), tmp_path)
-    instance = _build(request.param, url, options)
+    instance = backend_from_url(url, **options)
     await instance.open()
     yield instance
     await instance.destroy()

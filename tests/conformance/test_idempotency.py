@@ -118,7 +118,7 @@ async def test_a_send_repeated_with_its_key_sends_once_even_after_its_task_ended
         await send(backend, task_id, {"pay": 1}, "webhook-3")
 
 
-@pytest.mark.parametrize("kind", ["postgres", "sqlite", "memory"])
+@pytest.mark.parametrize("kind", ["postgres", "sqlite", "memory", "redis"])
 async def test_concurrent_enqueues_of_one_key_store_one_task(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

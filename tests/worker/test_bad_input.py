@@ -244,6 +244,8 @@ async def corrupt_payload(app: conveyor.App, task_id: int, text: str) -> None:
                 conn.execute("update conveyor_tasks set payload = ? where id = ?", (text, task_id))
 
         await asyncio.to_thread(write)
+    elif app.url.startswith("redis"):
+        await backend._redis.hset(f"{{{backend.prefix}}}:task:{task_id}", "payload", text)
     else:
         with backend._store.lock:
             backend._store.tasks[task_id].payload = text

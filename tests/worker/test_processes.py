@@ -1,7 +1,7 @@
 """Real worker processes: killed, drained, released, and crashing on every
 attempt; and a process handler, which dies with its killed worker.
 
-Each test that starts ``conveyor worker`` runs on PostgreSQL and on SQLite.
+Each test that starts ``conveyor worker`` runs on PostgreSQL, SQLite and Redis.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from psycopg import sql
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, Task, TaskState
-from tests.conftest import schema_for
+from tests.conftest import REDIS_URL, drop_redis_prefix, schema_for
 
 pytestmark = pytest.mark.slow
 
@@ -70,19 +70,25 @@ class Workers:
                 proc.wait(10)
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
+@pytest.fixture(params=["postgres", "sqlite", "redis"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
 def url(kind: str, pg_url: str, tmp_path: Path) -> str:
+    if kind == "redis":
+        return REDIS_URL
     return pg_url if kind == "postgres" else f"sqlite:///{tmp_path / 'tasks.db'}"
 
 
 @pytest.fixture
-def store_schema(kind: str, request: pytest.FixtureRequest) -> str:
-    return schema_for(kind, request)
+def store_schema(kind: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The PostgreSQL schema, or the Redis key prefix (its keys deleted after)."""
+    name = schema_for(kind, request)
+    yield name
+    if kind == "redis":
+        drop_redis_prefix(name)
 
 
 @pytest.fixture
@@ -129,6 +135,11 @@ def marks(marker: Path) -> list[int]:
 
 def spent(url: str, schema: str, task_id: int) -> int:
     """The task's crash-budget counter, read around the client (it is not public)."""
+    if url.startswith("redis"):
+        import redis
+
+        with contextlib.closing(redis.Redis.from_url(url)) as client:
+            return int(client.hget(f"{{{schema}}}:task:{task_id}", "spent"))  # type: ignore[arg-type]
     if url.startswith("sqlite:///"):
         with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as lite:
             found = lite.execute("select spent from conveyor_tasks where id = ?", (task_id,))

@@ -3,7 +3,8 @@
     python -m tools.chaos --backend postgres --scenario kill            # smoke profile
     python -m tools.chaos --backend sqlite --scenario all --profile soak
 
-Each run uses a fresh store (a throwaway PostgreSQL schema, a new SQLite file)
+Each run uses a fresh store (a throwaway PostgreSQL schema, a new SQLite file,
+a Redis server of its own with ``appendfsync always``)
 and a work directory holding the ledger, the faults file, the worker logs and
 ``report.json``. Prints a one-screen summary per run; exits 1 on any breach.
 """
@@ -19,15 +20,20 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from tools.chaos.harness import POSTGRES_ONLY, SCENARIOS, SMOKE, SOAK, run
+from tools.chaos.harness import SCENARIOS, SERVER_ONLY, SMOKE, SOAK, redis_store, run
+from tools.redis_server import RedisServer
 
 PG_URL = "postgresql://127.0.0.1:5432/test"
 
 
-def store(backend: str, workdir: Path, url: str) -> tuple[str, str | None]:
+def store(backend: str, workdir: Path, url: str) -> tuple[str, str | None, RedisServer | None]:
+    """A fresh store: its URL, schema (or Redis key prefix), and Redis server."""
     if backend == "sqlite":
-        return f"sqlite:///{workdir / 'chaos.db'}", None
-    return url, f"chaos_{uuid.uuid4().hex[:8]}"
+        return f"sqlite:///{workdir / 'chaos.db'}", None, None
+    if backend == "redis":
+        server = redis_store(workdir)
+        return server.url, "chaos", server
+    return url, f"chaos_{uuid.uuid4().hex[:8]}", None
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -41,16 +47,27 @@ async def main(args: argparse.Namespace) -> int:
         profile = replace(profile, fault_seconds=args.fault_seconds)
     scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     if args.backend == "sqlite":  # no network, no server to restart
-        scenarios = [s for s in scenarios if s not in POSTGRES_ONLY]
+        scenarios = [s for s in scenarios if s not in SERVER_ONLY]
     root = Path(args.workdir or tempfile.mkdtemp(prefix="conveyor-chaos-"))
     failed = False
     for scenario in scenarios:
         workdir = root / f"{args.backend}-{scenario}"
         workdir.mkdir(parents=True, exist_ok=True)
-        url, schema = store(args.backend, workdir, args.url)
-        report = await run(
-            url, scenario, workdir, profile, schema=schema, seed=args.seed, log=print
-        )
+        url, schema, server = store(args.backend, workdir, args.url)
+        try:
+            report = await run(
+                url,
+                scenario,
+                workdir,
+                profile,
+                schema=schema,
+                seed=args.seed,
+                log=print,
+                redis=server,
+            )
+        finally:
+            if server is not None:
+                server.stop()
         print(f"== {args.backend} / {scenario} ({workdir})")
         print(report.summary())
         failed |= not report.ok
@@ -59,7 +76,7 @@ async def main(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tools.chaos", description=__doc__)
-    parser.add_argument("--backend", choices=("postgres", "sqlite"), default="postgres")
+    parser.add_argument("--backend", choices=("postgres", "sqlite", "redis"), default="postgres")
     parser.add_argument("--scenario", choices=(*SCENARIOS, "all"), default="all")
     parser.add_argument("--profile", choices=("smoke", "soak"), default="smoke")
     parser.add_argument("--url", default=PG_URL, help="PostgreSQL URL (default %(default)s)")

@@ -24,9 +24,11 @@ twice the lease, then SIGCONT: its late completions must be rejected), ``term``
 (SIGTERM a random worker, which drains for one lease and releases the rest,
 and start a new one), ``net`` (PostgreSQL only: the workers connect through
 a TCP proxy that alternately resets every connection or swallows every
-packet for twice the lease), ``restart`` (PostgreSQL only, the local
-cluster: an immediate shutdown, which kills every server process without a
-checkpoint, and a start with crash recovery), ``gil`` (no signal: the
+packet for twice the lease; PostgreSQL and Redis), ``restart`` (PostgreSQL:
+the local cluster's immediate shutdown, which kills every server process
+without a checkpoint, and a start with crash recovery; Redis: the run's own
+server, with ``appendfsync always``, SIGKILLed and started again on its
+files), ``gil`` (no signal: the
 workload gains handlers that hold the GIL for three leases, in a thread in
 their first attempt, which freezes their worker and costs its leases, and
 in a process executor, which must keep its lease).
@@ -82,6 +84,7 @@ from tools.chaos.app import (
 )
 from tools.chaos.checker import Expected, Report, check, read_events, read_ledger
 from tools.proxy import Proxy
+from tools.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVE_STATES = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
@@ -141,6 +144,8 @@ class Workers:
         self.spawned = 0
         self.cluster: tuple[str, str] | None = None
         """The local PostgreSQL cluster (version, name) a scenario restarts."""
+        self.redis: RedisServer | None = None
+        """The run's own Redis server, which a scenario restarts."""
 
     def record(self, event: str, pid: int) -> None:
         with self.faults.open("a") as out:
@@ -315,13 +320,20 @@ def local_cluster(url: str) -> tuple[str, str]:
 
 
 async def restart_database(workers: Workers, rng: random.Random) -> None:
-    """Restart the local PostgreSQL cluster in immediate mode (every server
-    process killed, crash recovery at start), then let the workers work for
-    twice the lease."""
-    assert workers.cluster is not None
-    version, name = workers.cluster
+    """Restart the store's server: the local PostgreSQL cluster in immediate
+    mode (every server process killed, crash recovery at start), or the
+    run's Redis server (SIGKILL, then a start that replays its append-only
+    file); then let the workers work for twice the lease."""
     log = workers.workdir / "database.jsonl"
     _note(log, {"event": "restart", "at": time.time()})
+    if workers.redis is not None:
+        workers.redis.kill()
+        await asyncio.to_thread(workers.redis.start)
+        _note(log, {"event": "up", "at": time.time()})
+        await asyncio.sleep(2 * workers.profile.lease)
+        return
+    assert workers.cluster is not None
+    version, name = workers.cluster
     proc = await asyncio.create_subprocess_exec(
         *("pg_ctlcluster", "--skip-systemctl-redirect", "-m", "immediate"),
         *(version, name, "restart"),
@@ -345,9 +357,10 @@ class Scenario:
     """A fault and what it needs."""
 
     fault: Fault | None
-    postgres_only: bool = False
+    server: bool = False
+    """Needs a server (a network to cut, a server to restart): not SQLite."""
     proxy: bool = False
-    """The workers reach PostgreSQL through a :class:`Proxy`."""
+    """The workers reach the server through a :class:`Proxy`."""
     cpu: bool = False
     """The workload gains the GIL-holding handlers."""
 
@@ -357,12 +370,21 @@ SCENARIOS: dict[str, Scenario] = {
     "kill": Scenario(kill_one),
     "stop": Scenario(stop_one),
     "term": Scenario(term_one),
-    "net": Scenario(cut_network, postgres_only=True, proxy=True),
-    "restart": Scenario(restart_database, postgres_only=True),
+    "net": Scenario(cut_network, server=True, proxy=True),
+    "restart": Scenario(restart_database, server=True),
     "gil": Scenario(None, cpu=True),
 }
-POSTGRES_ONLY = frozenset(name for name, s in SCENARIOS.items() if s.postgres_only)
-"""Scenarios that need PostgreSQL (a network, a server to restart)."""
+SERVER_ONLY = frozenset(name for name, s in SCENARIOS.items() if s.server)
+"""Scenarios that need a server (a network, a server to restart): not SQLite."""
+
+
+def redis_store(workdir: Path) -> RedisServer:
+    """A Redis server of the run's own, started, in ``workdir``: every write
+    synced to its append-only file before the reply (``appendfsync
+    always``), so a restart loses nothing acknowledged. The caller stops it."""
+    server = RedisServer(workdir / "redis")
+    server.start()
+    return server
 
 
 async def unfinished(client: App) -> int | None:
@@ -528,13 +550,18 @@ async def run(
     schema: str | None = None,
     seed: int = 0,
     log: Callable[[str], None] = lambda _line: None,
+    redis: RedisServer | None = None,
 ) -> Report:
     """One chaos run in a fresh store; the checker's report (also written to
-    ``workdir/report.json``)."""
+    ``workdir/report.json``). On Redis, ``redis`` is the server ``url``
+    names, run for this run alone (see :func:`redis_store`): the
+    ``restart`` scenario restarts it."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
-    if SCENARIOS[scenario].postgres_only and not url.startswith("postgres"):
-        raise ValueError(f"the {scenario!r} scenario needs PostgreSQL")
+    if SCENARIOS[scenario].server and url.startswith("sqlite"):
+        raise ValueError(f"the {scenario!r} scenario needs a server: PostgreSQL or Redis")
+    if scenario == "restart" and url.startswith("redis") and redis is None:
+        raise ValueError("the 'restart' scenario on Redis needs the run's own RedisServer")
     rng = random.Random(seed)
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     ledger = workdir / "ledger.jsonl"
@@ -548,7 +575,7 @@ async def run(
         proxy.start()
         env["CONVEYOR_URL"] = proxy.url
     try:
-        return await _run(url, scenario, workdir, profile, schema, rng, env, proxy, log)
+        return await _run(url, scenario, workdir, profile, schema, rng, env, proxy, log, redis)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -564,6 +591,7 @@ async def _run(
     env: dict[str, str],
     proxy: Proxy | None,
     log: Callable[[str], None],
+    redis: RedisServer | None,
 ) -> Report:
     chosen = SCENARIOS[scenario]
     fault = chosen.fault
@@ -573,7 +601,8 @@ async def _run(
         work = await enqueue(client, profile, rng, chosen.cpu)
         log(f"{scenario}: {len(work.ids)} tasks enqueued; {profile.workers} workers")
         workers = Workers(env, profile, workdir, proxy)
-        if fault is restart_database:
+        workers.redis = redis
+        if fault is restart_database and redis is None:
             workers.cluster = local_cluster(url)
         for _ in range(profile.workers):
             workers.spawn()

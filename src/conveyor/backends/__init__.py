@@ -3,7 +3,9 @@
 ``postgresql://`` (and ``postgres://``) selects PostgreSQL; ``sqlite:///PATH``
 SQLite (three slashes: a path relative to the working directory, four: an
 absolute one; ``?busy_timeout=SECONDS&synchronous=full|normal``);
-``memory://NAME`` the in-memory backend (not durable; for tests;
+``redis://HOST:PORT/DB`` (``rediss://`` for TLS) Redis, with the
+``redis`` extra (``?prefix=NAME``, or the App's ``schema``, names its key
+prefix); ``memory://NAME`` the in-memory backend (not durable; for tests;
 ``?inline=true`` runs tasks at enqueue). With no
 URL and no ``CONVEYOR_URL``, SQLite in ``./conveyor.db`` is the default.
 """
@@ -67,10 +69,29 @@ def backend_from_url(url: str, **options: Any) -> Backend:
 
         name = parts.netloc or parts.path.strip("/") or "default"
         return MemoryBackend(name, **_memory_options(parts.query), **options)
+    if scheme in ("redis", "rediss"):
+        return _redis_backend(url, **options)
     raise ConfigurationError(
         f"unsupported backend URL scheme {parts.scheme!r} in {url!r} "
-        "(expected postgresql://, sqlite:/// or memory://)"
+        "(expected postgresql://, sqlite:///, redis:// or memory://)"
     )
+
+
+def _redis_backend(url: str, **options: Any) -> Backend:
+    """A Redis store: ``schema`` (the App's, or ``CONVEYOR_SCHEMA``) is its
+    key prefix, as ``?prefix=NAME`` in the URL is."""
+    try:
+        from conveyor.backends.redis import RedisBackend
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "redis":
+            raise
+        raise ConfigurationError(
+            "the Redis backend needs redis-py: pip install 'conveyor[redis]'"
+        ) from None
+    schema = options.pop("schema", None)
+    if schema is not None:
+        options.setdefault("prefix", schema)
+    return RedisBackend(url, **options)
 
 
 def _sqlite_options(query: str) -> dict[str, Any]:

@@ -9,8 +9,9 @@ objects, ``reads`` serves the inspector, ``listen`` the wake-ups, and
 ``backend`` is :class:`RedisBackend` itself, whose docstring states what it
 guarantees and what it does not do yet.
 
-Not reachable through :func:`conveyor.backends.backend_from_url` yet: build
-it with ``RedisBackend(url, prefix=...)``.
+:func:`conveyor.backends.backend_from_url` builds it for ``redis://`` and
+``rediss://`` URLs; the key prefix is ``?prefix=NAME`` or the App's
+``schema``.
 """
 
 from conveyor.backends.redis.backend import RedisBackend

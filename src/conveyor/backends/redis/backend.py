@@ -12,10 +12,11 @@ Limits, stated plainly:
 
 - Durability is the server's: an acknowledged write survives a crash of
   Redis only as far as its persistence settings (``appendonly``,
-  ``appendfsync``) keep it.
+  ``appendfsync``) keep it; ``open`` warns of each setting that cannot
+  (see :mod:`.persistence`).
 - One store is one cluster slot (see :mod:`.keys`); a Redis Cluster client
   is not supported yet.
-- Built so far (issue 19, parts 1 to 4): enqueue (with steps, inboxes,
+- What it does: enqueue (with steps, inboxes,
   parents and first messages, and unique keys with their scopes, periods
   and conflicts), claim, heartbeat (which also marks a registered worker
   seen), finish with transitions (a workflow's next step, a coroutine's
@@ -29,7 +30,7 @@ Limits, stated plainly:
   inspector (``INSPECT``: ``list_tasks`` from a per-state index,
   ``count_tasks``, ``list_workers`` and ``list_keys``), schedules (sync,
   list, and a fire that moves the last slot in the script that enqueues
-  the slots' tasks), and concurrency keys with rate limits (part 4).
+  the slots' tasks), and concurrency keys with rate limits.
 - Concurrency keys and rate limits hold as on the other backends (the
   memory store is the model; ``lua/keys.lua`` has the design): a claim's
   script reads at most ``max(4 * limit, 16)`` keys, claimed from longest
