@@ -270,7 +270,7 @@ class RedisBackend:
             return []
         for task in tasks:
             _check_new(task)
-        args = [rows.now_arg(params.now), *rows.enqueue_args(tasks)]
+        args = [rows.now_arg(params.now), rows.tasks_arg(tasks)]
         return _stored_ids(tasks, await self._run("enqueue", args))
 
     async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
@@ -536,7 +536,7 @@ class RedisBackend:
             params.fingerprint,
             rows.ms(slots[0]),
             rows.ms(slots[-1]),
-            *rows.enqueue_args(tasks),
+            rows.tasks_arg(tasks),
         ]
         return _stored_ids(tasks, await self._run("fire_schedule", args))
 

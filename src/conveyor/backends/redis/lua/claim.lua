@@ -120,7 +120,7 @@ for i = 1, math.min(limit, #candidates) do
   local key = key_task(id)
   local f = redis.call('HMGET', key,
     'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
-    'parent_id', 'concurrency_key', 'concurrency_limit')
+    'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope')
   local attempt, spent = tonumber(f[1]), tonumber(f[2])
   if flow_key then
     unready_keyed(id, flow_key, queue, name, key_member)
@@ -134,7 +134,7 @@ for i = 1, math.min(limit, #candidates) do
     attempt, spent = attempt + 1, spent + 1
     local lease = tonumber(f[3]) or default_lease
     local expires = now + math.floor(lease * 1000 + 0.5)
-    move_state(id, reclaim and 'in_progress' or 'pending', 'in_progress')
+    move_state(id, reclaim and 'in_progress' or 'pending', 'in_progress', f[12])
     redis.call('HSET', key, 'attempt', attempt, 'spent', spent,
       'worker_id', worker, 'lease_expires_at', expires)
     redis.call('ZADD', key_leases(queue), expires, id)

@@ -96,14 +96,16 @@ end
 -- Every write of a task's state goes through here, so that the per-state
 -- index (the inspector's lists) stays in step with the hashes, and a task
 -- that leaves its unique scope gives its key up in the same script.
-local function move_state(id, from, to)
+-- `scope` is the task's unique_scope when the caller read it already (false:
+-- none), else nil (read here).
+local function move_state(id, from, to, scope)
   if from ~= to then
     if from then redis.call('ZREM', key_state(from), id) end
     redis.call('ZADD', key_state(to), id, id)
   end
   local task = key_task(id)
   redis.call('HSET', task, 'state', to)
-  local scope = redis.call('HGET', task, 'unique_scope')
+  if scope == nil then scope = redis.call('HGET', task, 'unique_scope') end
   if scope and (TERMINAL[to] or (scope == 'pending' and to ~= 'pending')) then
     release_key(id)
   end
@@ -181,10 +183,12 @@ end
 -- claim once due); and, either way, the queue's pending set by run time
 -- (next_due_at reads its head). A keyed task's due place is its key's
 -- (index_keyed in keys.lua).
-local function index_pending(id, queue, name, priority, run_at, now)
+-- `key` is the task's concurrency key when the caller knows it (false: none),
+-- else nil (read here).
+local function index_pending(id, queue, name, priority, run_at, now, key)
   redis.call('SADD', KEY_QUEUES, queue)
   redis.call('ZADD', key_pending(queue), run_at, id)
-  local key = redis.call('HGET', key_task(id), 'concurrency_key')
+  if key == nil then key = redis.call('HGET', key_task(id), 'concurrency_key') end
   if key then
     index_keyed(id, key, queue, name, priority, run_at, now)
   elseif run_at <= now then
@@ -224,9 +228,10 @@ local function open_attempt(id, number, worker, now, step)
   }))
 end
 
-local function close_attempt(id, now, outcome, error_type, message, traceback)
+-- `row` is the last row when the caller decoded it already (last_attempt_reads).
+local function close_attempt(id, now, outcome, error_type, message, traceback, row)
   local key = key_attempts(id)
-  local row = cjson.decode(redis.call('LINDEX', key, -1))
+  row = row or cjson.decode(redis.call('LINDEX', key, -1))
   row.outcome = outcome
   row.finished_at = now
   row.error_type = error_type or cjson.null
@@ -241,7 +246,7 @@ local function last_attempt_reads(id)
   local text = redis.call('LINDEX', key_attempts(id), -1)
   if not text then return false end
   local ok, row = pcall(cjson.decode, text)
-  return ok and type(row) == 'table'
+  return ok and type(row) == 'table' and row
 end
 
 -- Every script checks what it reads before it writes anything: Redis does
@@ -261,10 +266,10 @@ local function set_aside(id, queue, why)
 end
 
 -- The attempt is over: no owner, no lease.
-local function end_lease(id, queue)
+local function end_lease(id, queue, key)
   redis.call('HDEL', key_task(id), 'worker_id', 'lease_expires_at')
   redis.call('ZREM', key_leases(queue), id)
-  drop_keyed(id)
+  drop_keyed(id, nil, key)
 end
 
 -- A task's fields, 22 arguments from index i of args (ARGV, or a spawn's
@@ -319,13 +324,13 @@ local function insert_task(id, a, i, now)
   if flow_limit then redis.call('HSET', key, 'concurrency_limit', flow_limit) end
   if rate then redis.call('HSET', key, 'rate_limit', rate) end
   if period then redis.call('HSET', key, 'rate_period', period) end
-  move_state(id, nil, 'pending')
+  move_state(id, nil, 'pending', false)  -- a new task gives no key up
   if parent then
     redis.call('HSET', key, 'parent_id', parent)
     redis.call('ZADD', key_children(parent), id, id)
   end
   redis.call('ZADD', KEY_TASKS, id, id)
-  index_pending(id, queue, name, priority, run_at, now)
+  index_pending(id, queue, name, priority, run_at, now, flow_key or false)
   if message then append_message(id, parent, 'message', message, now) end
 end
 
@@ -382,20 +387,22 @@ local function store_task(a, i, now, mine)
   return id
 end
 
--- Store the batch of tasks whose fields start at ARGV[first], TASK_FIELDS
--- each (enqueue.lua, fire_schedule.lua): all of them, or none if a task
--- with on_conflict "raise" meets a held key (every one checked before
--- anything is written). Returns {1, the ids...}, or {0, the index (0-based)
--- of the first task refused, the holder's id}.
-local function store_batch(first, now)
-  local count = (#ARGV - first + 1) / TASK_FIELDS
+-- Store the batch of tasks of `batch`, one JSON array of TASK_FIELDS
+-- strings per task, end to end (enqueue.lua, fire_schedule.lua: one argument
+-- decoded in C, not thousands packed and parsed one by one): all of them,
+-- or none if a task with on_conflict "raise" meets a held key (every one
+-- checked before anything is written). Returns {1, the ids...}, or {0, the
+-- index (0-based) of the first task refused, the holder's id}.
+local function store_batch(batch, now)
+  local a = cjson.decode(batch)
+  local count = #a / TASK_FIELDS
   for n = 0, count - 1 do
-    local holder = refused_key(ARGV, first + n * TASK_FIELDS, now)
+    local holder = refused_key(a, 1 + n * TASK_FIELDS, now)
     if holder then return {0, n, tonumber(holder)} end
   end
   local ids, mine = {1}, {}
   for n = 0, count - 1 do
-    ids[#ids + 1] = store_task(ARGV, first + n * TASK_FIELDS, now, mine)
+    ids[#ids + 1] = store_task(a, 1 + n * TASK_FIELDS, now, mine)
   end
   return ids
 end

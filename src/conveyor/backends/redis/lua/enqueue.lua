@@ -5,7 +5,7 @@
 -- ("replace"), or nothing of the enqueue is stored ("raise": checked for
 -- every task before anything is written). A key repeated in the enqueue is
 -- its first task's.
--- ARGV: now, then TASK_FIELDS (18, see insert_task in common.lua) per task.
--- Returns {1, the ids...}, or {0, the index (0-based) of the first task
--- refused, the holder's id}.
-return store_batch(2, clock(ARGV[1]))
+-- ARGV: now, then the tasks: one JSON array of TASK_FIELDS strings per task
+-- (see insert_task in common.lua), end to end. Returns {1, the ids...}, or
+-- {0, the index (0-based) of the first task refused, the holder's id}.
+return store_batch(ARGV[2], clock(ARGV[1]))

@@ -30,16 +30,22 @@ local held, applied, seen = {}, {}, {}
 for a = 3, #ARGV, FIELDS do
   local id, attempt = ARGV[a], tonumber(ARGV[a + 1])
   local f = redis.call('HMGET', key_task(id), 'state', 'attempt', 'worker_id',
-    'lease_expires_at', 'queue', 'name', 'priority')
+    'lease_expires_at', 'queue', 'name', 'priority', 'unique_scope', 'concurrency_key',
+    'parent_id')
   local expires = tonumber(f[4])
   -- A task whose fields do not read is rejected, unwritten: its lease
   -- expires and a claim sets it aside. So is a second completion of one task.
-  if not seen[id] and f[1] == 'in_progress' and tonumber(f[2]) == attempt and f[3] == worker
-      and expires and expires > now
-      and f[5] and f[6] and tonumber(f[7]) and last_attempt_reads(id) then
+  local row = not seen[id] and f[1] == 'in_progress' and tonumber(f[2]) == attempt
+    and f[3] == worker and expires and expires > now
+    and f[5] and f[6] and tonumber(f[7]) and last_attempt_reads(id)
+  if row then
     seen[id] = true
     local effects = opt(ARGV[a + 10])
+    -- Read once: a task's unique scope (but for a release, which a second
+    -- one repeats harmlessly), concurrency key and parent stay as they are
+    -- in this script.
     held[#held + 1] = {a = a, id = id, queue = f[5], name = f[6], priority = tonumber(f[7]),
+      scope = f[8], flow_key = f[9], parent = f[10], row = row,
       effects = effects and cjson.decode(effects)}
     applied[#applied + 1] = 1
   else
@@ -80,8 +86,10 @@ local function complete(h)
   local state, outcome, result = ARGV[a + 2], ARGV[a + 3], opt(ARGV[a + 4])
   local move = opt(ARGV[a + 9])
   move = move and cjson.decode(move)
-  if redis.call('HGET', key, 'cancel_requested') == '1'
-      and (state == 'pending' or state == 'waiting') then
+  -- Read here, not with the lease: an ending earlier in this script may
+  -- have cancelled this task (a cascade).
+  if (state == 'pending' or state == 'waiting')
+      and redis.call('HGET', key, 'cancel_requested') == '1' then
     state = 'cancelled'
   end
   if state == 'succeeded' then
@@ -98,13 +106,14 @@ local function complete(h)
       run_at = now + tonumber(opt(ARGV[a + 8]) or '0')
     end
     redis.call('HSET', key, 'run_at', run_at)
-    index_pending(id, h.queue, h.name, h.priority, run_at, now)
+    index_pending(id, h.queue, h.name, h.priority, run_at, now, h.flow_key)
   end
-  move_state(id, 'in_progress', state)
-  end_lease(id, h.queue)
+  move_state(id, 'in_progress', state, h.scope)
+  end_lease(id, h.queue, h.flow_key)
   if TERMINAL[state] then mark_finished(id, state, now) end
-  close_attempt(id, now, outcome, opt(ARGV[a + 5]), opt(ARGV[a + 6]), opt(ARGV[a + 7]))
-  if TERMINAL[state] then ended(id, now) end
+  close_attempt(id, now, outcome, opt(ARGV[a + 5]), opt(ARGV[a + 6]), opt(ARGV[a + 7]), h.row)
+  -- An ending tells a parent, and a cancelled task cancels its children.
+  if TERMINAL[state] and (h.parent or state == 'cancelled') then ended(id, now) end
 end
 
 for _, h in ipairs(held) do

@@ -111,8 +111,8 @@ end
 local function lease_keyed(id, key, expires)
   redis.call('ZADD', key_concurrency_leases(key), expires, id)
 end
-drop_keyed = function(id, pending)
-  local key = redis.call('HGET', key_task(id), 'concurrency_key')
+drop_keyed = function(id, pending, key)
+  if key == nil then key = redis.call('HGET', key_task(id), 'concurrency_key') end
   if key then
     redis.call('ZREM', key_concurrency_leases(key), id)
     if pending then redis.call('SREM', key_concurrency_pending(key), id) end
