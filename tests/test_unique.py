@@ -17,7 +17,7 @@ import conveyor
 from conveyor import TaskState, Unique
 from conveyor.backends.protocol import Capability
 from conveyor.errors import ConfigurationError, TaskExistsError
-from tests.conftest import backend_url, schema_for
+from tests.conftest import backend_url, drop_redis_prefix, schema_for
 from tests.test_idempotency import own_connection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,5 +157,7 @@ def test_four_processes_racing_store_one_task_per_key(
         tasks = app.list_tasks(limit=1000)
     finally:
         app.close()
+        if kind == "redis" and schema:
+            drop_redis_prefix(schema)
     assert len(tasks) == 60
     assert sorted(t.idempotency_key or "" for t in tasks) == sorted(f"user:{u}" for u in range(60))

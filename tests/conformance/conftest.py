@@ -28,6 +28,7 @@ REDIS_MODULES = frozenset(
         "test_retention",
         "test_schedules",
         "test_steps",
+        "test_store_texts",
         "test_tasks",
         "test_unique",
         "test_wakeups",

@@ -1,6 +1,7 @@
 """Every backend writes the very texts of ``conveyor.backends.stored`` in the
 attempt log when it ends an attempt itself: a reclaim, a spent crash budget,
-a cancel found at a reclaim and (SQL backends) a quarantine."""
+a cancel found at a reclaim and (SQL backends) a quarantine. Redis sets a
+corrupt task aside instead, writing nothing (checked here too)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import sqlite3
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import redis.asyncio as aioredis
 from psycopg import sql
 
 from conveyor import payload as codec
 from conveyor.backends.protocol import Backend, ClaimParams, EnqueueParams, NewTask
+from conveyor.backends.redis import keys
 from conveyor.backends.stored import (
     CANCELLED_MEANWHILE,
     CORRUPT_TASK_ERROR,
@@ -20,7 +23,9 @@ from conveyor.backends.stored import (
     corrupt_counter_message,
     lease_lost_message,
 )
+from conveyor.errors import BackendError
 from conveyor.model import Attempt, Outcome, RetryPolicy, TaskState
+from tests.conftest import REDIS_URL
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 LEASE = 10.0
@@ -111,6 +116,9 @@ async def test_a_quarantine_logs_the_shared_text(backend: Backend) -> None:
     if type(backend).__name__ == "MemoryBackend":
         pytest.skip("the memory store has no counter limit: nothing to quarantine")
     task_id = await enqueue(backend)
+    if type(backend).__name__ == "RedisBackend":
+        await check_set_aside_in_redis(backend, task_id)
+        return
     await write_around(backend, "update {tasks} set attempt = %s where id = %s", LIMIT, task_id)
     assert await claim(backend, "w1") == []
     state, attempts_ = await attempts(backend, task_id)
@@ -121,3 +129,30 @@ async def test_a_quarantine_logs_the_shared_text(backend: Backend) -> None:
         CORRUPT_TASK_ERROR,
         corrupt_counter_message(LIMIT, 0),
     )
+
+
+async def check_set_aside_in_redis(backend: Backend, task_id: int) -> None:
+    """Redis has no counter limit (an attempt counter at LIMIT is claimed as
+    any other), and a claim that meets a task whose counters do not read
+    sets it aside rather than failing it: into ``{p}:corrupt`` (see
+    ``conveyor.backends.redis.keys``), out of every claim index, its hash
+    untouched and no attempt or text written. It blocks nothing behind it,
+    no claim takes it again, and reading it is a typed error."""
+    prefix: str = backend.prefix  # type: ignore[attr-defined]
+    task_key = keys.task(prefix, task_id)
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        await client.hset(task_key, "attempt", "not a number")
+        written = await client.hgetall(task_key)
+        behind = await enqueue(backend)
+        assert await claim(backend, "w1") == [behind]
+        assert await claim(backend, "w2", 2 * LEASE) == [behind]  # a reclaim, never task_id
+        assert await client.smembers(f"{keys.base(prefix)}:corrupt") == {str(task_id)}
+        assert await client.hgetall(task_key) == written
+        assert await client.llen(keys.attempts(prefix, task_id)) == 0
+        assert await client.zscore(keys.pending(prefix, "q"), str(task_id)) is None
+    finally:
+        await client.aclose()
+    assert await backend.next_due_at(["q"]) is None
+    with pytest.raises(BackendError, match=f"task {task_id} is corrupt in Redis"):
+        await backend.get_task(task_id)
