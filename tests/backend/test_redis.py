@@ -520,3 +520,31 @@ def test_the_redis_extra_brings_the_c_reply_parser() -> None:
     from redis.utils import HIREDIS_AVAILABLE
 
     assert HIREDIS_AVAILABLE
+
+
+async def test_every_key_of_a_store_is_in_one_cluster_slot(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    """What Redis Cluster needs of a store, checkable on one server: after
+    every kind of write, each key the store holds carries its hash tag, so
+    all hash to one slot (and each script touches that slot only)."""
+    from redis.crc import key_slot
+
+    unique = replace(new(), idempotency_key="u1", unique_scope="active")
+    limited = replace(new(), concurrency_key="k1", concurrency_limit=1, rate_limit=5)
+    limited = replace(limited, rate_period=60.0)
+    ids = await enqueue(store, new(), unique, limited, new(run_at=T0 + timedelta(hours=1)))
+    [coro] = await enqueue(store, coroutine({}))
+    message = Delivery(coro, codec.encode({"n": 1}), idempotency_key="m1")
+    await store.send(SendParams([message], now=T0))
+    claimed = await claim(store, limit=10, names=("job", "coro"))
+    done = [success(c.token) for c in claimed if c.token.task_id == ids[0]]
+    await store.finish(FinishParams(worker_id="w1", completions=done, now=T0))
+    await store.pause(PauseKind.QUEUE, "mail", now=T0)
+    await store.register_worker(WorkerInfo("w1", "host", 1, ("default",), 4, tasks=("job",)))
+    await store.sync_schedules(ScheduleSync([SCHEDULE], tasks=["job"], now=T0))
+    held = await own_keys(raw, store.prefix)
+    assert len(held) > 20
+    assert {key_slot(key.encode()) for key in held} == {key_slot(f"{{{store.prefix}}}".encode())}
+    stray = [k async for k in raw.scan_iter(match=f"*{store.prefix}*") if k not in held]
+    assert stray == []
