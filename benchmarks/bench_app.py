@@ -26,6 +26,7 @@ TASK_NAME = "bench_noop"
 FLOW_NAME = "bench_flow"
 PING_NAME = "bench_ping"
 STAMP_NAME = "bench_stamp"
+STAMP_SLEEP_NAME = "bench_stamp_sleep"
 SLEEP_NAME = "bench_sleep"
 WAIT_NAME = "bench_wait"
 HUGE_ERROR_NAME = "bench_huge_error"
@@ -55,6 +56,12 @@ def make_app(url: str | None = None, schema: str | None = None) -> App:
     async def bench_stamp(sent: float = 0.0) -> None:
         """Record when it started, for the peer benchmark's latency run."""
         record_start(sent)
+
+    @application.task(name=STAMP_SLEEP_NAME)
+    async def bench_stamp_sleep(sent: float = 0.0, seconds: float = 0.0) -> None:
+        """Record when it started, then sleep: the kill test of ``redis_peers.py``."""
+        record_start(sent)
+        await asyncio.sleep(seconds)
 
     application.workflow(FLOW_NAME).step(Hop)
 

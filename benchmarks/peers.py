@@ -29,6 +29,9 @@ UPDATE SKIP LOCKED and mark them done, one transaction) with 2 clients for
         --rate 200 --duration 20 [--json] [--keep]
 
 How each peer is configured, and why, is in its module under ``systems/``.
+``redis_peers.py`` runs the same rounds and table on Redis (conveyor next to
+SAQ, arq, Dramatiq, taskiq, RQ and Celery): the stores (``Stores``) and the
+systems (``Registry``) are what differ.
 """
 
 from __future__ import annotations
@@ -45,10 +48,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from psycopg import sql
@@ -129,18 +132,47 @@ async def drop_database(url: str, name: str) -> None:
         await conn.execute(sql.SQL(query).format(sql.Identifier(name)))
 
 
+class Stores(Protocol):
+    """Where each phase of each system gets a fresh, empty store of its own."""
+
+    async def create(self, name: str) -> str:
+        """A new empty store called ``name``; the URL its system is given."""
+        ...
+
+    async def drop(self, name: str) -> None:
+        """Remove store ``name`` (after the round, unless ``--keep``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PostgresStores:
+    """A fresh database per store, beside the database of ``url``."""
+
+    url: str
+
+    async def create(self, name: str) -> str:
+        return await create_database(self.url, name)
+
+    async def drop(self, name: str) -> None:
+        await drop_database(self.url, name)
+
+
 # -- one system ----------------------------------------------------------------
 
 
-def load_system(name: str) -> Callable[[int, str], Any]:
-    module_name, class_name = SYSTEMS[name]
+Registry = Mapping[str, tuple[str, str]]
+"""System name -> (module, class): ``SYSTEMS`` here, ``REDIS_SYSTEMS`` in redis_peers.py."""
+
+
+def load_system(name: str, registry: Registry = SYSTEMS) -> Callable[[int, str], Any]:
+    module_name, class_name = registry[name]
     cls: Callable[[int, str], Any] = getattr(importlib.import_module(module_name), class_name)
     return cls
 
 
 async def fresh(args: argparse.Namespace, result: Result, phase: str, make: Any) -> Any:
     name = f"bench_{result.system}_{args.token}_{phase}"
-    dsn = await create_database(args.url, name)
+    dsn = await args.stores.create(name)
     result.databases.append(name)
     system = make()
     await system.setup(dsn)
@@ -203,14 +235,15 @@ every system rather than on every phase of one."""
 
 async def run_round(args: argparse.Namespace, names: Sequence[str], number: int) -> list[Result]:
     """One round: every phase on every system, phase by phase; the systems
-    take turns in the given order in even rounds and reversed in odd ones."""
+    take turns in the given order in even rounds and reversed in odd ones.
+    ``args.registry`` names the systems, ``args.stores`` makes their stores."""
     results = {name: Result(name) for name in names}
     makers: dict[str, Callable[[], Any]] = {}
     for name in names:
         try:
-            cls = load_system(name)
+            cls = load_system(name, args.registry)
         except ImportError as error:
-            results[name].problems.append(f"not installed ({error}); pip install -e '.[peers]'")
+            results[name].problems.append(f"not installed ({error}); see benchmarks/README.md")
             continue
         concurrency = args.concurrency.get(name, cls.default_concurrency)  # type: ignore[attr-defined]
         makers[name] = functools.partial(cls, concurrency, args.worker_log_level)
@@ -232,7 +265,7 @@ async def run_round(args: argparse.Namespace, names: Sequence[str], number: int)
         if not args.keep:
             for result in results.values():
                 for database in result.databases:
-                    await drop_database(args.url, database)
+                    await args.stores.drop(database)
     return [results[name] for name in names]
 
 
@@ -391,31 +424,37 @@ def table(
 # -- main ----------------------------------------------------------------------
 
 
-def parse_systems(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = sorted(set(names) - set(SYSTEMS))
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"choose from {','.join(SYSTEMS)}; not {unknown}")
-    return names
+def systems_type(registry: Registry) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of names from ``registry``, in order."""
+
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = sorted(set(names) - set(registry))
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"choose from {','.join(registry)}; not {unknown}")
+        return names
+
+    return parse
 
 
-def parse_concurrency(text: str) -> dict[str, int]:
-    chosen: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, value = part.partition("=")
-        if name not in SYSTEMS or not value.isdigit() or int(value) < 1:
-            raise argparse.ArgumentTypeError(f"expected system=N, like pgqueuer=100: {part!r}")
-        chosen[name] = int(value)
-    return chosen
+def concurrency_type(registry: Registry) -> Callable[[str], dict[str, int]]:
+    """An argparse type: ``system=N,...`` per-system concurrency overrides."""
+
+    def parse(text: str) -> dict[str, int]:
+        chosen: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, _, value = part.partition("=")
+            if name not in registry or not value.isdigit() or int(value) < 1:
+                raise argparse.ArgumentTypeError(f"expected system=N, like conveyor=100: {part!r}")
+            chosen[name] = int(value)
+        return chosen
+
+    return parse
 
 
-async def run(args: argparse.Namespace) -> int:
-    args.token = secrets.token_hex(4)
-    report: dict[str, Any] = {"environment": await tp.environment(args.url)}
-    report["parameters"] = {
-        k: getattr(args, k)
-        for k in ("tasks", "systems", "rate", "duration", "concurrency", "ceiling_seconds")
-    }
+async def run_rounds(args: argparse.Namespace) -> tuple[list[Result], list[list[Result]]]:
+    """``args.rounds`` rounds of every system (``args.systems``): the median
+    row of each system, and every round's rows."""
     token = args.token
     rounds: list[list[Result]] = []
     for number in range(args.rounds):
@@ -424,7 +463,36 @@ async def run(args: argparse.Namespace) -> int:
         if args.rounds > 1:
             tp.log(f"round {number + 1} of {args.rounds}:\n{table(rounds[-1], None)}")
     args.token = token
-    results = [median(list(each)) for each in zip(*rounds, strict=True)]
+    return [median(list(each)) for each in zip(*rounds, strict=True)], rounds
+
+
+def report_out(
+    args: argparse.Namespace, report: dict[str, Any], text: str, results: Sequence[Result]
+) -> int:
+    """Print the table (or the JSON report); the exit status: 0 if every check passed."""
+    for r in results:
+        for problem in r.problems:
+            tp.log(f"{r.system}: {problem}")
+    if args.keep:
+        tp.log("kept stores: " + ", ".join(d for r in results for d in r.databases))
+    if args.json:
+        tp.log(text)
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(text)
+    return 0 if all(r.ok for r in results) else 1
+
+
+async def run(args: argparse.Namespace) -> int:
+    args.token = secrets.token_hex(4)
+    args.registry = SYSTEMS
+    args.stores = PostgresStores(args.url)
+    report: dict[str, Any] = {"environment": await tp.environment(args.url)}
+    report["parameters"] = {
+        k: getattr(args, k)
+        for k in ("tasks", "systems", "rate", "duration", "concurrency", "ceiling_seconds")
+    }
+    results, rounds = await run_rounds(args)
     report["rounds"] = [[asdict(r) for r in one] for one in rounds]
     top = await ceiling(args) if args.ceiling_seconds > 0 else None
     report["results"] = [asdict(r) for r in results]
@@ -438,17 +506,40 @@ async def run(args: argparse.Namespace) -> int:
         + "\n"
         + table(results, top, rounds)
     )
-    for r in results:
-        for problem in r.problems:
-            tp.log(f"{r.system}: {problem}")
-    if args.keep:
-        tp.log("kept databases: " + ", ".join(d for r in results for d in r.databases))
-    if args.json:
-        tp.log(text)
-        print(json.dumps(report, indent=2, default=str))
-    else:
-        print(text)
-    return 0 if all(r.ok for r in results) else 1
+    return report_out(args, report, text, results)
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser, registry: Registry) -> None:
+    """The options both benchmarks share: the workload, the systems, the rounds."""
+    parser.add_argument("--tasks", type=tp.positive_int, default=20_000, help="tasks per drain")
+    parser.add_argument(
+        "--systems",
+        type=systems_type(registry),
+        default=list(registry),
+        help="comma-separated, in order",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the benchmark stores")
+    parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
+    parser.add_argument(
+        "--concurrency",
+        type=concurrency_type(registry),
+        default={},
+        help="per-system override, e.g. conveyor=100,pgqueuer=200 (pgqueuer: its batch size)",
+    )
+    parser.add_argument("--rate", type=tp.positive_float, default=200.0, help="latency: tasks/s")
+    parser.add_argument(
+        "--duration", type=tp.positive_float, default=20.0, help="latency: seconds of enqueueing"
+    )
+    parser.add_argument(
+        "--timeout", type=tp.positive_float, default=600.0, help="seconds per phase"
+    )
+    parser.add_argument("--worker-log-level", default="WARNING", help="the workers' log level")
+    parser.add_argument(
+        "--rounds",
+        type=tp.positive_int,
+        default=1,
+        help="run every system this many times, taking turns; the table shows medians",
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -461,34 +552,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="any database on the PostgreSQL server; each system gets fresh ones beside it "
         "(default %(default)s)",
     )
-    parser.add_argument("--tasks", type=tp.positive_int, default=20_000, help="tasks per drain")
-    parser.add_argument(
-        "--systems", type=parse_systems, default=list(SYSTEMS), help="comma-separated, in order"
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the benchmark databases")
-    parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
-    parser.add_argument(
-        "--concurrency",
-        type=parse_concurrency,
-        default={},
-        help="per-system override, e.g. conveyor=100,pgqueuer=200 (pgqueuer: its batch size)",
-    )
-    parser.add_argument("--rate", type=tp.positive_float, default=200.0, help="latency: tasks/s")
-    parser.add_argument(
-        "--duration", type=tp.positive_float, default=20.0, help="latency: seconds of enqueueing"
-    )
+    add_workload_arguments(parser, SYSTEMS)
     parser.add_argument(
         "--ceiling-seconds", type=float, default=10.0, help="pgbench run length; 0 skips it"
-    )
-    parser.add_argument(
-        "--timeout", type=tp.positive_float, default=600.0, help="seconds per phase"
-    )
-    parser.add_argument("--worker-log-level", default="WARNING", help="the workers' log level")
-    parser.add_argument(
-        "--rounds",
-        type=tp.positive_int,
-        default=1,
-        help="run every system this many times, taking turns; the table shows medians",
     )
     return parser.parse_args(argv)
 

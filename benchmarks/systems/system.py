@@ -102,6 +102,16 @@ class System(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional: not every system opens one
         """Close the clients ``install`` opened."""
 
+    async def enqueue_sleep(self, seconds: float) -> None:
+        """Enqueue one task whose handler calls ``record_start(0.0)`` and then
+        sleeps ``seconds`` (``redis_peers.py --kill-test``); optional."""
+        raise NotImplementedError(f"{self.name} has no kill test")
+
+    async def progress(self) -> int:
+        """Tasks completed so far, as the drain polls it every 50 ms: by default
+        :meth:`completion`; a system whose full count is costly gives a cheap one."""
+        return (await self.completion()).succeeded
+
     # -- shared --------------------------------------------------------------------
 
     async def setup(self, dsn: str) -> None:
@@ -111,7 +121,11 @@ class System(abc.ABC):
     async def teardown(self) -> None:
         await self.close()
 
-    def spawn(self, burst: bool, stamp_file: Path | None = None) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, burst: bool, stamp_file: Path | None = None, session: bool = False
+    ) -> subprocess.Popen[bytes]:
+        """Start a worker process; ``session``: in a session (process group) of its
+        own, so that the kill test can SIGKILL it with every child it forked."""
         env = dict(os.environ)
         env["BENCH_PEER_DSN"] = self.dsn
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -119,7 +133,14 @@ class System(abc.ABC):
             env[STAMP_ENV] = str(stamp_file)
         env.update(self.worker_env())
         command = self.worker_command(burst)
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=sys.stderr, stderr=sys.stderr)
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=sys.stderr,
+            stderr=sys.stderr,
+            start_new_session=session,
+        )
 
     async def completion(self) -> Completion:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
@@ -135,13 +156,12 @@ class System(abc.ABC):
         timed_out = True
         try:
             while time.perf_counter() - started < timeout:
-                done = await self.completion()
-                if done.succeeded >= n:
+                if await self.progress() >= n:
                     timed_out = False
                     break
                 if all(w.poll() is not None for w in workers):
-                    done = await self.completion()  # the last ones may have just committed
-                    timed_out = done.succeeded < n
+                    # the last ones may have just committed
+                    timed_out = await self.progress() < n
                     break
                 await asyncio.sleep(POLL_SECONDS)
             wall = time.perf_counter() - started
