@@ -1,6 +1,6 @@
 """Shared fixtures: real PostgreSQL (one fresh schema per test), SQLite (one
-fresh file per test), memory (one fresh store per test) and, for the
-conformance modules it runs so far, Redis (one fresh key prefix per test)."""
+fresh file per test), memory (one fresh store per test) and Redis (one
+fresh key prefix per test, its keys deleted after)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def schema() -> Iterator[str]:
 
 BACKENDS = ["postgres", "sqlite", "memory"]
 APP_BACKENDS = [*BACKENDS, "redis"]
-"""What ``any_app`` runs on: the conformance suite adds Redis module by module."""
+"""Every backend: what ``any_app`` and the conformance suite run on."""
 
 
 def schema_for(kind: str, request: pytest.FixtureRequest) -> str:

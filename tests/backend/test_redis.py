@@ -1,8 +1,7 @@
 """What only the Redis backend has: scripts run by SHA, the server's clock,
 key prefixes, and how it reads a corrupt task.
 
-The common contract is in tests/conformance/ (``REDIS_MODULES`` there lists
-the modules Redis runs so far).
+The common contract is in tests/conformance/, run against every backend.
 """
 
 from __future__ import annotations
