@@ -7,6 +7,7 @@ The common contract is in tests/conformance/, run against every backend.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -37,7 +38,7 @@ from conveyor.errors import BackendError, ConfigurationError, TaskNotFoundError
 from conveyor.model import Outcome, PauseKind, TaskState
 from tests.conformance.test_inboxes import coroutine, rest
 from tests.conformance.test_schedules import SCHEDULE
-from tests.conformance.test_tasks import LEASE, T0, claim, enqueue, new, success
+from tests.conformance.test_tasks import LEASE, T0, claim, enqueue, later, new, success
 from tests.conftest import REDIS_URL
 
 
@@ -383,18 +384,79 @@ async def test_a_schedule_is_a_hash_and_one_that_does_not_read_is_a_typed_error(
         await store.list_schedules()
 
 
-async def test_a_store_of_layout_3_reads_as_layout_4(raw: aioredis.Redis) -> None:
-    """Layout 4 only added keys (concurrency keys): a layout 3 store holds
-    none of them, and is marked layout 4 when opened."""
+async def test_a_store_of_layout_3_is_marked_with_this_layout(raw: aioredis.Redis) -> None:
+    """A layout 3 store has no running attempt in a hash to convert, and is
+    marked with this layout when opened."""
     prefix = f"t_{uuid.uuid4().hex[:12]}"
     await raw.set(keys.layout(prefix), "3")
     instance = RedisBackend(REDIS_URL, prefix=prefix)
     try:
         await instance.open()
-        assert await raw.get(keys.layout(prefix)) == keys.LAYOUT_VERSION == "4"
+        assert await raw.get(keys.layout(prefix)) == keys.LAYOUT_VERSION == "5"
     finally:
         await instance.destroy()
         await instance.close()
+
+
+async def test_a_layout_4_store_s_running_attempts_move_into_their_hashes(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    """Layout 4 kept the running attempt as the last row of the log: opening
+    such a store moves the row into the hash, and the attempt then ends as
+    any other (its row written once, complete)."""
+    [running, ended] = await enqueue(store, new(), new())
+    claimed = await claim(store, limit=2)
+    [token] = [c.token for c in claimed if c.token.task_id == ended]
+    await store.finish(FinishParams("w1", [success(token)], now=T0))
+    # Written back as layout 4 wrote it: the running row last in the log.
+    task_key = keys.task(store.prefix, running)
+    started = await raw.hget(task_key, "started_at")
+    await raw.hdel(task_key, "started_at")
+    row = {"number": 1, "worker_id": "w1", "outcome": "in_progress", "started_at": int(started)}
+    await raw.rpush(keys.attempts(store.prefix, running), json.dumps(row))
+    await raw.set(keys.layout(store.prefix), "4")
+    ended_log = await raw.lrange(keys.attempts(store.prefix, ended), 0, -1)
+    reopened = RedisBackend(REDIS_URL, prefix=store.prefix)
+    await reopened.open()
+    try:
+        assert await raw.get(keys.layout(store.prefix)) == "5"
+        assert await raw.llen(keys.attempts(store.prefix, running)) == 0
+        assert await raw.lrange(keys.attempts(store.prefix, ended), 0, -1) == ended_log
+        found = await reopened.get_task(running)
+        assert found is not None
+        [attempt] = found.attempts
+        assert (attempt.number, attempt.outcome, attempt.started_at) == (1, Outcome.IN_PROGRESS, T0)
+        [token] = [c.token for c in claimed if c.token.task_id == running]
+        result = await reopened.finish(FinishParams("w1", [success(token)], now=later(1)))
+        assert result.applied == {token}
+        found = await reopened.get_task(running)
+        assert found is not None
+        [attempt] = found.attempts
+        assert (attempt.outcome, attempt.started_at, attempt.finished_at) == (
+            Outcome.SUCCEEDED,
+            T0,
+            later(1),
+        )
+    finally:
+        await reopened.close()
+
+
+async def test_a_running_task_whose_start_does_not_read_is_set_aside_at_reclaim(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    """The running attempt lives in the hash: one whose start does not read
+    cannot be finished (the completion is rejected, nothing written), and
+    the claim that meets its expired lease sets the task aside."""
+    [task_id] = await enqueue(store, new())
+    [claimed] = await claim(store)
+    await raw.hset(keys.task(store.prefix, task_id), "started_at", "soon")
+    result = await store.finish(FinishParams("w1", [success(claimed.token)], now=T0))
+    assert result.rejected == {claimed.token}
+    assert await raw.hget(keys.task(store.prefix, task_id), "state") == "in_progress"
+    assert await claim(store, "w2", at=later(2 * LEASE)) == []
+    assert await raw.smembers(f"{keys.base(store.prefix)}:corrupt") == {str(task_id)}
+    with pytest.raises(BackendError, match=f"task {task_id} is corrupt in Redis"):
+        await store.get_task(task_id)
 
 
 def keyed(key: str, limit: int = 1, **fields: object) -> NewTask:

@@ -189,33 +189,33 @@ class RedisBackend:
     # -- connection ------------------------------------------------------
 
     async def open(self) -> None:
-        """Connect, and mark a new store (or one of a layout this one reads,
-        :data:`keys.UPGRADED`) with this layout's version. Raises
-        ConfigurationError for a store written with another layout."""
+        """Connect, and mark a new store with this layout's version, or
+        convert one of a layout this one upgrades (:data:`keys.UPGRADED`,
+        ``lua/open.lua``). Raises ConfigurationError for a store written with
+        another layout. No connection is left open when it raises."""
         client = connect.client(self._url)
         self._client, self._scripts = client, Scripts(client)
-        with _translated():
-            await client.set(keys.layout(self.prefix), keys.LAYOUT_VERSION, nx=True)
-            found = await client.get(keys.layout(self.prefix))
-            if found in keys.UPGRADED:
-                await client.set(keys.layout(self.prefix), keys.LAYOUT_VERSION)
-                found = keys.LAYOUT_VERSION
-        if found != keys.LAYOUT_VERSION:
-            await self.close()  # refused: no connection is left open
-            raise ConfigurationError(
-                f"the Redis store {self.location} has key layout {found!r}; "
-                f"this conveyor reads layout {keys.LAYOUT_VERSION!r}"
-            )
-        await self._check_persistence(client)
+        try:
+            found = await self._run("open", [keys.LAYOUT_VERSION, *sorted(keys.UPGRADED)])
+            if found != keys.LAYOUT_VERSION:
+                raise ConfigurationError(
+                    f"the Redis store {self.location} has key layout {found!r}; "
+                    f"this conveyor reads layout {keys.LAYOUT_VERSION!r}"
+                )
+            await self._check_persistence(client)
+        except BaseException:
+            await self.close()
+            raise
 
     async def _check_persistence(self, client: aioredis.Redis) -> None:
         """Warn, once per process and server, of each persistence setting
-        that can lose acknowledged work (see :mod:`.persistence`)."""
+        that can lose acknowledged work (see :mod:`.persistence`); a read
+        that fails is tried again at the next ``open``."""
         if self._server in _CHECKED:
             return
-        _CHECKED.add(self._server)
         with _translated():
             found = await persistence.read(client)
+        _CHECKED.add(self._server)
         for problem in found.problems():
             log.warning("Redis at %s: %s", self._server, problem)
 
@@ -300,7 +300,7 @@ class RedisBackend:
             *dict.fromkeys(params.names),
         ]
         found = await self._run("claim", args)
-        return [rows.claimed_task(row, params.worker_id) for row in found]
+        return rows.claimed_tasks(found, params.worker_id)
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         """One script for the batch: each lease renewed if live, else lost;
@@ -342,7 +342,7 @@ class RedisBackend:
             return FinishResult(frozenset(), frozenset())
         for c in completions:
             _check_completion(c)
-        args = [rows.now_arg(params.now), params.worker_id, *rows.finish_args(completions)]
+        args = [rows.now_arg(params.now), params.worker_id, rows.finish_arg(completions)]
         flags = await self._run("finish", args)
         tokens = [c.token for c in completions]
         applied = frozenset(t for t, flag in zip(tokens, flags, strict=True) if flag)
@@ -404,7 +404,7 @@ class RedisBackend:
             return None
         attempts: tuple[Attempt, ...] = ()
         if with_attempts:
-            attempts = tuple(rows.attempt(task_id, text) for text in found[1])
+            attempts = rows.attempts(task_id, found[0], found[1])
         return rows.task(task_id, found[0], attempts)
 
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:

@@ -16,8 +16,9 @@ key                             type   holds
                                        enqueue order)
 ``{p}:tasks``                   zset   every task id (score: the id), newest last
 ``{p}:task:ID``                 hash   one task's fields (see :mod:`.rows`)
-``{p}:attempts:ID``             list   its attempt log: one JSON row per attempt,
-                                       the running one last
+``{p}:attempts:ID``             list   its attempt log: one JSON row per ended
+                                       attempt (the running one is in the task's
+                                       hash: attempt, worker_id, started_at, step)
 ``{p}:delayed:Q``               zset   pending tasks of queue Q not due yet
                                        (score: run_at in ms; member: the id)
 ``{p}:ready:LEN:Q:NAME``        zset   due pending tasks of queue Q and task NAME
@@ -109,7 +110,11 @@ store lacks the finished index and the queues set, so it is refused too.
 Version 4 added the concurrency keys and 22 arguments per task: a version 3
 store holds no keyed task, so it reads as version 4 and is marked so when a
 version 4 process opens it (a version 3 process then refuses it, as it
-would misread its keyed tasks).
+would misread its keyed tasks). Version 5 keeps a running attempt in its
+task's hash rather than as the last row of its log: a version 3 or 4 store
+is converted when a version 5 process opens it (``lua/open.lua``: each
+running task's row moves into its hash, in one script), then marked; stop
+the older workers first, as they would write rows version 5 does not read.
 """
 
 from __future__ import annotations
@@ -117,10 +122,10 @@ from __future__ import annotations
 from conveyor.errors import ConfigurationError
 
 DEFAULT_PREFIX = "conveyor"
-LAYOUT_VERSION = "4"
+LAYOUT_VERSION = "5"
 """The version of this layout; a store written by another one is refused."""
-UPGRADED = frozenset({"3"})
-"""Older layouts this one reads as they are (marked with it at ``open``)."""
+UPGRADED = frozenset({"3", "4"})
+"""Older layouts this one converts at ``open`` (``lua/open.lua``), then marks."""
 
 _GLOB_SPECIALS = "\\*?[]"
 

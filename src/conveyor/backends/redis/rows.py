@@ -65,8 +65,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
 TASK_FIELDS = 22
 """Arguments per task of ``enqueue.lua`` (and per spawn of ``finish.lua``)."""
-FINISH_FIELDS = 11
-"""Arguments per completion of ``finish.lua``."""
 
 
 def ms(moment: datetime) -> int:
@@ -93,10 +91,6 @@ def seconds_ms(seconds: float) -> int:
 def opt(value: object) -> str:
     """An optional argument: "" for None, else "=" and the value."""
     return "" if value is None else f"={value}"
-
-
-def _unopt(value: str) -> str | None:
-    return value[1:] if value else None
 
 
 def _seconds(value: float | None) -> str | None:
@@ -143,51 +137,50 @@ def tasks_arg(tasks: Sequence[NewTask]) -> str:
     return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
 
 
-def finish_args(completions: Sequence[Completion]) -> list[str | int]:
-    """The per-completion arguments of ``finish.lua``, in order."""
-    args: list[str | int] = []
+def finish_arg(completions: Sequence[Completion]) -> str:
+    """The completions of ``finish.lua``, one JSON array each, as one JSON
+    argument (decoded by the script in C: cheaper than one argument a field)."""
+    rows: list[list[Any]] = []
     for c in completions:
         error = c.error
-        args += [
-            c.token.task_id,
-            c.token.attempt,
-            c.next_state.value,
-            c.outcome.value,
-            opt(c.result),
-            opt(error.type if error else None),
-            opt(error.message if error else None),
-            opt(error.traceback if error else None),
-            opt(None if c.retry_delay is None else seconds_ms(c.retry_delay)),
-            opt(None if c.transition is None else _transition(c.transition)),
-            opt(None if c.effects is None else _effects(c.token.task_id, c.effects)),
-        ]
-    return args
+        rows.append(
+            [
+                str(c.token.task_id),
+                c.token.attempt,
+                c.next_state.value,
+                c.outcome.value,
+                c.result,
+                error.type if error else None,
+                error.message if error else None,
+                error.traceback if error else None,
+                None if c.retry_delay is None else seconds_ms(c.retry_delay),
+                None if c.transition is None else _transition(c.transition),
+                None if c.effects is None else _effects(c.token.task_id, c.effects),
+            ]
+        )
+    return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
 
 
-def _transition(move: Transition) -> str:
-    return json.dumps(
-        [
-            opt(move.step),
-            move.state,
-            str(move.max_attempts),
-            retry_json(move.retry),
-            opt(_seconds(move.timeout)),
-            opt(_seconds(move.lease)),
-            opt(None if move.run_at is None else ms(move.run_at)),
-            str(seconds_ms(move.delay)),
-        ]
-    )
+def _transition(move: Transition) -> list[str]:
+    return [
+        opt(move.step),
+        move.state,
+        str(move.max_attempts),
+        retry_json(move.retry),
+        opt(_seconds(move.timeout)),
+        opt(_seconds(move.lease)),
+        opt(None if move.run_at is None else ms(move.run_at)),
+        str(seconds_ms(move.delay)),
+    ]
 
 
-def _effects(task_id: int, effects: Effects) -> str:
+def _effects(task_id: int, effects: Effects) -> list[Any]:
     """A poll's effects; its spawns are its children, its sends come from it."""
-    return json.dumps(
-        [
-            list(effects.consumed),
-            [[str(d.task_id), d.body] for d in effects.sends],
-            [task_fields(new, parent_id=task_id) for new in effects.spawns],
-        ]
-    )
+    return [
+        list(effects.consumed),
+        [[str(d.task_id), d.body] for d in effects.sends],
+        [task_fields(new, parent_id=task_id) for new in effects.spawns],
+    ]
 
 
 def send_args(deliveries: Sequence[Delivery]) -> list[str]:
@@ -198,34 +191,37 @@ def send_args(deliveries: Sequence[Delivery]) -> list[str]:
     return args
 
 
-def claimed_task(row: Sequence[str], worker_id: str) -> ClaimedTask:
-    """A row of ``claim.lua``: id, attempt, name, queue, payload, spent,
-    max_attempts, retry policy, timeout, lease, lease expiry, step, parent id."""
-    task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
-    timeout, lease, expires, step, parent_id = row[8:13]
-    budget = int(max_attempts)
-    return ClaimedTask(
-        token=LeaseToken(task_id=int(task_id), attempt=int(attempt), worker_id=worker_id),
-        name=name,
-        queue=queue,
-        payload=payload,
-        spent=int(spent),
-        max_attempts=budget,
-        retry=stored_retry_policy(retry, budget),
-        timeout=_float(_unopt(timeout)),
-        lease=_float(_unopt(lease)),
-        lease_expires_at=moment(int(expires)),
-        step=_unopt(step),
-        parent_id=_int(_unopt(parent_id)),
-    )
-
-
-def _float(value: str | None) -> float | None:
-    return None if value is None else float(value)
-
-
-def _int(value: str | None) -> int | None:
-    return None if value is None else int(value)
+def claimed_tasks(found: Sequence[Sequence[str]], worker_id: str) -> list[ClaimedTask]:
+    """The rows of ``claim.lua``, each: id, attempt, name, queue, payload,
+    spent, max_attempts, retry policy, timeout, lease, lease expiry, step,
+    parent id (optional ones as :func:`opt` writes them). Tasks of one claim
+    mostly share a lease expiry: each distinct one is converted once."""
+    expiries: dict[str, datetime] = {}
+    claimed: list[ClaimedTask] = []
+    for row in found:
+        task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
+        timeout, lease, expires, step, parent_id = row[8:13]
+        budget = int(max_attempts)
+        expires_at = expiries.get(expires)
+        if expires_at is None:
+            expires_at = expiries[expires] = moment(int(expires))
+        claimed.append(
+            ClaimedTask(
+                token=LeaseToken(task_id=int(task_id), attempt=int(attempt), worker_id=worker_id),
+                name=name,
+                queue=queue,
+                payload=payload,
+                spent=int(spent),
+                max_attempts=budget,
+                retry=stored_retry_policy(retry, budget),
+                timeout=float(timeout[1:]) if timeout else None,
+                lease=float(lease[1:]) if lease else None,
+                lease_expires_at=expires_at,
+                step=step[1:] if step else None,
+                parent_id=int(parent_id[1:]) if parent_id else None,
+            )
+        )
+    return claimed
 
 
 class _Fields:
@@ -303,6 +299,26 @@ def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...])
         inbox=fields.get("inbox") == "1",
         idempotency_key=fields.get("idempotency_key"),
     )
+
+
+def attempts(task_id: int, fields: Mapping[str, str], log: Sequence[str]) -> tuple[Attempt, ...]:
+    """A task's attempts: the rows of its log (``{p}:attempts:ID``, the ended
+    ones), then the running one, which lives in its hash (``attempt``,
+    ``worker_id``, ``started_at``, ``step``) while it is in progress."""
+    ended = [attempt(task_id, text) for text in log]
+    if fields.get("state") != TaskState.IN_PROGRESS.value:
+        return tuple(ended)
+    f = _Fields(task_id, fields)
+    running = Attempt(
+        task_id=task_id,
+        number=f.integer("attempt"),
+        worker_id=f.text("worker_id"),
+        outcome=Outcome.IN_PROGRESS,
+        started_at=moment(f.integer("started_at")),
+        finished_at=None,
+        step=fields.get("step"),
+    )
+    return (*ended, running)
 
 
 def attempt(task_id: int, text: str) -> Attempt:

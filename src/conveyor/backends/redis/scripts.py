@@ -24,6 +24,7 @@ from redis.commands.core import AsyncScript
 SHARED = ("common", "keys")
 """The files composed in front of every operation's own, in this order."""
 OPERATIONS = (
+    "open",
     "enqueue",
     "claim",
     "heartbeat",

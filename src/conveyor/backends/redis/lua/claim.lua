@@ -59,16 +59,14 @@ end
 
 -- An expired lease whose task may not run again: the task ends here, its
 -- lost attempt closed with the reason.
-local function end_expired(id, queue, cancelled, spent, max_attempts)
+local function end_expired(id, queue, cancelled, spent, max_attempts, running)
   local message = CANCELLED_MEANWHILE
   if not cancelled then
     message = string.gsub(BUDGET_SPENT, '{spent}', spent)
     message = string.gsub(message, '{max_attempts}', max_attempts)
   end
-  close_attempt(id, now, 'lease_lost', LOST_ERROR, message, nil)
-  local ended_state = cancelled and 'cancelled' or 'failed'
-  move_state(id, 'in_progress', ended_state)
-  mark_finished(id, ended_state, now)
+  close_attempt(id, now, 'lease_lost', LOST_ERROR, message, nil, running)
+  finish_task(id, 'in_progress', cancelled and 'cancelled' or 'failed', now)
   end_lease(id, queue)
   ended(id, now)
 end
@@ -78,15 +76,17 @@ for _, queue in ipairs(queues) do
   promote(queue)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', key_leases(queue), '-inf', now)) do
     local f = redis.call('HMGET', key_task(id),
-      'name', 'cancel_requested', 'spent', 'max_attempts', 'priority', 'run_at')
+      'name', 'cancel_requested', 'spent', 'max_attempts', 'priority', 'run_at',
+      'attempt', 'worker_id', 'started_at', 'step')
     if names[f[1]] then
       local cancelled = f[2] == '1'
       local spent, max_attempts = tonumber(f[3]), tonumber(f[4])
       local priority, run_at = tonumber(f[5]), tonumber(f[6])
-      if not (spent and max_attempts and priority and run_at and last_attempt_reads(id)) then
-        set_aside(id, queue, 'counters, priority, run_at or attempt log')
+      local running = running_attempt(f[7], f[8], f[9], f[10])
+      if not (spent and max_attempts and priority and run_at and running) then
+        set_aside(id, queue, 'counters, priority, run_at or running attempt')
       elseif cancelled or spent >= max_attempts then
-        end_expired(id, queue, cancelled, spent, max_attempts)
+        end_expired(id, queue, cancelled, spent, max_attempts, running)
       else
         candidates[#candidates + 1] = {order_member(priority, run_at, id), queue, f[1], true}
       end
@@ -112,31 +112,41 @@ for _, candidate in ipairs(keyed) do candidates[#candidates + 1] = candidate end
 table.sort(candidates, function(a, b) return a[1] < b[1] end)
 
 -- Hand out the head of the order. A ready task whose counters do not read
--- is set aside instead, and this claim takes one task fewer.
-local claimed, taken = {}, {}
+-- is set aside instead, and this claim takes one task fewer. Ready tasks
+-- leave their ready sets together, per queue and name, after the loop.
+local claimed, taken, leaving = {}, {}, {}
 for i = 1, math.min(limit, #candidates) do
   local member, queue, name, reclaim, key_member, flow_key = unpack(candidates[i])
   local id = member_id(member)
   local key = key_task(id)
   local f = redis.call('HMGET', key,
     'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
-    'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope')
+    'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope', 'worker_id',
+    'started_at')
   local attempt, spent = tonumber(f[1]), tonumber(f[2])
   if flow_key then
     unready_keyed(id, flow_key, queue, name, key_member)
   elseif not reclaim then
-    unready(queue, name, member)
+    local group = queue .. '\0' .. name
+    local out = leaving[group]
+    if not out then
+      out = {queue = queue, name = name, members = {}, ids = {}}
+      leaving[group] = out
+    end
+    out.members[#out.members + 1] = member
+    out.ids[#out.ids + 1] = id
   end
-  if not (attempt and spent and f[5] and tonumber(f[6]) and f[7]) then
+  local running = reclaim and running_attempt(f[1], f[13], f[14], f[4])
+  if not (attempt and spent and f[5] and tonumber(f[6]) and f[7]) or (reclaim and not running) then
     set_aside(id, queue, 'counters, payload or retry policy')
   else
-    if reclaim then close_attempt(id, now, 'lease_lost', LOST_ERROR, LOST, nil) end
+    if reclaim then close_attempt(id, now, 'lease_lost', LOST_ERROR, LOST, nil, running) end
     attempt, spent = attempt + 1, spent + 1
     local lease = tonumber(f[3]) or default_lease
     local expires = now + math.floor(lease * 1000 + 0.5)
-    move_state(id, reclaim and 'in_progress' or 'pending', 'in_progress', f[12])
-    redis.call('HSET', key, 'attempt', attempt, 'spent', spent,
-      'worker_id', worker, 'lease_expires_at', expires)
+    move_state(id, reclaim and 'in_progress' or 'pending', 'in_progress', f[12],
+      'attempt', attempt, 'spent', spent, 'worker_id', worker, 'lease_expires_at', expires,
+      'started_at', now)
     redis.call('ZADD', key_leases(queue), expires, id)
     if f[10] then lease_keyed(id, f[10], expires) end
     if flow_key then
@@ -145,7 +155,6 @@ for i = 1, math.min(limit, #candidates) do
       if id > took.newest then took.newest, took.limit = id, f[11] end
       taken[flow_key] = took
     end
-    open_attempt(id, attempt, worker, now, f[4] or nil)
     claimed[#claimed + 1] = {
       tostring(id), tostring(attempt), name, queue, f[5], tostring(spent), f[6], f[7],
       f[8] and '=' .. f[8] or '', f[3] and '=' .. f[3] or '', tostring(expires),
@@ -153,5 +162,6 @@ for i = 1, math.min(limit, #candidates) do
     }
   end
 end
+for _, out in pairs(leaving) do unready_many(out.queue, out.name, out.members, out.ids) end
 settle_keys(keys_read, taken, now)
 return claimed

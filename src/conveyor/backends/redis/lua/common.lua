@@ -97,14 +97,15 @@ end
 -- index (the inspector's lists) stays in step with the hashes, and a task
 -- that leaves its unique scope gives its key up in the same script.
 -- `scope` is the task's unique_scope when the caller read it already (false:
--- none), else nil (read here).
-local function move_state(id, from, to, scope)
+-- none), else nil (read here). Further arguments are more field/value pairs
+-- of the task's hash, written with its state (one HSET).
+local function move_state(id, from, to, scope, ...)
   if from ~= to then
     if from then redis.call('ZREM', key_state(from), id) end
     redis.call('ZADD', key_state(to), id, id)
   end
   local task = key_task(id)
-  redis.call('HSET', task, 'state', to)
+  redis.call('HSET', task, 'state', to, ...)
   if scope == nil then scope = redis.call('HGET', task, 'unique_scope') end
   if scope and (TERMINAL[to] or (scope == 'pending' and to ~= 'pending')) then
     release_key(id)
@@ -135,9 +136,15 @@ local function finished_cutoff(before)
   return '(' .. string.format('%015d|', before + TIME_SHIFT)
 end
 
-local function mark_finished(id, state, now)
-  redis.call('HSET', key_task(id), 'finished_at', now)
+-- The task's hash gets finished_at = now with its state (move_state).
+local function index_finished(id, state, now)
   redis.call('ZADD', key_finished(state), 0, finished_member(now, id))
+end
+
+-- A task ends in a terminal state `state` from `from` (scope: as move_state).
+local function finish_task(id, from, state, now, scope)
+  move_state(id, from, state, scope, 'finished_at', now)
+  index_finished(id, state, now)
 end
 
 -- The task is no longer finished in `state` (retried, or deleted).
@@ -210,6 +217,21 @@ local function unready(queue, name, member)
   end
 end
 
+-- Many tasks of one queue and name leave its ready set (and the pending
+-- set) at once: `members` their ready members, `ids` their ids (a claim).
+local CHUNK = 1000  -- arguments per variadic call, well below Lua's stack limit
+local function remove_all(command, key, values)
+  for first = 1, #values, CHUNK do
+    redis.call(command, key, unpack(values, first, math.min(first + CHUNK - 1, #values)))
+  end
+end
+local function unready_many(queue, name, members, ids)
+  remove_all('ZREM', key_pending(queue), ids)
+  local ready = key_ready(queue, name)
+  remove_all('ZREM', ready, members)
+  if redis.call('EXISTS', ready) == 0 then redis.call('SREM', key_ready_names(queue), name) end
+end
+
 local function unindex_pending(id, queue, name, priority, run_at)
   local key = redis.call('HGET', key_task(id), 'concurrency_key')
   if key then
@@ -220,33 +242,35 @@ local function unindex_pending(id, queue, name, priority, run_at)
   redis.call('ZREM', key_delayed(queue), id)
 end
 
--- The attempt log: one JSON row per attempt, the running one last.
-local function open_attempt(id, number, worker, now, step)
+-- The attempt log: {p}:attempts:ID holds one JSON row per ended attempt.
+-- The running attempt lives in the task's hash until it ends: its number
+-- (attempt), worker (worker_id), start (started_at) and step (the task's
+-- step while it runs); a claim writes them with the lease, and its end
+-- appends its row (one write per attempt, never a rewrite).
+local RUNNING_FIELDS = {'attempt', 'worker_id', 'started_at', 'step'}
+
+-- The running attempt of task id from its hash fields (attempt, worker_id,
+-- started_at, step), or nil when they do not read.
+local function running_attempt(attempt, worker, started_at, step)
+  attempt, started_at = tonumber(attempt), tonumber(started_at)
+  if not (attempt and worker and started_at) then return nil end
+  return {number = attempt, worker_id = worker, started_at = started_at, step = step}
+end
+
+-- The running attempt of task id, read from its hash (nil: does not read).
+local function read_running(id)
+  return running_attempt(unpack(redis.call('HMGET', key_task(id), unpack(RUNNING_FIELDS))))
+end
+
+-- The running attempt (from running_attempt) ended: its row joins the log.
+-- The caller ends the lease (end_lease), which clears it from the hash.
+local function close_attempt(id, now, outcome, error_type, message, traceback, running)
   redis.call('RPUSH', key_attempts(id), cjson.encode({
-    number = number, worker_id = worker, outcome = 'in_progress', started_at = now,
-    step = step or cjson.null,
+    number = running.number, worker_id = running.worker_id, started_at = running.started_at,
+    step = running.step or cjson.null, outcome = outcome, finished_at = now,
+    error_type = error_type or cjson.null, error_message = message or cjson.null,
+    traceback = traceback or cjson.null,
   }))
-end
-
--- `row` is the last row when the caller decoded it already (last_attempt_reads).
-local function close_attempt(id, now, outcome, error_type, message, traceback, row)
-  local key = key_attempts(id)
-  row = row or cjson.decode(redis.call('LINDEX', key, -1))
-  row.outcome = outcome
-  row.finished_at = now
-  row.error_type = error_type or cjson.null
-  row.error_message = message or cjson.null
-  row.traceback = traceback or cjson.null
-  redis.call('LSET', key, -1, cjson.encode(row))
-end
-
--- Whether a task's attempt log ends in a row that reads (close_attempt
--- rewrites that row).
-local function last_attempt_reads(id)
-  local text = redis.call('LINDEX', key_attempts(id), -1)
-  if not text then return false end
-  local ok, row = pcall(cjson.decode, text)
-  return ok and type(row) == 'table' and row
 end
 
 -- Every script checks what it reads before it writes anything: Redis does
@@ -267,7 +291,7 @@ end
 
 -- The attempt is over: no owner, no lease.
 local function end_lease(id, queue, key)
-  redis.call('HDEL', key_task(id), 'worker_id', 'lease_expires_at')
+  redis.call('HDEL', key_task(id), 'worker_id', 'lease_expires_at', 'started_at')
   redis.call('ZREM', key_leases(queue), id)
   drop_keyed(id, nil, key)
 end
@@ -473,8 +497,7 @@ cancel_task = function(id, now)
       return nil
     end
     unindex_pending(id, f[2], f[3], tonumber(f[4]), tonumber(f[5]))
-    move_state(id, state, 'cancelled')
-    mark_finished(id, 'cancelled', now)
+    finish_task(id, state, 'cancelled', now)
     ended(id, now)
     return 'cancelled'
   end

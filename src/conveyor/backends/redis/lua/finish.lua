@@ -13,40 +13,44 @@
 -- children (ended, in common.lua). A poll's send to a task that is missing,
 -- finished or has no inbox is dropped.
 --
--- ARGV: now, worker id, then 11 fields per completion: task id, attempt,
--- next state (succeeded, failed, cancelled, pending or waiting), outcome,
--- result (opt, JSON), error type, message and traceback (each opt), retry
--- delay (opt, ms), transition (opt: a JSON array of step (opt), state,
--- max_attempts, retry policy, timeout (opt), lease (opt), run_at (opt, ms),
--- delay (ms)), effects (opt: a JSON array of the consumed message ids, the
--- sends as [task id, body] and the spawns as TASK_FIELDS arrays). Returns
--- per completion 1 (applied) or 0 (rejected).
-local FIELDS = 11
+-- ARGV: now, worker id, then the completions as one JSON array of arrays
+-- (decoded here in C): task id (a string), attempt, next state (succeeded,
+-- failed, cancelled, pending or waiting), outcome, result (JSON text),
+-- error type, message and traceback, retry delay (ms), transition (an array
+-- of step (opt), state, max_attempts, retry policy, timeout (opt), lease
+-- (opt), run_at (opt, ms), delay (ms)), effects (an array of the consumed
+-- message ids, the sends as [task id, body] and the spawns as TASK_FIELDS
+-- arrays); null for none of those after the outcome. Returns per completion
+-- 1 (applied) or 0 (rejected).
 local now = clock(ARGV[1])
 local worker = ARGV[2]
+local NULL = cjson.null
+local function given(value)
+  if value == NULL then return nil end
+  return value
+end
 
 -- Every fence is checked before anything is written.
 local held, applied, seen = {}, {}, {}
-for a = 3, #ARGV, FIELDS do
-  local id, attempt = ARGV[a], tonumber(ARGV[a + 1])
+for _, c in ipairs(cjson.decode(ARGV[3])) do
+  local id, attempt = c[1], c[2]
   local f = redis.call('HMGET', key_task(id), 'state', 'attempt', 'worker_id',
     'lease_expires_at', 'queue', 'name', 'priority', 'unique_scope', 'concurrency_key',
-    'parent_id')
+    'parent_id', 'started_at', 'step')
   local expires = tonumber(f[4])
   -- A task whose fields do not read is rejected, unwritten: its lease
   -- expires and a claim sets it aside. So is a second completion of one task.
-  local row = not seen[id] and f[1] == 'in_progress' and tonumber(f[2]) == attempt
-    and f[3] == worker and expires and expires > now
-    and f[5] and f[6] and tonumber(f[7]) and last_attempt_reads(id)
-  if row then
+  local running = running_attempt(f[2], f[3], f[11], f[12])
+  if not seen[id] and f[1] == 'in_progress' and running and running.number == attempt
+      and f[3] == worker and expires and expires > now
+      and f[5] and f[6] and tonumber(f[7]) then
     seen[id] = true
-    local effects = opt(ARGV[a + 10])
     -- Read once: a task's unique scope (but for a release, which a second
     -- one repeats harmlessly), concurrency key and parent stay as they are
     -- in this script.
-    held[#held + 1] = {a = a, id = id, queue = f[5], name = f[6], priority = tonumber(f[7]),
-      scope = f[8], flow_key = f[9], parent = f[10], row = row,
-      effects = effects and cjson.decode(effects)}
+    held[#held + 1] = {c = c, id = id, queue = f[5], name = f[6], priority = tonumber(f[7]),
+      scope = f[8], flow_key = f[9], parent = f[10], running = running,
+      effects = given(c[11])}
     applied[#applied + 1] = 1
   else
     applied[#applied + 1] = 0
@@ -81,20 +85,15 @@ local function take_state(key, move)
 end
 
 local function complete(h)
-  local a, id = h.a, h.id
+  local c, id = h.c, h.id
   local key = key_task(id)
-  local state, outcome, result = ARGV[a + 2], ARGV[a + 3], opt(ARGV[a + 4])
-  local move = opt(ARGV[a + 9])
-  move = move and cjson.decode(move)
+  local state, outcome, result = c[3], c[4], given(c[5])
+  local move = given(c[10])
   -- Read here, not with the lease: an ending earlier in this script may
   -- have cancelled this task (a cascade).
   if (state == 'pending' or state == 'waiting')
       and redis.call('HGET', key, 'cancel_requested') == '1' then
     state = 'cancelled'
-  end
-  if state == 'succeeded' then
-    if result then redis.call('HSET', key, 'result', result)
-    else redis.call('HDEL', key, 'result') end
   end
   if outcome == 'interrupted' then redis.call('HINCRBY', key, 'spent', -1) end
   if move then take_state(key, move) end
@@ -103,15 +102,22 @@ local function complete(h)
     if move then
       run_at = tonumber(opt(move[7]) or '') or now + tonumber(move[8])
     else
-      run_at = now + tonumber(opt(ARGV[a + 8]) or '0')
+      run_at = now + (given(c[9]) or 0)
     end
     redis.call('HSET', key, 'run_at', run_at)
     index_pending(id, h.queue, h.name, h.priority, run_at, now, h.flow_key)
   end
-  move_state(id, 'in_progress', state, h.scope)
+  close_attempt(id, now, outcome, given(c[6]), given(c[7]), given(c[8]), h.running)
+  if state == 'succeeded' and result then
+    move_state(id, 'in_progress', state, h.scope, 'finished_at', now, 'result', result)
+    index_finished(id, state, now)
+  elseif TERMINAL[state] then
+    if state == 'succeeded' then redis.call('HDEL', key, 'result') end
+    finish_task(id, 'in_progress', state, now, h.scope)
+  else
+    move_state(id, 'in_progress', state, h.scope)
+  end
   end_lease(id, h.queue, h.flow_key)
-  if TERMINAL[state] then mark_finished(id, state, now) end
-  close_attempt(id, now, outcome, opt(ARGV[a + 5]), opt(ARGV[a + 6]), opt(ARGV[a + 7]), h.row)
   -- An ending tells a parent, and a cancelled task cancels its children.
   if TERMINAL[state] and (h.parent or state == 'cancelled') then ended(id, now) end
 end
