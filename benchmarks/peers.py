@@ -360,12 +360,18 @@ COLUMNS = [
 ]
 
 
-def ratio_values(results: Sequence[Result]) -> list[float | None]:
-    """conveyor's value over the best peer's, per column (None if either is missing)."""
+def ratio_values(results: Sequence[Result], reference: str | None = None) -> list[float | None]:
+    """conveyor's value over the best peer's (or over system ``reference``'s),
+    per column (None if either is missing); a row of conveyor on another
+    store (``conveyor-pg``) is no peer."""
     ours = next((r for r in results if r.system == "conveyor"), None)
     found: list[float | None] = []
     for _header, attribute, _fmt, higher in COLUMNS:
-        peers = [getattr(r, attribute) for r in results if r.system != "conveyor"]
+        peers = [
+            getattr(r, attribute)
+            for r in results
+            if (r.system == reference if reference else not r.system.startswith("conveyor"))
+        ]
         values = [v for v in peers if v]
         mine = getattr(ours, attribute) if ours else None
         if not values or not mine:
@@ -391,14 +397,15 @@ def round_ratios(rounds: Sequence[Sequence[Result]]) -> list[str]:
     return ratio_cells(cells)
 
 
+def line(first: str, cells: Sequence[str]) -> str:
+    """A row of the table: a label, then a cell per column of ``COLUMNS``."""
+    widths = [max(len(h), 9) for h, *_ in COLUMNS]
+    return f"{first:<14}" + "".join(f" {c:>{w}}" for c, w in zip(cells, widths, strict=True))
+
+
 def table(
     results: Sequence[Result], top: Ceiling | None, rounds: Sequence[Sequence[Result]] = ()
 ) -> str:
-    widths = [max(len(h), 9) for h, *_ in COLUMNS]
-
-    def line(first: str, cells: Sequence[str]) -> str:
-        return f"{first:<14}" + "".join(f" {c:>{w}}" for c, w in zip(cells, widths, strict=True))
-
     header = line("system", [h for h, *_ in COLUMNS]) + f" {'% ceiling':>9} {'check':>6}  config"
     lines = [header, "-" * len(header)]
     for r in results:

@@ -1,7 +1,10 @@
 """conveyor on Redis next to its Python peers on Redis, one table.
 
 The peers: SAQ, arq, Dramatiq (Redis broker), taskiq (taskiq-redis's
-``RedisStreamBroker``), RQ and Celery (Redis broker). The workload, the
+``RedisStreamBroker``), RQ and Celery (Redis broker); and ``conveyor-pg``,
+conveyor on PostgreSQL (a database of its own beside ``--url``'s), whose
+figures the Redis backend is held to: the ``conveyor/pg`` line divides
+conveyor's by them. The workload, the
 columns and the rounds are those of ``peers.py`` (its machinery runs here:
 enqueue/s, processed/s with one and two worker processes from each
 system's own records, e2e/s, enqueue-to-start latency, conveyor/best),
@@ -54,6 +57,10 @@ from benchmarks import throughput as tp  # noqa: E402
 from benchmarks.systems.stamp import read_stamps  # noqa: E402
 from tools.redis_server import RedisServer  # noqa: E402
 
+PG_ROW = "conveyor-pg"
+"""conveyor on PostgreSQL (``peers.py``'s system, on a database of its own
+beside ``--url``'s), run in the same rounds: the figure the Redis backend is
+held to."""
 REDIS_SYSTEMS: peers.Registry = {
     "conveyor": ("benchmarks.systems.conveyor_redis_peer", "ConveyorRedis"),
     "saq": ("benchmarks.systems.saq_peer", "SaqSystem"),
@@ -62,6 +69,7 @@ REDIS_SYSTEMS: peers.Registry = {
     "taskiq": ("benchmarks.systems.taskiq_peer", "TaskiqSystem"),
     "rq": ("benchmarks.systems.rq_peer", "RqSystem"),
     "celery": ("benchmarks.systems.celery_peer", "CelerySystem"),
+    PG_ROW: ("benchmarks.systems.conveyor_peer", "Conveyor"),
 }
 DATABASES = 64
 """Databases of the private server: 7 systems x 3 phases of a round fit."""
@@ -101,6 +109,24 @@ class RedisStores:
             await client.flushdb()
         finally:
             await client.aclose()
+
+
+class BenchStores:
+    """The Redis server's databases for every system, but a PostgreSQL
+    database for ``conveyor-pg``'s stores (their names carry the system's)."""
+
+    def __init__(self, redis: RedisStores, postgres: peers.PostgresStores) -> None:
+        self.redis = redis
+        self.postgres = postgres
+
+    def _of(self, name: str) -> peers.Stores:
+        return self.postgres if f"_{PG_ROW}_" in name else self.redis
+
+    async def create(self, name: str) -> str:
+        return await self._of(name).create(name)
+
+    async def drop(self, name: str) -> None:
+        await self._of(name).drop(name)
 
 
 def start_server(args: argparse.Namespace) -> RedisServer:
@@ -156,7 +182,7 @@ def kill_group(process: Any) -> None:
     process.wait()
 
 
-async def kill_one(args: argparse.Namespace, stores: RedisStores, name: str) -> KillResult:
+async def kill_one(args: argparse.Namespace, stores: BenchStores, name: str) -> KillResult:
     cls = peers.load_system(name, REDIS_SYSTEMS)
     concurrency = args.concurrency.get(name, cls.default_concurrency)  # type: ignore[attr-defined]
     system = cls(concurrency, args.worker_log_level)
@@ -202,7 +228,7 @@ def kill_table(results: list[KillResult]) -> str:
     return "\n".join(lines)
 
 
-async def kill_test(args: argparse.Namespace, stores: RedisStores) -> list[KillResult]:
+async def kill_test(args: argparse.Namespace, stores: BenchStores) -> list[KillResult]:
     results = []
     for name in args.systems:
         try:
@@ -222,7 +248,8 @@ async def run(args: argparse.Namespace) -> int:
     args.registry = REDIS_SYSTEMS
     server = await asyncio.to_thread(start_server, args)
     try:
-        args.stores = stores = RedisStores(server)
+        stores = BenchStores(RedisStores(server), peers.PostgresStores(args.url))
+        args.stores = stores
         version = await redis_version(server)
         persistence = (
             "no AOF" if args.appendfsync == "off" else f"AOF appendfsync {args.appendfsync}"
@@ -248,12 +275,22 @@ async def run(args: argparse.Namespace) -> int:
             + (f"; medians of {args.rounds} rounds" if args.rounds > 1 else "")
             + "\n"
             + peers.table(results, None, rounds)
+            + own_ratio(results)
         )
         return peers.report_out(args, report, text, results)
     finally:
         if args.keep:
             tp.log(f"kept the Redis server's files in {server.workdir}")
         await asyncio.to_thread(server.stop)
+
+
+def own_ratio(results: list[peers.Result]) -> str:
+    """conveyor on Redis over conveyor on PostgreSQL, per column, when both ran."""
+    names = {r.system for r in results}
+    if not {"conveyor", PG_ROW} <= names:
+        return ""
+    cells = peers.ratio_cells(peers.ratio_values(results, reference=PG_ROW))
+    return "\n" + peers.line("conveyor/pg", cells)
 
 
 def vars_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -274,6 +311,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "appendfsync (default %(default)s)",
     )
     parser.add_argument("--workdir", help="the Redis server's directory (default: a temporary one)")
+    parser.add_argument(
+        "--url",
+        default=peers.DEFAULT_URL,
+        help=f"{PG_ROW}: any database on the PostgreSQL server; its stores are made beside it "
+        "(default %(default)s)",
+    )
     parser.add_argument(
         "--kill-test", action="store_true", help="the SIGKILL test instead of the benchmark"
     )

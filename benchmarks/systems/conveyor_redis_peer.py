@@ -7,7 +7,7 @@
   lease and heartbeat.
 - Enqueue: ``enqueue_many_async``, 5000 a call (one Lua script per call).
 - Completion from conveyor's own records: ``{bench}:state:succeeded`` (ids of
-  the succeeded tasks) against ``{bench}:tasks`` (every task), and each
+  the succeeded tasks) against every state's index (every task), and each
   task's attempt log (``{bench}:attempts:ID``, JSON rows with ``started_at``
   and ``finished_at`` in ms, by the Redis server's clock).
 """
@@ -23,6 +23,7 @@ from benchmarks.systems.redis_system import ENQUEUE_BATCH, RedisSystem, moment
 from benchmarks.systems.system import Completion
 from benchmarks.throughput import WorkerSpec, worker_command
 from conveyor import App
+from conveyor.model import TaskState
 
 PREFIX = "bench"
 BASE = "{" + PREFIX + "}"
@@ -72,8 +73,9 @@ class ConveyorRedis(RedisSystem):
 
     async def completion(self) -> Completion:
         succeeded = int(await self.redis.zcard(f"{BASE}:state:succeeded"))
-        total = int(await self.redis.zcard(f"{BASE}:tasks"))
-        ids = await self.redis.zrange(f"{BASE}:tasks", 0, -1)
+        states = [f"{BASE}:state:{state.value}" for state in TaskState]
+        total = sum([int(await self.redis.zcard(index)) for index in states])
+        ids = [i for index in states for i in await self.redis.zrange(index, 0, -1)]
         first: int | None = None
         last: int | None = None
         for chunk in range(0, len(ids), ENQUEUE_BATCH):

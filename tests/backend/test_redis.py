@@ -401,9 +401,10 @@ async def test_a_store_of_layout_3_is_marked_with_this_layout(raw: aioredis.Redi
 async def test_a_layout_4_store_s_running_attempts_move_into_their_hashes(
     store: RedisBackend, raw: aioredis.Redis
 ) -> None:
-    """Layout 4 kept the running attempt as the last row of the log: opening
-    such a store moves the row into the hash, and the attempt then ends as
-    any other (its row written once, complete)."""
+    """Layout 4 kept the running attempt as the last row of the log (and an
+    index of every task): opening such a store moves the row into the hash
+    (and deletes the index), and the attempt then ends as any other (its row
+    written once, complete)."""
     [running, ended] = await enqueue(store, new(), new())
     claimed = await claim(store, limit=2)
     [token] = [c.token for c in claimed if c.token.task_id == ended]
@@ -414,12 +415,14 @@ async def test_a_layout_4_store_s_running_attempts_move_into_their_hashes(
     await raw.hdel(task_key, "started_at")
     row = {"number": 1, "worker_id": "w1", "outcome": "in_progress", "started_at": int(started)}
     await raw.rpush(keys.attempts(store.prefix, running), json.dumps(row))
+    await raw.zadd(f"{keys.base(store.prefix)}:tasks", {str(running): running, str(ended): ended})
     await raw.set(keys.layout(store.prefix), "4")
     ended_log = await raw.lrange(keys.attempts(store.prefix, ended), 0, -1)
     reopened = RedisBackend(REDIS_URL, prefix=store.prefix)
     await reopened.open()
     try:
         assert await raw.get(keys.layout(store.prefix)) == "5"
+        assert await raw.exists(f"{keys.base(store.prefix)}:tasks") == 0
         assert await raw.llen(keys.attempts(store.prefix, running)) == 0
         assert await raw.lrange(keys.attempts(store.prefix, ended), 0, -1) == ended_log
         found = await reopened.get_task(running)

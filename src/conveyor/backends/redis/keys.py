@@ -14,7 +14,6 @@ key                             type   holds
 ``{p}:layout``                  str    the layout version of this store's keys
 ``{p}:ids``                     str    the last task id given (INCR: ids ascend in
                                        enqueue order)
-``{p}:tasks``                   zset   every task id (score: the id), newest last
 ``{p}:task:ID``                 hash   one task's fields (see :mod:`.rows`)
 ``{p}:attempts:ID``             list   its attempt log: one JSON row per ended
                                        attempt (the running one is in the task's
@@ -148,10 +147,6 @@ def base(prefix: str) -> str:
 
 def layout(prefix: str) -> str:
     return f"{base(prefix)}:layout"
-
-
-def tasks(prefix: str) -> str:
-    return f"{base(prefix)}:tasks"
 
 
 def task(prefix: str, task_id: int) -> str:

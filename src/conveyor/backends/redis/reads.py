@@ -7,6 +7,7 @@ SQL read under READ COMMITTED would). No read walks the key space.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from typing import cast
 
@@ -22,65 +23,76 @@ PAGE = 200
 
 async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilter) -> list[Task]:
     """Newest first from the index of the filter's state (``{p}:state:S``),
-    else of every task; a name or queue filter is applied to what the index
-    gives, ``PAGE`` ids per round trip, so a rare name or queue costs a walk
-    of that state's tasks (or of all of them) down to ``limit`` matches."""
-    index = (
-        keys.tasks(prefix)
-        if task_filter.state is None
-        else keys.state(prefix, task_filter.state.value)
-    )
+    else from every state's index, merged by id; a name or queue filter is
+    applied to what the indexes give, ``PAGE`` ids per round trip, so a rare
+    name or queue costs a walk of that state's tasks (or of all of them) down
+    to ``limit`` matches. A task is taken from an index only while its hash
+    holds that index's state: one that moves during the read is listed once
+    at most."""
+    states = _STATE_NAMES if task_filter.state is None else (task_filter.state.value,)
     found: list[Task] = []
     top = f"({task_filter.before}" if task_filter.before is not None else "+inf"
     while len(found) < task_filter.limit:
-        ids = cast(list[str], await client.zrevrangebyscore(index, top, "-inf", start=0, num=PAGE))
-        if not ids:
+        async with client.pipeline(transaction=False) as pipe:
+            for state in states:
+                pipe.zrevrangebyscore(keys.state(prefix, state), top, "-inf", start=0, num=PAGE)
+            heads = cast(list[list[str]], await pipe.execute())
+        page = heapq.nlargest(
+            PAGE,
+            (
+                (int(task_id), state)
+                for state, ids in zip(states, heads, strict=True)
+                for task_id in ids
+            ),
+        )
+        if not page:
             break
         async with client.pipeline(transaction=False) as pipe:
-            for task_id in ids:
-                pipe.hgetall(keys.task(prefix, int(task_id)))
+            for task_id, _state in page:
+                pipe.hgetall(keys.task(prefix, task_id))
             hashes = await pipe.execute()
-        for task_id, fields in zip(ids, hashes, strict=True):
-            if fields and _matches(fields, task_filter):
-                found.append(rows.task(int(task_id), fields, ()))
-        top = f"({ids[-1]}"
+        for (task_id, state), fields in zip(page, hashes, strict=True):
+            if fields.get("state") == state and _matches(fields, task_filter):
+                found.append(rows.task(task_id, fields, ()))
+        top = f"({page[-1][0]}"
     return found[: task_filter.limit]
 
 
 def _matches(fields: dict[str, str], task_filter: TaskFilter) -> bool:
-    state = task_filter.state
-    return (
-        (state is None or fields.get("state") == state.value)
-        and task_filter.name in (None, fields.get("name"))
-        and task_filter.queue in (None, fields.get("queue"))
+    return task_filter.name in (None, fields.get("name")) and task_filter.queue in (
+        None,
+        fields.get("queue"),
     )
 
 
 async def count_tasks(client: aioredis.Redis, prefix: str) -> list[TaskCount]:
-    """Every task's state, queue and name, read ``PAGE`` at a time (as the
-    protocol says: no index holds the three together). A task whose state
-    does not read is left out."""
+    """Every task's state, queue and name, read ``PAGE`` at a time from each
+    state's index (as the protocol says: no index holds the three together).
+    A task is counted under the index it was found in, and only while its
+    hash holds that state: one that moves during the read is counted once at
+    most."""
     found: Counter[tuple[str, str, str]] = Counter()
-    top = "+inf"
-    while True:
-        ids = cast(
-            list[str],
-            await client.zrevrangebyscore(keys.tasks(prefix), top, "-inf", start=0, num=PAGE),
-        )
-        if not ids:
-            break
-        async with client.pipeline(transaction=False) as pipe:
-            for task_id in ids:
-                pipe.hmget(keys.task(prefix, int(task_id)), "state", "queue", "name")
-            rows_ = await pipe.execute()
-        for state, queue, name in rows_:
-            if state in _STATES and queue is not None and name is not None:
-                found[(state, queue, name)] += 1
-        top = f"({ids[-1]}"
+    for state in _STATE_NAMES:
+        top = "+inf"
+        while True:
+            index = keys.state(prefix, state)
+            ids = cast(
+                list[str], await client.zrevrangebyscore(index, top, "-inf", start=0, num=PAGE)
+            )
+            if not ids:
+                break
+            async with client.pipeline(transaction=False) as pipe:
+                for task_id in ids:
+                    pipe.hmget(keys.task(prefix, int(task_id)), "state", "queue", "name")
+                rows_ = await pipe.execute()
+            for stored, queue, name in rows_:
+                if stored == state and queue is not None and name is not None:
+                    found[(state, queue, name)] += 1
+            top = f"({ids[-1]}"
     return [TaskCount(TaskState(s), q, n, c) for (s, q, n), c in sorted(found.items())]
 
 
-_STATES = frozenset(state.value for state in TaskState)
+_STATE_NAMES = tuple(state.value for state in TaskState)
 
 
 async def list_workers(client: aioredis.Redis, prefix: str) -> list[WorkerInfo]:

@@ -13,7 +13,6 @@
 
 local BASE = KEYS[1]
 local KEY_IDS = BASE .. ':ids'
-local KEY_TASKS = BASE .. ':tasks'
 local KEY_CORRUPT = BASE .. ':corrupt'
 local KEY_MESSAGE_IDS = BASE .. ':message-ids'
 local KEY_WORKERS = BASE .. ':workers'
@@ -185,6 +184,26 @@ local function woke(queue)
   redis.call('PUBLISH', CHANNEL_WAKE, queue)
 end
 
+-- The queues added to {p}:queues, and the names known to be in their
+-- queue's ready-name set, in this script: each is written once per script
+-- (a name taken out of the set is forgotten here too).
+local QUEUE_KNOWN, READY_NAMED = {}, {}
+local function note_ready_name(queue, name)
+  local named = READY_NAMED[queue]
+  if not named then
+    named = {}
+    READY_NAMED[queue] = named
+  end
+  if not named[name] then
+    redis.call('SADD', key_ready_names(queue), name)
+    named[name] = true
+  end
+end
+local function drop_ready_name(queue, name)
+  redis.call('SREM', key_ready_names(queue), name)
+  if READY_NAMED[queue] then READY_NAMED[queue][name] = nil end
+end
+
 -- A pending task enters its queue's indexes: the ready set of its name when
 -- due (and its queue is woken), else the delayed set (promoted to ready by a
 -- claim once due); and, either way, the queue's pending set by run time
@@ -193,14 +212,17 @@ end
 -- `key` is the task's concurrency key when the caller knows it (false: none),
 -- else nil (read here).
 local function index_pending(id, queue, name, priority, run_at, now, key)
-  redis.call('SADD', KEY_QUEUES, queue)
+  if not QUEUE_KNOWN[queue] then
+    redis.call('SADD', KEY_QUEUES, queue)
+    QUEUE_KNOWN[queue] = true
+  end
   redis.call('ZADD', key_pending(queue), run_at, id)
   if key == nil then key = redis.call('HGET', key_task(id), 'concurrency_key') end
   if key then
     index_keyed(id, key, queue, name, priority, run_at, now)
   elseif run_at <= now then
     redis.call('ZADD', key_ready(queue, name), 0, order_member(priority, run_at, id))
-    redis.call('SADD', key_ready_names(queue), name)
+    note_ready_name(queue, name)
     woke(queue)
   else
     redis.call('ZADD', key_delayed(queue), run_at, id)
@@ -213,7 +235,7 @@ local function unready(queue, name, member)
   redis.call('ZREM', key_pending(queue), member_id(member))
   local ready = key_ready(queue, name)
   if redis.call('ZREM', ready, member) == 1 and redis.call('EXISTS', ready) == 0 then
-    redis.call('SREM', key_ready_names(queue), name)
+    drop_ready_name(queue, name)
   end
 end
 
@@ -229,7 +251,7 @@ local function unready_many(queue, name, members, ids)
   remove_all('ZREM', key_pending(queue), ids)
   local ready = key_ready(queue, name)
   remove_all('ZREM', ready, members)
-  if redis.call('EXISTS', ready) == 0 then redis.call('SREM', key_ready_names(queue), name) end
+  if redis.call('EXISTS', ready) == 0 then drop_ready_name(queue, name) end
 end
 
 local function unindex_pending(id, queue, name, priority, run_at)
@@ -324,37 +346,44 @@ local function insert_task(id, a, i, now)
   local run_at = opt(a[i + 4])
   run_at = run_at and tonumber(run_at) or now + tonumber(a[i + 5])
   local key = key_task(id)
-  local unique = opt(a[i + 14])
-  if unique then
-    local scope, period = opt(a[i + 15]), opt(a[i + 16])
-    redis.call('SET', key_unique(name, unique), id)
-    redis.call('HSET', key, 'idempotency_key', unique)
-    if scope then redis.call('HSET', key, 'unique_scope', scope) end
-    if period then redis.call('HSET', key, 'unique_until', now + tonumber(period)) end
-  end
-  redis.call('HSET', key,
+  local fields = {
     'name', name, 'queue', queue, 'payload', a[i + 2],
     'priority', a[i + 3], 'run_at', run_at, 'attempt', 0, 'spent', 0,
     'max_attempts', a[i + 6], 'retry', a[i + 7], 'created_at', now,
-    'inbox', a[i + 11], 'cancel_requested', 0)
-  local timeout, lease, step = opt(a[i + 8]), opt(a[i + 9]), opt(a[i + 10])
-  local parent, message = opt(a[i + 12]), opt(a[i + 13])
-  if timeout then redis.call('HSET', key, 'timeout', timeout) end
-  if lease then redis.call('HSET', key, 'lease', lease) end
-  if step then redis.call('HSET', key, 'step', step) end
-  local flow_key, flow_limit = opt(a[i + 18]), opt(a[i + 19])
-  local rate, period = opt(a[i + 20]), opt(a[i + 21])
-  if flow_key then redis.call('HSET', key, 'concurrency_key', flow_key) end
-  if flow_limit then redis.call('HSET', key, 'concurrency_limit', flow_limit) end
-  if rate then redis.call('HSET', key, 'rate_limit', rate) end
-  if period then redis.call('HSET', key, 'rate_period', period) end
-  move_state(id, nil, 'pending', false)  -- a new task gives no key up
-  if parent then
-    redis.call('HSET', key, 'parent_id', parent)
-    redis.call('ZADD', key_children(parent), id, id)
+    'inbox', a[i + 11], 'cancel_requested', 0, 'state', 'pending',
+  }
+  -- The optional fields, by their argument's offset: each written when given.
+  local function optional(field, offset)
+    local value = opt(a[i + offset])
+    if value then
+      fields[#fields + 1] = field
+      fields[#fields + 1] = value
+    end
+    return value
   end
-  redis.call('ZADD', KEY_TASKS, id, id)
+  optional('timeout', 8)
+  optional('lease', 9)
+  optional('step', 10)
+  local parent = optional('parent_id', 12)
+  local unique = optional('idempotency_key', 14)
+  if unique then
+    optional('unique_scope', 15)
+    local period = opt(a[i + 16])
+    if period then
+      fields[#fields + 1] = 'unique_until'
+      fields[#fields + 1] = now + tonumber(period)
+    end
+    redis.call('SET', key_unique(name, unique), id)
+  end
+  local flow_key = optional('concurrency_key', 18)
+  optional('concurrency_limit', 19)
+  optional('rate_limit', 20)
+  optional('rate_period', 21)
+  redis.call('HSET', key, unpack(fields))
+  redis.call('ZADD', key_state('pending'), id, id)  -- a new task gives no key up
+  if parent then redis.call('ZADD', key_children(parent), id, id) end
   index_pending(id, queue, name, priority, run_at, now, flow_key or false)
+  local message = opt(a[i + 13])
   if message then append_message(id, parent, 'message', message, now) end
 end
 
@@ -387,6 +416,23 @@ local function replace_holder(id, a, i, now)
   index_pending(id, f[2], f[3], tonumber(a[i + 3]), new_run_at, now)
 end
 
+-- Task ids: INCR of {p}:ids, or the next of the ids a batch reserved at
+-- once (reserve_ids); a reserved id a batch does not use (a task that met
+-- its unique key's holder) is never given.
+local reserved_next, reserved_last = 1, 0
+local function reserve_ids(count)
+  if count <= 0 then return end
+  reserved_last = redis.call('INCRBY', KEY_IDS, count)
+  reserved_next = reserved_last - count + 1
+end
+local function new_id()
+  if reserved_next <= reserved_last then
+    reserved_next = reserved_next + 1
+    return reserved_next - 1
+  end
+  return redis.call('INCR', KEY_IDS)
+end
+
 -- Store the task at index i of args, or find the holder of its unique key
 -- (on_conflict "replace" updates a pending one); returns its id. `mine`
 -- (when given) is the set of ids this enqueue stored: a key repeated in one
@@ -405,7 +451,7 @@ local function store_task(a, i, now, mine)
     local stale = redis.call('GET', key_unique(a[i], key))
     if stale then release_key(stale) end
   end
-  local id = redis.call('INCR', KEY_IDS)
+  local id = new_id()
   insert_task(id, a, i, now)
   if mine then mine[tostring(id)] = true end
   return id
@@ -425,6 +471,7 @@ local function store_batch(batch, now)
     if holder then return {0, n, tonumber(holder)} end
   end
   local ids, mine = {1}, {}
+  reserve_ids(count)
   for n = 0, count - 1 do
     ids[#ids + 1] = store_task(a, 1 + n * TASK_FIELDS, now, mine)
   end
@@ -550,7 +597,6 @@ local function forget_task(id)
   for _, child in ipairs(redis.call('ZRANGE', key_children(id), 0, -1)) do
     redis.call('HDEL', key_task(child), 'parent_id')
   end
-  redis.call('ZREM', KEY_TASKS, id)
   redis.call('SREM', KEY_CORRUPT, id)
   redis.call('DEL', key, key_attempts(id), key_inbox(id), key_sent(id), key_children(id))
 end

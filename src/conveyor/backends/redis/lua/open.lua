@@ -6,10 +6,11 @@
 --
 -- Layouts 3 and 4 kept a running attempt as the last row of its task's log,
 -- with outcome in_progress; this one keeps it in the task's hash (see
--- close_attempt). The conversion moves each running task's row into its
--- hash (started_at), reading every task of the in_progress index once. Stop
--- the workers of the older version first: they would write rows this one
--- does not read.
+-- close_attempt), and has no index of every task ({p}:tasks). The
+-- conversion moves each running task's row into its hash (started_at),
+-- reading every task of the in_progress index once, and deletes {p}:tasks.
+-- Stop the workers of the older version first: they would write rows this
+-- one does not read.
 local version = ARGV[1]
 local found = redis.call('GET', BASE .. ':layout')
 if not found then
@@ -32,5 +33,7 @@ for _, id in ipairs(redis.call('ZRANGE', key_state('in_progress'), 0, -1)) do
       .. ' has no running attempt row to convert; a claim will set it aside')
   end
 end
+-- The index of every task is gone too: the per-state indexes serve its reads.
+redis.call('DEL', BASE .. ':tasks')
 redis.call('SET', BASE .. ':layout', version)
 return version
