@@ -10,11 +10,22 @@ echo "== ruff";         python3 -m ruff check src tests benchmarks examples tool
 echo "== ruff format";  python3 -m ruff format --check src tests benchmarks examples tools
 echo "== mypy";         python3 -m mypy
 echo "== import-linter"; lint-imports --no-cache
-echo "== pytest";       python3 -m pytest "$@"
+# The suite runs in two processes (pytest-xdist), but for the chaos smoke
+# runs, which start worker processes of their own (and restart the shared
+# PostgreSQL server): those run after, one at a time. Arguments name what
+# to run instead, in one process.
+if [ "$#" -gt 0 ]; then
+    echo "== pytest";   python3 -m pytest "$@"
+else
+    echo "== pytest (two processes)"
+    python3 -m pytest -n 2 -p no:benchmark --ignore=tests/chaos
+    echo "== pytest (chaos smoke)"
+    python3 -m pytest tests/chaos
+fi
 
 # The worker starts attempts eagerly on Python 3.12+ (asyncio's eager_start):
-# where the machine has such a Python, the worker and conformance suites run
-# on it too, in a venv of their own.
+# where the machine has such a Python, the worker suite runs on it too, in a
+# venv of their own (the backends' suites do not run a worker).
 newer_python() {
     for candidate in python3.13 python3.12 \
         $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin/python 2>/dev/null); do
@@ -26,10 +37,10 @@ newer_python() {
     return 1
 }
 if newer=$(newer_python); then
-    echo "== pytest on $("$newer" --version) (worker, conformance)"
+    echo "== pytest on $("$newer" --version) (worker)"
     "$newer" -m venv .venv-newer
     .venv-newer/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-    .venv-newer/bin/python -m pytest -q -p no:cacheprovider tests/worker tests/conformance
+    .venv-newer/bin/python -m pytest -q -p no:cacheprovider -p no:benchmark -n 2 tests/worker
 else
     echo "== no Python 3.12+ on this machine: the eager start of attempts is not tested"
 fi
