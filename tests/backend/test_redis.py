@@ -22,6 +22,7 @@ from conveyor.backends.protocol import (
     Completion,
     Delivery,
     EnqueueParams,
+    ErrorInfo,
     FinishParams,
     HeartbeatParams,
     NewTask,
@@ -612,3 +613,58 @@ async def test_every_key_of_a_store_is_in_one_cluster_slot(
     assert {key_slot(key.encode()) for key in held} == {key_slot(f"{{{store.prefix}}}".encode())}
     stray = [k async for k in raw.scan_iter(match=f"*{store.prefix}*") if k not in held]
     assert stray == []
+
+
+async def test_a_task_moved_twice_in_one_script_is_indexed_in_its_last_state_only(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    """A claim and a finish write the per-state indexes once, at their end:
+    a child woken by a send (waiting, then pending) and cancelled by its
+    parent's end (then cancelled) in one finish is in the cancelled index
+    alone, as its hash says."""
+    [parent] = await enqueue(store, coroutine())
+    parent_claim = await claim(store, names=("coro",), limit=1)
+    [child] = await enqueue(store, replace(coroutine(), parent_id=parent))
+    [child_claim] = await claim(store, "w2", names=("coro",), limit=1)
+    await store.finish(FinishParams("w2", [rest(child_claim, {})], now=T0))
+    [sender] = await enqueue(store, coroutine())
+    [sender_claim] = await claim(store, names=("coro",), limit=1)
+    poll = rest(sender_claim, {}, sends=(Delivery(child, codec.encode("wake")),))
+    cancelled = Completion(parent_claim[0].token, Outcome.CANCELLED, TaskState.CANCELLED)
+    done = await store.finish(FinishParams("w1", [poll, cancelled], now=later(1)))
+    assert done.applied == {sender_claim.token, parent_claim[0].token}
+    found = await store.get_task(child)
+    assert found is not None and found.state is TaskState.CANCELLED
+    indexed = {
+        state.value: await raw.zrange(keys.state(store.prefix, state.value), 0, -1)
+        for state in TaskState
+    }
+    assert [s for s, ids in indexed.items() if str(child) in ids] == ["cancelled"]
+    assert [s for s, ids in indexed.items() if str(parent) in ids] == ["cancelled"]
+    assert [t.id for t in await store.list_tasks(TaskFilter(state=TaskState.WAITING))] == [sender]
+
+
+@pytest.mark.parametrize(
+    "text", ['quote " and backslash \\', "line\nbreak\ttab \u2603 \U0001f600", "</script> \x01", ""]
+)
+async def test_an_attempt_row_holds_any_text_of_its_error_and_worker(
+    store: RedisBackend, text: str
+) -> None:
+    """The script writes an attempt's row as JSON text by hand: every string
+    in it (worker id, error type, message, traceback) reads back as given."""
+    [task_id] = await enqueue(store, new())
+    worker = f"w {text}"
+    [claimed] = await claim(store, worker)
+    error = ErrorInfo(type=f"E{text}", message=text, traceback=text + "\n" + text)
+    failed = Completion(claimed.token, Outcome.FAILED, TaskState.FAILED, error=error)
+    assert (await store.finish(FinishParams(worker, [failed], now=T0))).applied == {claimed.token}
+    found = await store.get_task(task_id)
+    assert found is not None
+    [attempt] = found.attempts
+    assert (attempt.worker_id, attempt.error_type, attempt.error_message, attempt.traceback) == (
+        worker,
+        error.type,
+        error.message,
+        error.traceback,
+    )
+    assert (attempt.number, attempt.started_at, attempt.finished_at) == (1, T0, T0)

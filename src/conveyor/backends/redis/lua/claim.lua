@@ -37,6 +37,7 @@ for i = 11 + queue_count, #ARGV do names[ARGV[i]] = true end
 -- A paused queue or name is neither claimed nor reclaimed (read here, in the
 -- claim's own script, so that no claim starts an attempt after a pause).
 queues, names = served(queues, names)
+gather_indexes()
 
 -- Due delayed tasks move to the ready set of their name.
 local function promote(queue)
@@ -121,8 +122,7 @@ for i = 1, math.min(limit, #candidates) do
   local key = key_task(id)
   local f = redis.call('HMGET', key,
     'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
-    'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope', 'worker_id',
-    'started_at')
+    'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope')
   local attempt, spent = tonumber(f[1]), tonumber(f[2])
   if flow_key then
     unready_keyed(id, flow_key, queue, name, key_member)
@@ -136,7 +136,7 @@ for i = 1, math.min(limit, #candidates) do
     out.members[#out.members + 1] = member
     out.ids[#out.ids + 1] = id
   end
-  local running = reclaim and running_attempt(f[1], f[13], f[14], f[4])
+  local running = reclaim and read_running(id)
   if not (attempt and spent and f[5] and tonumber(f[6]) and f[7]) or (reclaim and not running) then
     set_aside(id, queue, 'counters, payload or retry policy')
   else
@@ -164,4 +164,5 @@ for i = 1, math.min(limit, #candidates) do
 end
 for _, out in pairs(leaving) do unready_many(out.queue, out.name, out.members, out.ids) end
 settle_keys(keys_read, taken, now)
+flush_indexes()
 return claimed

@@ -92,6 +92,57 @@ local function key_holder(name, key, now)
   return id
 end
 
+-- One command with many arguments after its key, in calls of CHUNK (an even
+-- number: score and member pairs stay together), well below Lua's stack limit.
+local CHUNK = 1000
+local function call_chunked(command, key, values)
+  for first = 1, #values, CHUNK do
+    redis.call(command, key, unpack(values, first, math.min(first + CHUNK - 1, #values)))
+  end
+end
+
+-- A script that moves many tasks (a claim, a finish) gathers the writes of
+-- the per-state and finished indexes (gather_indexes) and makes them at its
+-- end, one call per index (flush_indexes): a task moved twice leaves the
+-- index of its first state and joins that of its last. Such a script reads
+-- none of those indexes in between, and calls neither unmark_finished nor
+-- forget_task (which write them at once).
+local gathered = nil
+local function gather_indexes()
+  gathered = {from = {}, to = {}, order = {}, finished = {}}
+end
+local function gathered_list(lists, name)
+  local list = lists[name]
+  if not list then
+    list = {}
+    lists[name] = list
+  end
+  return list
+end
+local function flush_indexes()
+  local g = gathered
+  if not g then return end
+  gathered = nil
+  local removes, adds = {}, {}
+  for _, id in ipairs(g.order) do
+    local from, to = g.from[id], g.to[id]
+    if from ~= to then
+      if from then
+        local out = gathered_list(removes, from)
+        out[#out + 1] = id
+      end
+      local into = gathered_list(adds, to)
+      into[#into + 1] = id
+      into[#into + 1] = id
+    end
+  end
+  for state, ids in pairs(removes) do call_chunked('ZREM', key_state(state), ids) end
+  for state, pairs_ in pairs(adds) do call_chunked('ZADD', key_state(state), pairs_) end
+  for state, members in pairs(g.finished) do
+    call_chunked('ZADD', key_finished(state), members)
+  end
+end
+
 -- Every write of a task's state goes through here, so that the per-state
 -- index (the inspector's lists) stays in step with the hashes, and a task
 -- that leaves its unique scope gives its key up in the same script.
@@ -99,7 +150,14 @@ end
 -- none), else nil (read here). Further arguments are more field/value pairs
 -- of the task's hash, written with its state (one HSET).
 local function move_state(id, from, to, scope, ...)
-  if from ~= to then
+  if gathered then
+    local key = tostring(id)
+    if gathered.from[key] == nil then
+      gathered.from[key] = from or false
+      gathered.order[#gathered.order + 1] = key
+    end
+    gathered.to[key] = to
+  elseif from ~= to then
     if from then redis.call('ZREM', key_state(from), id) end
     redis.call('ZADD', key_state(to), id, id)
   end
@@ -137,7 +195,13 @@ end
 
 -- The task's hash gets finished_at = now with its state (move_state).
 local function index_finished(id, state, now)
-  redis.call('ZADD', key_finished(state), 0, finished_member(now, id))
+  if gathered then
+    local members = gathered_list(gathered.finished, state)
+    members[#members + 1] = 0
+    members[#members + 1] = finished_member(now, id)
+  else
+    redis.call('ZADD', key_finished(state), 0, finished_member(now, id))
+  end
 end
 
 -- A task ends in a terminal state `state` from `from` (scope: as move_state).
@@ -241,16 +305,10 @@ end
 
 -- Many tasks of one queue and name leave its ready set (and the pending
 -- set) at once: `members` their ready members, `ids` their ids (a claim).
-local CHUNK = 1000  -- arguments per variadic call, well below Lua's stack limit
-local function remove_all(command, key, values)
-  for first = 1, #values, CHUNK do
-    redis.call(command, key, unpack(values, first, math.min(first + CHUNK - 1, #values)))
-  end
-end
 local function unready_many(queue, name, members, ids)
-  remove_all('ZREM', key_pending(queue), ids)
+  call_chunked('ZREM', key_pending(queue), ids)
   local ready = key_ready(queue, name)
-  remove_all('ZREM', ready, members)
+  call_chunked('ZREM', ready, members)
   if redis.call('EXISTS', ready) == 0 then drop_ready_name(queue, name) end
 end
 
@@ -286,13 +344,18 @@ end
 
 -- The running attempt (from running_attempt) ended: its row joins the log.
 -- The caller ends the lease (end_lease), which clears it from the hash.
+-- The row is written as text here (cjson.encode of a table costs several
+-- times more): numbers as integers, each string through cjson.encode.
+local function json_text(value)
+  if not value then return 'null' end
+  return cjson.encode(value)
+end
 local function close_attempt(id, now, outcome, error_type, message, traceback, running)
-  redis.call('RPUSH', key_attempts(id), cjson.encode({
-    number = running.number, worker_id = running.worker_id, started_at = running.started_at,
-    step = running.step or cjson.null, outcome = outcome, finished_at = now,
-    error_type = error_type or cjson.null, error_message = message or cjson.null,
-    traceback = traceback or cjson.null,
-  }))
+  redis.call('RPUSH', key_attempts(id), string.format(
+    '{"number":%d,"worker_id":%s,"started_at":%d,"step":%s,"outcome":"%s","finished_at":%d,'
+      .. '"error_type":%s,"error_message":%s,"traceback":%s}',
+    running.number, json_text(running.worker_id), running.started_at, json_text(running.step),
+    outcome, now, json_text(error_type), json_text(message), json_text(traceback)))
 end
 
 -- Every script checks what it reads before it writes anything: Redis does
@@ -338,6 +401,16 @@ local function append_message(id, sender, kind, body, now)
   return message_id
 end
 
+-- An optional argument's value (see opt), appended to a field list when given.
+local function optional_field(fields, field, argument)
+  local value = opt(argument)
+  if value then
+    fields[#fields + 1] = field
+    fields[#fields + 1] = value
+  end
+  return value
+end
+
 -- Store a new pending task with this id (its first message from its parent,
 -- which does not move a delayed start).
 local function insert_task(id, a, i, now)
@@ -352,22 +425,13 @@ local function insert_task(id, a, i, now)
     'max_attempts', a[i + 6], 'retry', a[i + 7], 'created_at', now,
     'inbox', a[i + 11], 'cancel_requested', 0, 'state', 'pending',
   }
-  -- The optional fields, by their argument's offset: each written when given.
-  local function optional(field, offset)
-    local value = opt(a[i + offset])
-    if value then
-      fields[#fields + 1] = field
-      fields[#fields + 1] = value
-    end
-    return value
-  end
-  optional('timeout', 8)
-  optional('lease', 9)
-  optional('step', 10)
-  local parent = optional('parent_id', 12)
-  local unique = optional('idempotency_key', 14)
+  optional_field(fields, 'timeout', a[i + 8])
+  optional_field(fields, 'lease', a[i + 9])
+  optional_field(fields, 'step', a[i + 10])
+  local parent = optional_field(fields, 'parent_id', a[i + 12])
+  local unique = optional_field(fields, 'idempotency_key', a[i + 14])
   if unique then
-    optional('unique_scope', 15)
+    optional_field(fields, 'unique_scope', a[i + 15])
     local period = opt(a[i + 16])
     if period then
       fields[#fields + 1] = 'unique_until'
@@ -375,10 +439,10 @@ local function insert_task(id, a, i, now)
     end
     redis.call('SET', key_unique(name, unique), id)
   end
-  local flow_key = optional('concurrency_key', 18)
-  optional('concurrency_limit', 19)
-  optional('rate_limit', 20)
-  optional('rate_period', 21)
+  local flow_key = optional_field(fields, 'concurrency_key', a[i + 18])
+  optional_field(fields, 'concurrency_limit', a[i + 19])
+  optional_field(fields, 'rate_limit', a[i + 20])
+  optional_field(fields, 'rate_period', a[i + 21])
   redis.call('HSET', key, unpack(fields))
   redis.call('ZADD', key_state('pending'), id, id)  -- a new task gives no key up
   if parent then redis.call('ZADD', key_children(parent), id, id) end

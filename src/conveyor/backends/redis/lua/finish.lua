@@ -30,6 +30,8 @@ local function given(value)
   return value
 end
 
+gather_indexes()
+
 -- Every fence is checked before anything is written.
 local held, applied, seen = {}, {}, {}
 for _, c in ipairs(cjson.decode(ARGV[3])) do
@@ -129,4 +131,5 @@ for _, h in ipairs(held) do complete(h) end
 for _, h in ipairs(held) do
   if h.effects and redis.call('EXISTS', key_inbox(h.id)) == 1 then wake(h.id, now) end
 end
+flush_indexes()
 return applied
