@@ -61,15 +61,8 @@ Limits, stated plainly:
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from datetime import datetime
-from typing import Any, cast
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
-import redis.asyncio as aioredis
-from redis import exceptions as redis_errors
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
 
 from conveyor.backends.protocol import (
     Capability,
@@ -82,64 +75,35 @@ from conveyor.backends.protocol import (
     FireParams,
     HeartbeatParams,
     HeartbeatResult,
-    KeyInfo,
-    Migration,
     NewTask,
-    PruneParams,
-    PruneResult,
-    RetryMany,
-    ScheduleSync,
-    SendParams,
-    StoredSchedule,
-    TaskCount,
-    TaskFilter,
     Wakeup,
-    WorkerInfo,
-    WorkFilter,
 )
 from conveyor.backends.redis import (
-    concurrency,
-    connect,
     keys,
     listen,
-    persistence,
-    reads,
     rows,
-    schedules,
 )
-from conveyor.backends.redis.scripts import Scripts
+from conveyor.backends.redis.control import RedisControl
+from conveyor.backends.redis.inspector import RedisInspector
+from conveyor.backends.redis.store import translated
 from conveyor.backends.stored import (
     CANCELLED_MEANWHILE,
     CRASH_BUDGET_SPENT,
     LEASE_EXPIRED,
     LEASE_EXPIRED_ERROR,
-    check_recipient,
-    delete_refused,
     key_scan,
-    transition_result,
 )
 from conveyor.errors import (
     BackendError,
-    BackendUnavailableError,
     ConfigurationError,
     TaskExistsError,
 )
 from conveyor.model import (
-    Attempt,
     LeaseToken,
-    Message,
     Outcome,
-    Pause,
-    PauseKind,
-    Task,
     TaskState,
-    check_pause,
 )
 
-SCHEMES = ("redis", "rediss")
-_CHECKED: set[str] = set()
-"""The servers whose persistence this process has checked (host:port)."""
-log = logging.getLogger("conveyor.redis")
 PRIORITY_RANGE = range(-(2**31), 2**31)
 """The priorities the claim order's fixed-width members hold (32-bit, as
 ``conveyor.options.check_priority`` takes)."""
@@ -154,107 +118,13 @@ _FINISH_STATES = frozenset(
 )
 
 
-class RedisBackend:
+class RedisBackend(RedisInspector, RedisControl):
     """Tasks in Redis (``redis://HOST:PORT/DB``, ``rediss://`` for TLS); all
     keys start with ``{PREFIX}`` (``prefix``, or ``?prefix=`` in the URL;
     default ``conveyor``). See the module docstring for what it guarantees
     and what it does not do yet."""
 
     capabilities: frozenset[Capability] = frozenset({Capability.NOTIFICATIONS, Capability.INSPECT})
-
-    def __init__(self, url: str, *, prefix: str | None = None, **_options: Any) -> None:
-        parts = urlsplit(url)
-        if parts.scheme.lower() not in SCHEMES:
-            raise ConfigurationError(f"a Redis URL starts with redis:// or rediss://, not {url!r}")
-        query = dict(parse_qsl(parts.query))
-        in_url = query.pop("prefix", None)
-        if prefix is not None and in_url is not None and prefix != in_url:
-            raise ConfigurationError(
-                f"two key prefixes: {in_url!r} in the URL and {prefix!r} as an option"
-            )
-        self.prefix = keys.check_prefix(prefix or in_url or keys.DEFAULT_PREFIX)
-        self._base = keys.base(self.prefix)
-        self._url = urlunsplit(parts._replace(query=urlencode(query)))
-        host = parts.hostname or "localhost"
-        port = f":{parts.port}" if parts.port else ""
-        self._server = f"{host}{port}"
-        self._location = f"{parts.scheme}://{host}{port}{parts.path or '/0'}?prefix={self.prefix}"
-        self._client: aioredis.Redis | None = None
-        self._scripts: Scripts | None = None
-
-    @property
-    def location(self) -> str:
-        return self._location
-
-    # -- connection ------------------------------------------------------
-
-    async def open(self) -> None:
-        """Connect, and mark a new store with this layout's version, or
-        convert one of a layout this one upgrades (:data:`keys.UPGRADED`,
-        ``lua/open.lua``). Raises ConfigurationError for a store written with
-        another layout. No connection is left open when it raises."""
-        client = connect.client(self._url)
-        self._client, self._scripts = client, Scripts(client)
-        try:
-            found = await self._run("open", [keys.LAYOUT_VERSION, *sorted(keys.UPGRADED)])
-            if found != keys.LAYOUT_VERSION:
-                raise ConfigurationError(
-                    f"the Redis store {self.location} has key layout {found!r}; "
-                    f"this conveyor reads layout {keys.LAYOUT_VERSION!r}"
-                )
-            await self._check_persistence(client)
-        except BaseException:
-            await self.close()
-            raise
-
-    async def _check_persistence(self, client: aioredis.Redis) -> None:
-        """Warn, once per process and server, of each persistence setting
-        that can lose acknowledged work (see :mod:`.persistence`); a read
-        that fails is tried again at the next ``open``."""
-        if self._server in _CHECKED:
-            return
-        with _translated():
-            found = await persistence.read(client)
-        _CHECKED.add(self._server)
-        for problem in found.problems():
-            log.warning("Redis at %s: %s", self._server, problem)
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = self._scripts = None
-
-    async def migrate(self) -> list[int]:
-        """Nothing to migrate: the layout version is written at ``open``."""
-        return []
-
-    async def destroy(self) -> None:
-        """Delete every key of this store (those of its prefix), found with
-        SCAN: the only operation that walks the key space."""
-        client = self._redis
-        with _translated():
-            batch: list[str] = []
-            async for key in client.scan_iter(match=keys.pattern(self.prefix), count=1000):
-                batch.append(key)
-                if len(batch) >= 1000:
-                    await client.unlink(*batch)
-                    batch = []
-            if batch:
-                await client.unlink(*batch)
-
-    @property
-    def _redis(self) -> aioredis.Redis:
-        if self._client is None:
-            raise ConfigurationError("the Redis backend is not open: call open() first")
-        return self._client
-
-    async def _run(self, name: str, args: list[Any]) -> Any:
-        if self._scripts is None:
-            raise ConfigurationError("the Redis backend is not open: call open() first")
-        with _translated():
-            return await self._scripts.run(name, self._base, args)
-
-    # -- enqueue ---------------------------------------------------------
 
     async def enqueue(self, params: EnqueueParams) -> list[int]:
         """Store every task in one script, all or none; the ids of the tasks
@@ -276,8 +146,6 @@ class RedisBackend:
     async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
         """Every chunk drawn first, then one script stores them all (all or none)."""
         return await self.enqueue(EnqueueParams.gathered(chunks))
-
-    # -- claim, heartbeat, finish ----------------------------------------
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         """One script (``claim.lua``): see :meth:`Backend.claim`. Every claim
@@ -320,7 +188,7 @@ class RedisBackend:
         """Reads only: one pipelined HMGET per token."""
         if not tokens:
             return frozenset()
-        with _translated():
+        with translated():
             async with self._redis.pipeline(transaction=False) as pipe:
                 for t in tokens:
                     fields = ("attempt", "worker_id", "cancel_requested")
@@ -348,179 +216,6 @@ class RedisBackend:
         applied = frozenset(t for t, flag in zip(tokens, flags, strict=True) if flag)
         return FinishResult(applied, frozenset(tokens) - applied)
 
-    # -- control ---------------------------------------------------------
-
-    async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
-        changed, current = await self._run("cancel", [rows.now_arg(now), task_id])
-        return transition_result(task_id, "cancel", changed or None, current or None)
-
-    async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
-        changed, current = await self._run("retry", [rows.now_arg(now), task_id])
-        return transition_result(task_id, "retry", changed or None, current or None)
-
-    async def run_now(self, task_id: int, now: datetime | None = None) -> TaskState:
-        """A pending task becomes due now (never later) and its queue is
-        woken. Raises TaskNotFoundError, or InvalidTransitionError for a
-        task in any other state."""
-        changed, current = await self._run("run_now", [rows.now_arg(now), task_id])
-        return transition_result(task_id, "run now", changed or None, current or None)
-
-    async def delete(self, task_id: int) -> None:
-        """Delete a task with its attempt log, inbox, send keys and unique
-        key (one script); its children lose their parent. Raises
-        TaskNotFoundError, or InvalidTransitionError for a running task or
-        an unfinished child of a live parent (nothing deleted)."""
-        found = await self._run("delete", [task_id])
-        if not found[0]:
-            raise delete_refused(task_id, found[1] or None, found[2] or None)
-
-    async def retry_many(self, selection: RetryMany) -> list[int]:
-        """One batch of a bulk retry in one script (``retry_many.lua``, which
-        says what it costs): the ids retried, ascending."""
-        args = [
-            rows.now_arg(selection.now),
-            selection.after,
-            selection.limit,
-            rows.opt(selection.name),
-            rows.opt(selection.queue),
-            rows.opt(None if selection.since is None else rows.ms(selection.since)),
-            rows.opt(None if selection.until is None else rows.ms(selection.until)),
-            *dict.fromkeys(state.value for state in selection.states),
-        ]
-        return [int(task_id) for task_id in await self._run("retry_many", args)]
-
-    # -- reads -----------------------------------------------------------
-
-    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
-        """The task and its attempt log, read together (MULTI). Raises
-        BackendError for a task whose stored fields do not read."""
-        with _translated():
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hgetall(keys.task(self.prefix, task_id))
-                if with_attempts:
-                    pipe.lrange(keys.attempts(self.prefix, task_id), 0, -1)
-                found = await pipe.execute()
-        if not found[0]:
-            return None
-        attempts: tuple[Attempt, ...] = ()
-        if with_attempts:
-            attempts = rows.attempts(task_id, found[0], found[1])
-        return rows.task(task_id, found[0], attempts)
-
-    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
-        """Tasks newest first, filtered and paged as :class:`TaskFilter`
-        says, without attempt logs: served by the per-state index when the
-        filter names a state, else by the index of every task; a name or
-        queue filter is applied to what the index gives (see
-        :func:`.reads.list_tasks` for its cost)."""
-        with _translated():
-            return await reads.list_tasks(self._redis, self.prefix, task_filter)
-
-    async def count_tasks(self) -> list[TaskCount]:
-        """Tasks by state, queue and name: reads every task's three fields,
-        pipelined, as :meth:`Inspector.count_tasks` allows."""
-        with _translated():
-            return await reads.count_tasks(self._redis, self.prefix)
-
-    async def list_workers(self) -> list[WorkerInfo]:
-        """Every registered worker, live or stopped, newest start first."""
-        with _translated():
-            return await reads.list_workers(self._redis, self.prefix)
-
-    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
-        """The concurrency keys that hold tasks back, by key, at most
-        ``limit`` (one script, reads only; it reads every key row). Unique
-        keys are not listed here, on any backend."""
-        found = await self._run("list_keys", [rows.now_arg(now)])
-        return concurrency.listed(found, limit)
-
-    async def count_prunable(self, params: PruneParams) -> PruneResult:
-        """What :meth:`prune` would delete over all its batches (one script,
-        reads only)."""
-        found = await self._run("count_prunable", rows.prune_args(params)[1:])
-        return PruneResult(tasks=int(found[0]), workers=int(found[1]))
-
-    async def pending_migrations(self) -> list[Migration]:
-        """None: a Redis store has no migrations (its layout version is
-        checked at ``open``)."""
-        return []
-
-    async def count_unfinished(self, work: WorkFilter) -> int:
-        queues = list(dict.fromkeys(work.queues))
-        if not queues or not work.names:
-            return 0
-        args = [rows.now_arg(work.now), len(queues), *queues, *dict.fromkeys(work.names)]
-        return int(await self._run("count_unfinished", args))
-
-    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
-        """The earliest run time of a pending task of these queues: the head
-        of each queue's pending set, read in one pipelined round trip."""
-        wanted = list(dict.fromkeys(queues))
-        if not wanted:
-            return None
-        with _translated():
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for queue in wanted:
-                    pipe.zrange(keys.pending(self.prefix, queue), 0, 0, withscores=True)
-                heads = await pipe.execute()
-        found = [int(score) for head in heads for _, score in head]
-        return rows.moment(min(found)) if found else None
-
-    # -- messages ----------------------------------------------------------
-
-    async def send(self, params: SendParams) -> list[int]:
-        """Deliver every message in one script (``send.lua``), all or none,
-        and return their ids (ascending in send order). Raises
-        TaskNotFoundError, NoInboxError or TaskFinishedError, sending
-        nothing, for a recipient that cannot take a message; a delivery
-        whose idempotency key its recipient was sent under already returns
-        the first message's id and delivers nothing. Idempotency keys are
-        kept as long as their recipient (deleted or pruned with it)."""
-        deliveries = list(params.deliveries)
-        if not deliveries:
-            return []
-        found = await self._run("send", [rows.now_arg(params.now), *rows.send_args(deliveries)])
-        if not found[0]:
-            _, task_id, state, inbox = found
-            check_recipient(int(task_id), state or None, inbox == "1")
-            raise BackendError(f"Redis refused a send to task {task_id} without a reason")
-        return [int(message_id) for message_id in found[1:]]
-
-    async def inbox(self, task_id: int) -> list[Message]:
-        """The task's unread messages, oldest first (one ZRANGE); [] for a
-        task without messages or without an inbox. Raises BackendError for a
-        message that does not read."""
-        with _translated():
-            found = cast(
-                list[str], await self._redis.zrange(keys.inbox(self.prefix, task_id), 0, -1)
-            )
-        return [rows.message(task_id, text) for text in found]
-
-    # -- retention -----------------------------------------------------------
-
-    async def prune(self, params: PruneParams) -> PruneResult:
-        """Delete one batch in one script (``prune.lua``): finished tasks past
-        their state's cutoff, at most ``limit``, state by state in the order
-        given, each with its attempt log, inbox, send keys and unique key,
-        never a child of a live parent; and old workers. Within a state the
-        oldest *finish* goes first (ids break ties): the other backends take
-        the lowest ids first, so one batch may differ from theirs, never
-        what a prune run to the end deletes. Never ``busy``: scripts do not
-        overlap."""
-        found = await self._run("prune", rows.prune_args(params))
-        return PruneResult(tasks=int(found[0]), workers=int(found[1]))
-
-    # -- schedules -----------------------------------------------------------
-
-    async def sync_schedules(self, params: ScheduleSync) -> None:
-        """Store an app's schedules in one script (see :class:`ScheduleSync`)."""
-        await self._run("sync_schedules", schedules.sync_args(params))
-
-    async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
-        """The server's now and every stored schedule by name (one MULTI)."""
-        with _translated():
-            return await schedules.listed(self._redis, self.prefix)
-
     async def fire_schedule(self, params: FireParams) -> list[int]:
         """Enqueue the slots' tasks and move the schedule's last slot in one
         script, if this call takes the slots (see ``fire_schedule.lua``);
@@ -540,41 +235,6 @@ class RedisBackend:
         ]
         return _stored_ids(tasks, await self._run("fire_schedule", args))
 
-    # -- pauses --------------------------------------------------------------
-
-    async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
-        """Hold a queue or task name back from every claim and reclaim (each
-        claim's script reads the pauses); False if it was paused already.
-        Raises ConfigurationError for a bad kind or name."""
-        kind, name = check_pause(kind, name)
-        return bool(await self._run("pause", [rows.now_arg(now), kind.value, name]))
-
-    async def resume(self, kind: PauseKind, name: str) -> bool:
-        """Undo a pause and wake the queues it held back (see ``resume.lua``);
-        False if it was not paused."""
-        kind, name = check_pause(kind, name)
-        return bool(await self._run("resume", [kind.value, name]))
-
-    async def list_pauses(self) -> list[Pause]:
-        """Every pause, by kind then name (one HGETALL)."""
-        with _translated():
-            found = cast(dict[str, str], await self._redis.hgetall(keys.pauses(self.prefix)))
-        listed = [rows.pause(field, at) for field, at in found.items()]
-        return sorted(listed, key=lambda p: (p.kind.value, p.name))
-
-    # -- workers -------------------------------------------------------------
-
-    async def register_worker(self, info: WorkerInfo) -> None:
-        """Record the worker as started and seen at the server's now, not
-        stopped (one script). Kept until a prune with ``workers_before``."""
-        await self._run("register_worker", [rows.now_arg(None), *rows.worker_args(info)])
-
-    async def stop_worker(self, worker_id: str) -> None:
-        """Mark a registered worker stopped (an unknown id changes nothing)."""
-        await self._run("stop_worker", [rows.now_arg(None), worker_id])
-
-    # -- wake-ups ----------------------------------------------------------
-
     def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
         """Pub/Sub on the store's channels, on a connection of its own (see
         :mod:`.listen`): every queue and a cancel hint without an id at each
@@ -583,19 +243,6 @@ class RedisBackend:
         return listen.wakeups(
             self._url, keys.wake_channel(self.prefix), keys.cancel_channel(self.prefix), queues
         )
-
-
-@contextlib.contextmanager
-def _translated() -> Iterator[None]:
-    """redis-py's errors as conveyor's: no connection (or a server still
-    loading its data) is BackendUnavailableError, worth retrying; a script or
-    command the server refused is BackendError."""
-    try:
-        yield
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-        raise BackendUnavailableError(f"Redis is unavailable: {exc}") from exc
-    except redis_errors.RedisError as exc:
-        raise BackendError(f"Redis refused the operation: {exc}") from exc
 
 
 def _stored_ids(tasks: Sequence[NewTask], found: list[Any]) -> list[int]:

@@ -1,0 +1,145 @@
+"""The Redis store under a backend: its URL and key prefix, the client, the
+layout check at ``open``, the persistence warning, and the scripts.
+
+:class:`RedisStore` is the base of :class:`~.backend.RedisBackend` (beside
+:class:`~.control.RedisControl` and :class:`~.inspector.RedisInspector`): it
+holds the connection and runs an operation's script (``_run``);
+:func:`translated` turns redis-py's errors into conveyor's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+
+from conveyor.backends.redis import (
+    connect,
+    keys,
+    persistence,
+)
+from conveyor.backends.redis.scripts import Scripts
+from conveyor.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+)
+
+SCHEMES = ("redis", "rediss")
+_CHECKED: set[str] = set()
+"""The servers whose persistence this process has checked (host:port)."""
+log = logging.getLogger("conveyor.redis")
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """redis-py's errors as conveyor's: no connection (or a server still
+    loading its data) is BackendUnavailableError, worth retrying; a script or
+    command the server refused is BackendError."""
+    try:
+        yield
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+        raise BackendUnavailableError(f"Redis is unavailable: {exc}") from exc
+    except redis_errors.RedisError as exc:
+        raise BackendError(f"Redis refused the operation: {exc}") from exc
+
+
+class RedisStore:
+    """One Redis store (``redis://HOST:PORT/DB``, ``rediss://`` for TLS) under
+    a key prefix (``prefix``, or ``?prefix=`` in the URL; default
+    ``conveyor``), and its connection once open."""
+
+    def __init__(self, url: str, *, prefix: str | None = None, **_options: Any) -> None:
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in SCHEMES:
+            raise ConfigurationError(f"a Redis URL starts with redis:// or rediss://, not {url!r}")
+        query = dict(parse_qsl(parts.query))
+        in_url = query.pop("prefix", None)
+        if prefix is not None and in_url is not None and prefix != in_url:
+            raise ConfigurationError(
+                f"two key prefixes: {in_url!r} in the URL and {prefix!r} as an option"
+            )
+        self.prefix = keys.check_prefix(prefix or in_url or keys.DEFAULT_PREFIX)
+        self._base = keys.base(self.prefix)
+        self._url = urlunsplit(parts._replace(query=urlencode(query)))
+        host = parts.hostname or "localhost"
+        port = f":{parts.port}" if parts.port else ""
+        self._server = f"{host}{port}"
+        self._location = f"{parts.scheme}://{host}{port}{parts.path or '/0'}?prefix={self.prefix}"
+        self._client: aioredis.Redis | None = None
+        self._scripts: Scripts | None = None
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    async def open(self) -> None:
+        """Connect, and mark a new store with this layout's version, or
+        convert one of a layout this one upgrades (:data:`keys.UPGRADED`,
+        ``lua/open.lua``). Raises ConfigurationError for a store written with
+        another layout. No connection is left open when it raises."""
+        client = connect.client(self._url)
+        self._client, self._scripts = client, Scripts(client)
+        try:
+            found = await self._run("open", [keys.LAYOUT_VERSION, *sorted(keys.UPGRADED)])
+            if found != keys.LAYOUT_VERSION:
+                raise ConfigurationError(
+                    f"the Redis store {self.location} has key layout {found!r}; "
+                    f"this conveyor reads layout {keys.LAYOUT_VERSION!r}"
+                )
+            await self._check_persistence(client)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _check_persistence(self, client: aioredis.Redis) -> None:
+        """Warn, once per process and server, of each persistence setting
+        that can lose acknowledged work (see :mod:`.persistence`); a read
+        that fails is tried again at the next ``open``."""
+        if self._server in _CHECKED:
+            return
+        with translated():
+            found = await persistence.read(client)
+        _CHECKED.add(self._server)
+        for problem in found.problems():
+            log.warning("Redis at %s: %s", self._server, problem)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = self._scripts = None
+
+    async def migrate(self) -> list[int]:
+        """Nothing to migrate: the layout version is written at ``open``."""
+        return []
+
+    async def destroy(self) -> None:
+        """Delete every key of this store (those of its prefix), found with
+        SCAN: the only operation that walks the key space."""
+        client = self._redis
+        with translated():
+            batch: list[str] = []
+            async for key in client.scan_iter(match=keys.pattern(self.prefix), count=1000):
+                batch.append(key)
+                if len(batch) >= 1000:
+                    await client.unlink(*batch)
+                    batch = []
+            if batch:
+                await client.unlink(*batch)
+
+    @property
+    def _redis(self) -> aioredis.Redis:
+        if self._client is None:
+            raise ConfigurationError("the Redis backend is not open: call open() first")
+        return self._client
+
+    async def _run(self, name: str, args: list[Any]) -> Any:
+        if self._scripts is None:
+            raise ConfigurationError("the Redis backend is not open: call open() first")
+        with translated():
+            return await self._scripts.run(name, self._base, args)
