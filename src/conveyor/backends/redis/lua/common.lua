@@ -111,6 +111,7 @@ local gathered = nil
 local function gather_indexes()
   gathered = {from = {}, to = {}, order = {}, finished = {}}
 end
+-- The table lists[name], made empty when it is not there yet.
 local function gathered_list(lists, name)
   local list = lists[name]
   if not list then
@@ -253,11 +254,7 @@ end
 -- (a name taken out of the set is forgotten here too).
 local QUEUE_KNOWN, READY_NAMED = {}, {}
 local function note_ready_name(queue, name)
-  local named = READY_NAMED[queue]
-  if not named then
-    named = {}
-    READY_NAMED[queue] = named
-  end
+  local named = gathered_list(READY_NAMED, queue)
   if not named[name] then
     redis.call('SADD', key_ready_names(queue), name)
     named[name] = true
