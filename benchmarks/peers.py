@@ -507,13 +507,16 @@ async def run(args: argparse.Namespace) -> int:
     env = report["environment"]
     text = (
         f"PostgreSQL {env['postgresql']} (synchronous_commit={env['synchronous_commit']}), "
-        f"Python {env['python']}, {env['cpus']} CPUs; {args.tasks} no-op tasks; latency "
-        f"{args.rate:g}/s for {args.duration:g}s"
-        + (f"; medians of {args.rounds} rounds" if args.rounds > 1 else "")
-        + "\n"
+        f"Python {env['python']}, {env['cpus']} CPUs; {workload(args)}\n"
         + table(results, top, rounds)
     )
     return report_out(args, report, text, results)
+
+
+def workload(args: argparse.Namespace) -> str:
+    """The workload in a table's heading: tasks, latency rate and rounds."""
+    rounds = f"; medians of {args.rounds} rounds" if args.rounds > 1 else ""
+    return f"{args.tasks} no-op tasks; latency {args.rate:g}/s for {args.duration:g}s{rounds}"
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, registry: Registry) -> None:

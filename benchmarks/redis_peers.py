@@ -270,10 +270,7 @@ async def run(args: argparse.Namespace) -> int:
         report["results"] = [asdict(r) for r in results]
         text = (
             f"Redis {version} ({persistence}, private server), Python {sys.version.split()[0]}, "
-            f"{os.cpu_count()} CPUs; {args.tasks} no-op tasks; latency "
-            f"{args.rate:g}/s for {args.duration:g}s"
-            + (f"; medians of {args.rounds} rounds" if args.rounds > 1 else "")
-            + "\n"
+            f"{os.cpu_count()} CPUs; {peers.workload(args)}\n"
             + peers.table(results, None, rounds)
             + own_ratio(results)
         )

@@ -23,20 +23,24 @@ RECORD_ENV = "BENCH_RECORD_FILE"
 WARM_UP = -1.0
 """The ``sent`` value of the warm-up task, left out of the latencies."""
 
-_fd: int | None = None
-_record_fd: int | None = None
+_fds: dict[str, int] = {}
+"""The file each environment variable names, opened for appending once."""
+
+
+def _append(env: str, line: str) -> None:
+    """One ``O_APPEND`` write of ``line`` to the file ``env`` names (no-op without one)."""
+    fd = _fds.get(env)
+    if fd is None:
+        path = os.environ.get(env)
+        if not path:
+            return
+        fd = _fds[env] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, line.encode())
 
 
 def record_start(sent: float) -> None:
     """Append ``sent`` and this moment to the stamp file (no-op without one)."""
-    started = time.time()
-    global _fd
-    if _fd is None:
-        path = os.environ.get(STAMP_ENV)
-        if not path:
-            return
-        _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.write(_fd, f"{sent!r} {started!r}\n".encode())
+    _append(STAMP_ENV, f"{sent!r} {time.time()!r}\n")
 
 
 def read_stamps(path: Path) -> list[tuple[float, float]]:
@@ -60,14 +64,7 @@ def latencies(path: Path) -> list[float]:
 def record_run(i: int, started: float) -> None:
     """Append task ``i``, its handler's start and this moment (its finish) to
     the record file (no-op without one)."""
-    finished = time.time()
-    global _record_fd
-    if _record_fd is None:
-        path = os.environ.get(RECORD_ENV)
-        if not path:
-            return
-        _record_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.write(_record_fd, f"{i} {started!r} {finished!r}\n".encode())
+    _append(RECORD_ENV, f"{i} {started!r} {time.time()!r}\n")
 
 
 def count_records(path: Path) -> int:
