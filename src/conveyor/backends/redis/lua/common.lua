@@ -205,9 +205,10 @@ local function index_finished(id, state, now)
   end
 end
 
--- A task ends in a terminal state `state` from `from` (scope: as move_state).
-local function finish_task(id, from, state, now, scope)
-  move_state(id, from, state, scope, 'finished_at', now)
+-- A task ends in a terminal state `state` from `from` (scope, and further
+-- field/value pairs: as move_state).
+local function finish_task(id, from, state, now, scope, ...)
+  move_state(id, from, state, scope, 'finished_at', now, ...)
   index_finished(id, state, now)
 end
 

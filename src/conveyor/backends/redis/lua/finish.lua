@@ -111,8 +111,7 @@ local function complete(h)
   end
   close_attempt(id, now, outcome, given(c[6]), given(c[7]), given(c[8]), h.running)
   if state == 'succeeded' and result then
-    move_state(id, 'in_progress', state, h.scope, 'finished_at', now, 'result', result)
-    index_finished(id, state, now)
+    finish_task(id, 'in_progress', state, now, h.scope, 'result', result)
   elseif TERMINAL[state] then
     if state == 'succeeded' then redis.call('HDEL', key, 'result') end
     finish_task(id, 'in_progress', state, now, h.scope)
