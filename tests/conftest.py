@@ -47,7 +47,10 @@ def schema() -> Iterator[str]:
 
 BACKENDS = ["postgres", "sqlite", "memory"]
 APP_BACKENDS = [*BACKENDS, "redis"]
-"""Every backend: what ``any_app`` and the conformance suite run on."""
+"""Every backend: what ``any_app`` runs on."""
+CONFORMANCE_BACKENDS = [*APP_BACKENDS, "redis-scripts"]
+"""What the conformance suite runs on: every backend, and Redis once more
+with its operations run as scripts rather than functions."""
 
 
 def schema_for(kind: str, request: pytest.FixtureRequest) -> str:
@@ -64,6 +67,8 @@ def backend_url(kind: str, schema: str, tmp_path: Path) -> tuple[str, dict[str, 
     a key prefix of its own (``schema``), whose keys ``destroy`` deletes."""
     if kind == "redis":
         return REDIS_URL, {"schema": schema}
+    if kind == "redis-scripts":  # scripts by SHA, as on a server without functions
+        return REDIS_URL, {"schema": schema, "functions": False}
     if kind == "postgres":
         return PG_URL, {"schema": schema}
     if kind == "sqlite":

@@ -1,4 +1,4 @@
-"""What only the Redis backend has: scripts run by SHA, the server's clock,
+"""What only the Redis backend has: functions, or scripts run by SHA, the server's clock,
 key prefixes, and how it reads a corrupt task.
 
 The common contract is in tests/conformance/, run against every backend.
@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -41,6 +42,7 @@ from tests.conformance.test_inboxes import coroutine, rest
 from tests.conformance.test_schedules import SCHEDULE
 from tests.conformance.test_tasks import LEASE, T0, claim, enqueue, later, new, success
 from tests.conftest import REDIS_URL
+from tools.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -63,19 +65,90 @@ async def own_keys(client: aioredis.Redis, prefix: str) -> list[str]:
     return [key async for key in client.scan_iter(match="{" + prefix + "}:*")]
 
 
-async def test_scripts_run_by_sha_and_survive_a_script_flush(
-    store: RedisBackend, raw: aioredis.Redis
+@pytest.fixture
+def private(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis server of the test's own: flushing its functions or scripts
+    touches no other test's."""
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def library_functions(client: aioredis.Redis) -> set[str]:
+    """The names of the functions of every library the server holds."""
+    names: set[str] = set()
+    for library in await client.function_list():
+        fields = dict(zip(library[::2], library[1::2], strict=True))
+        for function in fields["functions"]:
+            names.add(dict(zip(function[::2], function[1::2], strict=True))["name"])
+    return names
+
+
+async def test_operations_run_as_functions_and_survive_a_function_flush(
+    private: RedisServer,
 ) -> None:
-    assert store._scripts is not None
-    shas = [store._scripts.sha(name) for name in OPERATIONS]
-    [task_id] = await enqueue(store, new())
-    assert (await raw.script_exists(store._scripts.sha("enqueue"))) == [True]
-    await raw.script_flush()
-    assert not any(await raw.script_exists(*shas))
-    # The server forgot every script: the next call loads its own and runs.
-    [claimed] = await claim(store)
-    assert claimed.token.task_id == task_id
-    assert (await raw.script_exists(store._scripts.sha("claim"))) == [True]
+    raw = aioredis.Redis.from_url(private.url, decode_responses=True)
+    store = RedisBackend(private.url, prefix="t")
+    await store.open()
+    try:
+        assert store._scripts is not None and store._scripts.functions
+        [task_id] = await enqueue(store, new())
+        assert await library_functions(raw) == {
+            store._scripts.function(name) for name in OPERATIONS
+        }
+        await raw.function_flush()
+        assert await library_functions(raw) == set()
+        # The server forgot the library: the next call loads it again and runs.
+        [claimed] = await claim(store)
+        assert claimed.token.task_id == task_id
+        assert store._scripts.function("claim") in await library_functions(raw)
+    finally:
+        await store.close()
+        await raw.aclose()
+
+
+async def test_scripts_run_by_sha_and_survive_a_script_flush(private: RedisServer) -> None:
+    raw = aioredis.Redis.from_url(private.url, decode_responses=True)
+    store = RedisBackend(private.url, prefix="t", functions=False)
+    await store.open()
+    try:
+        assert store._scripts is not None and not store._scripts.functions
+        assert await library_functions(raw) == set()
+        shas = [store._scripts.sha(name) for name in OPERATIONS]
+        [task_id] = await enqueue(store, new())
+        assert (await raw.script_exists(store._scripts.sha("enqueue"))) == [True]
+        await raw.script_flush()
+        assert not any(await raw.script_exists(*shas))
+        # The server forgot every script: the next call loads its own and runs.
+        [claimed] = await claim(store)
+        assert claimed.token.task_id == task_id
+        assert (await raw.script_exists(store._scripts.sha("claim"))) == [True]
+    finally:
+        await store.close()
+        await raw.aclose()
+
+
+async def test_a_server_that_refuses_functions_gets_scripts(raw: aioredis.Redis) -> None:
+    """An ACL user without FUNCTION (as a server before Redis 7 has none)."""
+    user = f"conveyor_{uuid.uuid4().hex[:8]}"
+    await raw.acl_setuser(
+        user, enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+        commands=["+@all", "-function"],
+    )
+    prefix = f"t_{uuid.uuid4().hex[:12]}"
+    url = REDIS_URL.replace("redis://", f"redis://{user}:secret@")
+    store = RedisBackend(url, prefix=prefix)
+    try:
+        await store.open()
+        assert store._scripts is not None and not store._scripts.functions
+        [task_id] = await enqueue(store, new())
+        [claimed] = await claim(store)
+        assert claimed.token.task_id == task_id
+        await store.destroy()
+    finally:
+        await store.close()
+        await raw.acl_deluser(user)
 
 
 async def test_times_come_from_the_server_clock_without_an_injected_now(

@@ -1,5 +1,6 @@
 """Every conformance test runs once per backend: PostgreSQL, SQLite,
-memory and Redis, each on a fresh store destroyed after the test."""
+memory and Redis (twice: its operations as Redis functions, and as scripts
+by SHA), each on a fresh store destroyed after the test."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from conveyor.backends import Backend, backend_from_url
-from tests.conftest import APP_BACKENDS, backend_url, schema_for
+from tests.conftest import CONFORMANCE_BACKENDS, backend_url, schema_for
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return
-    metafunc.parametrize("backend", APP_BACKENDS, indirect=True)
+    metafunc.parametrize("backend", CONFORMANCE_BACKENDS, indirect=True)
 
 
 @pytest.fixture

@@ -52,9 +52,16 @@ def translated() -> Iterator[None]:
 class RedisStore:
     """One Redis store (``redis://HOST:PORT/DB``, ``rediss://`` for TLS) under
     a key prefix (``prefix``, or ``?prefix=`` in the URL; default
-    ``conveyor``), and its connection once open."""
+    ``conveyor``), and its connection once open.
 
-    def __init__(self, url: str, *, prefix: str | None = None, **_options: Any) -> None:
+    ``functions`` (default True) runs the operations as Redis functions
+    where the server has them (Redis 7 and later); False, or a server that
+    refuses the library, runs them as scripts by SHA, which costs more
+    server time per call (see :mod:`.scripts`)."""
+
+    def __init__(
+        self, url: str, *, prefix: str | None = None, functions: bool = True, **_options: Any
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme.lower() not in SCHEMES:
             raise ConfigurationError(f"a Redis URL starts with redis:// or rediss://, not {url!r}")
@@ -73,6 +80,7 @@ class RedisStore:
         self._location = f"{parts.scheme}://{host}{port}{parts.path or '/0'}?prefix={self.prefix}"
         self._client: aioredis.Redis | None = None
         self._scripts: Scripts | None = None
+        self._functions = functions
 
     @property
     def location(self) -> str:
@@ -84,8 +92,10 @@ class RedisStore:
         ``lua/open.lua``). Raises ConfigurationError for a store written with
         another layout. No connection is left open when it raises."""
         client = connect.client(self._url)
-        self._client, self._scripts = client, Scripts(client)
+        self._client, self._scripts = client, Scripts(client, functions=self._functions)
         try:
+            with translated():
+                await self._scripts.load()
             found = await self._run("open", [keys.LAYOUT_VERSION, *sorted(keys.UPGRADED)])
             if found != keys.LAYOUT_VERSION:
                 raise ConfigurationError(

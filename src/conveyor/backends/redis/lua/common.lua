@@ -2,7 +2,7 @@
 -- are loaded (conveyor.backends.redis.scripts), so that key names, the
 -- clock, claim order and the attempt log are written once.
 --
--- KEYS[1] is the store's base, "{prefix}". Every key below starts with it,
+-- KEYS[1] is the store's base, "{prefix}" (see begin). Every key below starts with it,
 -- so all of one store's keys share one hash tag and one cluster slot: a
 -- script may then name keys it computes (Redis Cluster requires only that
 -- they live in the slot of the keys it declares). The twin of these names in
@@ -11,18 +11,33 @@
 -- Times are integer milliseconds since the Unix epoch. Optional arguments
 -- come as "" for none and "=" followed by the value otherwise (see opt).
 
-local BASE = KEYS[1]
-local KEY_IDS = BASE .. ':ids'
-local KEY_CORRUPT = BASE .. ':corrupt'
-local KEY_MESSAGE_IDS = BASE .. ':message-ids'
-local KEY_WORKERS = BASE .. ':workers'
-local KEY_QUEUES = BASE .. ':queues'
-local KEY_PAUSES = BASE .. ':pauses'
-local KEY_SCHEDULES = BASE .. ':schedules'
+-- The store's base and the names built from it, and the state one call
+-- keeps (the queues it woke, the names it indexed, the ids it reserved, the
+-- index writes it gathered): begin sets them all at the start of every call.
+-- As a Redis function the chunk runs once, at load, and every call reuses
+-- it, so nothing may carry over from one call to the next.
+local BASE, KEY_IDS, KEY_CORRUPT, KEY_MESSAGE_IDS, KEY_WORKERS, KEY_QUEUES
+local KEY_PAUSES, KEY_SCHEDULES, KEY_CONCURRENCY_KEYS
 -- Pub/Sub channels (not keys): a queue where tasks became due, a task whose
 -- cancel was requested.
-local CHANNEL_WAKE = BASE .. ':wake'
-local CHANNEL_CANCEL = BASE .. ':cancel'
+local CHANNEL_WAKE, CHANNEL_CANCEL
+local WOKEN, QUEUE_KNOWN, READY_NAMED, gathered
+local reserved_next, reserved_last
+local function begin(base)
+  BASE = base
+  KEY_IDS = BASE .. ':ids'
+  KEY_CORRUPT = BASE .. ':corrupt'
+  KEY_MESSAGE_IDS = BASE .. ':message-ids'
+  KEY_WORKERS = BASE .. ':workers'
+  KEY_QUEUES = BASE .. ':queues'
+  KEY_PAUSES = BASE .. ':pauses'
+  KEY_SCHEDULES = BASE .. ':schedules'
+  KEY_CONCURRENCY_KEYS = BASE .. ':concurrency-keys'
+  CHANNEL_WAKE = BASE .. ':wake'
+  CHANNEL_CANCEL = BASE .. ':cancel'
+  WOKEN, QUEUE_KNOWN, READY_NAMED, gathered = {}, {}, {}, nil
+  reserved_next, reserved_last = 1, 0
+end
 
 local function key_task(id) return BASE .. ':task:' .. id end
 local function key_attempts(id) return BASE .. ':attempts:' .. id end
@@ -107,7 +122,6 @@ end
 -- index of its first state and joins that of its last. Such a script reads
 -- none of those indexes in between, and calls neither unmark_finished nor
 -- forget_task (which write them at once).
-local gathered = nil
 local function gather_indexes()
   gathered = {from = {}, to = {}, order = {}, finished = {}}
 end
@@ -243,7 +257,6 @@ local function served(queues, names)
 end
 
 -- Idle workers hear of a queue where tasks became due, once per script.
-local WOKEN = {}
 local function woke(queue)
   if WOKEN[queue] then return end
   WOKEN[queue] = true
@@ -253,7 +266,6 @@ end
 -- The queues added to {p}:queues, and the names known to be in their
 -- queue's ready-name set, in this script: each is written once per script
 -- (a name taken out of the set is forgotten here too).
-local QUEUE_KNOWN, READY_NAMED = {}, {}
 local function note_ready_name(queue, name)
   local named = gathered_list(READY_NAMED, queue)
   if not named[name] then
@@ -481,7 +493,6 @@ end
 -- Task ids: INCR of {p}:ids, or the next of the ids a batch reserved at
 -- once (reserve_ids); a reserved id a batch does not use (a task that met
 -- its unique key's holder) is never given.
-local reserved_next, reserved_last = 1, 0
 local function reserve_ids(count)
   if count <= 0 then return end
   reserved_last = redis.call('INCRBY', KEY_IDS, count)

@@ -28,7 +28,6 @@
 -- costs it one hash, one ZCOUNT and the expired leases of the key, never the
 -- tasks queued behind it.
 
-local KEY_CONCURRENCY_KEYS = BASE .. ':concurrency-keys'
 local UNLIMITED = 1000000
 local function key_concurrency(key) return BASE .. ':concurrency:' .. key end
 local function key_concurrency_ready(key) return BASE .. ':concurrency-ready:' .. key end
