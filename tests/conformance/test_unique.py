@@ -128,3 +128,20 @@ async def test_a_key_repeated_in_one_batch_is_its_first_task(backend: Backend) -
     assert ids[0] == ids[1] == ids[2] != ids[3]
     task = await backend.get_task(ids[0], with_attempts=False)
     assert task is not None and task.payload == {"v": 1}
+
+
+async def test_a_holder_replaced_twice_in_one_batch_is_due_once(backend: Backend) -> None:
+    [holder] = await enqueue(backend, unique("k", payload={"v": 1}, at=30))
+    ids = await enqueue(
+        backend,
+        unique("other", payload={"v": 0}, at=60),
+        unique("k", on_conflict="replace", payload={"v": 2}, priority=5, at=-10),
+        unique("k", on_conflict="replace", payload={"v": 3}, priority=7, at=-5),
+    )
+    assert ids[1:] == [holder, holder] and ids[0] != holder
+    task = await backend.get_task(holder, with_attempts=False)
+    assert task is not None
+    assert (task.payload, task.priority, task.run_at) == ({"v": 3}, 7, later(-5))
+    # One claim of ten finds the holder once, and not the task due later.
+    claimed = await claim(backend, limit=10)
+    assert [c.token.task_id for c in claimed] == [holder]

@@ -134,6 +134,21 @@ local function gathered_list(lists, name)
   end
   return list
 end
+-- A ZADD made at once, or, given `adds`, gathered there (key: its score and
+-- member pairs) for one variadic ZADD per key at the end (add_gathered): an
+-- enqueue of many tasks writes each index once.
+local function zadd(adds, key, score, member)
+  if not adds then
+    redis.call('ZADD', key, score, member)
+    return
+  end
+  local list = gathered_list(adds, key)
+  list[#list + 1] = score
+  list[#list + 1] = member
+end
+local function add_gathered(adds)
+  for key, values in pairs(adds) do call_chunked('ZADD', key, values) end
+end
 local function flush_indexes()
   local g = gathered
   if not g then return end
@@ -284,22 +299,22 @@ end
 -- (next_due_at reads its head). A keyed task's due place is its key's
 -- (index_keyed in keys.lua).
 -- `key` is the task's concurrency key when the caller knows it (false: none),
--- else nil (read here).
-local function index_pending(id, queue, name, priority, run_at, now, key)
+-- else nil (read here). `adds` (a new task's) gathers its ZADDs (see zadd).
+local function index_pending(id, queue, name, priority, run_at, now, key, adds)
   if not QUEUE_KNOWN[queue] then
     redis.call('SADD', KEY_QUEUES, queue)
     QUEUE_KNOWN[queue] = true
   end
-  redis.call('ZADD', key_pending(queue), run_at, id)
+  zadd(adds, key_pending(queue), run_at, id)
   if key == nil then key = redis.call('HGET', key_task(id), 'concurrency_key') end
   if key then
     index_keyed(id, key, queue, name, priority, run_at, now)
   elseif run_at <= now then
-    redis.call('ZADD', key_ready(queue, name), 0, order_member(priority, run_at, id))
+    zadd(adds, key_ready(queue, name), 0, order_member(priority, run_at, id))
     note_ready_name(queue, name)
     woke(queue)
   else
-    redis.call('ZADD', key_delayed(queue), run_at, id)
+    zadd(adds, key_delayed(queue), run_at, id)
   end
 end
 
@@ -423,7 +438,7 @@ end
 
 -- Store a new pending task with this id (its first message from its parent,
 -- which does not move a delayed start).
-local function insert_task(id, a, i, now)
+local function insert_task(id, a, i, now, adds)
   local name, queue = a[i], a[i + 1]
   local priority = tonumber(a[i + 3])
   local run_at = opt(a[i + 4])
@@ -454,9 +469,9 @@ local function insert_task(id, a, i, now)
   optional_field(fields, 'rate_limit', a[i + 20])
   optional_field(fields, 'rate_period', a[i + 21])
   redis.call('HSET', key, unpack(fields))
-  redis.call('ZADD', key_state('pending'), id, id)  -- a new task gives no key up
+  zadd(adds, key_state('pending'), id, id)  -- a new task gives no key up
   if parent then redis.call('ZADD', key_children(parent), id, id) end
-  index_pending(id, queue, name, priority, run_at, now, flow_key or false)
+  index_pending(id, queue, name, priority, run_at, now, flow_key or false, adds)
   local message = opt(a[i + 13])
   if message then append_message(id, parent, 'message', message, now) end
 end
@@ -509,8 +524,9 @@ end
 -- Store the task at index i of args, or find the holder of its unique key
 -- (on_conflict "replace" updates a pending one); returns its id. `mine`
 -- (when given) is the set of ids this enqueue stored: a key repeated in one
--- enqueue is its first task's, whatever the later one's on_conflict.
-local function store_task(a, i, now, mine)
+-- enqueue is its first task's, whatever the later one's on_conflict. `adds`
+-- gathers a new task's index writes (see zadd).
+local function store_task(a, i, now, mine, adds)
   local key = opt(a[i + 14])
   if key then
     local holder = key_holder(a[i], key, now)
@@ -525,7 +541,7 @@ local function store_task(a, i, now, mine)
     if stale then release_key(stale) end
   end
   local id = new_id()
-  insert_task(id, a, i, now)
+  insert_task(id, a, i, now, adds)
   if mine then mine[tostring(id)] = true end
   return id
 end
@@ -543,11 +559,12 @@ local function store_batch(batch, now)
     local holder = refused_key(a, 1 + n * TASK_FIELDS, now)
     if holder then return {0, n, tonumber(holder)} end
   end
-  local ids, mine = {1}, {}
+  local ids, mine, adds = {1}, {}, {}
   reserve_ids(count)
   for n = 0, count - 1 do
-    ids[#ids + 1] = store_task(a, 1 + n * TASK_FIELDS, now, mine)
+    ids[#ids + 1] = store_task(a, 1 + n * TASK_FIELDS, now, mine, adds)
   end
+  add_gathered(adds)
   return ids
 end
 
