@@ -133,7 +133,11 @@ async def test_a_server_that_refuses_functions_gets_scripts(raw: aioredis.Redis)
     """An ACL user without FUNCTION (as a server before Redis 7 has none)."""
     user = f"conveyor_{uuid.uuid4().hex[:8]}"
     await raw.acl_setuser(
-        user, enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+        user,
+        enabled=True,
+        passwords=["+secret"],
+        keys=["*"],
+        channels=["*"],
         commands=["+@all", "-function"],
     )
     prefix = f"t_{uuid.uuid4().hex[:12]}"

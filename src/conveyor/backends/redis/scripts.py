@@ -56,9 +56,7 @@ log = logging.getLogger("conveyor.redis")
 def _operation(name: str, body: str) -> str:
     """Operation ``name`` as a local function of the shared chunk: it starts
     its call (``begin``, with the store's base) and runs its file's body."""
-    return (
-        f"local function operation_{name}(KEYS, ARGV)\n  begin(KEYS[1])\n{body}\nend\n"
-    )
+    return f"local function operation_{name}(KEYS, ARGV)\n  begin(KEYS[1])\n{body}\nend\n"
 
 
 @functools.cache
@@ -90,10 +88,8 @@ def library() -> tuple[str, str]:
     function named ``LIBRARY_OPERATION``."""
     shared, own = _texts()
     body = shared + "".join(_operation(name, text) for name, text in own.items())
-    name = "conveyor_" + hashlib.sha1(body.encode()).hexdigest()[:16]
-    registered = "".join(
-        f"redis.register_function('{name}_{op}', operation_{op})\n" for op in own
-    )
+    name = "conveyor_" + hashlib.sha256(body.encode()).hexdigest()[:16]
+    registered = "".join(f"redis.register_function('{name}_{op}', operation_{op})\n" for op in own)
     return f"#!lua name={name}\n" + body + registered, name
 
 
@@ -149,9 +145,9 @@ class Scripts:
             return await self._scripts[name](keys=[base], args=args)
         function = self.function(name)
         try:
-            return await self._client.fcall(function, 1, base, *args)  # type: ignore[no-untyped-call]
+            return await self._client.fcall(function, 1, base, *args)
         except ResponseError as exc:
             if not str(exc).startswith("Function not found"):
                 raise
         await self._client.function_load(self._library, replace=True)
-        return await self._client.fcall(function, 1, base, *args)  # type: ignore[no-untyped-call]
+        return await self._client.fcall(function, 1, base, *args)
