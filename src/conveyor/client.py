@@ -43,6 +43,7 @@ from conveyor.backends.protocol import (
 )
 from conveyor.controls import Controls
 from conveyor.errors import ConfigurationError
+from conveyor.events import EventBus, TaskEnqueued
 from conveyor.handle import TaskHandle
 from conveyor.model import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -129,6 +130,8 @@ class Client(Controls):
         if pool_size is not None:
             self._backend_options["pool_size"] = pool_size
         self.portal = Portal()
+        self.events = EventBus()
+        """This client's events, and its workers' (see :mod:`conveyor.events`)."""
         self.inline_runner: InlineRunner | None = None
         """Runs the tasks of these queues to the end, on a backend with
         ``Capability.INLINE`` (the App sets it: a client has no handlers)."""
@@ -270,6 +273,8 @@ class Client(Controls):
         if connection is not None:
             statements = self._transactional(self._statements)
             ids = statements.enqueue_in_sync(EnqueueParams(tasks=tasks), connection)
+            if self.events.active:
+                self._emit_enqueued(tasks, ids)
             return self.handles(ids)
         return self.portal.run(self.enqueue_new_async(tasks))
 
@@ -284,6 +289,8 @@ class Client(Controls):
             ids = await self._transactional(backend).enqueue_in(params, connection)
         else:
             ids = await backend.enqueue(params)
+        if self.events.active:
+            self._emit_enqueued(tasks, ids)
         return await self._stored(backend, ids, {t.queue for t in tasks})
 
     def enqueue_encoded(
@@ -305,18 +312,33 @@ class Client(Controls):
         if connection is not None or total <= ENQUEUE_CHUNK:  # one statement
             return await self.enqueue_new_async(encode(0, total), connection)
         queues: set[str] = set()
+        drawn_tasks: list[NewTask] = []
+        keep = self.events.active
 
         def chunks() -> Iterator[list[NewTask]]:
             for start, end in chunk_bounds(total):
                 tasks = encode(start, end)
                 queues.update(t.queue for t in tasks)
+                if keep:
+                    drawn_tasks.extend(tasks)
                 yield tasks
 
         drawn = chunks()
         first = next(drawn)  # checked before any I/O, like a small batch whole
         backend = await self.backend()
         ids = await backend.enqueue_chunks(_chained(first, drawn))
+        if keep:
+            self._emit_enqueued(drawn_tasks, ids)
         return await self._stored(backend, ids, queues)
+
+    def _emit_enqueued(self, tasks: Sequence[NewTask], ids: Sequence[int]) -> None:
+        """One :class:`TaskEnqueued` per name and queue, with the ids the
+        enqueue returned for them (a unique key's holder included)."""
+        grouped: dict[tuple[str, str], list[int]] = {}
+        for task, task_id in zip(tasks, ids, strict=True):
+            grouped.setdefault((task.name, task.queue), []).append(task_id)
+        for (name, queue), task_ids in grouped.items():
+            self.events.emit(TaskEnqueued(name, queue, tuple(task_ids)))
 
     def handles(self, ids: Sequence[int]) -> list[TaskHandle]:
         """Handles of the tasks with these ids."""

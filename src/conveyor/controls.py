@@ -22,6 +22,7 @@ from conveyor.backends.protocol import (
     StoredSchedule,
 )
 from conveyor.errors import ConfigurationError
+from conveyor.events import EventBus, QueuePaused
 from conveyor.model import Pause, PauseKind, TaskState
 from conveyor.portal import Portal
 from conveyor.retention import DEFAULT_RETENTION, Retention
@@ -45,6 +46,7 @@ class Controls:
     """Pauses (see :meth:`pause_async`)."""
 
     portal: Portal
+    events: EventBus
 
     async def backend(self) -> Backend:
         raise NotImplementedError  # the client's own
@@ -63,7 +65,10 @@ class Controls:
         across restarts. True if this call paused it (False: it was
         already). Raises ConfigurationError unless exactly one is named."""
         kind, name = pause_target(queue, task)
-        return await (await self.backend()).pause(kind, name)
+        changed = await (await self.backend()).pause(kind, name)
+        if changed and self.events.active:
+            self.events.emit(QueuePaused(name, kind.value, paused=True))
+        return changed
 
     def pause(self, *, queue: str | None = None, task: str | _Named | None = None) -> bool:
         """Sync form of :meth:`pause_async`."""
@@ -74,7 +79,10 @@ class Controls:
     ) -> bool:
         """Undo a pause; idle workers hear of it at once. True if it was paused."""
         kind, name = pause_target(queue, task)
-        return await (await self.backend()).resume(kind, name)
+        changed = await (await self.backend()).resume(kind, name)
+        if changed and self.events.active:
+            self.events.emit(QueuePaused(name, kind.value, paused=False))
+        return changed
 
     def resume(self, *, queue: str | None = None, task: str | _Named | None = None) -> bool:
         """Sync form of :meth:`resume_async`."""

@@ -159,6 +159,8 @@ class ClaimedTask:
     lease_expires_at: datetime
     step: str | None = None
     parent_id: int | None = None
+    run_at: datetime | None = None
+    """When the task was due (before this claim): the start of its wait."""
 
 
 @dataclass(frozen=True, slots=True)

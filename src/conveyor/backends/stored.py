@@ -175,9 +175,10 @@ def stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
 
 def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
     """A row of a claim: id, attempt, name, queue, payload, spent, max_attempts,
-    retry policy, timeout, lease, lease expiry (a datetime), step, parent id."""
+    retry policy, timeout, lease, lease expiry (a datetime), step, parent id,
+    run time (a datetime)."""
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
-    timeout, lease, expires, step, parent_id = row[8:13]
+    timeout, lease, expires, step, parent_id, run_at = row[8:14]
     return ClaimedTask(
         token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
         name=name,
@@ -191,6 +192,7 @@ def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
         lease_expires_at=expires,
         step=step,
         parent_id=parent_id,
+        run_at=run_at,
     )
 
 

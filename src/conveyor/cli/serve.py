@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import click
 
@@ -15,8 +16,11 @@ from conveyor.cli.common import (
     open_client,
     read_side,
 )
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.logs import LEVELS, configure_logging
+from conveyor.worker import Worker
+
+log = logging.getLogger("conveyor.worker")
 
 
 @click.command()
@@ -94,6 +98,17 @@ async def _pending(app: App) -> list[Migration]:
     "--url", help="Backend URL, instead of the app's (an App() without one reads CONVEYOR_URL)."
 )
 @click.option("--schema", help="PostgreSQL schema, instead of the app's (or CONVEYOR_SCHEMA).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    help="Serve Prometheus metrics on this port (/metrics; the metrics extra).",
+)
+@click.option(
+    "--metrics-addr",
+    default="0.0.0.0",  # noqa: S104 - a scrape target, reached from the Prometheus server
+    show_default=True,
+    help="The metrics address (every interface by default: names and counts, no payloads).",
+)
 def worker(
     app_spec: str,
     concurrency: int,
@@ -110,6 +125,8 @@ def worker(
     no_schedules: bool,
     url: str | None,
     schema: str | None,
+    metrics_port: int | None,
+    metrics_addr: str,
 ) -> None:
     """Run a worker for the App at MODULE:ATTR (creates a SQLite file). It
     also fires the app's schedules and prunes finished tasks past their age
@@ -121,7 +138,7 @@ def worker(
         fail(exc)
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     try:
-        app.run_worker(
+        running = app.worker(
             concurrency=concurrency,
             queues=queue_list,
             lease=lease,
@@ -133,8 +150,25 @@ def worker(
             schedules=not no_schedules,
             **({"retention": None} if no_prune else {}),
         )
+        if metrics_port is not None:
+            serve_metrics(app, running, metrics_port, metrics_addr)
+        asyncio.run(running.run())
     except ConveyorError as exc:
         fail(exc)
+
+
+def serve_metrics(app: App, running: Worker, port: int, addr: str) -> None:
+    """Count ``app``'s events and ``running``'s slots; answer scrapes on ``addr:port``."""
+    from conveyor.metrics import Metrics  # the metrics extra: imported only when asked
+
+    metrics = Metrics()
+    metrics.observe(app.events)
+    metrics.track(running)
+    try:
+        metrics.serve(port, addr)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
+    log.info("metrics on http://%s:%d/metrics", addr, port)
 
 
 @click.command()

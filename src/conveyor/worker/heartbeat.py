@@ -127,8 +127,8 @@ class Heartbeat:
                     held.trusted_until = sent_at + held.seconds
             for token in result.lost:
                 self._leases.pop(token, None)
-        if result.lost or result.cancel_requested:
-            self._report(result)
+        if result.renewed or result.lost or result.cancel_requested:
+            self._report(result)  # renewals too: the worker's events tell of them
         return result
 
     def fence_untrusted(self) -> frozenset[LeaseToken]:

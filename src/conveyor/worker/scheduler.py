@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from conveyor.backends.protocol import Backend, FireParams, ScheduleSync, StoredSchedule
+from conveyor.events import EventBus, ScheduleFired
 from conveyor.options import EnqueueOptions
 from conveyor.schedules import Schedule
 from conveyor.task import TaskDef
@@ -62,8 +63,10 @@ class Scheduler(Background):
         schedules: Mapping[str, Schedule],
         tasks: Mapping[str, TaskDef],
         max_payload_bytes: int,
+        events: EventBus | None = None,
     ) -> None:
         self.backend = backend
+        self.events = events or EventBus()
         self.schedules = dict(schedules)
         self.tasks = dict(tasks)
         self.max_payload_bytes = max_payload_bytes
@@ -111,6 +114,11 @@ class Scheduler(Background):
         )
         if ids:
             self.fired += len(ids)
+            if self.events.active:
+                for slot, task_id in zip(slots, ids, strict=False):
+                    self.events.emit(
+                        ScheduleFired(schedule.name, schedule.task, slot.timestamp(), task_id)
+                    )
             log.info(
                 "schedule %s fired %d slot(s), the last %s: task %s",
                 schedule.name,

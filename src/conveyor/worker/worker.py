@@ -46,6 +46,14 @@ from conveyor.errors import (
     LeaseLostError,
     WorkerShutdown,
 )
+from conveyor.events import (
+    AttemptEnded,
+    AttemptStarted,
+    ClaimReturned,
+    ClaimSent,
+    LeaseLost,
+    LeaseRenewed,
+)
 from conveyor.model import LeaseToken, Outcome, TaskState
 from conveyor.schedules import Schedule
 from conveyor.task import TaskDef
@@ -103,6 +111,8 @@ class Worker:
         self.tasks: Mapping[str, TaskDef] = dict(registry.tasks)
         self.schedules: Mapping[str, Schedule] = dict(registry.schedules)
         self.client = registry.client
+        self.events = registry.client.events
+        """The client's events, where this worker emits its own."""
         self.config = config or WorkerConfig()
         self.id = (
             self.config.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -156,6 +166,11 @@ class Worker:
     def running(self) -> list[LeaseToken]:
         """The lease tokens of the attempts running now."""
         return list(self._running)
+
+    @property
+    def running_count(self) -> int:
+        """How many attempts run now (safe to read from any thread)."""
+        return len(self._running)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -223,7 +238,7 @@ class Worker:
             self.pruner.start()
         if self.tasks and self.config.schedules:
             self.scheduler = Scheduler(
-                backend, self.schedules, self.tasks, self.client.max_payload_bytes
+                backend, self.schedules, self.tasks, self.client.max_payload_bytes, self.events
             )
             self.scheduler.start()
         listener = None
@@ -270,6 +285,8 @@ class Worker:
             loop.call_soon_threadsafe(self._on_heartbeat, result)
 
     def _on_heartbeat(self, result: HeartbeatResult) -> None:
+        if self.events.active:
+            self._emit_heartbeat(result)
         for token in result.lost:
             running = self._running.get(token)
             if running is not None:
@@ -281,6 +298,14 @@ class Worker:
                     LeaseLostError(f"lease on task {token.task_id} attempt {token.attempt} lost")
                 )
         self._stop_cancelled(result.cancel_requested)
+
+    def _emit_heartbeat(self, result: HeartbeatResult) -> None:
+        if result.renewed:
+            self.events.emit(LeaseRenewed(self.id, len(result.renewed)))
+        for token in result.lost:
+            running = self._running.get(token)
+            name, queue = (running.task.name, running.task.queue) if running else ("", "")
+            self.events.emit(LeaseLost(self.id, token.task_id, token.attempt, name, queue))
 
     def _stop_cancelled(self, tokens: frozenset[LeaseToken]) -> None:
         """Stop the handlers of these leases: their tasks were cancelled."""
@@ -384,11 +409,28 @@ class Worker:
             limit=limit,
             lease=self.config.lease,
         )
+        if self.events.active:
+            return await self._claim_told(backend, params)
         # Bounded: a connection that swallows packets must not stall claiming.
         # A claim that times out may still commit later; its tasks then wait
         # out their lease and are reclaimed.
         async with asyncio.timeout(self.config.lease):
             return await backend.claim(params)
+
+    async def _claim_told(self, backend: Backend, params: ClaimParams) -> list[ClaimedTask]:
+        """A claim, between its ClaimSent and ClaimReturned events."""
+        self.events.emit(ClaimSent(self.id, params.limit))
+        sent = time.monotonic()
+        try:
+            async with asyncio.timeout(self.config.lease):
+                found = await backend.claim(params)
+        except Exception as exc:
+            seconds = time.monotonic() - sent
+            self.events.emit(ClaimReturned(self.id, params.limit, 0, seconds, reason(exc)))
+            raise
+        seconds = time.monotonic() - sent
+        self.events.emit(ClaimReturned(self.id, params.limit, len(found), seconds))
+        return found
 
     async def _nothing_due(self, backend: Backend) -> bool:
         if self.completer is not None:
@@ -445,6 +487,13 @@ class Worker:
         )
         running = RunningAttempt(task, definition, ctx, self.client.max_payload_bytes)
         self._running[task.token] = running
+        if self.events.active:
+            token = task.token
+            self.events.emit(
+                AttemptStarted(
+                    token.task_id, token.attempt, task.name, task.queue, self.id, due_delay(task)
+                )
+            )
         runner = _start_runner(self._run_attempt(running))
         # The runner leaves the set itself, as its last step (a done callback
         # would cost every attempt one more turn of the event loop); one that
@@ -472,10 +521,27 @@ class Worker:
             if completion is None:
                 self.heartbeat.release(token)
             else:
+                if self.events.active:
+                    self._emit_ended(running, completion)
                 self._log_ending(running, completion)
                 self.completer.submit(completion)
         finally:
             self._runners.discard(asyncio.current_task())
+
+    def _emit_ended(self, running: RunningAttempt, completion: Completion) -> None:
+        task, token = running.task, completion.token
+        self.events.emit(
+            AttemptEnded(
+                token.task_id,
+                token.attempt,
+                task.name,
+                task.queue,
+                self.id,
+                completion.outcome,
+                completion.next_state,
+                time.monotonic() - running.started,
+            )
+        )
 
     def _log_ending(self, running: RunningAttempt, completion: Completion) -> None:
         """A finished attempt at INFO with its duration (DEBUG when the worker
@@ -621,3 +687,11 @@ class Worker:
                 {*self._runners, stop_wait}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
             )
             stop_wait.cancel()
+
+
+def due_delay(task: ClaimedTask) -> float | None:
+    """Seconds from when ``task`` was due (the store's clock) to now (this
+    process's), None when the claim did not say."""
+    if task.run_at is None:
+        return None
+    return time.time() - task.run_at.timestamp()

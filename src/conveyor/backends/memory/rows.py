@@ -155,6 +155,7 @@ class Row:
             lease_expires_at=self.lease_expires_at,
             step=self.step,
             parent_id=self.parent_id,
+            run_at=self.run_at,
         )
 
     def snapshot(self, with_attempts: bool) -> Task:

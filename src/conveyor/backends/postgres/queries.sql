@@ -262,7 +262,7 @@ chosen as (
 {part_claimed}
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at
 from claimed
 order by priority desc, run_at, id;
 
@@ -366,7 +366,7 @@ lost as (
 )
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at
 from claimed
 order by priority desc, run_at, id;
 
@@ -1207,7 +1207,7 @@ emptied as (
                       where t.concurrency_key = c.key and t.state = 'pending')
 )
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at
 from claimed
 order by priority desc, run_at, id;
 

@@ -194,13 +194,14 @@ def send_args(deliveries: Sequence[Delivery]) -> list[str]:
 def claimed_tasks(found: Sequence[Sequence[str]], worker_id: str) -> list[ClaimedTask]:
     """The rows of ``claim.lua``, each: id, attempt, name, queue, payload,
     spent, max_attempts, retry policy, timeout, lease, lease expiry, step,
-    parent id (optional ones as :func:`opt` writes them). Tasks of one claim
+    parent id (optional ones as :func:`opt` writes them), run time ("" if
+    it does not read). Tasks of one claim
     mostly share a lease expiry: each distinct one is converted once."""
     expiries: dict[str, datetime] = {}
     claimed: list[ClaimedTask] = []
     for row in found:
         task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
-        timeout, lease, expires, step, parent_id = row[8:13]
+        timeout, lease, expires, step, parent_id, run_at = row[8:14]
         budget = int(max_attempts)
         expires_at = expiries.get(expires)
         if expires_at is None:
@@ -219,6 +220,7 @@ def claimed_tasks(found: Sequence[Sequence[str]], worker_id: str) -> list[Claime
                 lease_expires_at=expires_at,
                 step=step[1:] if step else None,
                 parent_id=int(parent_id[1:]) if parent_id else None,
+                run_at=moment(int(run_at)) if run_at.isdigit() else None,
             )
         )
     return claimed

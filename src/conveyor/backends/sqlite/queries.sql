@@ -140,7 +140,7 @@ set state = 'in_progress',
     lease_expires_at = :now + coalesce(lease_seconds, :lease)
 where id in (select value from json_each(:ids))
 returning id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-          timeout_seconds, lease_seconds, lease_expires_at, step, parent_id;
+          timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at;
 
 -- name: claim_log
 -- One attempt row per claimed task, in the same transaction as the claim.

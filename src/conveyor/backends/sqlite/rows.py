@@ -25,7 +25,7 @@ from conveyor.model import Attempt, LeaseToken, Task
 # Column positions of the timestamps in get_task/list_tasks and get_attempts.
 _TASK_TIMES = (6, 13, 14, 16)
 _ATTEMPT_TIMES = (4, 5)
-_CLAIM_TIMES = (10,)
+_CLAIM_TIMES = (10, 13)
 
 
 def seconds(moment: datetime | None) -> float | None:

@@ -1,0 +1,188 @@
+"""Prometheus metrics of one process, built on its events (the ``metrics``
+extra: ``pip install 'conveyor[metrics]'``, prometheus-client).
+
+``Metrics().observe(app.events)`` counts what this process's client and
+workers do; ``track(worker)`` adds the worker's running attempts and free
+slots as gauges, read at each scrape; ``serve(port)`` answers scrapes on
+``http://ADDR:PORT/metrics`` from a thread (``conveyor worker
+--metrics-port``). Every metric is named ``conveyor_…``:
+
+======================================  =========  ==========================
+metric                                  type       labels
+======================================  =========  ==========================
+``tasks_enqueued_total``                counter    name, queue
+``attempts_started_total``              counter    name, queue
+``attempts_ended_total``                counter    name, queue, outcome
+``attempts_retried_total``              counter    name, queue
+``leases_lost_total``                   counter    name, queue
+``attempt_duration_seconds``            histogram  name, queue
+``start_delay_seconds``                 histogram  name, queue
+``claims_total``                        counter    result (tasks, empty, failed)
+``claim_duration_seconds``              histogram  (none)
+``schedules_fired_total``               counter    schedule
+``worker_running_attempts``             gauge      worker
+``worker_free_slots``                   gauge      worker
+======================================  =========  ==========================
+
+``outcome`` is how an attempt ended (succeeded, failed, timed_out,
+cancelled, lease_lost, interrupted); a retried attempt is also counted in
+``attempts_retried_total``. ``start_delay_seconds`` runs from when a task
+was due (its enqueue, its retry time) to its attempt's start. These are one
+process's figures: a scrape of every worker, summed, is the fleet's. The
+store's own figures (due tasks per queue, oldest due task, failed tasks,
+live workers) are the dashboard's ``/metrics``, one scrape for the system.
+Labels come from task names and queues, which an app declares: their
+number stays bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from conveyor.errors import ConfigurationError
+from conveyor.events import (
+    AttemptEnded,
+    AttemptStarted,
+    ClaimReturned,
+    Event,
+    EventBus,
+    LeaseLost,
+    ScheduleFired,
+    TaskEnqueued,
+)
+from conveyor.model import TaskState
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
+    if (exc.name or "").partition(".")[0] != "prometheus_client":
+        raise
+    raise ConfigurationError(
+        "metrics need prometheus-client: pip install 'conveyor[metrics]'"
+    ) from None
+
+if TYPE_CHECKING:
+    from conveyor.worker import Worker
+
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600)
+"""Seconds, for attempt durations: from a no-op to an hour."""
+DELAY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 60, 300)
+"""Seconds, for the wait from due to start: a healthy queue lives in the first few."""
+CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
+
+
+class Metrics:
+    """One process's conveyor metrics in a Prometheus registry (its own
+    unless given one, e.g. ``prometheus_client.REGISTRY``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        task = ("name", "queue")
+        r = self.registry
+        self.enqueued = Counter(
+            "conveyor_tasks_enqueued", "Tasks stored by this process.", task, registry=r
+        )
+        self.started = Counter(
+            "conveyor_attempts_started", "Attempts started by this process.", task, registry=r
+        )
+        self.ended = Counter(
+            "conveyor_attempts_ended",
+            "Attempts ended in this process, by outcome.",
+            (*task, "outcome"),
+            registry=r,
+        )
+        self.retried = Counter(
+            "conveyor_attempts_retried",
+            "Attempts that ended with their task due again.",
+            task,
+            registry=r,
+        )
+        self.lost = Counter(
+            "conveyor_leases_lost", "Leases this process's workers lost.", task, registry=r
+        )
+        self.duration = Histogram(
+            "conveyor_attempt_duration_seconds",
+            "How long attempts ran.",
+            task,
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.delay = Histogram(
+            "conveyor_start_delay_seconds",
+            "From when a task was due to its attempt's start.",
+            task,
+            buckets=DELAY_BUCKETS,
+            registry=r,
+        )
+        self.claims = Counter(
+            "conveyor_claims", "Claims sent, by what came back.", ("result",), registry=r
+        )
+        self.claim_duration = Histogram(
+            "conveyor_claim_duration_seconds",
+            "How long a claim took, sent to returned.",
+            buckets=CLAIM_BUCKETS,
+            registry=r,
+        )
+        self.fired = Counter(
+            "conveyor_schedules_fired", "Schedule runs fired here.", ("schedule",), registry=r
+        )
+        self._workers = _Workers()
+        self.registry.register(self._workers)
+
+    def observe(self, events: EventBus) -> Callable[[], None]:
+        """Count ``events`` from now on; returns the function that stops it."""
+        return events.subscribe(self.record)
+
+    def track(self, worker: Worker) -> None:
+        """Report ``worker``'s running attempts and free slots at each scrape."""
+        self._workers.workers.append(worker)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - a scrape target
+        """Answer scrapes on ``http://ADDR:PORT/metrics`` from a daemon thread."""
+        start_http_server(port, addr, registry=self.registry)
+
+    def record(self, event: Event) -> None:
+        """Count one event (an :class:`EventBus` callback)."""
+        if isinstance(event, AttemptEnded):
+            self.ended.labels(event.name, event.queue, event.outcome.value).inc()
+            self.duration.labels(event.name, event.queue).observe(event.duration)
+            if event.state is TaskState.PENDING:
+                self.retried.labels(event.name, event.queue).inc()
+        elif isinstance(event, AttemptStarted):
+            self.started.labels(event.name, event.queue).inc()
+            if event.delay is not None:
+                self.delay.labels(event.name, event.queue).observe(max(event.delay, 0.0))
+        elif isinstance(event, ClaimReturned):
+            result = "failed" if event.failed else "tasks" if event.count else "empty"
+            self.claims.labels(result).inc()
+            self.claim_duration.observe(event.seconds)
+        elif isinstance(event, TaskEnqueued):
+            self.enqueued.labels(event.name, event.queue).inc(len(event.task_ids))
+        elif isinstance(event, LeaseLost):
+            self.lost.labels(event.name, event.queue).inc()
+        elif isinstance(event, ScheduleFired):
+            self.fired.labels(event.schedule).inc()
+
+
+class _Workers(Collector):
+    """The tracked workers' gauges, read when scraped."""
+
+    def __init__(self) -> None:
+        self.workers: list[Worker] = []
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily(
+            "conveyor_worker_running_attempts", "Attempts a worker runs now.", labels=["worker"]
+        )
+        free = GaugeMetricFamily(
+            "conveyor_worker_free_slots", "Slots a worker has free now.", labels=["worker"]
+        )
+        for worker in self.workers:
+            busy = worker.running_count
+            running.add_metric([worker.id], busy)
+            free.add_metric([worker.id], max(worker.config.concurrency - busy, 0))
+        yield running
+        yield free
