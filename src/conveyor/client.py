@@ -44,6 +44,7 @@ from conveyor.backends.protocol import (
 from conveyor.controls import Controls
 from conveyor.errors import ConfigurationError
 from conveyor.events import EventBus, TaskEnqueued
+from conveyor.explain import Explanation, explain
 from conveyor.handle import TaskHandle
 from conveyor.model import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -442,6 +443,19 @@ class Client(Controls):
     def get(self, task_id: int) -> Task | None:
         """The task with its attempt log, or None."""
         return self.portal.run(self.get_async(task_id))
+
+    async def explain_async(self, task_id: int) -> Explanation:
+        """Why task ``task_id`` is not running, or what it is doing: one
+        sentence and its facts (see :mod:`conveyor.explain`). Raises
+        ConfigurationError on a backend without an inspector."""
+        inspector = await self._inspector()
+        backend = await self.backend()
+        now, _ = await backend.list_schedules()  # the store's clock
+        return await explain(backend, inspector, task_id, now)
+
+    def explain(self, task_id: int) -> Explanation:
+        """Sync form of :meth:`explain_async`."""
+        return self.portal.run(self.explain_async(task_id))
 
     async def list_tasks_async(
         self,

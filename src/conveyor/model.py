@@ -565,6 +565,8 @@ class Task:
     """True for a coroutine task: it takes messages (``payload`` is its state)."""
     idempotency_key: str | None = None
     """The key it was enqueued under, if any (see ``App.enqueue``)."""
+    concurrency_key: str | None = None
+    """Its concurrency (or rate) key, if any: the flow control it waits on."""
 
     @property
     def last_attempt(self) -> Attempt | None:

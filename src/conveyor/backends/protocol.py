@@ -749,6 +749,10 @@ class Inspector(Protocol):
         by key, at most ``limit``: those with pending tasks or a rate bucket
         still refilling, and until when (``now``: tests only)."""
 
+    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
+        """The ids of the running tasks of concurrency key ``key``, lowest
+        first, at most ``limit``: what holds its pending tasks back."""
+
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         """How many tasks and workers :meth:`Backend.prune` would delete with
         ``params``, all batches together (``limit`` is ignored). Reads only;

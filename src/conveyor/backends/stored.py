@@ -235,6 +235,7 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         parent_id,
         inbox,
         idempotency_key,
+        concurrency_key,
     ) = row
     return Task(
         id=task_id,
@@ -260,6 +261,7 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         parent_id=parent_id,
         inbox=bool(inbox),
         idempotency_key=idempotency_key,
+        concurrency_key=concurrency_key,
     )
 
 

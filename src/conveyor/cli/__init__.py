@@ -1,7 +1,7 @@
 """The ``conveyor`` command: rich output for people, ``--json`` for scripts.
 
 Commands: ``migrate`` (``--sql`` to review first), ``worker``, ``enqueue``,
-``send``, ``tasks``, ``counts``, ``show``, ``workers``, ``cancel``,
+``send``, ``tasks``, ``counts``, ``show``, ``explain``, ``workers``, ``cancel``,
 ``retry`` (by id or by filter, ``--dry-run``), ``run-now``, ``delete``,
 ``pause``, ``resume``,
 ``pauses``, ``keys``, ``schedules``, ``prune``, ``health`` and ``demo``.
@@ -22,7 +22,7 @@ import click
 
 from conveyor.cli.control import cancel, delete, enqueue, retry, run_now, send
 from conveyor.cli.flow import keys, pause, pauses, prune, resume, schedules
-from conveyor.cli.reads import counts, health, show, tasks, workers
+from conveyor.cli.reads import counts, explain, health, show, tasks, workers
 from conveyor.cli.serve import demo, migrate, worker
 
 
@@ -35,6 +35,7 @@ def main() -> None:
 for command in (migrate, worker, enqueue, send, tasks, counts, show, cancel, retry, workers):
     main.add_command(command)
 main.add_command(health)
+main.add_command(explain)
 for command in (run_now, delete, pause, resume, pauses, keys, schedules, prune):
     main.add_command(command)
 main.add_command(demo)

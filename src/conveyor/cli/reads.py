@@ -158,6 +158,27 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
     _print_attempts(task)
 
 
+@click.command()
+@click.argument("task_id", type=int)
+@backend_options
+@json_option
+def explain(task_id: int, url: str | None, schema: str | None, as_json: bool) -> None:
+    """Why a task is not running, or what it is doing: one sentence and the
+    facts behind it (its pause, its workers, its concurrency key...)."""
+    try:
+        with open_client(url, schema) as app:
+            found = app.explain(task_id)
+    except ConveyorError as exc:
+        fail(exc)
+    if as_json:
+        data = {"task_id": found.task_id, "reason": found.reason, "sentence": found.sentence}
+        click.echo(json.dumps({**data, "facts": found.facts}))
+        return
+    console.print(f"[bold]{found.reason}[/bold]: {found.sentence}", highlight=False)
+    for name, value in found.facts.items():
+        console.print(f"  {name}: {json.dumps(value)}", highlight=False)
+
+
 def _print_when(task: Task, workers: list[WorkerInfo], now: datetime) -> None:
     """When a pending or waiting task is due, or whose lease a running one holds."""
     moment = due_at(task)

@@ -190,6 +190,10 @@ class MemoryBackend:
     async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
         return concurrency_keys.listed(self._store, self._now(now), limit)
 
+    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
+        with self._store.lock:
+            return sorted(self._store.index.keyed_running.get(key, ()))[:limit]
+
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         return retention.count_prunable(self._store, params)
 

@@ -183,4 +183,5 @@ class Row:
             parent_id=self.parent_id,
             inbox=self.inbox,
             idempotency_key=self.idempotency_key,
+            concurrency_key=self.concurrency_key,
         )

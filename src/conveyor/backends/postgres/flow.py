@@ -124,6 +124,10 @@ class FlowControl:
         rows = await self._fetchall("list_keys", {"limit": limit, "now": now})
         return [KeyInfo(*row) for row in rows]
 
+    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
+        rows = await self._fetchall("key_holders", {"key": key, "limit": limit})
+        return [task_id for (task_id,) in rows]
+
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         args = _prune_args(params)
         tasks = sum(count for _state, count in await self._fetchall("count_prunable", args))

@@ -646,7 +646,7 @@ select state from {schema}.tasks where id = %(id)s;
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at, worker_id, lease_expires_at,
-       cancel_requested, step, parent_id, inbox, idempotency_key
+       cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key
 from {schema}.tasks
 where id = %(id)s;
 
@@ -670,7 +670,7 @@ order by number;
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at, worker_id, lease_expires_at,
-       cancel_requested, step, parent_id, inbox, idempotency_key
+       cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key
 from {schema}.tasks
 where (%(state)s::text is null or state = %(state)s::text)
   and (%(name)s::text is null or name = %(name)s::text)
@@ -1225,6 +1225,13 @@ where s.schemaname = %(schema)s::text
   and (current_setting('autovacuum') = 'off'
        or 'autovacuum_enabled=false' = any(coalesce(c.reloptions, array[]::text[])))
 order by s.n_dead_tup desc;
+
+-- name: key_holders
+-- The running tasks of one concurrency key (tasks_running_keyed), lowest id first.
+select id from {schema}.tasks
+where concurrency_key = %(key)s::text and state = 'in_progress'
+order by id
+limit %(limit)s::integer;
 
 -- name: list_keys
 -- The concurrency keys that hold tasks back: those with pending tasks or a

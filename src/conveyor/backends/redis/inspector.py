@@ -83,6 +83,12 @@ class RedisInspector(RedisStore):
         found = await self._run("list_keys", [rows.now_arg(now)])
         return concurrency.listed(found, limit)
 
+    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
+        """The running tasks of key ``key``: its set of leases (reads only)."""
+        with translated():
+            found = await self._redis.zrange(keys.concurrency_leases(self.prefix, key), 0, -1)
+        return sorted(int(cast(str, task_id)) for task_id in found)[:limit]
+
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         """What :meth:`prune` would delete over all its batches (one script,
         reads only)."""

@@ -300,6 +300,7 @@ def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...])
         parent_id=f.optional_integer("parent_id"),
         inbox=fields.get("inbox") == "1",
         idempotency_key=fields.get("idempotency_key"),
+        concurrency_key=fields.get("concurrency_key"),
     )
 
 

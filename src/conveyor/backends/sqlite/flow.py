@@ -242,6 +242,13 @@ class FlowControl:
 
         return await self._db.read(read)
 
+    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
+        def read(conn: sqlite3.Connection) -> list[int]:
+            found = conn.execute(SQL["key_holders"], {"key": key, "limit": limit}).fetchall()
+            return [task_id for (task_id,) in found]
+
+        return await self._db.read(read)
+
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         def count(conn: sqlite3.Connection) -> PruneResult:
             tasks = 0

@@ -266,7 +266,8 @@ select state from conveyor_tasks where id = :id;
 -- name: get_task
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
-       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key
+       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key,
+       concurrency_key
 from conveyor_tasks
 where id = :id;
 
@@ -281,7 +282,8 @@ order by number;
 -- Newest first, each filter optional.
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
-       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key
+       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key,
+       concurrency_key
 from conveyor_tasks
 where (:state is null or state = :state)
   and (:name is null or name = :name)
@@ -619,6 +621,13 @@ delete from conveyor_concurrency
 where key in (select value from json_each(:keys))
   and not exists (select 1 from conveyor_tasks t
                   where t.concurrency_key = conveyor_concurrency.key and t.state = 'pending');
+
+-- name: key_holders
+-- The running tasks of one concurrency key, lowest id first.
+select id from conveyor_tasks
+where concurrency_key = :key and state = 'in_progress'
+order by id
+limit :limit;
 
 -- name: list_keys
 -- The concurrency keys that hold tasks back, with their running and pending
