@@ -6,10 +6,16 @@ from __future__ import annotations
 import pytest
 
 from conveyor.backends import Backend
-from conveyor.backends.protocol import Inspector, TaskCount, TaskFilter, inspector_of
+from conveyor.backends.protocol import (
+    Inspector,
+    QueueBacklog,
+    TaskCount,
+    TaskFilter,
+    inspector_of,
+)
 from conveyor.errors import ConfigurationError
 from conveyor.model import TaskState
-from tests.conformance.test_tasks import claim, enqueue, new
+from tests.conformance.test_tasks import T0, claim, enqueue, later, new
 
 
 def _inspector(backend: Backend) -> Inspector:
@@ -64,3 +70,31 @@ async def test_counts_by_state_queue_and_name(backend: Backend) -> None:
 def test_a_bad_filter_is_refused_before_any_io(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError):
         TaskFilter(**bad)  # type: ignore[arg-type]
+
+
+async def test_queue_backlogs_split_due_from_later_with_the_oldest_due(backend: Backend) -> None:
+    inspector = _inspector(backend)
+    assert await inspector.queue_backlogs(now=T0) == []
+    ids = await enqueue(
+        backend,
+        new(run_at=later(-30)),
+        new(run_at=later(-5)),
+        new(run_at=later(60)),
+        new(queue="mail", run_at=later(-1)),
+        new(queue="night", run_at=later(3600)),
+        new(run_at=later(-60), priority=9),  # claimed below: no longer pending
+    )
+    [claimed] = await claim(backend, limit=1)
+    assert claimed.token.task_id == ids[-1]  # the priority 9 one: no longer pending
+    found = await inspector.queue_backlogs(now=T0)
+    assert found == [
+        QueueBacklog("default", 2, 1, later(-30)),
+        QueueBacklog("mail", 1, 0, later(-1)),
+        QueueBacklog("night", 0, 1, None),
+    ]
+    # Without a given now, the store's clock (today: T0 is years ahead).
+    assert [(b.queue, b.due) for b in await inspector.queue_backlogs()] == [
+        ("default", 0),
+        ("mail", 0),
+        ("night", 0),
+    ]

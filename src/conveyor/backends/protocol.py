@@ -299,6 +299,17 @@ class TaskFilter:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueBacklog:
+    """A queue's pending tasks: ``due`` now and due ``later``, and the run
+    time of its oldest due one (how long the queue has kept work waiting)."""
+
+    queue: str
+    due: int
+    later: int
+    oldest_due_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskCount:
     """How many tasks of one name, in one queue, are in one state."""
 
@@ -748,6 +759,11 @@ class Inspector(Protocol):
         """The flow-control keys that hold tasks back (see :class:`KeyInfo`),
         by key, at most ``limit``: those with pending tasks or a rate bucket
         still refilling, and until when (``now``: tests only)."""
+
+    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
+        """Every queue with pending tasks, by queue name (``now``: tests
+        only; else the store's clock). Reads each pending task's index entry
+        (Redis: three reads per queue)."""
 
     async def key_holders(self, key: str, limit: int = 20) -> list[int]:
         """The ids of the running tasks of concurrency key ``key``, lowest

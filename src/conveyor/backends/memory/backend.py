@@ -35,6 +35,7 @@ from conveyor.backends.protocol import (
     NewTask,
     PruneParams,
     PruneResult,
+    QueueBacklog,
     RetryMany,
     ScheduleSync,
     SendParams,
@@ -189,6 +190,9 @@ class MemoryBackend:
 
     async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
         return concurrency_keys.listed(self._store, self._now(now), limit)
+
+    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
+        return reads.queue_backlogs(self._store, self._now(now))
 
     async def key_holders(self, key: str, limit: int = 20) -> list[int]:
         with self._store.lock:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from conveyor.backends.memory.store import Store
-from conveyor.backends.protocol import TaskCount, TaskFilter, WorkerInfo, WorkFilter
+from conveyor.backends.protocol import QueueBacklog, TaskCount, TaskFilter, WorkerInfo, WorkFilter
 from conveyor.model import Message, Task, TaskState
 
 
@@ -39,6 +39,24 @@ def count_tasks(store: Store) -> list[TaskCount]:
     with store.lock:
         found = Counter((r.state.value, r.queue, r.name) for r in store.tasks.values())
     return [TaskCount(TaskState(s), q, n, c) for (s, q, n), c in sorted(found.items())]
+
+
+def queue_backlogs(store: Store, now: datetime) -> list[QueueBacklog]:
+    """Pending tasks by queue: due now, due later, the oldest due run time."""
+    due: Counter[str] = Counter()
+    later: Counter[str] = Counter()
+    oldest: dict[str, datetime] = {}
+    with store.lock:
+        for r in store.tasks.values():
+            if r.state is not TaskState.PENDING:
+                continue
+            if r.run_at <= now:
+                due[r.queue] += 1
+                oldest[r.queue] = min(oldest.get(r.queue, r.run_at), r.run_at)
+            else:
+                later[r.queue] += 1
+    queues = sorted(set(due) | set(later))
+    return [QueueBacklog(q, due[q], later[q], oldest.get(q)) for q in queues]
 
 
 def count_unfinished(store: Store, work: WorkFilter, now: datetime) -> int:

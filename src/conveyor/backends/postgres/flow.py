@@ -21,6 +21,7 @@ from conveyor.backends.protocol import (
     KeyInfo,
     PruneParams,
     PruneResult,
+    QueueBacklog,
     RetryMany,
     ScheduleSync,
     StoredSchedule,
@@ -123,6 +124,10 @@ class FlowControl:
     async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
         rows = await self._fetchall("list_keys", {"limit": limit, "now": now})
         return [KeyInfo(*row) for row in rows]
+
+    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
+        rows = await self._fetchall("queue_backlogs", {"now": now})
+        return [QueueBacklog(*row) for row in rows]
 
     async def key_holders(self, key: str, limit: int = 20) -> list[int]:
         rows = await self._fetchall("key_holders", {"key": key, "limit": limit})

@@ -1226,6 +1226,18 @@ where s.schemaname = %(schema)s::text
        or 'autovacuum_enabled=false' = any(coalesce(c.reloptions, array[]::text[])))
 order by s.n_dead_tup desc;
 
+-- name: queue_backlogs
+-- Pending tasks by queue: due now, due later, and the oldest due run time.
+select t.queue,
+       count(*) filter (where t.run_at <= c.now) as due,
+       count(*) filter (where t.run_at > c.now) as later,
+       min(t.run_at) filter (where t.run_at <= c.now) as oldest_due_at
+from {schema}.tasks t,
+     (select coalesce(%(now)s::timestamptz, statement_timestamp()) as now) c
+where t.state = 'pending'
+group by t.queue
+order by t.queue;
+
 -- name: key_holders
 -- The running tasks of one concurrency key (tasks_running_keyed), lowest id first.
 select id from {schema}.tasks

@@ -15,6 +15,7 @@ from conveyor.backends.protocol import (
     Migration,
     PruneParams,
     PruneResult,
+    QueueBacklog,
     StoredSchedule,
     TaskCount,
     TaskFilter,
@@ -82,6 +83,12 @@ class RedisInspector(RedisStore):
         keys are not listed here, on any backend."""
         found = await self._run("list_keys", [rows.now_arg(now)])
         return concurrency.listed(found, limit)
+
+    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
+        """Each known queue's pending set (by run time): three reads a
+        queue, pipelined, at the server's time."""
+        with translated():
+            return await reads.queue_backlogs(self._redis, self.prefix, now)
 
     async def key_holders(self, key: str, limit: int = 20) -> list[int]:
         """The running tasks of key ``key``: its set of leases (reads only)."""

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from datetime import datetime
 from typing import cast
 
 import redis.asyncio as aioredis
 
-from conveyor.backends.protocol import TaskCount, TaskFilter, WorkerInfo
+from conveyor.backends.protocol import QueueBacklog, TaskCount, TaskFilter, WorkerInfo
 from conveyor.backends.redis import keys, rows
 from conveyor.model import Task, TaskState
 
@@ -63,6 +64,35 @@ def _matches(fields: dict[str, str], task_filter: TaskFilter) -> bool:
         None,
         fields.get("queue"),
     )
+
+
+async def queue_backlogs(
+    client: aioredis.Redis, prefix: str, now: datetime | None
+) -> list[QueueBacklog]:
+    """Each queue of ``{p}:queues`` with pending tasks: its pending set
+    counted up to ``now`` (the server's time when None) and past it, and
+    the score of its head (the oldest run time) when that is due."""
+    if now is None:
+        seconds, micros = await client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+    else:
+        now_ms = int(now.timestamp() * 1000)
+    queues = sorted(cast(set[str], await client.smembers(keys.queues(prefix))))
+    async with client.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            index = keys.pending(prefix, queue)
+            pipe.zcount(index, "-inf", now_ms)
+            pipe.zcard(index)
+            pipe.zrange(index, 0, 0, withscores=True)
+        found = await pipe.execute()
+    backlogs = []
+    for n, queue in enumerate(queues):
+        due, total, head = int(found[3 * n]), int(found[3 * n + 1]), found[3 * n + 2]
+        if not total:
+            continue
+        oldest = rows.moment(int(head[0][1])) if due and head else None
+        backlogs.append(QueueBacklog(queue, due, total - due, oldest))
+    return backlogs
 
 
 async def count_tasks(client: aioredis.Redis, prefix: str) -> list[TaskCount]:

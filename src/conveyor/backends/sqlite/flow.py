@@ -23,6 +23,7 @@ from conveyor.backends.protocol import (
     KeyInfo,
     PruneParams,
     PruneResult,
+    QueueBacklog,
     RetryMany,
     ScheduleSync,
     StoredSchedule,
@@ -239,6 +240,13 @@ class FlowControl:
             moment = clock(conn, now)
             found = conn.execute(SQL["list_keys"], {"now": moment, "limit": limit}).fetchall()
             return [key_info(row, moment) for row in found]
+
+        return await self._db.read(read)
+
+    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
+        def read(conn: sqlite3.Connection) -> list[QueueBacklog]:
+            found = conn.execute(SQL["queue_backlogs"], {"now": clock(conn, now)}).fetchall()
+            return [QueueBacklog(q, int(d), int(la), rows.moment(o)) for q, d, la, o in found]
 
         return await self._db.read(read)
 

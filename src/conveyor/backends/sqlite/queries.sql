@@ -622,6 +622,15 @@ where key in (select value from json_each(:keys))
   and not exists (select 1 from conveyor_tasks t
                   where t.concurrency_key = conveyor_concurrency.key and t.state = 'pending');
 
+-- name: queue_backlogs
+-- Pending tasks by queue: due now, due later, and the oldest due run time.
+select queue, sum(run_at <= :now), sum(run_at > :now),
+       min(case when run_at <= :now then run_at end)
+from conveyor_tasks
+where state = 'pending'
+group by queue
+order by queue;
+
 -- name: key_holders
 -- The running tasks of one concurrency key, lowest id first.
 select id from conveyor_tasks
