@@ -29,17 +29,20 @@ cancelled, lease_lost, interrupted); a retried attempt is also counted in
 ``attempts_retried_total``. ``start_delay_seconds`` runs from when a task
 was due (its enqueue, its retry time) to its attempt's start. These are one
 process's figures: a scrape of every worker, summed, is the fleet's. The
-store's own figures (due tasks per queue, oldest due task, failed tasks,
-live workers) are the dashboard's ``/metrics``, one scrape for the system.
+store's own figures (tasks by state and queue, due tasks and the oldest
+due task's age per queue, live workers) are :class:`StoreMetrics`, served
+by ``conveyor exporter`` (one scrape for the whole system).
 Labels come from task names and queues, which an app declares: their
 number stays bounded.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from conveyor.backends.protocol import Backend, Inspector
 from conveyor.errors import ConfigurationError
 from conveyor.events import (
     AttemptEnded,
@@ -54,7 +57,13 @@ from conveyor.events import (
 from conveyor.model import TaskState
 
 try:
-    from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+    from prometheus_client import (
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        start_http_server,
+    )
     from prometheus_client.core import GaugeMetricFamily, Metric
     from prometheus_client.registry import Collector
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
@@ -165,6 +174,71 @@ class Metrics:
             self.lost.labels(event.name, event.queue).inc()
         elif isinstance(event, ScheduleFired):
             self.fired.labels(event.schedule).inc()
+
+
+class StoreMetrics:
+    """Gauges of the store itself, for the whole system in one scrape:
+    tasks by state and queue, each queue's due and later tasks and the age
+    of its oldest due task, the live workers and their slots. Set by
+    :meth:`refresh` (which reads the store: the counts walk every task, so
+    refresh every 15 s or more on a large store), served by
+    ``conveyor exporter`` and by a dashboard's ``/metrics``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.tasks = Gauge(
+            "conveyor_store_tasks", "Tasks in the store.", ("state", "queue"), registry=r
+        )
+        self.due = Gauge(
+            "conveyor_queue_due_tasks", "Pending tasks due now.", ("queue",), registry=r
+        )
+        self.later = Gauge(
+            "conveyor_queue_later_tasks", "Pending tasks due later.", ("queue",), registry=r
+        )
+        self.oldest = Gauge(
+            "conveyor_queue_oldest_due_seconds",
+            "How long the oldest due task of a queue has waited (0: none due).",
+            ("queue",),
+            registry=r,
+        )
+        self.workers = Gauge("conveyor_live_workers", "Live workers.", registry=r)
+        self.slots = Gauge("conveyor_live_worker_slots", "Slots of the live workers.", registry=r)
+        self.read_seconds = Gauge(
+            "conveyor_store_read_seconds", "How long the last refresh took.", registry=r
+        )
+        self.up = Gauge(
+            "conveyor_store_up", "1 if the last refresh read the store, else 0.", registry=r
+        )
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - a scrape target
+        """Answer scrapes on ``http://ADDR:PORT/metrics`` from a daemon thread."""
+        start_http_server(port, addr, registry=self.registry)
+
+    async def refresh(self, backend: Backend, inspector: Inspector) -> None:
+        """Read the store (its clock, counts, backlogs, workers) and set every gauge."""
+        started = time.monotonic()
+        now, _ = await backend.list_schedules()
+        counts = await inspector.count_tasks()
+        backlogs = await inspector.queue_backlogs()
+        live = [w for w in await inspector.list_workers() if w.live(now)]
+        by_state: dict[tuple[str, str], int] = {}
+        for count in counts:
+            key = (count.state.value, count.queue)
+            by_state[key] = by_state.get(key, 0) + count.count
+        for gauge in (self.tasks, self.due, self.later, self.oldest):
+            gauge.clear()  # a queue that emptied leaves no stale series
+        for (state, queue), value in by_state.items():
+            self.tasks.labels(state, queue).set(value)
+        for backlog in backlogs:
+            self.due.labels(backlog.queue).set(backlog.due)
+            self.later.labels(backlog.queue).set(backlog.later)
+            waited = (now - backlog.oldest_due_at).total_seconds() if backlog.oldest_due_at else 0
+            self.oldest.labels(backlog.queue).set(max(waited, 0.0))
+        self.workers.set(len(live))
+        self.slots.set(sum(w.concurrency for w in live))
+        self.read_seconds.set(time.monotonic() - started)
+        self.up.set(1)
 
 
 class _Workers(Collector):

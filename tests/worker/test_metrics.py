@@ -11,13 +11,15 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import conveyor
-from conveyor.metrics import Metrics
+from conveyor.backends.protocol import WorkerInfo, inspector_of
+from conveyor.metrics import Metrics, StoreMetrics
 from conveyor.model import RetryPolicy
 from tests.cli_harness import ROOT, Cli
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
@@ -145,3 +147,85 @@ def test_a_taken_metrics_port_is_a_one_line_error(cli: Cli) -> None:
         port = taken.getsockname()[1]
         error = cli.fails("worker", APP, "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
     assert f"cannot serve metrics on 127.0.0.1:{port}" in error
+
+
+async def test_store_gauges_see_the_whole_store(app: conveyor.App) -> None:
+    @app.task()
+    async def job() -> None:
+        return None
+
+    async with app:
+        for _ in range(3):
+            await job.enqueue_async()
+        await job.options(delay=3600).enqueue_async()
+        await job.options(queue="mail").enqueue_async()
+        backend = await app.backend()
+        await backend.register_worker(WorkerInfo("w1", "host", 1, ("default",), 8, tasks=("job",)))
+        inspector = inspector_of(backend)
+        assert inspector is not None
+        store = StoreMetrics()
+        await store.refresh(backend, inspector)
+        got = samples_of(store.registry)
+        assert got[("conveyor_queue_due_tasks", (("queue", "default"),))] == 3
+        assert got[("conveyor_queue_later_tasks", (("queue", "default"),))] == 1
+        assert got[("conveyor_queue_oldest_due_seconds", (("queue", "default"),))] >= 0
+        assert got[("conveyor_store_tasks", (("queue", "default"), ("state", "pending")))] == 4
+        assert got[("conveyor_live_workers", ())] == 1
+        assert got[("conveyor_live_worker_slots", ())] == 8
+        assert got[("conveyor_store_up", ())] == 1
+        # The mail queue empties: its series go at the next refresh.
+        [mail] = await app.list_tasks_async(queue="mail")
+        await app.cancel_async(mail.id)
+        await store.refresh(backend, inspector)
+        got = samples_of(store.registry)
+    assert ("conveyor_queue_due_tasks", (("queue", "mail"),)) not in got
+    assert got[("conveyor_store_tasks", (("queue", "mail"), ("state", "cancelled")))] == 1
+
+
+def samples_of(registry: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_the_exporter_serves_the_store(cli: Cli) -> None:
+    port = free_port()
+    for n in range(4):
+        cli.enqueue("add", {"a": n, "b": 1})
+    exporter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "conveyor.cli",
+            "exporter",
+            "--port",
+            str(port),
+            "--interval",
+            "0.5",
+        ],
+        cwd=ROOT,
+        env=cli.env,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        key = ("conveyor_queue_due_tasks", (("queue", "default"),))
+        deadline = time.monotonic() + 30
+        found: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        while found.get(key) != 4:
+            assert time.monotonic() < deadline, found
+            time.sleep(0.1)
+            try:
+                found = scrape(port)
+            except OSError:
+                continue  # not listening yet
+        cli.enqueue("add", {"a": 9, "b": 9})
+        while found.get(key) != 5:  # read again at the next interval
+            assert time.monotonic() < deadline, found
+            time.sleep(0.1)
+            found = scrape(port)
+    finally:
+        exporter.terminate()
+        exporter.wait(timeout=60)
