@@ -11,7 +11,6 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -33,14 +32,21 @@ def app(any_app: conveyor.App) -> conveyor.App:
     return any_app
 
 
-def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a scrape of ``metrics``, by name and labels."""
-    text = generate_latest(metrics.registry).decode()
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    """Every sample of a scrape's text, by name and sorted labels."""
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
+
+
+def samples(metrics: Metrics | StoreMetrics) -> Samples:
+    """Every sample of a scrape of ``metrics``'s registry."""
+    return parse(generate_latest(metrics.registry).decode())
 
 
 async def test_a_worker_s_attempts_counted(app: conveyor.App) -> None:
@@ -100,14 +106,24 @@ async def _running(metrics: Metrics, worker_id: str) -> bool:
     return samples(metrics).get(("conveyor_worker_running_attempts", (("worker", worker_id),))) == 1
 
 
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(port: int) -> Samples:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+        return parse(reply.read().decode())
+
+
+def scraped(port: int, key: tuple[str, tuple[tuple[str, str], ...]], value: float) -> Samples:
+    """Scrape ``port`` until sample ``key`` reads ``value`` (30 s at most,
+    waiting for the process to listen first)."""
+    deadline = time.monotonic() + 30
+    found: Samples = {}
+    while found.get(key) != value:
+        assert time.monotonic() < deadline, found
+        time.sleep(0.1)
+        try:
+            found = scrape(port)
+        except OSError:
+            continue  # not listening yet
+    return found
 
 
 def test_a_worker_process_serves_its_metrics(cli: Cli, tmp_path: Path) -> None:
@@ -122,16 +138,7 @@ def test_a_worker_process_serves_its_metrics(cli: Cli, tmp_path: Path) -> None:
     )
     try:
         labels = {"name": "add", "queue": "default", "outcome": "succeeded"}
-        key = ("conveyor_attempts_ended_total", tuple(sorted(labels.items())))
-        deadline = time.monotonic() + 30
-        found: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        while found.get(key) != 20:
-            assert time.monotonic() < deadline, found
-            time.sleep(0.1)
-            try:
-                found = scrape(port)
-            except OSError:
-                continue  # not listening yet
+        found = scraped(port, ("conveyor_attempts_ended_total", tuple(sorted(labels.items()))), 20)
         slots = [v for (name, _), v in found.items() if name == "conveyor_worker_free_slots"]
         assert slots == [10]  # the default concurrency, all free once drained
     finally:
@@ -165,7 +172,7 @@ async def test_store_gauges_see_the_whole_store(app: conveyor.App) -> None:
         assert inspector is not None
         store = StoreMetrics()
         await store.refresh(backend, inspector)
-        got = samples_of(store.registry)
+        got = samples(store)
         assert got[("conveyor_queue_due_tasks", (("queue", "default"),))] == 3
         assert got[("conveyor_queue_later_tasks", (("queue", "default"),))] == 1
         assert got[("conveyor_queue_oldest_due_seconds", (("queue", "default"),))] >= 0
@@ -177,18 +184,9 @@ async def test_store_gauges_see_the_whole_store(app: conveyor.App) -> None:
         [mail] = await app.list_tasks_async(queue="mail")
         await app.cancel_async(mail.id)
         await store.refresh(backend, inspector)
-        got = samples_of(store.registry)
+        got = samples(store)
     assert ("conveyor_queue_due_tasks", (("queue", "mail"),)) not in got
     assert got[("conveyor_store_tasks", (("queue", "mail"), ("state", "cancelled")))] == 1
-
-
-def samples_of(registry: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = generate_latest(registry).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def test_the_exporter_serves_the_store(cli: Cli) -> None:
@@ -212,20 +210,10 @@ def test_the_exporter_serves_the_store(cli: Cli) -> None:
     )
     try:
         key = ("conveyor_queue_due_tasks", (("queue", "default"),))
-        deadline = time.monotonic() + 30
-        found: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        while found.get(key) != 4:
-            assert time.monotonic() < deadline, found
-            time.sleep(0.1)
-            try:
-                found = scrape(port)
-            except OSError:
-                continue  # not listening yet
+        scraped(port, key, 4)
         cli.enqueue("add", {"a": 9, "b": 9})
-        while found.get(key) != 5:  # read again at the next interval
-            assert time.monotonic() < deadline, found
-            time.sleep(0.1)
-            found = scrape(port)
+        found = scraped(port, key, 5)  # read again at the next interval
+        assert found[("conveyor_store_up", ())] == 1
     finally:
         exporter.terminate()
         exporter.wait(timeout=60)
