@@ -20,6 +20,7 @@ EXPECTED = [
     "Done",
     "DuplicateTaskError",
     "EnqueueOptions",
+    "Explanation",
     "Fatal",
     "InvalidTransitionError",
     "LeaseLostError",

@@ -37,6 +37,7 @@ from conveyor.errors import (
     UnknownTaskError,
     WorkerShutdown,
 )
+from conveyor.explain import Explanation
 from conveyor.handle import TaskHandle
 from conveyor.model import (
     Attempt,
@@ -70,6 +71,7 @@ __all__ = [
     "Done",
     "DuplicateTaskError",
     "EnqueueOptions",
+    "Explanation",
     "Fatal",
     "InvalidTransitionError",
     "LeaseLostError",
