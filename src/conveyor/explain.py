@@ -124,7 +124,12 @@ async def explain(
             task_id,
             "no_worker",
             f"Task {task_id} is due, but no live worker serves task {task.name!r} "
-            f"in queue {task.queue!r} ({len(alive)} live worker(s) serve other work).",
+            f"in queue {task.queue!r} "
+            + (
+                f"({len(alive)} live worker(s) serve other queues or tasks)."
+                if alive
+                else "(no worker is live)."
+            ),
             facts,
         )
     facts["serving_workers"] = serving

@@ -168,10 +168,12 @@ async def test_paused_then_no_worker_then_due(app: conveyor.App) -> None:
 
         found = await app.explain_async(handle.id)
         assert found.reason == "no_worker" and found.facts["live_workers"] == {}
+        assert found.sentence.endswith("(no worker is live).")
         await register(app, replace(WORKER, id="elsewhere", queues=("other",)))
         found = await app.explain_async(handle.id)
         assert found.reason == "no_worker"
         assert found.facts["live_workers"]["elsewhere"]["queues"] == ["other"]
+        assert "(1 live worker(s) serve other queues or tasks)" in found.sentence
 
         await register(app)
         found = await app.explain_async(handle.id)
