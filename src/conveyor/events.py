@@ -6,7 +6,7 @@ do the App's enqueues. ``app.events.subscribe(callback)`` calls
 ``callback(event)`` for each event, in the thread that emits it (a worker's
 event-loop thread; the caller's for an enqueue) and right there: a callback
 must be quick and must not block (hand slow work to a queue of your own).
-Metrics (:mod:`conveyor.metrics`) and traces are built on these events.
+Metrics (:mod:`conveyor.metrics`) are built on these events.
 
 Guarantees and limits:
 
