@@ -86,6 +86,13 @@ def parse_concurrency(text: str) -> list[int]:
 FLOWS = ("plain", "keys", "rate")
 
 
+def parse_metrics(text: str) -> list[bool]:
+    words = [part.strip() for part in text.split(",") if part.strip()]
+    if not words or any(w not in ("off", "on") for w in words):
+        raise argparse.ArgumentTypeError(f"metrics are off or on, comma-separated: {text!r}")
+    return [w == "on" for w in words]
+
+
 def parse_flows(text: str) -> list[str]:
     flows = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [f for f in flows if f not in FLOWS]
@@ -229,6 +236,8 @@ class WorkerSpec:
     log_level: str
     profile: Path | None = None
     lease: float | None = None
+    metrics: bool = False
+    """Count the worker's events into Prometheus metrics (``--metrics-port 0``)."""
 
 
 def worker_command(spec: WorkerSpec) -> list[str]:
@@ -249,6 +258,8 @@ def worker_command(spec: WorkerSpec) -> list[str]:
         command += ["--poll-interval", str(spec.poll_interval)]
     if spec.lease is not None:
         command += ["--lease", str(spec.lease)]
+    if spec.metrics:
+        command += ["--metrics-port", "0", "--metrics-addr", "127.0.0.1"]
     if spec.profile is not None:
         py_spy = shutil.which("py-spy")
         if py_spy is None:
@@ -382,9 +393,13 @@ async def drain(spec: WorkerSpec, schema: str, timeout: float) -> Drain:
 
 
 async def run_throughput(
-    args: argparse.Namespace, prefix: str, concurrency: int, flow: str = "plain"
+    args: argparse.Namespace,
+    prefix: str,
+    concurrency: int,
+    flow: str = "plain",
+    metrics: bool = False,
 ) -> ThroughputResult:
-    schema = f"{prefix}_c{concurrency}_{flow}"
+    schema = f"{prefix}_c{concurrency}_{flow}{'_m' if metrics else ''}"
     tasks: int = args.tasks
     log(
         f"[c={concurrency} {flow}] schema {schema}: enqueueing {tasks} tasks "
@@ -398,7 +413,13 @@ async def run_throughput(
         args.profile.mkdir(parents=True, exist_ok=True)
         profile = args.profile / f"worker_c{concurrency}.speedscope.json"
     spec = WorkerSpec(
-        args.url, concurrency, True, args.poll_interval, args.worker_log_level, profile
+        args.url,
+        concurrency,
+        True,
+        args.poll_interval,
+        args.worker_log_level,
+        profile,
+        metrics=metrics,
     )
     run = await drain(spec, schema, args.timeout)
     usage = run.usage
@@ -410,7 +431,7 @@ async def run_throughput(
     ok = run.exit_code == 0 and count == succeeded == attempt_rows == attempts_ok == tasks
     return ThroughputResult(
         concurrency=concurrency,
-        flow=flow,
+        flow=f"{flow}+m" if metrics else flow,
         tasks=tasks,
         schema=schema,
         enqueue_seconds=enqueued.wall,
@@ -442,7 +463,7 @@ def _us_per_task(seconds: float | None, tasks: int) -> str:
 
 def throughput_table(results: Sequence[ThroughputResult]) -> str:
     rate = (
-        f"{'conc':>5} {'flow':>6} {'tasks':>7} {'enqueue/s':>10} {'worker s':>9} "
+        f"{'conc':>5} {'flow':>8} {'tasks':>7} {'enqueue/s':>10} {'worker s':>9} "
         f"{'processed/s':>12} "
         f"{'startup s':>10} {'drain s':>8} {'drain/s':>8} {'exit s':>7} {'check':>6}"
     )
@@ -454,7 +475,7 @@ def throughput_table(results: Sequence[ThroughputResult]) -> str:
     lines = [rate, "-" * len(rate)]
     for r in results:
         lines.append(
-            f"{r.concurrency:>5} {r.flow:>6} {r.tasks:>7} {r.enqueue_per_s:>10,.0f} "
+            f"{r.concurrency:>5} {r.flow:>8} {r.tasks:>7} {r.enqueue_per_s:>10,.0f} "
             f"{r.worker_seconds:>9.2f} "
             f"{r.processed_per_s:>12,.0f} {r.startup_seconds:>10.2f} {r.drain_seconds:>8.2f} "
             f"{r.drain_per_s:>8,.0f} {r.exit_seconds:>7.2f} {'ok' if r.ok else 'FAIL':>6}"
@@ -673,6 +694,7 @@ async def run(args: argparse.Namespace) -> int:
         "duration": args.duration,
         "poll_interval": args.poll_interval,
         "flow": args.flow,
+        "metrics": args.metrics,
         "keys": args.keys,
         "rate_limit": args.rate_limit,
         "analyze": args.analyze,
@@ -687,8 +709,12 @@ async def run(args: argparse.Namespace) -> int:
                 latency.append(await run_latency(args, prefix, concurrency))
             else:
                 for flow in args.flow:
-                    schemas.append(f"{prefix}_c{concurrency}_{flow}")
-                    throughput.append(await run_throughput(args, prefix, concurrency, flow))
+                    for n, metrics in enumerate(args.metrics):
+                        # Each run its own schema: --metrics may repeat a value.
+                        own = f"{prefix}_{n}" if len(args.metrics) > 1 else prefix
+                        schemas.append(f"{own}_c{concurrency}_{flow}{'_m' if metrics else ''}")
+                        found = await run_throughput(args, own, concurrency, flow, metrics)
+                        throughput.append(found)
     finally:
         if args.keep:
             log(f"kept schemas: {', '.join(schemas)}")
@@ -760,6 +786,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=parse_flows,
         default=["plain"],
         help="flow control of the drained tasks, comma-separated: plain, keys, rate",
+    )
+    parser.add_argument(
+        "--metrics",
+        type=parse_metrics,
+        default=[False],
+        help="the worker's Prometheus metrics, comma-separated: off, on (each a run: on "
+        "counts every event; the table marks those runs +m)",
     )
     parser.add_argument(
         "--keys", type=positive_int, default=1000, help="flow keys: concurrency keys (limit 1)"

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from conveyor.backends.protocol import Backend, Inspector
@@ -54,7 +55,7 @@ from conveyor.events import (
     ScheduleFired,
     TaskEnqueued,
 )
-from conveyor.model import TaskState
+from conveyor.model import Outcome, TaskState
 
 try:
     from prometheus_client import (
@@ -140,6 +141,7 @@ class Metrics:
         )
         self._workers = _Workers()
         self.registry.register(self._workers)
+        self._by_task: dict[tuple[str, str], _TaskSeries] = {}
 
     def observe(self, events: EventBus) -> Callable[[], None]:
         """Count ``events`` from now on; returns the function that stops it."""
@@ -156,14 +158,21 @@ class Metrics:
     def record(self, event: Event) -> None:
         """Count one event (an :class:`EventBus` callback)."""
         if isinstance(event, AttemptEnded):
-            self.ended.labels(event.name, event.queue, event.outcome.value).inc()
-            self.duration.labels(event.name, event.queue).observe(event.duration)
+            series = self._series(event.name, event.queue)
+            ended = series.ended.get(event.outcome)
+            if ended is None:
+                ended = series.ended[event.outcome] = self.ended.labels(
+                    event.name, event.queue, event.outcome.value
+                )
+            ended.inc()
+            series.duration.observe(event.duration)
             if event.state is TaskState.PENDING:
-                self.retried.labels(event.name, event.queue).inc()
+                series.retried.inc()
         elif isinstance(event, AttemptStarted):
-            self.started.labels(event.name, event.queue).inc()
+            series = self._series(event.name, event.queue)
+            series.started.inc()
             if event.delay is not None:
-                self.delay.labels(event.name, event.queue).observe(max(event.delay, 0.0))
+                series.delay.observe(max(event.delay, 0.0))
         elif isinstance(event, ClaimReturned):
             result = "failed" if event.failed else "tasks" if event.count else "empty"
             self.claims.labels(result).inc()
@@ -174,6 +183,30 @@ class Metrics:
             self.lost.labels(event.name, event.queue).inc()
         elif isinstance(event, ScheduleFired):
             self.fired.labels(event.schedule).inc()
+
+    def _series(self, name: str, queue: str) -> _TaskSeries:
+        """The labelled series of one task name and queue, looked up once
+        (``labels()`` costs more than the increment it serves)."""
+        found = self._by_task.get((name, queue))
+        if found is None:
+            found = self._by_task[(name, queue)] = _TaskSeries(
+                started=self.started.labels(name, queue),
+                retried=self.retried.labels(name, queue),
+                duration=self.duration.labels(name, queue),
+                delay=self.delay.labels(name, queue),
+            )
+        return found
+
+
+@dataclass(slots=True)
+class _TaskSeries:
+    """The series an attempt of one task name and queue updates."""
+
+    started: Counter
+    retried: Counter
+    duration: Histogram
+    delay: Histogram
+    ended: dict[Outcome, Counter] = field(default_factory=dict)
 
 
 class StoreMetrics:
