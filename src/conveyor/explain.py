@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from conveyor.backends.protocol import Backend, Inspector, KeyInfo, WorkerInfo
+from conveyor.backends.protocol import Backend, Inspector, WorkerInfo
 from conveyor.model import Outcome, PauseKind, Task, TaskState
 
 RETRIED = (Outcome.FAILED, Outcome.TIMED_OUT, Outcome.LEASE_LOST, Outcome.INTERRUPTED)
@@ -225,7 +225,7 @@ async def _held(
     info = next((k for k in await inspector.list_keys(now=now) if k.key == key), None)
     if info is None:
         return None
-    facts["concurrency_key"] = _key_facts(info)
+    facts["concurrency_key"] = info.as_json()
     if info.running >= info.max_running:
         holders = await inspector.key_holders(key)
         facts["held_by"] = holders
@@ -246,16 +246,3 @@ async def _held(
             facts,
         )
     return None
-
-
-def _key_facts(info: KeyInfo) -> dict[str, Any]:
-    return {
-        "key": info.key,
-        "max_running": info.max_running,
-        "running": info.running,
-        "pending": info.pending,
-        "rate_limit": info.rate_limit,
-        "rate_period": info.rate_period,
-        "tokens": info.tokens,
-        "next_start_at": _iso(info.next_start_at),
-    }

@@ -431,6 +431,19 @@ class KeyInfo:
     tokens: float | None = None
     next_start_at: datetime | None = None
 
+    def as_json(self) -> dict[str, Any]:
+        """Its JSON shape (``conveyor keys --json``, ``explain``'s facts)."""
+        return {
+            "key": self.key,
+            "max_running": self.max_running,
+            "running": self.running,
+            "pending": self.pending,
+            "rate_limit": self.rate_limit,
+            "rate_period": self.rate_period,
+            "tokens": self.tokens,
+            "next_start_at": self.next_start_at.isoformat() if self.next_start_at else None,
+        }
+
 
 SILENT_BEATS = 3
 """Heartbeats a worker may miss before it counts as gone (not live)."""

@@ -21,7 +21,7 @@ from conveyor.cli.common import (
     span,
     with_client,
 )
-from conveyor.cli.shapes import key_json, pause_json, schedule_json
+from conveyor.cli.shapes import pause_json, schedule_json
 from conveyor.errors import ConveyorError
 from conveyor.model import Task
 from conveyor.retention import Retention
@@ -203,7 +203,7 @@ def keys(limit: int, url: str | None, schema: str | None, as_json: bool) -> None
     when the next start comes."""
     found = with_client(url, schema, lambda app: app.list_keys(limit))
     if as_json:
-        click.echo(json.dumps([key_json(k) for k in found]))
+        click.echo(json.dumps([k.as_json() for k in found]))
         return
     if not found:
         console.print("no flow-control key holds a task")

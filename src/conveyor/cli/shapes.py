@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.protocol import KeyInfo, StoredSchedule, WorkerInfo
+from conveyor.backends.protocol import StoredSchedule, WorkerInfo
 from conveyor.cli.common import iso
 from conveyor.model import Attempt, Message, Pause, Task, TaskState
 
@@ -71,20 +71,6 @@ def attempt_json(attempt: Attempt) -> dict[str, Any]:
 def pause_json(pause: Pause) -> dict[str, Any]:
     """The JSON shape of a pause (``pauses``)."""
     return {"kind": pause.kind.value, "name": pause.name, "paused_at": iso(pause.paused_at)}
-
-
-def key_json(key: KeyInfo) -> dict[str, Any]:
-    """The JSON shape of a flow-control key (``keys``)."""
-    return {
-        "key": key.key,
-        "max_running": key.max_running,
-        "running": key.running,
-        "pending": key.pending,
-        "rate_limit": key.rate_limit,
-        "rate_period": key.rate_period,
-        "tokens": key.tokens,
-        "next_start_at": iso(key.next_start_at),
-    }
 
 
 def schedule_json(
