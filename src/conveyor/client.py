@@ -53,6 +53,7 @@ from conveyor.model import (
     TaskState,
     check_idempotency_key,
 )
+from conveyor.overview import store_now
 from conveyor.portal import INHERITED_AT_FORK, Portal
 
 SCHEMA_ENV = "CONVEYOR_SCHEMA"
@@ -450,8 +451,7 @@ class Client(Controls):
         ConfigurationError on a backend without an inspector."""
         inspector = await self._inspector()
         backend = await self.backend()
-        now, _ = await backend.list_schedules()  # the store's clock
-        return await explain(backend, inspector, task_id, now)
+        return await explain(backend, inspector, task_id, await store_now(backend))
 
     def explain(self, task_id: int) -> Explanation:
         """Sync form of :meth:`explain_async`."""

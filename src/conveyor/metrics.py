@@ -56,6 +56,7 @@ from conveyor.events import (
     TaskEnqueued,
 )
 from conveyor.model import Outcome, TaskState
+from conveyor.overview import read_overview
 
 try:
     from prometheus_client import (
@@ -251,19 +252,17 @@ class StoreMetrics:
     async def refresh(self, backend: Backend, inspector: Inspector) -> None:
         """Read the store (its clock, counts, backlogs, workers) and set every gauge."""
         started = time.monotonic()
-        now, _ = await backend.list_schedules()
-        counts = await inspector.count_tasks()
-        backlogs = await inspector.queue_backlogs()
-        live = [w for w in await inspector.list_workers() if w.live(now)]
+        found = await read_overview(backend, inspector)
+        now, live = found.now, found.live_workers
         by_state: dict[tuple[str, str], int] = {}
-        for count in counts:
+        for count in found.counts:
             key = (count.state.value, count.queue)
             by_state[key] = by_state.get(key, 0) + count.count
         for gauge in (self.tasks, self.due, self.later, self.oldest):
             gauge.clear()  # a queue that emptied leaves no stale series
         for (state, queue), value in by_state.items():
             self.tasks.labels(state, queue).set(value)
-        for backlog in backlogs:
+        for backlog in found.backlogs:
             self.due.labels(backlog.queue).set(backlog.due)
             self.later.labels(backlog.queue).set(backlog.later)
             waited = (now - backlog.oldest_due_at).total_seconds() if backlog.oldest_due_at else 0

@@ -28,6 +28,7 @@ from conveyor.backends.protocol import QueueBacklog, WorkerInfo, inspector_of
 from conveyor.cli.common import backend_options, console, fail, open_client, relative, span
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.model import TaskState
+from conveyor.overview import read_overview
 
 
 @dataclass
@@ -55,13 +56,12 @@ async def read_frame(app: App) -> Frame:
     inspector = inspector_of(backend)
     if inspector is None:
         raise ConfigurationError(f"the {type(backend).__name__} has no read side to watch")
-    now, _ = await backend.list_schedules()  # the store's clock
-    backlogs = {b.queue: b for b in await inspector.queue_backlogs()}
+    found = await read_overview(backend, inspector)
     states: Counter[tuple[str, TaskState]] = Counter()
-    for count in await inspector.count_tasks():
+    for count in found.counts:
         states[(count.queue, count.state)] += count.count
-    workers = [w for w in await inspector.list_workers() if w.live(now)]
-    return Frame(now, time.monotonic(), backlogs, states, workers)
+    backlogs = {b.queue: b for b in found.backlogs}
+    return Frame(found.now, time.monotonic(), backlogs, states, found.live_workers)
 
 
 def _rate(now: Frame, before: Frame | None, queue: str, state: TaskState) -> str:
