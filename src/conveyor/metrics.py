@@ -85,6 +85,16 @@ DELAY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 
 
+def serve(registry: CollectorRegistry, port: int, addr: str) -> None:
+    """Answer scrapes of ``registry`` on ``http://ADDR:PORT/metrics`` from a
+    daemon thread. Raises ConfigurationError when the address cannot be
+    bound (a port in use, an address not of this machine)."""
+    try:
+        start_http_server(port, addr, registry=registry)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
+
+
 class Metrics:
     """One process's conveyor metrics in a Prometheus registry (its own
     unless given one, e.g. ``prometheus_client.REGISTRY``)."""
@@ -153,8 +163,8 @@ class Metrics:
         self._workers.workers.append(worker)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - a scrape target
-        """Answer scrapes on ``http://ADDR:PORT/metrics`` from a daemon thread."""
-        start_http_server(port, addr, registry=self.registry)
+        """Answer scrapes on ``http://ADDR:PORT/metrics`` (see :func:`serve`)."""
+        serve(self.registry, port, addr)
 
     def record(self, event: Event) -> None:
         """Count one event (an :class:`EventBus` callback)."""
@@ -246,8 +256,8 @@ class StoreMetrics:
         )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - a scrape target
-        """Answer scrapes on ``http://ADDR:PORT/metrics`` from a daemon thread."""
-        start_http_server(port, addr, registry=self.registry)
+        """Answer scrapes on ``http://ADDR:PORT/metrics`` (see :func:`serve`)."""
+        serve(self.registry, port, addr)
 
     async def refresh(self, backend: Backend, inspector: Inspector) -> None:
         """Read the store (its clock, counts, backlogs, workers) and set every gauge."""

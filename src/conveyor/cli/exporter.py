@@ -33,10 +33,7 @@ async def _export(app: App, port: int, addr: str, interval: float) -> None:
         inspector = inspector_of(backend)
         if inspector is None:
             raise ConfigurationError(f"the {type(backend).__name__} has no read side to export")
-        try:
-            metrics.serve(port, addr)
-        except OSError as exc:
-            raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
+        metrics.serve(port, addr)
         log.info("store metrics of %s on http://%s:%d/metrics", app.location, addr, port)
         while True:
             try:

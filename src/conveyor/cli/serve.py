@@ -16,7 +16,7 @@ from conveyor.cli.common import (
     open_client,
     read_side,
 )
-from conveyor.errors import ConfigurationError, ConveyorError
+from conveyor.errors import ConveyorError
 from conveyor.logs import LEVELS, configure_logging
 from conveyor.worker import Worker
 
@@ -164,10 +164,7 @@ def serve_metrics(app: App, running: Worker, port: int, addr: str) -> None:
     metrics = Metrics()
     metrics.observe(app.events)
     metrics.track(running)
-    try:
-        metrics.serve(port, addr)
-    except OSError as exc:
-        raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
+    metrics.serve(port, addr)
     log.info("metrics on http://%s:%d/metrics", addr, port)
 
 
