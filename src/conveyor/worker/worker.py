@@ -411,6 +411,9 @@ class Worker:
         )
         if self.events.active:
             return await self._claim_told(backend, params)
+        return await self._claim_bounded(backend, params)
+
+    async def _claim_bounded(self, backend: Backend, params: ClaimParams) -> list[ClaimedTask]:
         # Bounded: a connection that swallows packets must not stall claiming.
         # A claim that times out may still commit later; its tasks then wait
         # out their lease and are reclaimed.
@@ -422,8 +425,7 @@ class Worker:
         self.events.emit(ClaimSent(self.id, params.limit))
         sent = time.monotonic()
         try:
-            async with asyncio.timeout(self.config.lease):
-                found = await backend.claim(params)
+            found = await self._claim_bounded(backend, params)
         except Exception as exc:
             seconds = time.monotonic() - sent
             self.events.emit(ClaimReturned(self.id, params.limit, 0, seconds, reason(exc)))
