@@ -92,9 +92,8 @@ async def explain(
     }
     if task.state.is_terminal:
         return _finished(task, facts)
-    workers = await inspector.list_workers()
     if task.state is TaskState.IN_PROGRESS:
-        return _running(task, workers, now, facts)
+        return _running(task, await inspector.list_workers(), now, facts)
     if task.state is TaskState.WAITING:
         return Explanation(
             task_id,
@@ -114,7 +113,7 @@ async def explain(
             f"Task {task_id} is due, but its {kind} {name!r} is paused: resume it to run.",
             facts,
         )
-    alive = [w for w in workers if w.live(now)]
+    alive = [w for w in await inspector.list_workers() if w.live(now)]
     serving = [w.id for w in alive if w.serves(task.name, task.queue)]
     facts["live_workers"] = {
         w.id: {"queues": list(w.queues), "tasks": list(w.tasks)} for w in alive
