@@ -161,13 +161,11 @@ local function flush_indexes()
         local out = gathered_list(removes, from)
         out[#out + 1] = id
       end
-      local into = gathered_list(adds, to)
-      into[#into + 1] = id
-      into[#into + 1] = id
+      zadd(adds, key_state(to), id, id)
     end
   end
   for state, ids in pairs(removes) do call_chunked('ZREM', key_state(state), ids) end
-  for state, pairs_ in pairs(adds) do call_chunked('ZADD', key_state(state), pairs_) end
+  add_gathered(adds)
   for state, members in pairs(g.finished) do
     call_chunked('ZADD', key_finished(state), members)
   end
