@@ -85,9 +85,12 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
         assert report.worst_reclaim_seconds is not None
         assert report.worst_reclaim_seconds <= SMOKE.lease + SMOKE.poll_interval + 1
     if scenario == "stop":
-        # A worker stopped for twice its lease loses what it held; when it
-        # wakes, its late completions are refused.
-        assert report.stale_writes_rejected > 0
+        # A worker stopped for twice its lease loses what it held. When it
+        # wakes, either its late completions are refused by the store, or its
+        # heartbeat finds the leases lost first and stops those handlers
+        # before they write (both are the fence at work; which comes first
+        # depends on whether a beat or a handler runs first after the wake).
+        assert report.stale_writes_rejected + report.handlers_stopped > 0, report.summary()
         if backend == "postgres":
             assert report.reclaims > 0
         # On SQLite the stopped process may hold the single write lock: every
