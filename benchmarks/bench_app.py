@@ -31,6 +31,8 @@ SLEEP_NAME = "bench_sleep"
 WAIT_NAME = "bench_wait"
 HUGE_ERROR_NAME = "bench_huge_error"
 INBOX_NAME = "bench_inbox"
+OBSERVE_ENV = "CONVEYOR_BENCH_OBSERVE"
+"""Set (to anything) in a worker's environment: :func:`observe` its App."""
 
 
 @dataclass
@@ -66,6 +68,8 @@ def make_app(url: str | None = None, schema: str | None = None) -> App:
     application.workflow(FLOW_NAME).step(Hop)
 
     add_reaction_tasks(application)
+    if os.environ.get(OBSERVE_ENV):
+        observe(application)
 
     @application.coroutine(PING_NAME)
     async def bench_ping(poll: conveyor.Poll) -> conveyor.Suspend | conveyor.Done:
@@ -140,3 +144,28 @@ def merge(into: dict[str, Any], more: dict[str, Any]) -> None:
 
 
 app = make_app()
+
+
+def observe(application: App) -> None:
+    """Turn on what an operator would, at its full cost: an event callback,
+    and OpenTelemetry traces through the SDK and a batch span processor
+    whose exporter drops the spans (the worker's Prometheus metrics are its
+    ``--metrics-port``)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from conveyor.tracing import Tracing
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    seen = [0]
+
+    def count(event: object) -> None:
+        seen[0] += 1
+
+    application.events.subscribe(count)
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    Tracing(provider).install(application)

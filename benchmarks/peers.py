@@ -29,6 +29,9 @@ UPDATE SKIP LOCKED and mark them done, one transaction) with 2 clients for
         --rate 200 --duration 20 [--json] [--keep]
 
 How each peer is configured, and why, is in its module under ``systems/``.
+``conveyor_observed`` is conveyor with an event callback, Prometheus
+metrics and OpenTelemetry traces on (``bench_app.observe``): run it next to
+``conveyor`` to see what watching costs.
 ``redis_peers.py`` runs the same rounds and table on Redis (conveyor next to
 SAQ, arq, Dramatiq, taskiq, RQ and Celery): the stores (``Stores``) and the
 systems (``Registry``) are what differ.
@@ -65,6 +68,7 @@ from benchmarks.bench_app import DEFAULT_URL  # noqa: E402
 
 SYSTEMS = {
     "conveyor": ("benchmarks.systems.conveyor_peer", "Conveyor"),
+    "conveyor_observed": ("benchmarks.systems.conveyor_peer", "ConveyorObserved"),
     "pgqueuer": ("benchmarks.systems.pgqueuer_peer", "PgQueuerSystem"),
     "procrastinate": ("benchmarks.systems.procrastinate_peer", "Procrastinate"),
     "chancy": ("benchmarks.systems.chancy_peer", "ChancySystem"),

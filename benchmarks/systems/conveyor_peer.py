@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import ClassVar
 
-from benchmarks.bench_app import STAMP_NAME, TASK_NAME, make_app
+from benchmarks.bench_app import OBSERVE_ENV, STAMP_NAME, TASK_NAME, make_app, observe
 from benchmarks.systems.system import System
 from benchmarks.throughput import WorkerSpec, worker_command
 from conveyor import App
@@ -47,3 +47,24 @@ class Conveyor(System):
 
     async def close(self) -> None:
         await self.app.aclose()
+
+
+class ConveyorObserved(Conveyor):
+    """conveyor with everything an operator turns on: an event callback,
+    Prometheus metrics (``--metrics-port``) and OpenTelemetry traces (the
+    SDK, a batch processor, an exporter that drops the spans), in the
+    enqueuing process and in the workers."""
+
+    name: ClassVar[str] = "conveyor_observed"
+    configuration = Conveyor.configuration + "; events, metrics, traces"
+
+    async def install(self) -> None:
+        await super().install()
+        observe(self.app)
+
+    def worker_command(self, burst: bool) -> list[str]:
+        spec = WorkerSpec(self.dsn, self.concurrency, burst, None, self.log_level, metrics=True)
+        return worker_command(spec)
+
+    def worker_env(self) -> dict[str, str]:
+        return {**super().worker_env(), OBSERVE_ENV: "1"}

@@ -55,6 +55,7 @@ from conveyor.model import (
 )
 from conveyor.overview import store_now
 from conveyor.portal import INHERITED_AT_FORK, Portal
+from conveyor.tracehooks import EnqueueStamp, TraceHooks
 
 SCHEMA_ENV = "CONVEYOR_SCHEMA"
 ENQUEUE_CHUNK = 1000
@@ -134,6 +135,9 @@ class Client(Controls):
         self.portal = Portal()
         self.events = EventBus()
         """This client's events, and its workers' (see :mod:`conveyor.events`)."""
+        self.tracing: TraceHooks | None = None
+        """Traces this client's enqueues and sends, and its workers' attempts
+        (``conveyor.tracing.Tracing().install(app)``); None: not traced."""
         self.inline_runner: InlineRunner | None = None
         """Runs the tasks of these queues to the end, on a backend with
         ``Capability.INLINE`` (the App sets it: a client has no handlers)."""
@@ -274,7 +278,13 @@ class Client(Controls):
         caller's transaction: stored if it commits."""
         if connection is not None:
             statements = self._transactional(self._statements)
-            ids = statements.enqueue_in_sync(EnqueueParams(tasks=tasks), connection)
+            tracing = self.tracing
+            if tracing is None:
+                ids = statements.enqueue_in_sync(EnqueueParams(tasks=tasks), connection)
+            else:
+                with tracing.enqueue(tasks) as span:
+                    ids = statements.enqueue_in_sync(EnqueueParams(tasks=tasks), connection)
+                    span.stored(ids)
             if self.events.active:
                 self._emit_enqueued(tasks, ids)
             return self.handles(ids)
@@ -285,6 +295,17 @@ class Client(Controls):
     ) -> list[TaskHandle]:
         """Async form of :meth:`enqueue_new` (``connection``: an async native
         connection, or a ``sqlite3.Connection`` used on the caller's thread)."""
+        tracing = self.tracing
+        if tracing is None:
+            return await self._enqueue_new_async(tasks, connection)
+        with tracing.enqueue(tasks) as span:
+            handles = await self._enqueue_new_async(tasks, connection)
+            span.stored([h.id for h in handles])
+            return handles
+
+    async def _enqueue_new_async(
+        self, tasks: Sequence[NewTask], connection: Any = None
+    ) -> list[TaskHandle]:
         backend = await self.backend()
         params = EnqueueParams(tasks=tasks)
         if connection is not None:
@@ -328,7 +349,13 @@ class Client(Controls):
         drawn = chunks()
         first = next(drawn)  # checked before any I/O, like a small batch whole
         backend = await self.backend()
-        ids = await backend.enqueue_chunks(_chained(first, drawn))
+        tracing = self.tracing
+        if tracing is None:
+            ids = await backend.enqueue_chunks(_chained(first, drawn))
+        else:
+            with tracing.enqueue(first) as span:
+                ids = await backend.enqueue_chunks(_chained(first, _stamped(drawn, span)))
+                span.stored(ids)
         if keep:
             self._emit_enqueued(drawn_tasks, ids)
         return await self._stored(backend, ids, queues)
@@ -398,9 +425,14 @@ class Client(Controls):
         or NoInboxError (nothing is sent then).
         """
         params = self._deliveries(task_id, message, idempotency_key)
-        if connection is not None:
-            return self._transactional(self._statements).send_in_sync(params, connection)[0]
-        return self.portal.run(self._send_async(params))
+        if connection is None:
+            return self.portal.run(self._send_async(params))
+        statements = self._transactional(self._statements)
+        tracing = self.tracing
+        if tracing is None:
+            return statements.send_in_sync(params, connection)[0]
+        with tracing.send(params.deliveries) as deliveries:
+            return statements.send_in_sync(SendParams(deliveries), connection)[0]
 
     async def send_async(
         self,
@@ -416,6 +448,13 @@ class Client(Controls):
         )
 
     async def _send_async(self, params: SendParams, connection: Any = None) -> int:
+        tracing = self.tracing
+        if tracing is None:
+            return await self._send_stored(params, connection)
+        with tracing.send(params.deliveries) as deliveries:
+            return await self._send_stored(SendParams(deliveries), connection)
+
+    async def _send_stored(self, params: SendParams, connection: Any) -> int:
         backend = await self.backend()
         if connection is not None:
             ids = await self._transactional(backend).send_in(params, connection)
@@ -537,6 +576,13 @@ class Client(Controls):
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied."""
         return self.portal.run(self.migrate_async())
+
+
+def _stamped(chunks: Iterator[list[NewTask]], span: EnqueueStamp) -> Iterator[list[NewTask]]:
+    """``chunks``, each given the trace context of ``span`` as it is drawn."""
+    for tasks in chunks:
+        span.stamp(tasks)
+        yield tasks
 
 
 def _chained(first: list[NewTask], rest: Iterator[list[NewTask]]) -> Iterator[list[NewTask]]:

@@ -598,6 +598,8 @@ class Message:
     kind: MessageKind
     body: Any
     created_at: datetime
+    trace: str | None = None
+    """The sender's trace context, as stored (see :mod:`conveyor.tracing`)."""
 
     @property
     def is_end(self) -> bool:

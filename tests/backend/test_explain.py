@@ -173,6 +173,7 @@ async def test_a_poll_s_ending_and_a_send_use_primary_keys(history: PostgresBack
         "task_ids": [1, 2],
         "sender_ids": [3, 3],
         "bodies": ["1", "2"],
+        "traces": [None, None],
     }
     for name, args in (
         ("lock_tasks", ids),

@@ -118,6 +118,9 @@ class NewTask:
     seconds (a token bucket of ``rate_limit`` tokens, refilled at that rate;
     the rate the key had when its row was made applies)."""
     rate_period: float | None = None
+    trace: str | None = None
+    """The trace context of the enqueue (a propagator's carrier as JSON text,
+    see :mod:`conveyor.tracing`), stored with the task; None untraced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,8 @@ class ClaimedTask:
     parent_id: int | None = None
     run_at: datetime | None = None
     """When the task was due (before this claim): the start of its wait."""
+    trace: str | None = None
+    """The trace context stored with the task (see ``NewTask.trace``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +222,8 @@ class Delivery:
     body: str
     sender_id: int | None = None
     idempotency_key: str | None = None
+    trace: str | None = None
+    """The sender's trace context (see ``NewTask.trace``)."""
 
 
 @dataclass(frozen=True, slots=True)

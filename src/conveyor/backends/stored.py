@@ -176,9 +176,9 @@ def stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
 def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
     """A row of a claim: id, attempt, name, queue, payload, spent, max_attempts,
     retry policy, timeout, lease, lease expiry (a datetime), step, parent id,
-    run time (a datetime)."""
+    run time (a datetime), trace context."""
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
-    timeout, lease, expires, step, parent_id, run_at = row[8:14]
+    timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
     return ClaimedTask(
         token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
         name=name,
@@ -193,6 +193,7 @@ def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
         step=step,
         parent_id=parent_id,
         run_at=run_at,
+        trace=trace,
     )
 
 
@@ -266,8 +267,9 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
 
 
 def message_row(row: tuple[Any, ...]) -> Message:
-    """A row of an inbox: id, task id, sender id, kind, body (JSON text), created_at."""
-    message_id, task_id, sender_id, kind, body, created_at = row
+    """A row of an inbox: id, task id, sender id, kind, body (JSON text),
+    created_at, the sender's trace context."""
+    message_id, task_id, sender_id, kind, body, created_at, trace = row
     return Message(
         id=message_id,
         task_id=task_id,
@@ -275,4 +277,5 @@ def message_row(row: tuple[Any, ...]) -> Message:
         kind=MessageKind(kind),
         body=codec.decode(body),
         created_at=created_at,
+        trace=trace,
     )

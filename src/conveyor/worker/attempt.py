@@ -68,6 +68,16 @@ class RunningAttempt:
         self.started = time.monotonic()
         """When the worker began the attempt (monotonic seconds)."""
 
+    @property
+    def kind(self) -> str:
+        """``step`` for a step workflow's step, ``poll`` for a coroutine
+        task's poll, ``attempt`` for any other task."""
+        if isinstance(self.definition, Workflow):
+            return "step"
+        if isinstance(self.definition, Coroutine):
+            return "poll"
+        return "attempt"
+
     def stop(self, reason: StopAttempt) -> None:
         """Order the handler to stop for ``reason`` (the first reason wins)."""
         if self.ctx._request_stop(reason) and self.execution is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib
 import json
 import multiprocessing
@@ -122,7 +123,10 @@ class ThreadExecution:
             with contextlib.suppress(RuntimeError):  # the loop is closed: worker gone
                 loop.call_soon_threadsafe(deliver, *outcome)
 
-        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        # The handler runs in the context of the attempt (its contextvars: the
+        # attempt's trace span, the caller's own), as a coroutine would.
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(run,), name=name, daemon=True)
         self._thread.start()
 
     async def wait(self) -> Any:

@@ -54,7 +54,7 @@ from conveyor.events import (
     LeaseLost,
     LeaseRenewed,
 )
-from conveyor.model import LeaseToken, Outcome, TaskState
+from conveyor.model import LeaseToken, Message, Outcome, TaskState
 from conveyor.schedules import Schedule
 from conveyor.task import TaskDef
 from conveyor.worker import outcomes
@@ -485,7 +485,7 @@ class Worker:
             open_transaction=opener,
             open_transaction_sync=sync_opener,
             parent_id=task.parent_id,
-            read_inbox=functools.partial(backend.inbox, task.token.task_id),
+            read_inbox=self._inbox_reader(backend, task.token.task_id),
         )
         running = RunningAttempt(task, definition, ctx, self.client.max_payload_bytes)
         self._running[task.token] = running
@@ -503,13 +503,26 @@ class Worker:
         if not runner.done():
             self._runners.add(runner)
 
+    def _inbox_reader(
+        self, backend: Backend, task_id: int
+    ) -> Callable[[], Awaitable[list[Message]]]:
+        read = functools.partial(backend.inbox, task_id)
+        tracing = self.client.tracing
+        return read if tracing is None else tracing.inbox_reader(read)
+
     async def _run_attempt(self, running: RunningAttempt) -> None:
         assert self.heartbeat is not None
         assert self.completer is not None
         token = running.task.token
+        tracing = self.client.tracing
         try:
             try:
-                completion = await running.run()
+                if tracing is None:
+                    completion = await running.run()
+                else:
+                    completion = await tracing.attempt(
+                        running.run, running.task, running.kind, self.id
+                    )
             except Exception:  # a bug of ours must not lose the slot or the worker
                 log.exception("attempt crashed in the worker", extra={"task_id": token.task_id})
                 completion = None

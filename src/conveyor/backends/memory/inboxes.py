@@ -22,10 +22,16 @@ class Inboxes:
     keys: dict[tuple[int, str], int] = field(default_factory=dict)
 
     def append(
-        self, task_id: int, sender: int | None, kind: MessageKind, body: str, now: datetime
+        self,
+        task_id: int,
+        sender: int | None,
+        kind: MessageKind,
+        body: str,
+        now: datetime,
+        trace: str | None = None,
     ) -> int:
         """Store a message (``body`` is encoded JSON) at the end of the inbox; its id."""
-        message = Message(next(self.ids), task_id, sender, kind, codec.decode(body), now)
+        message = Message(next(self.ids), task_id, sender, kind, codec.decode(body), now, trace)
         self.unread.setdefault(task_id, []).append(message)
         return message.id
 

@@ -50,6 +50,7 @@ class Row:
     concurrency_limit: int | None = None
     rate_limit: int | None = None
     rate_period: float | None = None
+    trace: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
 
     @classmethod
@@ -75,6 +76,7 @@ class Row:
             concurrency_limit=new.concurrency_limit,
             rate_limit=new.rate_limit,
             rate_period=new.rate_period,
+            trace=new.trace,
             unique_scope=new.unique_scope if new.idempotency_key is not None else None,
             unique_until=now + timedelta(seconds=new.unique_for)
             if new.unique_for is not None and new.idempotency_key is not None
@@ -156,6 +158,7 @@ class Row:
             step=self.step,
             parent_id=self.parent_id,
             run_at=self.run_at,
+            trace=self.trace,
         )
 
     def snapshot(self, with_attempts: bool) -> Task:

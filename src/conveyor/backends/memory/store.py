@@ -162,7 +162,9 @@ class Store:
         if new.parent_id is not None:
             self.children.setdefault(new.parent_id, set()).add(row.id)
         if new.message is not None:  # its first input: it does not move a delayed start
-            self.inboxes.append(row.id, new.parent_id, MessageKind.MESSAGE, new.message, now)
+            self.inboxes.append(
+                row.id, new.parent_id, MessageKind.MESSAGE, new.message, now, new.trace
+            )
         return row
 
     # -- claim, heartbeat -------------------------------------------------------
@@ -331,7 +333,7 @@ class Store:
         for send in effects.sends:
             target = self.tasks.get(send.task_id)
             if target is not None and target.inbox and not target.state.is_terminal:
-                self._deliver(target, row.id, MessageKind.MESSAGE, send.body, now)
+                self._deliver(target, row.id, MessageKind.MESSAGE, send.body, now, send.trace)
 
     def _ended(self, row: Row, now: datetime) -> None:
         """``row`` reached a terminal state: its live parent gets its end
@@ -378,7 +380,7 @@ class Store:
                     ids.append(sent[index])
                     continue
                 message_id = self._deliver(
-                    targets[index], d.sender_id, MessageKind.MESSAGE, d.body, now
+                    targets[index], d.sender_id, MessageKind.MESSAGE, d.body, now, d.trace
                 )
                 if d.idempotency_key is not None:
                     self.inboxes.keys[(d.task_id, d.idempotency_key)] = message_id
@@ -392,10 +394,16 @@ class Store:
         return row
 
     def _deliver(
-        self, row: Row, sender: int | None, kind: MessageKind, body: str, now: datetime
+        self,
+        row: Row,
+        sender: int | None,
+        kind: MessageKind,
+        body: str,
+        now: datetime,
+        trace: str | None = None,
     ) -> int:
         """Put a message in ``row``'s inbox and wake it (the caller checked it takes one)."""
-        message_id = self.inboxes.append(row.id, sender, kind, body, now)
+        message_id = self.inboxes.append(row.id, sender, kind, body, now, trace)
         self._wake(row, now)
         return message_id
 

@@ -22,18 +22,19 @@
 with inserted as (
     insert into {schema}.tasks
         (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
+         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, created_at)
     select i.name, i.queue, i.payload::jsonb, i.priority,
            coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
            i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
-           i.inbox, i.parent_id, coalesce(%(now)s::timestamptz, statement_timestamp())
+           i.inbox, i.parent_id, i.trace_context,
+           coalesce(%(now)s::timestamptz, statement_timestamp())
     from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
                 %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
                 %(max_attempts)s::int[], %(retry_policies)s::text[],
                 %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
-                %(inboxes)s::boolean[], %(parent_ids)s::bigint[])
+                %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(traces)s::text[])
         as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
-             timeout_seconds, lease_seconds, step, inbox, parent_id)
+             timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context)
     returning id
 )
 select array_agg(id order by id) from inserted;
@@ -45,14 +46,14 @@ select array_agg(id order by id) from inserted;
 with inserted as (
     insert into {schema}.tasks
         (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
+         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, created_at)
     select %(name)s::text, %(queue)s::text, p.value, %(priority)s::int,
            coalesce(%(run_at)s::timestamptz,
                     coalesce(%(now)s::timestamptz, statement_timestamp())
                     + make_interval(secs => %(delay)s::float8)),
            %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
            %(lease)s::float8, %(step)s::text, %(inbox)s::boolean, %(parent_id)s::bigint,
-           coalesce(%(now)s::timestamptz, statement_timestamp())
+           %(trace)s::text, coalesce(%(now)s::timestamptz, statement_timestamp())
     from jsonb_array_elements(%(payloads)s::jsonb) with ordinality as p(value, ord)
     order by p.ord
     returning id
@@ -65,14 +66,14 @@ select array_agg(id order by id) from inserted;
 -- back as in enqueue, an array.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step, inbox, parent_id, created_at)
+     timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, created_at)
 values (%(name)s::text, %(queue)s::text, %(payloads)s::jsonb, %(priority)s::int,
         coalesce(%(run_at)s::timestamptz,
                  coalesce(%(now)s::timestamptz, statement_timestamp())
                  + make_interval(secs => %(delay)s::float8)),
         %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
         %(lease)s::float8, %(step)s::text, %(inbox)s::boolean, %(parent_id)s::bigint,
-        coalesce(%(now)s::timestamptz, statement_timestamp()))
+        %(trace)s::text, coalesce(%(now)s::timestamptz, statement_timestamp()))
 returning array[id];
 
 -- name: enqueue_keyed
@@ -85,12 +86,13 @@ returning array[id];
 -- whose snapshot sees the commit that made this one skip.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, unique_scope,
-     unique_until, concurrency_key, concurrency_limit, rate_limit, rate_period, created_at)
+     timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, idempotency_key,
+     unique_scope, unique_until, concurrency_key, concurrency_limit, rate_limit, rate_period,
+     created_at)
 select i.name, i.queue, i.payload::jsonb, i.priority,
        coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
        i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
-       i.inbox, i.parent_id, i.idempotency_key, i.unique_scope,
+       i.inbox, i.parent_id, i.trace_context, i.idempotency_key, i.unique_scope,
        coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.unique_for),
        i.concurrency_key, i.concurrency_limit, i.rate_limit, i.rate_period,
        coalesce(%(now)s::timestamptz, statement_timestamp())
@@ -98,13 +100,15 @@ from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
             %(max_attempts)s::int[], %(retry_policies)s::text[],
             %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
-            %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(keys)s::text[],
-            %(scopes)s::text[], %(periods)s::float8[], %(concurrency_keys)s::text[],
-            %(concurrency_limits)s::int[], %(rate_limits)s::int[], %(rate_periods)s::float8[])
+            %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(traces)s::text[],
+            %(keys)s::text[], %(scopes)s::text[], %(periods)s::float8[],
+            %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
+            %(rate_limits)s::int[], %(rate_periods)s::float8[])
     with ordinality
     as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step, inbox, parent_id, idempotency_key, unique_scope,
-         unique_for, concurrency_key, concurrency_limit, rate_limit, rate_period, ord)
+         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, idempotency_key,
+         unique_scope, unique_for, concurrency_key, concurrency_limit, rate_limit, rate_period,
+         ord)
 order by i.ord
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id, name, idempotency_key;
@@ -229,10 +233,11 @@ claimed as (
             + make_interval(secs => coalesce(t.lease_seconds, %(lease)s::float8))
     from chosen c, clock
     where t.id = c.id
-    returning t.id, t.attempt, t.name, t.queue, t.payload::text as payload, t.spent,
-              t.max_attempts, t.retry_policy::text as retry_policy, t.timeout_seconds,
+    -- (a cast keeps its column's name: payload, retry_policy)
+    returning t.id, t.attempt, t.name, t.queue, t.payload::text, t.spent,
+              t.max_attempts, t.retry_policy::text, t.timeout_seconds,
               t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.priority, t.run_at,
-              t.concurrency_key, t.concurrency_limit
+              t.concurrency_key, t.concurrency_limit, t.trace_context
 )
 
 -- name: claim
@@ -262,7 +267,7 @@ chosen as (
 {part_claimed}
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context
 from claimed
 order by priority desc, run_at, id;
 
@@ -366,7 +371,7 @@ lost as (
 )
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context
 from claimed
 order by priority desc, run_at, id;
 
@@ -845,9 +850,10 @@ with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
 input as (
-    select d.task_id, d.sender_id, d.body, d.ord
-    from unnest(%(task_ids)s::bigint[], %(sender_ids)s::bigint[], %(bodies)s::text[])
-        with ordinality as d(task_id, sender_id, body, ord)
+    select d.task_id, d.sender_id, d.body, d.trace_context, d.ord
+    from unnest(%(task_ids)s::bigint[], %(sender_ids)s::bigint[], %(bodies)s::text[],
+                %(traces)s::text[])
+        with ordinality as d(task_id, sender_id, body, trace_context, ord)
 ),
 target as materialized (
     select t.id from {schema}.tasks t
@@ -855,8 +861,8 @@ target as materialized (
       and t.inbox and t.state in ('pending', 'in_progress', 'waiting')
 ),
 sent as (
-    insert into {schema}.messages (task_id, sender_id, kind, body, created_at)
-    select i.task_id, i.sender_id, 'message', i.body::jsonb, clock.now
+    insert into {schema}.messages (task_id, sender_id, kind, body, created_at, trace_context)
+    select i.task_id, i.sender_id, 'message', i.body::jsonb, clock.now, i.trace_context
     from input i, clock
     where i.task_id in (select id from target)
     order by i.ord
@@ -879,11 +885,12 @@ select s.id from sent s, notified order by s.id;
 
 -- name: first_messages
 -- The first messages of newly inserted tasks (they are pending already).
-insert into {schema}.messages (task_id, sender_id, kind, body, created_at)
+insert into {schema}.messages (task_id, sender_id, kind, body, created_at, trace_context)
 select m.task_id, m.sender_id, 'message', m.body::jsonb,
-       coalesce(%(now)s::timestamptz, statement_timestamp())
-from unnest(%(task_ids)s::bigint[], %(sender_ids)s::bigint[], %(bodies)s::text[])
-    with ordinality as m(task_id, sender_id, body, ord)
+       coalesce(%(now)s::timestamptz, statement_timestamp()), m.trace_context
+from unnest(%(task_ids)s::bigint[], %(sender_ids)s::bigint[], %(bodies)s::text[],
+            %(traces)s::text[])
+    with ordinality as m(task_id, sender_id, body, trace_context, ord)
 order by m.ord;
 
 -- name: consume
@@ -911,7 +918,7 @@ select count(pg_notify({channel}, q.queue))
 from (select distinct queue from woken) as q;
 
 -- name: inbox
-select id, task_id, sender_id, kind, body::text, created_at
+select id, task_id, sender_id, kind, body::text, created_at, trace_context
 from {schema}.messages
 where task_id = %(id)s
 order by id;
@@ -1207,7 +1214,7 @@ emptied as (
                       where t.concurrency_key = c.key and t.state = 'pending')
 )
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context
 from claimed
 order by priority desc, run_at, id;
 

@@ -29,6 +29,7 @@ def _options(task: NewTask) -> tuple[Any, ...]:
         task.step,
         task.inbox,
         task.parent_id,
+        task.trace,
     )
 
 
@@ -54,6 +55,7 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
             "step": head.step,
             "inbox": head.inbox,
             "parent_id": head.parent_id,
+            "trace": head.trace,
             "payloads": head.payload if one else "[" + ",".join(t.payload for t in tasks) + "]",
         }
     return "enqueue", _columns(tasks, params.now)
@@ -76,6 +78,7 @@ def _columns(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]:
         "steps": [t.step for t in tasks],
         "inboxes": [t.inbox for t in tasks],
         "parent_ids": [t.parent_id for t in tasks],
+        "traces": [t.trace for t in tasks],
     }
 
 
@@ -170,6 +173,7 @@ def first_messages_args(
         "task_ids": [task_id for task_id, _ in firsts],
         "sender_ids": [t.parent_id for _, t in firsts],
         "bodies": [t.message for _, t in firsts],
+        "traces": [t.trace for _, t in firsts],
     }
 
 
@@ -180,6 +184,7 @@ def deliver_args(deliveries: Sequence[Delivery], now: datetime | None) -> dict[s
         "task_ids": [d.task_id for d in deliveries],
         "sender_ids": [d.sender_id for d in deliveries],
         "bodies": [d.body for d in deliveries],
+        "traces": [d.trace for d in deliveries],
     }
 
 

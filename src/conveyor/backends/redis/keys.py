@@ -114,6 +114,11 @@ task's hash rather than as the last row of its log: a version 3 or 4 store
 is converted when a version 5 process opens it (``lua/open.lua``: each
 running task's row moves into its hash, in one script), then marked; stop
 the older workers first, as they would write rows version 5 does not read.
+
+A task's hash may hold a ``trace_context`` field, and an inbox message a
+sixth element, the sender's trace context (``conveyor.tracing``); neither
+changes the layout: a message without a context keeps its five elements,
+so a process that predates them reads every store whose App is untraced.
 """
 
 from __future__ import annotations

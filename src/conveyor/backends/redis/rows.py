@@ -63,7 +63,7 @@ from conveyor.model import (
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
-TASK_FIELDS = 22
+TASK_FIELDS = 23
 """Arguments per task of ``enqueue.lua`` (and per spawn of ``finish.lua``)."""
 
 
@@ -124,6 +124,7 @@ def task_fields(t: NewTask, parent_id: int | None = None) -> list[str]:
         opt(t.concurrency_limit),
         opt(t.rate_limit),
         opt(_seconds(t.rate_period)),
+        opt(t.trace),
     ]
 
 
@@ -178,7 +179,7 @@ def _effects(task_id: int, effects: Effects) -> list[Any]:
     """A poll's effects; its spawns are its children, its sends come from it."""
     return [
         list(effects.consumed),
-        [[str(d.task_id), d.body] for d in effects.sends],
+        [[str(d.task_id), d.body, opt(d.trace)] for d in effects.sends],
         [task_fields(new, parent_id=task_id) for new in effects.spawns],
     ]
 
@@ -187,7 +188,7 @@ def send_args(deliveries: Sequence[Delivery]) -> list[str]:
     """The per-delivery arguments of ``send.lua``, in order."""
     args: list[str] = []
     for d in deliveries:
-        args += [str(d.task_id), d.body, opt(d.sender_id), opt(d.idempotency_key)]
+        args += [str(d.task_id), d.body, opt(d.sender_id), opt(d.idempotency_key), opt(d.trace)]
     return args
 
 
@@ -195,13 +196,13 @@ def claimed_tasks(found: Sequence[Sequence[str]], worker_id: str) -> list[Claime
     """The rows of ``claim.lua``, each: id, attempt, name, queue, payload,
     spent, max_attempts, retry policy, timeout, lease, lease expiry, step,
     parent id (optional ones as :func:`opt` writes them), run time ("" if
-    it does not read). Tasks of one claim
+    it does not read), trace context (optional). Tasks of one claim
     mostly share a lease expiry: each distinct one is converted once."""
     expiries: dict[str, datetime] = {}
     claimed: list[ClaimedTask] = []
     for row in found:
         task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
-        timeout, lease, expires, step, parent_id, run_at = row[8:14]
+        timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
         budget = int(max_attempts)
         expires_at = expiries.get(expires)
         if expires_at is None:
@@ -221,6 +222,7 @@ def claimed_tasks(found: Sequence[Sequence[str]], worker_id: str) -> list[Claime
                 step=step[1:] if step else None,
                 parent_id=int(parent_id[1:]) if parent_id else None,
                 run_at=moment(int(run_at)) if run_at.isdigit() else None,
+                trace=trace[1:] if trace else None,
             )
         )
     return claimed
@@ -349,10 +351,12 @@ def attempt(task_id: int, text: str) -> Attempt:
 
 def message(task_id: int, text: str) -> Message:
     """One member of a task's inbox: the JSON array ``[id, sender id or "",
-    kind, created_at (ms), body (JSON text)]``. One that does not read
-    (written around conveyor) raises BackendError naming the task."""
+    kind, created_at (ms), body (JSON text)]``, and the sender's trace context
+    when it has one. One that does not read (written around conveyor) raises
+    BackendError naming the task."""
     try:
-        message_id, sender, kind, created_at, body = json.loads(text)
+        message_id, sender, kind, created_at, body, *traced = json.loads(text)
+        trace = traced[0] if len(traced) == 1 and isinstance(traced[0], str) else None
         return Message(
             id=int(message_id),
             task_id=task_id,
@@ -360,6 +364,7 @@ def message(task_id: int, text: str) -> Message:
             kind=MessageKind(kind),
             body=codec.decode(body),
             created_at=moment(int(created_at)),
+            trace=trace,
         )
     except (ValueError, TypeError) as exc:
         raise BackendError(

@@ -48,7 +48,13 @@ def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) ->
         ids = list(range(last - len(params.tasks) + 1, last + 1))
         fresh = [True] * len(ids)
     firsts = [
-        {"task_id": task_id, "sender_id": t.parent_id, "body": t.message, "now": now}
+        {
+            "task_id": task_id,
+            "sender_id": t.parent_id,
+            "body": t.message,
+            "now": now,
+            "trace": t.trace,
+        }
         for task_id, t, new in zip(ids, params.tasks, fresh, strict=True)
         if t.message is not None and new
     ]
@@ -125,7 +131,13 @@ def deliver(conn: sqlite3.Connection, deliveries: Sequence[Delivery], now: float
     wake the recipient; the ids of the messages stored."""
     ids = []
     for d in deliveries:
-        args = {"task_id": d.task_id, "sender_id": d.sender_id, "body": d.body, "now": now}
+        args = {
+            "task_id": d.task_id,
+            "sender_id": d.sender_id,
+            "body": d.body,
+            "now": now,
+            "trace": d.trace,
+        }
         if conn.execute(SQL["deliver"], args).rowcount:
             ids.append(int(conn.execute("select last_insert_rowid()").fetchone()[0]))
             conn.execute(SQL["wake"], {"task_id": d.task_id, "now": now})

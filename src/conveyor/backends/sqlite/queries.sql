@@ -21,10 +21,10 @@ select coalesce(:now, (julianday('now') - 2440587.5) * 86400.0);
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
      timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key,
-     concurrency_key, concurrency_limit, rate_limit, rate_period)
+     concurrency_key, concurrency_limit, rate_limit, rate_period, trace_context)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
         :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key,
-        :concurrency_key, :concurrency_limit, :rate_limit, :rate_period);
+        :concurrency_key, :concurrency_limit, :rate_limit, :rate_period, :trace);
 
 -- name: enqueue_keyed
 -- One task that may carry an idempotency key: skipped when its name and key
@@ -32,11 +32,12 @@ values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :m
 insert into conveyor_tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
      timeout_seconds, lease_seconds, created_at, step, inbox, parent_id, idempotency_key,
-     unique_scope, unique_until, concurrency_key, concurrency_limit, rate_limit, rate_period)
+     unique_scope, unique_until, concurrency_key, concurrency_limit, rate_limit, rate_period,
+     trace_context)
 values (:name, :queue, :payload, :priority, coalesce(:run_at, :now + :delay), :max_attempts,
         :retry_policy, :timeout, :lease, :now, :step, :inbox, :parent_id, :idempotency_key,
         :unique_scope, :now + :unique_for, :concurrency_key, :concurrency_limit, :rate_limit,
-        :rate_period)
+        :rate_period, :trace)
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id;
 
@@ -140,7 +141,8 @@ set state = 'in_progress',
     lease_expires_at = :now + coalesce(lease_seconds, :lease)
 where id in (select value from json_each(:ids))
 returning id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-          timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at;
+          timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at,
+          trace_context;
 
 -- name: claim_log
 -- One attempt row per claimed task, in the same transaction as the claim.
@@ -408,8 +410,8 @@ select state, inbox from conveyor_tasks where id = :id;
 -- name: deliver
 -- One message into a live coroutine task's inbox (others are skipped);
 -- `wake` follows it.
-insert into conveyor_messages (task_id, sender_id, kind, body, created_at)
-select id, :sender_id, 'message', :body, :now from conveyor_tasks
+insert into conveyor_messages (task_id, sender_id, kind, body, created_at, trace_context)
+select id, :sender_id, 'message', :body, :now, :trace from conveyor_tasks
 where id = :task_id and inbox and state in ('pending', 'in_progress', 'waiting');
 
 -- name: wake
@@ -432,8 +434,8 @@ values (:task_id, :key, :message_id);
 drop table if exists conveyor_message_keys;
 
 -- name: first_message
-insert into conveyor_messages (task_id, sender_id, kind, body, created_at)
-values (:task_id, :sender_id, 'message', :body, :now);
+insert into conveyor_messages (task_id, sender_id, kind, body, created_at, trace_context)
+values (:task_id, :sender_id, 'message', :body, :now, :trace);
 
 -- name: consume
 -- Delete the messages a poll saw (its completion was applied).
@@ -450,7 +452,7 @@ where id = :task_id
   and exists (select 1 from conveyor_messages m where m.task_id = :task_id);
 
 -- name: inbox
-select id, task_id, sender_id, kind, body, created_at
+select id, task_id, sender_id, kind, body, created_at, trace_context
 from conveyor_messages
 where task_id = :task_id
 order by id;

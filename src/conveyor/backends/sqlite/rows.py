@@ -80,6 +80,7 @@ def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
             "concurrency_limit": t.concurrency_limit,
             "rate_limit": t.rate_limit,
             "rate_period": t.rate_period,
+            "trace": t.trace,
         }
         for t in params.tasks
     ]

@@ -122,7 +122,8 @@ for i = 1, math.min(limit, #candidates) do
   local key = key_task(id)
   local f = redis.call('HMGET', key,
     'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
-    'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope', 'run_at')
+    'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope', 'run_at',
+    'trace_context')
   local attempt, spent = tonumber(f[1]), tonumber(f[2])
   if flow_key then
     unready_keyed(id, flow_key, queue, name, key_member)
@@ -159,6 +160,7 @@ for i = 1, math.min(limit, #candidates) do
       tostring(id), tostring(attempt), name, queue, f[5], tostring(spent), f[6], f[7],
       f[8] and '=' .. f[8] or '', f[3] and '=' .. f[3] or '', tostring(expires),
       f[4] and '=' .. f[4] or '', f[9] and '=' .. f[9] or '', f[13] or '',
+      f[14] and '=' .. f[14] or '',
     }
   end
 end

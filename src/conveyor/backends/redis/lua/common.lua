@@ -410,17 +410,19 @@ end
 -- (opt, seconds), lease (opt, seconds), step (opt), inbox ("0"/"1"),
 -- parent id (opt), first message (opt, JSON), unique key (opt), unique
 -- scope (opt), unique period (opt, ms), on_conflict, concurrency key (opt),
--- concurrency limit (opt), rate limit (opt), rate period (opt, seconds).
--- Python checked them.
-local TASK_FIELDS = 22
+-- concurrency limit (opt), rate limit (opt), rate period (opt, seconds),
+-- trace context (opt, JSON text). Python checked them.
+local TASK_FIELDS = 23
 
 -- Inboxes: one sorted set per task, scored by message id (ids ascend in
 -- send order), each member the message as a JSON array
--- [id, sender id or "", kind, created_at, body (JSON text)].
-local function append_message(id, sender, kind, body, now)
+-- [id, sender id or "", kind, created_at, body (JSON text)], and the
+-- sender's trace context (JSON text) as a sixth element when it has one.
+local function append_message(id, sender, kind, body, now, trace)
   local message_id = redis.call('INCR', KEY_MESSAGE_IDS)
-  redis.call('ZADD', key_inbox(id), message_id,
-    cjson.encode({message_id, sender and tostring(sender) or '', kind, now, body}))
+  local member = {message_id, sender and tostring(sender) or '', kind, now, body}
+  if trace then member[6] = trace end
+  redis.call('ZADD', key_inbox(id), message_id, cjson.encode(member))
   return message_id
 end
 
@@ -466,12 +468,13 @@ local function insert_task(id, a, i, now, adds)
   optional_field(fields, 'concurrency_limit', a[i + 19])
   optional_field(fields, 'rate_limit', a[i + 20])
   optional_field(fields, 'rate_period', a[i + 21])
+  local trace = optional_field(fields, 'trace_context', a[i + 22])
   redis.call('HSET', key, unpack(fields))
   zadd(adds, key_state('pending'), id, id)  -- a new task gives no key up
   if parent then redis.call('ZADD', key_children(parent), id, id) end
   index_pending(id, queue, name, priority, run_at, now, flow_key or false, adds)
   local message = opt(a[i + 13])
-  if message then append_message(id, parent, 'message', message, now) end
+  if message then append_message(id, parent, 'message', message, now, trace) end
 end
 
 -- The id of the stored task holding the unique key of the task at index i
@@ -588,8 +591,8 @@ local function wake(id, now)
 end
 
 -- Put a message in a task's inbox and wake it (the caller checked it takes one).
-local function deliver(id, sender, kind, body, now)
-  local message_id = append_message(id, sender, kind, body, now)
+local function deliver(id, sender, kind, body, now, trace)
+  local message_id = append_message(id, sender, kind, body, now, trace)
   wake(id, now)
   return message_id
 end

@@ -19,7 +19,7 @@
 -- error type, message and traceback, retry delay (ms), transition (an array
 -- of step (opt), state, max_attempts, retry policy, timeout (opt), lease
 -- (opt), run_at (opt, ms), delay (ms)), effects (an array of the consumed
--- message ids, the sends as [task id, body] and the spawns as TASK_FIELDS
+-- message ids, the sends as [task id, body, trace context (opt)] and the spawns as TASK_FIELDS
 -- arrays); null for none of those after the outcome. Returns per completion
 -- 1 (applied) or 0 (rejected).
 local now = clock(ARGV[1])
@@ -71,7 +71,7 @@ local function apply_effects(h)
     local target = send[1]
     local f = redis.call('HMGET', key_task(target), 'state', 'inbox')
     if f[1] and f[2] == '1' and not TERMINAL[f[1]] then
-      deliver(target, h.id, 'message', send[2], now)
+      deliver(target, h.id, 'message', send[2], now, opt(send[3]))
     end
   end
 end

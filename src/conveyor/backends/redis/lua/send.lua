@@ -4,11 +4,11 @@
 -- recipient must exist, have an inbox and not be finished. All are checked
 -- before anything is written. A waiting recipient is pending again, a
 -- sleeping one due now.
--- ARGV: now, then 4 fields per delivery: task id, body (JSON), sender id
--- (opt), idempotency key (opt). Returns {1, message ids...}, or, for the
+-- ARGV: now, then 5 fields per delivery: task id, body (JSON), sender id
+-- (opt), idempotency key (opt), the sender's trace context (opt). Returns {1, message ids...}, or, for the
 -- first recipient that cannot take a message, {0, task id, its state or "",
 -- its inbox flag} (Python raises the error: conveyor.backends.stored).
-local FIELDS = 4
+local FIELDS = 5
 local now = clock(ARGV[1])
 local known = {}
 for a = 2, #ARGV, FIELDS do
@@ -28,7 +28,7 @@ for a = 2, #ARGV, FIELDS do
   local message_id = known[a]
   if not message_id then
     local id, key = ARGV[a], opt(ARGV[a + 3])
-    message_id = deliver(id, opt(ARGV[a + 2]), 'message', ARGV[a + 1], now)
+    message_id = deliver(id, opt(ARGV[a + 2]), 'message', ARGV[a + 1], now, opt(ARGV[a + 4]))
     if key then redis.call('HSET', key_sent(id), key, message_id) end
   end
   ids[#ids + 1] = message_id
