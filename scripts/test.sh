@@ -4,6 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# The dashboard's browser tests drive a system Chromium through Playwright
+# (whose own browser download needs the internet): Debian's, where apt can
+# install it. Without it those tests are skipped, and the rest runs.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+        || echo "warning: could not install chromium: the dashboard's browser tests will skip"
+fi
 bash scripts/services.sh
 
 echo "== ruff";         python3 -m ruff check src tests benchmarks examples tools

@@ -7,6 +7,11 @@ import pytest
 
 from conveyor.backends import Backend
 from conveyor.backends.protocol import (
+    ActivityBucket,
+    ClaimParams,
+    Completion,
+    ErrorInfo,
+    FinishParams,
     Inspector,
     QueueBacklog,
     TaskCount,
@@ -14,7 +19,7 @@ from conveyor.backends.protocol import (
     inspector_of,
 )
 from conveyor.errors import ConfigurationError
-from conveyor.model import TaskState
+from conveyor.model import Outcome, TaskState
 from tests.conformance.test_tasks import T0, claim, enqueue, later, new
 
 
@@ -98,3 +103,55 @@ async def test_queue_backlogs_split_due_from_later_with_the_oldest_due(backend: 
         ("mail", 0),
         ("night", 0),
     ]
+
+
+async def test_activity_counts_finished_tasks_by_bucket_and_state(backend: Backend) -> None:
+    inspector = _inspector(backend)
+    assert await inspector.activity(T0, 60) == []
+    ids = await enqueue(backend, *(new(max_attempts=1) for _ in range(6)))
+    taken = await backend.claim(  # a lease that lasts past every finish below
+        ClaimParams(worker_id="w1", names=["job"], queues=["default"], limit=6, lease=600, now=T0)
+    )
+    claimed = {c.token.task_id: c.token for c in taken}
+    ok = [ids[0], ids[1], ids[2], ids[3]]
+    ends = [later(10), later(59.999), later(60), later(130)]
+    for task_id, at in zip(ok, ends, strict=True):
+        done = Completion(claimed[task_id], Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="1")
+        assert (await backend.finish(FinishParams("w1", [done], now=at))).applied
+    failed = Completion(
+        claimed[ids[4]], Outcome.FAILED, TaskState.FAILED, error=ErrorInfo("E", "m")
+    )
+    assert (await backend.finish(FinishParams("w1", [failed], now=later(70)))).applied
+    await backend.cancel(ids[5], now=later(80))  # a cancel (of a running task) is not counted
+    [left] = await enqueue(backend, new())  # nor is a pending task
+
+    assert await inspector.activity(T0, 60) == [
+        ActivityBucket(T0, 2, 0),
+        ActivityBucket(later(60), 1, 1),
+        ActivityBucket(later(120), 1, 0),
+    ]
+    assert await inspector.activity(later(30), 60) == [
+        ActivityBucket(later(30), 2, 1),
+        ActivityBucket(later(90), 1, 0),
+    ]
+    assert await inspector.activity(later(131), 60) == []
+    assert await inspector.activity(T0, 3600) == [ActivityBucket(T0, 4, 1)]
+    assert await inspector.activity(later(-3600), 1) == [  # many buckets, most of them empty
+        ActivityBucket(later(10), 1, 0),
+        ActivityBucket(later(59), 1, 0),
+        ActivityBucket(later(60), 1, 0),
+        ActivityBucket(later(70), 0, 1),
+        ActivityBucket(later(130), 1, 0),
+    ]
+    await backend.retry(ids[4], now=later(140))  # a failed task retried no longer counts
+    assert await inspector.activity(later(60), 60) == [
+        ActivityBucket(later(60), 1, 0),
+        ActivityBucket(later(120), 1, 0),
+    ]
+    assert left not in ids
+
+
+@pytest.mark.parametrize("bucket", [0, -5, 1.5, True])
+async def test_activity_refuses_a_bad_bucket(backend: Backend, bucket: object) -> None:
+    with pytest.raises(ConfigurationError):
+        await _inspector(backend).activity(T0, bucket)  # type: ignore[arg-type]

@@ -317,6 +317,17 @@ class QueueBacklog:
 
 
 @dataclass(frozen=True, slots=True)
+class ActivityBucket:
+    """Tasks that finished in one bucket of time, from ``start`` (inclusive)
+    for :meth:`Inspector.activity`'s ``bucket_seconds``: how many now stand
+    ``succeeded`` and how many ``failed``."""
+
+    start: datetime
+    succeeded: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True)
 class TaskCount:
     """How many tasks of one name, in one queue, are in one state."""
 
@@ -784,6 +795,22 @@ class Inspector(Protocol):
         """Every queue with pending tasks, by queue name (``now``: tests
         only; else the store's clock). Reads each pending task's index entry
         (Redis: three reads per queue)."""
+
+    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        """Tasks finished since ``since``, by outcome, in buckets of
+        ``bucket_seconds`` (1 or more) from ``since`` on: bucket ``k`` covers
+        ``[since + k * bucket_seconds, since + (k + 1) * bucket_seconds)``.
+        Only buckets with a task are returned, oldest first.
+
+        What is counted is each task's finish time and its state now (not
+        the attempt log): a failed task retried since, or a task pruned, is
+        no longer counted; a task that ended, was retried and ended again
+        counts once, at its last end. Cancelled tasks are left out.
+        PostgreSQL and SQLite read every finished task with a finish time
+        since ``since`` off the table (no index holds finish times); Redis
+        counts its index of finished tasks by finish time, two reads per
+        bucket; memory walks its tasks. Raises ConfigurationError for a
+        ``bucket_seconds`` below 1."""
 
     async def key_holders(self, key: str, limit: int = 20) -> list[int]:
         """The ids of the running tasks of concurrency key ``key``, lowest

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import ClaimedTask, StoredSchedule
+from conveyor.backends.protocol import ActivityBucket, ClaimedTask, StoredSchedule
 from conveyor.errors import (
+    ConfigurationError,
     InvalidTransitionError,
     NoInboxError,
     TaskFinishedError,
@@ -122,6 +124,28 @@ def key_scan(limit: int) -> int:
     """How many concurrency keys a keyed claim for ``limit`` tasks reads at
     most: ``max(4 * limit, 16)``, the ones claimed from longest ago first."""
     return max(KEY_SCAN_PER_SLOT * limit, MIN_KEY_SCAN)
+
+
+def check_bucket_seconds(bucket_seconds: object) -> int:
+    """``bucket_seconds`` of :meth:`Inspector.activity`, checked: an integer
+    of 1 or more, else ConfigurationError (before any read)."""
+    if isinstance(bucket_seconds, bool) or not isinstance(bucket_seconds, int):
+        raise ConfigurationError("bucket_seconds must be an integer")
+    if bucket_seconds < 1:
+        raise ConfigurationError("bucket_seconds must be 1 or more")
+    return bucket_seconds
+
+
+def activity_buckets(
+    since: datetime, bucket_seconds: int, rows: Iterable[tuple[int, int, int]]
+) -> list[ActivityBucket]:
+    """Buckets from rows of (bucket number from ``since``, succeeded,
+    failed), oldest first, empty ones left out."""
+    return [
+        ActivityBucket(since + timedelta(seconds=number * bucket_seconds), int(ok), int(bad))
+        for number, ok, bad in sorted(rows)
+        if ok or bad
+    ]
 
 
 def delete_refused(

@@ -4,7 +4,8 @@ Commands: ``migrate`` (``--sql`` to review first), ``worker``, ``enqueue``,
 ``send``, ``tasks``, ``counts``, ``show``, ``explain``, ``workers``, ``cancel``,
 ``retry`` (by id or by filter, ``--dry-run``), ``run-now``, ``delete``,
 ``pause``, ``resume``,
-``pauses``, ``keys``, ``schedules``, ``prune``, ``health``, ``top``, ``exporter`` and ``demo``.
+``pauses``, ``keys``, ``schedules``, ``prune``, ``health``, ``top``, ``exporter``,
+``dashboard`` and ``demo``.
 Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
 (default ``CONVEYOR_SCHEMA``, then ``conveyor``); ``worker`` (and
 ``enqueue --app``) use the app's own store unless ``--url``/``--schema``
@@ -21,6 +22,7 @@ import logging
 import click
 
 from conveyor.cli.control import cancel, delete, enqueue, retry, run_now, send
+from conveyor.cli.dashboard import dashboard
 from conveyor.cli.exporter import exporter
 from conveyor.cli.flow import keys, pause, pauses, prune, resume, schedules
 from conveyor.cli.reads import counts, explain, health, show, tasks, workers
@@ -40,6 +42,7 @@ main.add_command(health)
 main.add_command(explain)
 main.add_command(top)
 main.add_command(exporter)
+main.add_command(dashboard)
 for command in (run_now, delete, pause, resume, pauses, keys, schedules, prune):
     main.add_command(command)
 main.add_command(demo)

@@ -21,6 +21,7 @@ from conveyor.backends.memory import keys as concurrency_keys
 from conveyor.backends.memory import reads, retention, schedules
 from conveyor.backends.memory.store import Store
 from conveyor.backends.protocol import (
+    ActivityBucket,
     Capability,
     ClaimedTask,
     ClaimParams,
@@ -46,6 +47,7 @@ from conveyor.backends.protocol import (
     WorkerInfo,
     WorkFilter,
 )
+from conveyor.backends.stored import check_bucket_seconds
 from conveyor.model import LeaseToken, Message, Pause, PauseKind, Task, TaskState, check_pause
 
 _STORES: dict[str, Store] = {}
@@ -193,6 +195,9 @@ class MemoryBackend:
 
     async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
         return reads.queue_backlogs(self._store, self._now(now))
+
+    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        return reads.activity(self._store, since, check_bucket_seconds(bucket_seconds))
 
     async def key_holders(self, key: str, limit: int = 20) -> list[int]:
         with self._store.lock:

@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from conveyor.backends.memory.store import Store
-from conveyor.backends.protocol import QueueBacklog, TaskCount, TaskFilter, WorkerInfo, WorkFilter
+from conveyor.backends.protocol import (
+    ActivityBucket,
+    QueueBacklog,
+    TaskCount,
+    TaskFilter,
+    WorkerInfo,
+    WorkFilter,
+)
+from conveyor.backends.stored import activity_buckets
 from conveyor.model import Message, Task, TaskState
 
 
@@ -103,3 +111,18 @@ def list_workers(store: Store, now: datetime) -> list[WorkerInfo]:
     """Newest first (a worker never registered counts as started ``now``)."""
     with store.lock:
         return sorted(store.workers.values(), key=lambda w: w.started_at or now, reverse=True)
+
+
+def activity(store: Store, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+    """Succeeded and failed tasks by the bucket of their finish time."""
+    found: dict[int, list[int]] = {}
+    with store.lock:
+        for r in store.tasks.values():
+            if r.finished_at is None or r.finished_at < since:
+                continue
+            if r.state is not TaskState.SUCCEEDED and r.state is not TaskState.FAILED:
+                continue
+            number = int((r.finished_at - since).total_seconds() // bucket_seconds)
+            counts = found.setdefault(number, [0, 0])
+            counts[0 if r.state is TaskState.SUCCEEDED else 1] += 1
+    return activity_buckets(since, bucket_seconds, ((n, c[0], c[1]) for n, c in found.items()))

@@ -17,6 +17,7 @@ from psycopg import AsyncConnection, sql
 
 from conveyor.backends.postgres.inboxes import insert_tasks
 from conveyor.backends.protocol import (
+    ActivityBucket,
     FireParams,
     KeyInfo,
     PruneParams,
@@ -26,7 +27,13 @@ from conveyor.backends.protocol import (
     ScheduleSync,
     StoredSchedule,
 )
-from conveyor.backends.stored import delete_refused, schedule_args, transition_result
+from conveyor.backends.stored import (
+    activity_buckets,
+    check_bucket_seconds,
+    delete_refused,
+    schedule_args,
+    transition_result,
+)
 from conveyor.model import Pause, PauseKind, TaskState, check_pause
 
 
@@ -128,6 +135,11 @@ class FlowControl:
     async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
         rows = await self._fetchall("queue_backlogs", {"now": now})
         return [QueueBacklog(*row) for row in rows]
+
+    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        bucket = check_bucket_seconds(bucket_seconds)
+        rows = await self._fetchall("activity", {"since": since, "bucket": bucket})
+        return activity_buckets(since, bucket, rows)
 
     async def key_holders(self, key: str, limit: int = 20) -> list[int]:
         rows = await self._fetchall("key_holders", {"key": key, "limit": limit})

@@ -1245,6 +1245,20 @@ where t.state = 'pending'
 group by t.queue
 order by t.queue;
 
+-- name: activity
+-- Succeeded and failed tasks by the bucket of their finish time (bucket n
+-- covers [since + n * bucket, since + (n + 1) * bucket)). No index holds
+-- finish times: this reads the finished tasks off the table.
+select floor(extract(epoch from (finished_at - %(since)s::timestamptz))
+             / %(bucket)s::integer)::bigint as bucket,
+       count(*) filter (where state = 'succeeded'),
+       count(*) filter (where state = 'failed')
+from {schema}.tasks
+where state in ('succeeded', 'failed')
+  and finished_at >= %(since)s::timestamptz
+group by 1
+order by 1;
+
 -- name: key_holders
 -- The running tasks of one concurrency key (tasks_running_keyed), lowest id first.
 select id from {schema}.tasks

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import cast
 
 from conveyor.backends.protocol import (
+    ActivityBucket,
     KeyInfo,
     Migration,
     PruneParams,
@@ -30,6 +31,7 @@ from conveyor.backends.redis import (
     schedules,
 )
 from conveyor.backends.redis.store import RedisStore, translated
+from conveyor.backends.stored import check_bucket_seconds
 from conveyor.model import (
     Attempt,
     Message,
@@ -89,6 +91,13 @@ class RedisInspector(RedisStore):
         queue, pipelined, at the server's time."""
         with translated():
             return await reads.queue_backlogs(self._redis, self.prefix, now)
+
+    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        """Tasks finished since ``since`` by bucket: counted in the index of
+        finished tasks by finish time, a few reads (see :func:`.reads.activity`)."""
+        bucket = check_bucket_seconds(bucket_seconds)
+        with translated():
+            return await reads.activity(self._redis, self.prefix, since, bucket)
 
     async def key_holders(self, key: str, limit: int = 20) -> list[int]:
         """The running tasks of key ``key``: its set of leases (reads only)."""

@@ -9,17 +9,32 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import cast
 
 import redis.asyncio as aioredis
 
-from conveyor.backends.protocol import QueueBacklog, TaskCount, TaskFilter, WorkerInfo
+from conveyor.backends.protocol import (
+    ActivityBucket,
+    QueueBacklog,
+    TaskCount,
+    TaskFilter,
+    WorkerInfo,
+)
 from conveyor.backends.redis import keys, rows
+from conveyor.backends.stored import activity_buckets
 from conveyor.model import Task, TaskState
 
 PAGE = 200
 """Task ids a list or a count reads per round trip."""
+FINISHED_TIME_SHIFT = 100_000_000_000_000
+"""Added to a finish time (ms) in the members of ``{p}:finished:S``
+(``lua/common.lua``'s ``finished_member``), so that times before 1970 sort too."""
+COUNTED_BUCKETS = 2_000
+"""At most this many buckets, :func:`activity` counts each in the index; more,
+it reads the index's members instead."""
+_ENDED = (TaskState.SUCCEEDED.value, TaskState.FAILED.value)
 
 
 async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilter) -> list[Task]:
@@ -137,3 +152,57 @@ async def list_workers(client: aioredis.Redis, prefix: str) -> list[WorkerInfo]:
         for worker_id, fields in zip(ids, hashes, strict=True)
         if fields
     ]
+
+
+def _finished_bound(ms: int) -> str:
+    """The lexical bound before every member ``ms|id`` of a finished index."""
+    return f"{ms + FINISHED_TIME_SHIFT:015d}|"
+
+
+async def activity(
+    client: aioredis.Redis, prefix: str, since: datetime, bucket_seconds: int
+) -> list[ActivityBucket]:
+    """Succeeded and failed tasks by the bucket of their finish time, from
+    the finished indexes (``{p}:finished:S``, ordered by finish time): one
+    read for the newest finish of each, then a count per bucket up to it
+    (``ZLEXCOUNT``, pipelined), or past :data:`COUNTED_BUCKETS` buckets, a
+    walk of the members since ``since``, ``PAGE`` at a time."""
+    since_ms = rows.ms(since)
+    width = bucket_seconds * 1000
+    start = _finished_bound(since_ms)
+    async with client.pipeline(transaction=False) as pipe:
+        for state in _ENDED:
+            pipe.zrevrangebylex(keys.finished(prefix, state), "+", f"[{start}", start=0, num=1)
+        newest = cast(list[list[str]], await pipe.execute())
+    ends = [int(head[0].split("|")[0]) - FINISHED_TIME_SHIFT for head in newest if head]
+    if not ends:
+        return []
+    count = (max(ends) - since_ms) // width + 1
+    found: dict[int, list[int]] = {}
+    if count <= COUNTED_BUCKETS:
+        async with client.pipeline(transaction=False) as pipe:
+            for state in _ENDED:
+                for number in range(count):
+                    low = _finished_bound(since_ms + number * width)
+                    high = _finished_bound(since_ms + (number + 1) * width)
+                    pipe.zlexcount(keys.finished(prefix, state), f"[{low}", f"({high}")
+            counted = cast(list[int], await pipe.execute())
+        for number in range(count):
+            found[number] = [int(counted[number]), int(counted[count + number])]
+    else:
+        for column, state in enumerate(_ENDED):
+            async for member in _members_since(client, keys.finished(prefix, state), start):
+                ended = int(member.split("|")[0]) - FINISHED_TIME_SHIFT
+                found.setdefault((ended - since_ms) // width, [0, 0])[column] += 1
+    return activity_buckets(since, bucket_seconds, ((n, c[0], c[1]) for n, c in found.items()))
+
+
+async def _members_since(client: aioredis.Redis, index: str, start: str) -> AsyncIterator[str]:
+    low = f"[{start}"
+    while True:
+        page = cast(list[str], await client.zrangebylex(index, low, "+", start=0, num=PAGE))
+        for member in page:
+            yield member
+        if len(page) < PAGE:
+            return
+        low = f"({page[-1]}"

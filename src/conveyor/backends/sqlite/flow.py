@@ -17,6 +17,7 @@ from typing import Any
 
 from conveyor.backends import wake
 from conveyor.backends.protocol import (
+    ActivityBucket,
     ClaimParams,
     EnqueueParams,
     FireParams,
@@ -32,7 +33,14 @@ from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.inboxes import insert_tasks
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.backends.stored import delete_refused, key_scan, schedule_args, transition_result
+from conveyor.backends.stored import (
+    activity_buckets,
+    check_bucket_seconds,
+    delete_refused,
+    key_scan,
+    schedule_args,
+    transition_result,
+)
 from conveyor.model import Pause, PauseKind, TaskState, check_pause
 
 
@@ -247,6 +255,16 @@ class FlowControl:
         def read(conn: sqlite3.Connection) -> list[QueueBacklog]:
             found = conn.execute(SQL["queue_backlogs"], {"now": clock(conn, now)}).fetchall()
             return [QueueBacklog(q, int(d), int(la), rows.moment(o)) for q, d, la, o in found]
+
+        return await self._db.read(read)
+
+    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        bucket = check_bucket_seconds(bucket_seconds)
+        args = {"since": since.timestamp(), "bucket": bucket}
+
+        def read(conn: sqlite3.Connection) -> list[ActivityBucket]:
+            found = conn.execute(SQL["activity"], args).fetchall()
+            return activity_buckets(since, bucket, found)
 
         return await self._db.read(read)
 

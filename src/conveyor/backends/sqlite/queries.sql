@@ -633,6 +633,19 @@ where state = 'pending'
 group by queue
 order by queue;
 
+-- name: activity
+-- Succeeded and failed tasks by the bucket of their finish time (bucket n
+-- covers [since + n * bucket, since + (n + 1) * bucket)), times in epoch
+-- seconds. No index holds finish times: this reads the finished tasks.
+select cast((finished_at - :since) / :bucket as integer) as bucket,
+       sum(state = 'succeeded'),
+       sum(state = 'failed')
+from conveyor_tasks
+where state in ('succeeded', 'failed')
+  and finished_at >= :since
+group by 1
+order by 1;
+
 -- name: key_holders
 -- The running tasks of one concurrency key, lowest id first.
 select id from conveyor_tasks

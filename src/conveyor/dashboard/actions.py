@@ -1,0 +1,130 @@
+"""The dashboard's actions (POST): retry, cancel, run now and delete a
+task; pause and resume a queue; retry failed tasks in bulk.
+
+Each is refused with 403 before it reads its form on a read-only dashboard,
+and with 403 when its CSRF token does not match the cookie's; then it calls
+the app's async API and redirects (303) to the page that shows the change.
+A move the task's state forbids answers 409 with the store's reason.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from conveyor.dashboard.pages import dashboard_of
+from conveyor.dashboard.security import CSRF_FIELD
+from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotFoundError
+from conveyor.model import TaskState
+
+MOST_SELECTED = 1000
+"""The most task ids one "Retry selected" takes."""
+
+
+async def checked_form(request: Request) -> FormData:
+    """The request's form, once the dashboard allows actions and the CSRF
+    token matches; else 403."""
+    dashboard = dashboard_of(request)
+    if dashboard.read_only:
+        raise HTTPException(403, "This dashboard is read-only: it takes no action.")
+    form = await request.form()
+    if not dashboard.csrf.accepts(request, form.get(CSRF_FIELD)):
+        raise HTTPException(
+            403, "The form's security token is missing or stale: reload the page and try again."
+        )
+    return form
+
+
+def _back(request: Request, route: str, **params: str) -> Response:
+    target = request.url_for(route).include_query_params(**params)
+    return RedirectResponse(str(target), status_code=303)
+
+
+async def on_task(request: Request) -> Response:
+    """``retry``, ``cancel``, ``run-now`` or ``delete`` one task."""
+    await checked_form(request)
+    app = dashboard_of(request).app
+    task_id: int = request.path_params["task_id"]
+    action = request.path_params["action"]
+    try:
+        if action == "retry":
+            await app.retry_async(task_id)
+            notice = "retried"
+        elif action == "cancel":
+            state = await app.cancel_async(task_id)
+            notice = "cancelled" if state is TaskState.CANCELLED else "cancel_requested"
+        elif action == "run-now":
+            await app.run_now_async(task_id)
+            notice = "run_now"
+        elif action == "delete":
+            await app.delete_async(task_id)
+            return _back(request, "tasks", notice="deleted", task=str(task_id))
+        else:
+            raise HTTPException(404, f"No action {action!r}: retry, cancel, run-now or delete.")
+    except TaskNotFoundError:
+        raise HTTPException(404, f"No task has id {task_id}.") from None
+    except InvalidTransitionError as exc:
+        raise HTTPException(409, f"Task {task_id}: {exc}") from None
+    target = request.url_for("task", task_id=task_id).include_query_params(
+        notice=notice, task=str(task_id)
+    )
+    return RedirectResponse(str(target), status_code=303)
+
+
+def _queue(form: FormData) -> str:
+    queue = form.get("queue")
+    if not isinstance(queue, str) or not queue.strip():
+        raise HTTPException(400, "Name the queue to pause or resume.")
+    return queue
+
+
+async def pause(request: Request) -> Response:
+    """Pause one queue (the ``queue`` field)."""
+    queue = _queue(await checked_form(request))
+    try:
+        await dashboard_of(request).app.pause_async(queue=queue)
+    except ConfigurationError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return _back(request, "queues", notice="paused", queue=queue)
+
+
+async def resume(request: Request) -> Response:
+    """Resume one queue (the ``queue`` field)."""
+    queue = _queue(await checked_form(request))
+    try:
+        await dashboard_of(request).app.resume_async(queue=queue)
+    except ConfigurationError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return _back(request, "queues", notice="resumed", queue=queue)
+
+
+async def retry_selected(request: Request) -> Response:
+    """Retry the failed tasks ticked (``task`` fields); one that is no
+    longer failed or cancelled is passed by."""
+    form = await checked_form(request)
+    chosen = form.getlist("task")
+    if len(chosen) > MOST_SELECTED:
+        raise HTTPException(400, f"Select at most {MOST_SELECTED} tasks at once.")
+    ids = []
+    for value in chosen:
+        if not isinstance(value, str) or not value.isdigit() or len(value) > 18:
+            raise HTTPException(400, f"Not a task id: {value!r}")
+        ids.append(int(value))
+    app = dashboard_of(request).app
+    done = 0
+    for task_id in ids:
+        try:
+            await app.retry_async(task_id)
+        except (TaskNotFoundError, InvalidTransitionError):
+            continue  # retried or deleted meanwhile
+        done += 1
+    return _back(request, "failed", notice="retried_many", n=str(done))
+
+
+async def retry_all(request: Request) -> Response:
+    """Retry every failed task (in batches in the store: ``retry_many``)."""
+    await checked_form(request)
+    done = await dashboard_of(request).app.retry_many_async()
+    return _back(request, "failed", notice="retried_many", n=str(len(done)))

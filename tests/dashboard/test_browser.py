@@ -1,0 +1,163 @@
+"""The dashboard in a real browser (Playwright driving a headless system
+Chromium) against PostgreSQL: every page loads, the buttons change the
+store, and a full-page screenshot of each page is saved (to
+``$CONVEYOR_SCREENSHOTS`` if set, else the test's temporary directory)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import conveyor
+from conveyor.dashboard import create_app, token_auth
+from conveyor.model import TaskState
+from tests.conftest import PG_URL
+from tests.dashboard.seed import Seeded, seed_app
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium")
+TOKEN = "browser-token"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[conveyor.App, Seeded, str]]:
+    """A seeded PostgreSQL store and its dashboard served by uvicorn in a thread."""
+    import uvicorn
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    app = conveyor.App(PG_URL, schema=schema)
+    app.migrate()
+    seeded = app.portal.run(seed_app(app))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    web = create_app(app, auth=token_auth(TOKEN))
+    server = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the dashboard did not start"
+    try:
+        yield app, seeded, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        app.close()
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL("drop schema if exists {} cascade").format(
+                    psycopg.sql.Identifier(schema)
+                )
+            )
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any, served: tuple[conveyor.App, Seeded, str]) -> Iterator[Any]:
+    """A signed-in page (the first visit carries the token, then its cookie)."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    tab = context.new_page()
+    tab.goto(f"{served[2]}/?token={TOKEN}")
+    yield tab
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    chosen = os.environ.get("CONVEYOR_SCREENSHOTS")
+    where = Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+def test_every_page_loads_and_is_captured(
+    page: Any, served: tuple[conveyor.App, Seeded, str], shots: Path
+) -> None:
+    _, s, base = served
+    visits = {
+        "overview": ("/", "Tasks by queue and state"),
+        "queues": ("/queues", "due now"),
+        "tasks": ("/tasks", "Filter"),
+        "tasks-failed": ("/tasks?state=failed", "failed"),
+        "task-failed": (f"/tasks/{s.failed}", "Traceback (most recent call last)"),
+        "task-running": (f"/tasks/{s.running}", "running"),
+        "task-step": (f"/tasks/{s.step}", "charge"),
+        "task-inbox": (f"/tasks/{s.chat}", "unread message"),
+        "task-big": (f"/tasks/{s.big}", "Shown: the first"),
+        "failed": ("/failed", "Retry selected"),
+        "workers": ("/workers", "w1"),
+        "schedules": ("/schedules", "No schedule stored"),
+        "not-found": ("/tasks/987654", "No task has id 987654"),
+    }
+    for name, (path, text) in visits.items():
+        response = page.goto(base + path)
+        assert response is not None
+        assert response.status == (404 if name == "not-found" else 200), name
+        assert text in page.content(), name
+        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+
+
+def test_buttons_change_the_store(page: Any, served: tuple[conveyor.App, Seeded, str]) -> None:
+    app, s, base = served
+    page.goto(f"{base}/tasks/{s.failed}")
+    page.get_by_role("button", name="Retry").click()
+    page.wait_for_url(f"**/tasks/{s.failed}?notice=retried*")
+    assert "pending again" in page.content()
+    assert app.get(s.failed).state is TaskState.PENDING  # type: ignore[union-attr]
+
+    page.goto(f"{base}/tasks/{s.pending}")
+    page.get_by_role("button", name="Cancel").click()
+    page.wait_for_url(f"**/tasks/{s.pending}?notice=*")
+    assert app.get(s.pending).state is TaskState.CANCELLED  # type: ignore[union-attr]
+
+    page.goto(f"{base}/queues")
+    page.locator("tr", has_text="mail").get_by_role("button", name="Pause").click()
+    page.wait_for_url("**/queues?notice=paused*")
+    assert [p.name for p in app.pauses()] == ["mail"]
+    page.locator("tr", has_text="mail").get_by_role("button", name="Resume").click()
+    page.wait_for_url("**/queues?notice=resumed*")
+    assert app.pauses() == []
+
+    page.goto(f"{base}/failed")
+    page.get_by_label(f"select task {s.failed_more[0]}").check()
+    page.get_by_role("button", name="Retry selected").click()
+    page.wait_for_url("**/failed?notice=retried_many*")
+    assert app.get(s.failed_more[0]).state is TaskState.PENDING  # type: ignore[union-attr]
+    assert app.get(s.failed_more[1]).state is TaskState.FAILED  # type: ignore[union-attr]
+
+
+def test_refusals(browser: Any, served: tuple[conveyor.App, Seeded, str]) -> None:
+    app, s, base = served
+    context = browser.new_context()
+    try:
+        signed_out = context.request.get(f"{base}/")
+        assert signed_out.status == 401
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        forged = context.request.post(
+            f"{base}/tasks/{s.failed_more[1]}/retry", headers=headers, form={"csrf_token": "x"}
+        )
+        assert forged.status == 403
+        assert app.get(s.failed_more[1]).state is TaskState.FAILED  # type: ignore[union-attr]
+    finally:
+        context.close()
