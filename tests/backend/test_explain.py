@@ -393,3 +393,16 @@ async def test_a_prune_batch_reads_only_what_it_deletes_without_statistics(
     walked = [n for n in nodes if n.get("Alias") in ("t", "p") and "Scan" in n["Node Type"]]
     assert walked and all(n["Actual Rows"] <= 1000 for n in walked), walked
     assert not [n for n in nodes if n["Node Type"] == "Sort" and n["Actual Rows"] > 1000]
+
+
+async def test_the_dashboard_s_activity_read_is_bounded_by_the_state_index(
+    history: PostgresBackend,
+) -> None:
+    """No index holds finish times: the activity read takes the newest tasks
+    of each finished state off the state index, never the whole table."""
+    args = {"since": datetime(2030, 1, 1, tzinfo=UTC), "bucket": 60, "scan": 1000}
+    plan = await _plan(history, "activity", args)
+    assert "tasks" not in _scanned_tables(plan)
+    assert "tasks_state_id" in {n.get("Index Name") for n in plan}
+    limits = [n["Plan Rows"] for n in plan if n.get("Node Type") == "Limit"]
+    assert len(limits) == 2 and max(limits) == 1000  # one per state, the succeeded one full

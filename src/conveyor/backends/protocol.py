@@ -305,6 +305,11 @@ class TaskFilter:
             raise ConfigurationError("before must be a task id")
 
 
+ACTIVITY_SCAN = 100_000
+"""The newest succeeded, and failed, tasks that ``Inspector.activity`` reads
+at most on PostgreSQL and SQLite."""
+
+
 @dataclass(frozen=True, slots=True)
 class QueueBacklog:
     """A queue's pending tasks: ``due`` now and due ``later``, and the run
@@ -806,8 +811,11 @@ class Inspector(Protocol):
         the attempt log): a failed task retried since, or a task pruned, is
         no longer counted; a task that ended, was retried and ended again
         counts once, at its last end. Cancelled tasks are left out.
-        PostgreSQL and SQLite read every finished task with a finish time
-        since ``since`` off the table (no index holds finish times); Redis
+        PostgreSQL and SQLite read the newest :data:`ACTIVITY_SCAN` tasks of
+        each of the two states (by id, off the state index: no index holds
+        finish times), so a store that finished more than that many since
+        ``since`` has its oldest buckets undercounted, and so does a task
+        finished lately long after its enqueue behind that many newer ones; Redis
         counts its index of finished tasks by finish time, two reads per
         bucket; memory walks its tasks. Raises ConfigurationError for a
         ``bucket_seconds`` below 1."""

@@ -17,6 +17,7 @@ from psycopg import AsyncConnection, sql
 
 from conveyor.backends.postgres.inboxes import insert_tasks
 from conveyor.backends.protocol import (
+    ACTIVITY_SCAN,
     ActivityBucket,
     FireParams,
     KeyInfo,
@@ -138,7 +139,8 @@ class FlowControl:
 
     async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
         bucket = check_bucket_seconds(bucket_seconds)
-        rows = await self._fetchall("activity", {"since": since, "bucket": bucket})
+        args = {"since": since, "bucket": bucket, "scan": ACTIVITY_SCAN}
+        rows = await self._fetchall("activity", args)
         return activity_buckets(since, bucket, rows)
 
     async def key_holders(self, key: str, limit: int = 20) -> list[int]:

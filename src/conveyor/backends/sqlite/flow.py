@@ -17,6 +17,7 @@ from typing import Any
 
 from conveyor.backends import wake
 from conveyor.backends.protocol import (
+    ACTIVITY_SCAN,
     ActivityBucket,
     ClaimParams,
     EnqueueParams,
@@ -260,7 +261,7 @@ class FlowControl:
 
     async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
         bucket = check_bucket_seconds(bucket_seconds)
-        args = {"since": since.timestamp(), "bucket": bucket}
+        args = {"since": since.timestamp(), "bucket": bucket, "scan": ACTIVITY_SCAN}
 
         def read(conn: sqlite3.Connection) -> list[ActivityBucket]:
             found = conn.execute(SQL["activity"], args).fetchall()

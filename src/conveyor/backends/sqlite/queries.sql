@@ -636,13 +636,17 @@ order by queue;
 -- name: activity
 -- Succeeded and failed tasks by the bucket of their finish time (bucket n
 -- covers [since + n * bucket, since + (n + 1) * bucket)), times in epoch
--- seconds. No index holds finish times: this reads the finished tasks.
-select cast((finished_at - :since) / :bucket as integer) as bucket,
-       sum(state = 'succeeded'),
-       sum(state = 'failed')
-from conveyor_tasks
-where state in ('succeeded', 'failed')
-  and finished_at >= :since
+-- seconds. No index holds finish times: this reads the newest :scan tasks
+-- of each state off the state index (see the PostgreSQL statement).
+select cast((f.finished_at - :since) / :bucket as integer) as bucket,
+       sum(f.state = 'succeeded'),
+       sum(f.state = 'failed')
+from (select * from (select state, finished_at from conveyor_tasks
+                     where state = 'succeeded' order by id desc limit :scan)
+      union all
+      select * from (select state, finished_at from conveyor_tasks
+                     where state = 'failed' order by id desc limit :scan)) as f
+where f.finished_at >= :since
 group by 1
 order by 1;
 
