@@ -504,13 +504,17 @@ class Client(Controls):
         queue: str | None = None,
         limit: int = 100,
         before: int | None = None,
+        parent: int | None = None,
     ) -> list[Task]:
         """Tasks newest first (highest id first), filtered by state, name and
         queue, at most ``limit``; ``before`` pages on: only tasks with a
-        smaller id (pass the last id of the page before). Raises
+        smaller id (pass the last id of the page before); ``parent``: only
+        the children that coroutine task spawned. Raises
         ConfigurationError on a bad filter."""
         wanted = TaskState(state) if state is not None else None
-        task_filter = TaskFilter(state=wanted, name=name, queue=queue, limit=limit, before=before)
+        task_filter = TaskFilter(
+            state=wanted, name=name, queue=queue, limit=limit, before=before, parent=parent
+        )
         return await (await self._inspector()).list_tasks(task_filter)
 
     def list_tasks(
@@ -521,10 +525,13 @@ class Client(Controls):
         queue: str | None = None,
         limit: int = 100,
         before: int | None = None,
+        parent: int | None = None,
     ) -> list[Task]:
         """Sync form of :meth:`list_tasks_async`."""
         return self.portal.run(
-            self.list_tasks_async(state=state, name=name, queue=queue, limit=limit, before=before)
+            self.list_tasks_async(
+                state=state, name=name, queue=queue, limit=limit, before=before, parent=parent
+            )
         )
 
     async def count_tasks_async(self) -> list[TaskCount]:

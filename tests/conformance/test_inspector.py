@@ -3,6 +3,8 @@ counts by state, queue and name, workers."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conveyor.backends import Backend
@@ -56,6 +58,30 @@ async def test_lists_page_newest_first_with_filters(backend: Backend) -> None:
     assert [t.id for t in paged] == [ids[2], ids[1]]
 
 
+async def test_a_parent_s_children_are_listed_with_the_other_filters(backend: Backend) -> None:
+    inspector = _inspector(backend)
+    [parent, other] = await enqueue(backend, new(), new())
+    children = await enqueue(
+        backend,
+        *(replace(new(payload={"n": n}), parent_id=parent) for n in range(5)),
+        replace(new(name="other"), parent_id=parent),
+        replace(new(), parent_id=other),
+    )
+    mine = children[:6]
+    listed = await inspector.list_tasks(TaskFilter(parent=parent))
+    assert [t.id for t in listed] == sorted(mine, reverse=True)
+    assert all(t.parent_id == parent for t in listed)
+    named = await inspector.list_tasks(TaskFilter(parent=parent, name="other"))
+    assert [t.id for t in named] == [children[5]]
+    paged = await inspector.list_tasks(TaskFilter(parent=parent, before=mine[3], limit=2))
+    assert [t.id for t in paged] == [mine[2], mine[1]]
+    [claimed] = await claim(backend, limit=1)  # the parent itself: first by claim order
+    assert claimed.token.task_id == parent
+    assert await inspector.list_tasks(TaskFilter(parent=parent, state=TaskState.IN_PROGRESS)) == []
+    assert len(await inspector.list_tasks(TaskFilter(parent=parent, state=TaskState.PENDING))) == 6
+    assert await inspector.list_tasks(TaskFilter(parent=children[0])) == []
+
+
 async def test_counts_by_state_queue_and_name(backend: Backend) -> None:
     inspector = _inspector(backend)
     assert await inspector.count_tasks() == []
@@ -70,7 +96,16 @@ async def test_counts_by_state_queue_and_name(backend: Backend) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"limit": -1}, {"limit": "10"}, {"limit": True}, {"before": "7"}, {"before": 1.5}]
+    "bad",
+    [
+        {"limit": -1},
+        {"limit": "10"},
+        {"limit": True},
+        {"before": "7"},
+        {"before": 1.5},
+        {"parent": "3"},
+        {"parent": False},
+    ],
 )
 def test_a_bad_filter_is_refused_before_any_io(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from conveyor import payload as codec
@@ -62,6 +62,7 @@ class Seeded:
     waiting: int
     step: int
     chat: int
+    child: int
     escaped: int
     big: int
 
@@ -107,6 +108,7 @@ async def seed(backend: Backend) -> Seeded:
             ]
         )
     )
+    [child] = await backend.enqueue(EnqueueParams([replace(new("job"), parent_id=rest[4])]))
     await backend.cancel(rest[2])
     await backend.send(
         SendParams(
@@ -138,6 +140,7 @@ async def seed(backend: Backend) -> Seeded:
         waiting=work[3],
         step=rest[3],
         chat=rest[4],
+        child=child,
         escaped=rest[5],
         big=rest[6],
     )

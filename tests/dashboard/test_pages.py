@@ -71,6 +71,10 @@ def test_a_task_page_shows_step_inbox_explanation_and_escapes(store: Store) -> N
         assert "charge" in step and "&#34;cart&#34;: 7" in step
         chat = client.get(f"/tasks/{s.chat}").text
         assert "2 unread message(s)" in chat and "&lt;world&gt;" in chat
+        assert "Children" in chat and f'/tasks/{s.child}"' in chat
+        children = client.get(f"/tasks?parent={s.chat}").text
+        assert f'/tasks/{s.child}"' in children and f'/tasks/{s.pending}"' not in children
+        assert client.get("/tasks?parent=x").status_code == 400
         waiting = client.get(f"/tasks/{s.waiting}").text
         assert "waiting" in waiting and app.explain(s.waiting).sentence.split(":")[0] in waiting
         escaped = client.get(f"/tasks/{s.escaped}").text

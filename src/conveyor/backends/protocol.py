@@ -286,13 +286,16 @@ class FinishResult:
 class TaskFilter:
     """Which tasks :meth:`Inspector.list_tasks` returns: newest (highest id)
     first, each filter optional, at most ``limit`` (0 or more);
-    ``before`` pages on: only ids below it (the last id of the page before)."""
+    ``before`` pages on: only ids below it (the last id of the page before);
+    ``parent``: only the children that coroutine task spawned (read off its
+    index of children, whatever the table holds)."""
 
     state: TaskState | None = None
     name: str | None = None
     queue: str | None = None
     limit: int = 100
     before: int | None = None
+    parent: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int):
@@ -303,6 +306,10 @@ class TaskFilter:
             isinstance(self.before, bool) or not isinstance(self.before, int)
         ):
             raise ConfigurationError("before must be a task id")
+        if self.parent is not None and (
+            isinstance(self.parent, bool) or not isinstance(self.parent, int)
+        ):
+            raise ConfigurationError("parent must be a task id")
 
 
 ACTIVITY_SCAN = 100_000

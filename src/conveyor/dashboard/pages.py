@@ -4,6 +4,7 @@ task 404, never a server error."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ from conveyor.overview import read_overview, store_now
 if TYPE_CHECKING:
     from conveyor.dashboard.app import Dashboard
 
+CHILDREN_SHOWN = 20
+"""A coroutine task's newest children shown on its page (the rest: a link)."""
 ACTIVITY_BUCKET = 60
 """Seconds per bar of the overview's chart."""
 ACTIVITY_BUCKETS = 60
@@ -87,13 +90,7 @@ async def _page(request: Request, task_filter: TaskFilter) -> tuple[list[Task], 
     dashboard = dashboard_of(request)
     inspector = await dashboard.inspector()
     found = await inspector.list_tasks(
-        TaskFilter(
-            state=task_filter.state,
-            name=task_filter.name,
-            queue=task_filter.queue,
-            limit=task_filter.limit + 1,
-            before=task_filter.before,
-        )
+        dataclasses.replace(task_filter, limit=task_filter.limit + 1)
     )
     shown = found[: task_filter.limit]
     return shown, shown[-1].id if len(found) > task_filter.limit else None
@@ -175,6 +172,7 @@ async def tasks(request: Request) -> Response:
             queue=_text(request, "queue"),
             limit=dashboard.page_size,
             before=_integer(request, "before"),
+            parent=_integer(request, "parent"),
         )
     except ConfigurationError as exc:
         raise HTTPException(400, str(exc)) from None
@@ -186,6 +184,7 @@ async def tasks(request: Request) -> Response:
             "state": task_filter.state.value if task_filter.state else None,
             "name": task_filter.name,
             "queue": task_filter.queue,
+            "parent": task_filter.parent,
         }.items()
         if v
     }
@@ -205,7 +204,8 @@ async def tasks(request: Request) -> Response:
 
 
 async def task(request: Request) -> Response:
-    """One task: its payload, result, attempts, explanation, inbox, parent."""
+    """One task: its payload, result, attempts, explanation, inbox, parent
+    and (a coroutine's) newest children."""
     dashboard = dashboard_of(request)
     task_id: int = request.path_params["task_id"]
     found = await dashboard.app.get_async(task_id)
@@ -213,6 +213,9 @@ async def task(request: Request) -> Response:
         raise HTTPException(404, f"No task has id {task_id}: it never existed, or was deleted.")
     explanation = await dashboard.app.explain_async(task_id)
     messages = await dashboard.app.inbox_async(task_id) if found.inbox else []
+    children: list[Task] = []
+    if found.inbox:
+        children = await dashboard.app.list_tasks_async(parent=task_id, limit=CHILDREN_SHOWN + 1)
     now = await store_now(await dashboard.app.backend())
     return dashboard.render(
         request,
@@ -226,6 +229,8 @@ async def task(request: Request) -> Response:
             "explanation": explanation,
             "facts": format.pretty(explanation.facts),
             "messages": [(m, format.pretty(m.body)) for m in messages],
+            "children": children[:CHILDREN_SHOWN],
+            "more_children": len(children) > CHILDREN_SHOWN,
             "actions": _actions(found),
         },
     )

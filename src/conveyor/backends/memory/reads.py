@@ -31,9 +31,14 @@ def get_task(store: Store, task_id: int, with_attempts: bool) -> Task | None:
 def list_tasks(store: Store, task_filter: TaskFilter) -> list[Task]:
     """Newest first, each filter optional, at most ``limit``; no attempt logs."""
     with store.lock:
+        if task_filter.parent is None:
+            scope = reversed(store.tasks.values())
+        else:
+            children = sorted(store.children.get(task_filter.parent, ()), reverse=True)
+            scope = (store.tasks[i] for i in children if i in store.tasks)
         rows = [
             r
-            for r in reversed(store.tasks.values())
+            for r in scope
             if (task_filter.before is None or r.id < task_filter.before)
             and (task_filter.state is None or r.state is task_filter.state)
             and (task_filter.name is None or r.name == task_filter.name)

@@ -590,13 +590,14 @@ class PostgresBackend(FlowControl):
 
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         rows = await self._fetchall(
-            "list_tasks",
+            "list_tasks" if task_filter.parent is None else "list_children",
             {
                 "state": task_filter.state.value if task_filter.state else None,
                 "name": task_filter.name,
                 "queue": task_filter.queue,
                 "limit": task_filter.limit,
                 "before": task_filter.before,
+                "parent": task_filter.parent,
             },
         )
         return [task_row(row, ()) for row in rows]

@@ -670,17 +670,33 @@ where t.id = %(id)s and t.state = 'in_progress'
                   where a.task_id = t.id and a.number = t.attempt)
 order by number;
 
+-- name: part_listed
+-- The columns of a listed task (list_tasks, list_children).
+id, name, queue, payload::text as payload, state, priority, run_at, attempt,
+max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
+result::text as result, created_at, finished_at, worker_id, lease_expires_at,
+cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key
+
+-- name: part_list_filter
+-- The optional filters of a listing.
+(%(state)s::text is null or state = %(state)s::text)
+and (%(name)s::text is null or name = %(name)s::text)
+and (%(queue)s::text is null or queue = %(queue)s::text)
+and (%(before)s::bigint is null or id < %(before)s::bigint)
+
 -- name: list_tasks
 -- Newest first, each filter optional.
-select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
-       max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
-       result::text as result, created_at, finished_at, worker_id, lease_expires_at,
-       cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key
+select {part_listed}
 from {schema}.tasks
-where (%(state)s::text is null or state = %(state)s::text)
-  and (%(name)s::text is null or name = %(name)s::text)
-  and (%(queue)s::text is null or queue = %(queue)s::text)
-  and (%(before)s::bigint is null or id < %(before)s::bigint)
+where {part_list_filter}
+order by id desc
+limit %(limit)s::integer;
+
+-- name: list_children
+-- A parent's children, newest first, off its index of children.
+select {part_listed}
+from {schema}.tasks
+where parent_id = %(parent)s::bigint and {part_list_filter}
 order by id desc
 limit %(limit)s::integer;
 

@@ -235,6 +235,10 @@ def cancel_channel(prefix: str) -> str:
     return f"{base(prefix)}:cancel"
 
 
+def children(prefix: str, task_id: int) -> str:
+    return f"{base(prefix)}:children:{task_id}"
+
+
 def inbox(prefix: str, task_id: int) -> str:
     return f"{base(prefix)}:inbox:{task_id}"
 

@@ -44,20 +44,27 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
     name or queue costs a walk of that state's tasks (or of all of them) down
     to ``limit`` matches. A task is taken from an index only while its hash
     holds that index's state: one that moves during the read is listed once
-    at most."""
-    states = _STATE_NAMES if task_filter.state is None else (task_filter.state.value,)
+    at most. A ``parent`` filter reads that parent's index of children
+    instead (``{p}:children:ID``), the other filters applied to it."""
+    indexes: list[tuple[str, str | None]]  # each index, and the state its tasks hold
+    if task_filter.parent is not None:
+        wanted = None if task_filter.state is None else task_filter.state.value
+        indexes = [(keys.children(prefix, task_filter.parent), wanted)]
+    else:
+        states = _STATE_NAMES if task_filter.state is None else (task_filter.state.value,)
+        indexes = [(keys.state(prefix, state), state) for state in states]
     found: list[Task] = []
     top = f"({task_filter.before}" if task_filter.before is not None else "+inf"
     while len(found) < task_filter.limit:
         async with client.pipeline(transaction=False) as pipe:
-            for state in states:
-                pipe.zrevrangebyscore(keys.state(prefix, state), top, "-inf", start=0, num=PAGE)
+            for index, _state in indexes:
+                pipe.zrevrangebyscore(index, top, "-inf", start=0, num=PAGE)
             heads = cast(list[list[str]], await pipe.execute())
         page = heapq.nlargest(
             PAGE,
             (
                 (int(task_id), state)
-                for state, ids in zip(states, heads, strict=True)
+                for (_index, state), ids in zip(indexes, heads, strict=True)
                 for task_id in ids
             ),
         )
@@ -68,7 +75,7 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
                 pipe.hgetall(keys.task(prefix, task_id))
             hashes = await pipe.execute()
         for (task_id, state), fields in zip(page, hashes, strict=True):
-            if fields.get("state") == state and _matches(fields, task_filter):
+            if fields and state in (None, fields.get("state")) and _matches(fields, task_filter):
                 found.append(rows.task(task_id, fields, ()))
         top = f"({page[-1][0]}"
     return found[: task_filter.limit]

@@ -446,8 +446,10 @@ class SQLiteBackend(FlowControl):
             "queue": task_filter.queue,
             "limit": task_filter.limit,
             "before": task_filter.before,
+            "parent": task_filter.parent,
         }
-        found = await self._db.read(lambda conn: conn.execute(SQL["list_tasks"], args).fetchall())
+        statement = SQL["list_tasks" if task_filter.parent is None else "list_children"]
+        found = await self._db.read(lambda conn: conn.execute(statement, args).fetchall())
         return [rows.task(row, ()) for row in found]
 
     async def count_tasks(self) -> list[TaskCount]:

@@ -294,6 +294,21 @@ where (:state is null or state = :state)
 order by id desc
 limit :limit;
 
+-- name: list_children
+-- A parent's children, newest first, off its index of children.
+select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
+       retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
+       worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key,
+       concurrency_key
+from conveyor_tasks indexed by conveyor_tasks_parent
+where parent_id = :parent
+  and (:state is null or state = :state)
+  and (:name is null or name = :name)
+  and (:queue is null or queue = :queue)
+  and (:before is null or id < :before)
+order by id desc
+limit :limit;
+
 -- name: count_tasks
 -- Tasks by state, queue and name (reads every row).
 select state, queue, name, count(*)
