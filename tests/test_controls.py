@@ -9,6 +9,7 @@ import pytest
 
 import conveyor
 from conveyor import RetryPolicy, TaskState
+from conveyor.errors import ConfigurationError, TaskNotFoundError
 from tests.worker.helpers import run_all, wait_terminal
 
 ONCE = RetryPolicy(max_attempts=1)
@@ -59,3 +60,27 @@ def test_run_now_and_delete(app: conveyor.App) -> None:
     assert app.get(later.id) is None
     with pytest.raises(conveyor.TaskNotFoundError):
         app.delete(later.id)
+
+
+@pytest.mark.parametrize("task_id", [0, -1, 2**63, 10**30])
+async def test_an_id_no_task_can_have_is_missing_on_every_backend(
+    any_app: conveyor.App, task_id: int
+) -> None:
+    """Not a store's own refusal of the number (SQLite's OverflowError, a
+    PostgreSQL bigint out of range): the same answer as any missing task."""
+    async with any_app:
+        assert await any_app.get_async(task_id) is None
+        assert await any_app.inbox_async(task_id) == []
+        assert (await any_app.explain_async(task_id)).reason == "missing"
+        for change in (
+            any_app.cancel_async,
+            any_app.retry_async,
+            any_app.run_now_async,
+            any_app.delete_async,
+        ):
+            with pytest.raises(TaskNotFoundError):
+                await change(task_id)
+        with pytest.raises(TaskNotFoundError):
+            await any_app.send_async(task_id, {"hello": 1})
+        with pytest.raises(ConfigurationError):
+            await any_app.get_async("7")  # type: ignore[arg-type]

@@ -52,6 +52,8 @@ from conveyor.model import (
     Task,
     TaskState,
     check_idempotency_key,
+    findable,
+    stored_id,
 )
 from conveyor.overview import store_now
 from conveyor.portal import INHERITED_AT_FORK, Portal
@@ -400,7 +402,7 @@ class Client(Controls):
             raise ConfigurationError("task_id must be an int")
         body = codec.encode(codec.to_plain(message), self.max_payload_bytes)
         key = check_idempotency_key(key)
-        return SendParams(deliveries=[Delivery(task_id, body, idempotency_key=key)])
+        return SendParams(deliveries=[Delivery(stored_id(task_id), body, idempotency_key=key)])
 
     def send(
         self,
@@ -468,6 +470,8 @@ class Client(Controls):
 
     async def inbox_async(self, task_id: int) -> list[Message]:
         """The messages waiting in a task's inbox, oldest first."""
+        if not findable(task_id):
+            return []
         return await (await self.backend()).inbox(task_id)
 
     def inbox(self, task_id: int) -> list[Message]:
@@ -478,6 +482,8 @@ class Client(Controls):
 
     async def get_async(self, task_id: int) -> Task | None:
         """The task with its attempt log, or None."""
+        if not findable(task_id):
+            return None
         return await (await self.backend()).get_task(task_id)
 
     def get(self, task_id: int) -> Task | None:
@@ -549,7 +555,7 @@ class Client(Controls):
         and this returns ``in_progress``. Raises TaskNotFoundError,
         InvalidTransitionError.
         """
-        return await (await self.backend()).cancel(task_id)
+        return await (await self.backend()).cancel(stored_id(task_id))
 
     def cancel(self, task_id: int) -> TaskState:
         """Sync form of :meth:`cancel_async`."""
@@ -557,7 +563,7 @@ class Client(Controls):
 
     async def retry_async(self, task_id: int) -> TaskState:
         """Run a failed or cancelled task again, with a fresh attempt budget."""
-        return await (await self.backend()).retry(task_id)
+        return await (await self.backend()).retry(stored_id(task_id))
 
     def retry(self, task_id: int) -> TaskState:
         """Sync form of :meth:`retry_async`."""

@@ -23,7 +23,7 @@ from conveyor.backends.protocol import (
 )
 from conveyor.errors import ConfigurationError
 from conveyor.events import EventBus, QueuePaused
-from conveyor.model import Pause, PauseKind, TaskState
+from conveyor.model import Pause, PauseKind, TaskState, stored_id
 from conveyor.portal import Portal
 from conveyor.retention import DEFAULT_RETENTION, Retention
 
@@ -133,7 +133,7 @@ class Controls:
         or a coroutine's sleep cut short; idle workers of its queue hear of it
         at once. Raises TaskNotFoundError, or InvalidTransitionError for a
         task that is not pending."""
-        return await (await self.backend()).run_now(task_id)
+        return await (await self.backend()).run_now(stored_id(task_id))
 
     def run_now(self, task_id: int) -> TaskState:
         """Sync form of :meth:`run_now_async`."""
@@ -144,7 +144,7 @@ class Controls:
         TaskNotFoundError, or InvalidTransitionError for a running task
         (cancel it first) or an unfinished child whose parent waits for it
         (cancel it instead: the parent then hears of its end)."""
-        await (await self.backend()).delete(task_id)
+        await (await self.backend()).delete(stored_id(task_id))
 
     def delete(self, task_id: int) -> None:
         """Sync form of :meth:`delete_async`."""

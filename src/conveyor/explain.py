@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from conveyor.backends.protocol import Backend, Inspector, WorkerInfo
-from conveyor.model import Outcome, PauseKind, Task, TaskState
+from conveyor.model import Outcome, PauseKind, Task, TaskState, findable
 
 RETRIED = (Outcome.FAILED, Outcome.TIMED_OUT, Outcome.LEASE_LOST, Outcome.INTERRUPTED)
 """How an attempt ends whose task is then due again after a back-off."""
@@ -80,7 +80,7 @@ async def explain(
     backend: Backend, inspector: Inspector, task_id: int, now: datetime
 ) -> Explanation:
     """Explain task ``task_id`` as the store has it at ``now`` (the store's clock)."""
-    task = await backend.get_task(task_id, with_attempts=True)
+    task = await backend.get_task(task_id, with_attempts=True) if findable(task_id) else None
     if task is None:
         return Explanation(task_id, "missing", f"No task {task_id}: never stored, or deleted.")
     facts: dict[str, Any] = {

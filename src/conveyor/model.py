@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from conveyor.errors import LONGEST_PAUSE, ConfigurationError
+from conveyor.errors import LONGEST_PAUSE, ConfigurationError, TaskNotFoundError
 
 
 class TaskState(enum.StrEnum):
@@ -395,6 +395,29 @@ class RetryPolicy:
             retry_on=tuple(data.get("retry_on", ())),
             fatal=tuple(data.get("fatal", ())),
         )
+
+
+MAX_TASK_ID = 2**63 - 1
+"""Task ids are positive 64-bit integers (PostgreSQL's bigint, SQLite's integer)."""
+
+
+def findable(task_id: int) -> bool:
+    """Whether a task could have id ``task_id``: one that cannot (0,
+    negative, or past :data:`MAX_TASK_ID`) is answered as missing without
+    asking the store, on every backend alike (a store would otherwise refuse
+    the number itself, as SQLite refuses a Python int past 64 bits). Raises
+    ConfigurationError for what is not an int."""
+    if isinstance(task_id, bool) or not isinstance(task_id, int):
+        raise ConfigurationError(f"a task id is an int, not {type(task_id).__name__}")
+    return 0 < task_id <= MAX_TASK_ID
+
+
+def stored_id(task_id: int) -> int:
+    """``task_id``, for a change to a task: TaskNotFoundError before any I/O
+    if no task can have it (see :func:`findable`)."""
+    if not findable(task_id):
+        raise TaskNotFoundError(f"no task with id {task_id}")
+    return task_id
 
 
 MAX_ERROR_NAMES = 64

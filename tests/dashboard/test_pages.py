@@ -257,3 +257,23 @@ def test_metrics_are_the_store_gauges(store: Store) -> None:
     assert scraped.headers["content-type"].startswith("text/plain")
     assert 'conveyor_store_tasks{queue="work",state="failed"} 1.0' in scraped.text
     assert "conveyor_live_workers 1.0" in scraped.text
+
+
+def test_hostile_cookies_and_headers_are_refused_never_a_crash(store: Store) -> None:
+    app, s = store
+    hostile = "t\u00e9.\u00e9\u20ac".encode()
+    with TestClient(create_app(app, auth=token_auth("s3cret"))) as client:
+        for header in (b"Bearer " + hostile, b"Basic " + hostile, b"Bearer", hostile):
+            page = client.get("/", headers={"authorization": header})
+            assert page.status_code == 401
+        assert client.get("/?token=\u00e9\u20ac").status_code == 401
+        inside = {"authorization": "Bearer s3cret"}
+        cookie = b"conveyor_csrf=" + hostile
+        posted = client.post(
+            f"/tasks/{s.failed}/retry",
+            headers={**inside, "cookie": cookie},
+            data={"csrf_token": "t\u00e9"},
+        )
+        assert posted.status_code == 403
+        assert client.get("/tasks/99999999999999999999", headers=inside).status_code in (400, 404)
+    assert state_of(app, s.failed) is TaskState.FAILED

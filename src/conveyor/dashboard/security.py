@@ -52,7 +52,8 @@ class Csrf:
         """The token the request's cookie holds, if its signature holds."""
         cookie = request.cookies.get(CSRF_COOKIE, "")
         token, _, signature = cookie.partition(".")
-        if not token or not hmac.compare_digest(signature, _sign(self._secret, token)):
+        expected = _sign(self._secret, token).encode()
+        if not token or not hmac.compare_digest(signature.encode(), expected):
             return None
         return token
 
