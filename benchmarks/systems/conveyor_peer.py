@@ -58,6 +58,10 @@ class ConveyorObserved(Conveyor):
     name: ClassVar[str] = "conveyor_observed"
     configuration = Conveyor.configuration + "; events, metrics, traces"
 
+    @property
+    def tables(self) -> str:
+        return Conveyor.name
+
     async def install(self) -> None:
         await super().install()
         observe(self.app)

@@ -67,6 +67,11 @@ class System(abc.ABC):
     configuration: ClassVar[str]
     """How it is configured, for the table; ``{concurrency}`` is filled in."""
 
+    @property
+    def tables(self) -> str:
+        """Whose tables it keeps (``queries.sql`` names its queries so)."""
+        return self.name
+
     def __init__(self, concurrency: int, log_level: str) -> None:
         self.concurrency = concurrency
         self.log_level = log_level
@@ -144,7 +149,7 @@ class System(abc.ABC):
 
     async def completion(self) -> Completion:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            cursor = await conn.execute(QUERIES[f"{self.name}_completion"])
+            cursor = await conn.execute(QUERIES[f"{self.tables}_completion"])
             row: tuple[Any, ...] | None = await cursor.fetchone()
         assert row is not None
         return Completion(*row)

@@ -69,7 +69,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from conveyor.errors import ConfigurationError
+from conveyor.backends.protocol import StoredSchedule
+from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.model import MAX_IDEMPOTENCY_KEY, MAX_NAME, MAX_SECONDS
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -350,3 +351,21 @@ def _utc(name: str, value: object) -> datetime:
     if not isinstance(value, datetime) or value.utcoffset() is None:
         raise ConfigurationError(f"{name} must be an aware datetime, not {value!r}")
     return value.astimezone(UTC)
+
+
+def next_stored_slot(row: StoredSchedule, now: datetime) -> datetime | None:
+    """When a stored schedule fires next, by its stored definition (None:
+    the definition does not read, as one written by another version)."""
+    try:
+        schedule = Schedule(
+            name=row.name,
+            task=row.task,
+            cron=row.cron,
+            every=row.every,
+            tz=row.tz,
+            missed=row.missed,  # type: ignore[arg-type]  # its string value is taken too
+            catch_up=row.catch_up,
+        )
+        return schedule.next_slot(max(now, row.last_slot or now))
+    except ConveyorError:
+        return None

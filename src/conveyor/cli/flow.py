@@ -17,15 +17,13 @@ from conveyor.cli.common import (
     fail,
     json_option,
     parse_duration,
-    relative,
-    span,
     with_client,
 )
 from conveyor.cli.shapes import pause_json, schedule_json
-from conveyor.errors import ConveyorError
+from conveyor.durations import relative, span
 from conveyor.model import Task
 from conveyor.retention import Retention
-from conveyor.schedules import Schedule
+from conveyor.schedules import next_stored_slot
 
 
 def _target(fn: click.decorators.FC) -> click.decorators.FC:
@@ -139,23 +137,6 @@ def prune(
         click.echo(f"pruned {done.tasks} task(s) and {done.workers} worker(s)")
 
 
-def _next_slot(row: StoredSchedule, now: datetime) -> datetime | None:
-    """When ``row`` fires next, by its stored definition (None: it cannot be read)."""
-    try:
-        schedule = Schedule(
-            name=row.name,
-            task=row.task,
-            cron=row.cron,
-            every=row.every,
-            tz=row.tz,
-            missed=row.missed,  # type: ignore[arg-type]  # its string value is taken too
-            catch_up=row.catch_up,
-        )
-        return schedule.next_slot(max(now, row.last_slot or now))
-    except ConveyorError:
-        return None
-
-
 @click.command()
 @backend_options
 @json_option
@@ -170,7 +151,7 @@ def schedules(url: str | None, schema: str | None, as_json: bool) -> None:
     now, rows, last = with_client(url, schema, read)
     if as_json:
         click.echo(
-            json.dumps([schedule_json(r, _next_slot(r, now), last.get(r.name)) for r in rows])
+            json.dumps([schedule_json(r, next_stored_slot(r, now), last.get(r.name)) for r in rows])
         )
         return
     if not rows:
@@ -178,7 +159,7 @@ def schedules(url: str | None, schema: str | None, as_json: bool) -> None:
         return
     table = Table("name", "task", "when", "next", "last slot", "last task")
     for row in rows:
-        upcoming = _next_slot(row, now)
+        upcoming = next_stored_slot(row, now)
         task = last.get(row.name)
         table.add_row(
             row.name,

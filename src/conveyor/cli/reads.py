@@ -21,7 +21,6 @@ from conveyor.cli.common import (
     json_option,
     open_client,
     read_side,
-    relative,
     serving,
     state_choice,
     unserved,
@@ -29,6 +28,7 @@ from conveyor.cli.common import (
     with_client,
 )
 from conveyor.cli.shapes import WAITS, due_at, message_json, task_json, worker_json
+from conveyor.durations import relative
 from conveyor.errors import ConveyorError
 from conveyor.model import Task, TaskState
 

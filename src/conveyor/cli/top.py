@@ -25,7 +25,8 @@ from rich.text import Text
 
 from conveyor.app import App
 from conveyor.backends.protocol import QueueBacklog, WorkerInfo, inspector_of
-from conveyor.cli.common import backend_options, console, fail, open_client, relative, span
+from conveyor.cli.common import backend_options, console, fail, open_client
+from conveyor.durations import relative, span
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.model import TaskState
 from conveyor.overview import read_overview

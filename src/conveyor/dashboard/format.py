@@ -8,36 +8,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from conveyor.backends.protocol import ActivityBucket, StoredSchedule
-from conveyor.errors import ConveyorError
-from conveyor.schedules import Schedule
+from conveyor import durations
+from conveyor.backends.protocol import ActivityBucket
 
 SHOWN_BYTES = 64 * 1024
 """The most of a payload, result or message body a page shows."""
-_UNITS = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
-
-
-def span(seconds: float) -> str:
-    """``42 s``, ``3 m 12 s``, ``2 h 5 m``, ``4 d``: two units at most."""
-    whole = round(abs(seconds))
-    if whole < 60:
-        return f"{whole} s"
-    for i, (size, unit) in enumerate(_UNITS[:-1]):
-        if whole >= size:
-            smaller, smaller_unit = _UNITS[i + 1]
-            second = whole % size // smaller
-            return f"{whole // size} {unit}" + (f" {second} {smaller_unit}" if second else "")
-    raise AssertionError("unreachable: a minute or more has a unit")
 
 
 def relative(moment: datetime | None, now: datetime) -> str:
     """``in 3 m 12 s``, ``5 s ago``, ``now``; empty for None."""
-    if moment is None:
-        return ""
-    seconds = (moment - now).total_seconds()
-    if abs(seconds) < 1:
-        return "now"
-    return f"in {span(seconds)}" if seconds > 0 else f"{span(seconds)} ago"
+    return "" if moment is None else durations.relative(moment, now)
 
 
 def stamp(moment: datetime | None) -> str:
@@ -64,23 +44,6 @@ def pretty(value: Any) -> Shown:
     if len(encoded) <= SHOWN_BYTES:
         return Shown(text, len(encoded), False)
     return Shown(encoded[:SHOWN_BYTES].decode(errors="ignore"), len(encoded), True)
-
-
-def next_slot(row: StoredSchedule, now: datetime) -> datetime | None:
-    """When a stored schedule fires next (None: its definition does not read)."""
-    try:
-        schedule = Schedule(
-            name=row.name,
-            task=row.task,
-            cron=row.cron,
-            every=row.every,
-            tz=row.tz,
-            missed=row.missed,  # type: ignore[arg-type]  # its string value is taken too
-            catch_up=row.catch_up,
-        )
-        return schedule.next_slot(max(now, row.last_slot or now))
-    except ConveyorError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from conveyor.dashboard import format
 from conveyor.errors import ConfigurationError
 from conveyor.model import PauseKind, Task, TaskState
 from conveyor.overview import read_overview, store_now
+from conveyor.schedules import next_stored_slot
 
 if TYPE_CHECKING:
     from conveyor.dashboard.app import Dashboard
@@ -310,7 +311,7 @@ async def schedules(request: Request) -> Response:
     """Stored schedules with their next and last slot."""
     dashboard = dashboard_of(request)
     now, rows = await dashboard.app.stored_schedules_async()
-    shown = [(row, format.next_slot(row, now)) for row in rows]
+    shown = [(row, next_stored_slot(row, now)) for row in rows]
     return dashboard.render(
         request, "schedules.html", {"page": "schedules", "now": now, "schedules": shown}
     )
