@@ -143,9 +143,6 @@ def merge(into: dict[str, Any], more: dict[str, Any]) -> None:
         into[bucket] = into.get(bucket, 0) + count
 
 
-app = make_app()
-
-
 def observe(application: App) -> None:
     """Turn on what an operator would, at its full cost: an event callback,
     and OpenTelemetry traces through the SDK and a batch span processor
@@ -169,3 +166,6 @@ def observe(application: App) -> None:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     Tracing(provider).install(application)
+
+
+app = make_app()
