@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -91,9 +92,15 @@ def carrier() -> str | None:
 
 def stored_context(text: str | None) -> otel_context.Context | None:
     """The context a stored carrier holds; None for none, or one that does
-    not decode to a valid span context."""
+    not decode to a valid span context. The tasks of one enqueue share their
+    carrier, so the last few thousand are kept decoded."""
     if not text:
         return None
+    return _decoded(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded(text: str) -> otel_context.Context | None:
     try:
         found = json.loads(text)
     except ValueError:
@@ -209,9 +216,6 @@ class Tracing:
             name = f"{name}.{task.step}"
         attributes: dict[str, str | int] = {
             "messaging.system": "conveyor",
-            "messaging.operation.type": "process",
-            "messaging.destination.name": task.queue,
-            "messaging.message.id": str(token.task_id),
             "conveyor.task.id": token.task_id,
             "conveyor.task.name": task.name,
             "conveyor.queue": task.queue,
@@ -258,8 +262,12 @@ class Tracing:
 
 
 def _ended(span: Span, completion: Completion) -> None:
-    span.set_attribute("conveyor.outcome", completion.outcome.value)
-    span.set_attribute("conveyor.next_state", completion.next_state.value)
+    span.set_attributes(
+        {
+            "conveyor.outcome": completion.outcome.value,
+            "conveyor.next_state": completion.next_state.value,
+        }
+    )
     error = completion.error
     if completion.outcome in _ERRORS:
         span.set_status(Status(StatusCode.ERROR, error.message if error else None))
