@@ -1,4 +1,4 @@
-"""The dashboard on a seeded store of each kind (memory, SQLite, PostgreSQL),
+"""The dashboard on a seeded store of each kind (memory, SQLite, PostgreSQL, Redis),
 driven by Starlette's TestClient."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 from starlette.testclient import TestClient
 
 import conveyor
-from tests.conftest import backend_url, schema_for
+from tests.conftest import backend_url, drop_redis_prefix, schema_for
 from tests.dashboard.seed import Seeded, seed_app
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[conveyor.App, Seeded]]:
     """An App on a fresh store of each kind, with a task in every state."""
     url, options = backend_url(request.param, schema_for(request.param, request), tmp_path)
@@ -26,6 +26,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[conv
     seeded = app.portal.run(seed_app(app))
     yield app, seeded
     app.close()
+    if request.param == "redis":
+        drop_redis_prefix(options["schema"])
 
 
 def csrf_of(client: TestClient, path: str = "/queues") -> str:

@@ -15,6 +15,10 @@ SHOWN_BYTES = 64 * 1024
 """The most of a payload, result or message body a page shows."""
 
 
+span = durations.span
+"""``42 s``, ``3 m 12 s``: a duration, for the templates (``fmt.span``)."""
+
+
 def relative(moment: datetime | None, now: datetime) -> str:
     """``in 3 m 12 s``, ``5 s ago``, ``now``; empty for None."""
     return "" if moment is None else durations.relative(moment, now)
