@@ -409,3 +409,31 @@ def test_entrypoint_worker_drains_on_sigterm_and_exits_0(tmp_path: Path) -> None
     # Drained within the grace: the running task finished, nothing was interrupted.
     assert task.state is TaskState.SUCCEEDED, log.read_text()
     assert task.result == "rested"
+
+
+def test_the_dashboard_mounts_next_to_django_as_its_docs_say(
+    django_site: SimpleNamespace,
+) -> None:
+    """docs/dashboard.md: one Starlette router, the dashboard under
+    /conveyor and Django's own application for every other path."""
+    from django.core.asgi import get_asgi_application
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+    from starlette.testclient import TestClient
+
+    from conveyor.dashboard import create_app
+
+    queue = django_site.tasks.queue
+    application = Starlette(
+        routes=[
+            Mount("/conveyor", app=create_app(queue)),
+            Mount("/", app=get_asgi_application()),
+        ]
+    )
+    with TestClient(application) as client:
+        signup = client.post("/signups/", data={"email": "grace@example.com"})
+        assert signup.status_code == 201, signup.text
+        task_id = signup.json()["task"]
+        page = client.get(f"/conveyor/tasks/{task_id}")
+        assert page.status_code == 200 and "send_welcome" in page.text
+        assert 'href="http://testserver/conveyor/queues"' in page.text

@@ -249,6 +249,19 @@ def test_mounted_under_a_prefix(store: Store) -> None:
     assert state_of(app, s.failed) is TaskState.PENDING
 
 
+def test_mounted_in_fastapi(store: Store) -> None:
+    from fastapi import FastAPI
+
+    app, s = store
+    web = FastAPI()
+    web.mount("/conveyor", create_app(app, auth=token_auth("s3cret")))
+    with TestClient(web) as client:
+        assert client.get("/conveyor/").status_code == 401
+        page = client.get(f"/conveyor/tasks/{s.failed}", headers={"authorization": "Bearer s3cret"})
+        assert page.status_code == 200
+        assert 'href="http://testserver/conveyor/failed"' in page.text
+
+
 def test_metrics_are_the_store_gauges(store: Store) -> None:
     app, _ = store
     with TestClient(create_app(app)) as client:
