@@ -34,7 +34,7 @@ from psycopg import sql
 
 import conveyor
 from conveyor.backends import sqlfiles
-from conveyor.backends.protocol import inspector_of
+from conveyor.backends.protocol import ACTIVITY_SCAN, inspector_of
 from conveyor.overview import store_now
 
 PAGE = 51
@@ -126,7 +126,7 @@ async def main(args: argparse.Namespace) -> None:
             args.url,
             schema,
             statements["activity"],
-            {"since": now - timedelta(hours=1), "bucket": 60},
+            {"since": now - timedelta(hours=1), "bucket": 60, "scan": ACTIVITY_SCAN},
         )
     finally:
         await app.aclose()
