@@ -51,12 +51,20 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from importlib import metadata
 
-from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
-
 from conveyor.backends.protocol import ClaimedTask, Completion, Delivery, NewTask
 from conveyor.client import Client
+from conveyor.errors import ConfigurationError
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
+    if (exc.name or "").partition(".")[0] != "opentelemetry":
+        raise
+    raise ConfigurationError(
+        "traces need opentelemetry-api: pip install 'conveyor[otel]'"
+    ) from None
 from conveyor.model import Message, Outcome
 
 log = logging.getLogger("conveyor.tracing")

@@ -10,7 +10,23 @@ See ``docs/dashboard.md``.
 
 from __future__ import annotations
 
+from conveyor.errors import ConfigurationError
+
+try:
+    import jinja2  # noqa: F401
+    import starlette  # noqa: F401
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
+    raise ConfigurationError(
+        f"the dashboard needs {exc.name}: pip install 'conveyor[dashboard]'"
+    ) from None
+
 from conveyor.dashboard.app import create_app
-from conveyor.dashboard.security import Auth, BasicAuth, TokenAuth, basic_auth, token_auth
+from conveyor.dashboard.security import (
+    Auth,
+    BasicAuth,
+    TokenAuth,
+    basic_auth,
+    token_auth,
+)
 
 __all__ = ["Auth", "BasicAuth", "TokenAuth", "basic_auth", "create_app", "token_auth"]
