@@ -15,6 +15,7 @@ end-of-stream message its completion makes the database send its parent.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -50,27 +51,34 @@ async def finish_with_effects(
     """Record ``completions`` and their effects on ``conn``, inside its open
     transaction; the (task id, attempt) of each applied one."""
     own = sorted({c.token.task_id for c in completions if c.effects is not None})
-    await conn.execute(sql["guard_endings"], {"ids": own})
-    cursor = await conn.execute(sql["lock_tasks"], lock_args(completions, now))
-    locked = await cursor.fetchall()
-    if not locked:
-        return set()
-    clock: datetime = locked[0][4]
-    live = {(int(r[0]), int(r[1])) for r in locked if r[2] == worker_id and r[3]}
-    holding = [c for c in completions if (c.token.task_id, c.token.attempt) in live]
-    await _apply_effects(conn, sql, holding, clock)
-    cursor = await conn.execute(sql["finish"], finish_args(worker_id, completions, clock))
-    done = {(int(r[0]), int(r[1])) for r in await cursor.fetchall()}
+    # Two flights of statements (psycopg's pipeline mode): the guard and the
+    # locks, whose rows say which completions hold their lease; then the
+    # effects, the finish and the rewake, none of which waits on another's
+    # reply. A failed statement aborts the transaction all the same. Spawns
+    # read the ids of their inserts as they go: with any, one at a time.
+    spawning = any(c.effects is not None and c.effects.spawns for c in completions)
+    async with contextlib.nullcontext() if spawning else conn.pipeline():
+        await conn.execute(sql["guard_endings"], {"ids": own})
+        cursor = await conn.execute(sql["lock_tasks"], lock_args(completions, now))
+        locked = await cursor.fetchall()
+        if not locked:
+            return set()
+        clock: datetime = locked[0][4]
+        live = {(int(r[0]), int(r[1])) for r in locked if r[2] == worker_id and r[3]}
+        holding = [c for c in completions if (c.token.task_id, c.token.attempt) in live]
+        await _apply_effects(conn, sql, holding, clock)
+        finished = await conn.execute(sql["finish"], finish_args(worker_id, completions, clock))
+        resting = [
+            c.token.task_id
+            for c in holding
+            if c.effects is not None and c.next_state in (TaskState.PENDING, TaskState.WAITING)
+        ]
+        if resting:
+            await conn.execute(sql["rewake"], {"ids": resting, "now": clock})
+        done = {(int(r[0]), int(r[1])) for r in await finished.fetchall()}
     if done != live & {(c.token.task_id, c.token.attempt) for c in completions}:
         # Cannot happen under the locks; if it did, nothing of it may stay.
         raise BackendError("a lease fence moved under its row lock; the completion is rolled back")
-    resting = [
-        c.token.task_id
-        for c in holding
-        if c.effects is not None and c.next_state in (TaskState.PENDING, TaskState.WAITING)
-    ]
-    if resting:
-        await conn.execute(sql["rewake"], {"ids": resting, "now": clock})
     return done
 
 
