@@ -398,11 +398,10 @@ class Client(Controls):
     # -- messages --------------------------------------------------------------
 
     def _deliveries(self, task_id: int, message: Any, key: str | None) -> SendParams:
-        if not isinstance(task_id, int) or isinstance(task_id, bool):
-            raise ConfigurationError("task_id must be an int")
+        task_id = stored_id(task_id)
         body = codec.encode(codec.to_plain(message), self.max_payload_bytes)
         key = check_idempotency_key(key)
-        return SendParams(deliveries=[Delivery(stored_id(task_id), body, idempotency_key=key)])
+        return SendParams(deliveries=[Delivery(task_id, body, idempotency_key=key)])
 
     def send(
         self,

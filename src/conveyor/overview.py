@@ -1,5 +1,6 @@
-"""One reading of a whole store, for the views of it: ``conveyor top`` and
-the store's Prometheus gauges (:class:`~conveyor.metrics.StoreMetrics`).
+"""One reading of a whole store, for the views of it: ``conveyor top``, the
+store's Prometheus gauges (:class:`~conveyor.metrics.StoreMetrics`) and the
+dashboard's overview and queues pages.
 
 :func:`read_overview` takes the store's clock, the counts by state, queue
 and name, each queue's backlog and the live workers, in four reads (not one

@@ -302,14 +302,9 @@ class TaskFilter:
             raise ConfigurationError("limit must be an integer")
         if self.limit < 0:
             raise ConfigurationError("limit must be 0 or more")
-        if self.before is not None and (
-            isinstance(self.before, bool) or not isinstance(self.before, int)
-        ):
-            raise ConfigurationError("before must be a task id")
-        if self.parent is not None and (
-            isinstance(self.parent, bool) or not isinstance(self.parent, int)
-        ):
-            raise ConfigurationError("parent must be a task id")
+        for name, value in (("before", self.before), ("parent", self.parent)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigurationError(f"{name} must be a task id")
 
 
 ACTIVITY_SCAN = 100_000

@@ -82,22 +82,22 @@ def _queue(form: FormData) -> str:
 
 async def pause(request: Request) -> Response:
     """Pause one queue (the ``queue`` field)."""
-    queue = _queue(await checked_form(request))
-    try:
-        await dashboard_of(request).app.pause_async(queue=queue)
-    except ConfigurationError as exc:
-        raise HTTPException(400, str(exc)) from None
-    return _back(request, "queues", notice="paused", queue=queue)
+    return await _pause_or_resume(request, paused=True)
 
 
 async def resume(request: Request) -> Response:
     """Resume one queue (the ``queue`` field)."""
+    return await _pause_or_resume(request, paused=False)
+
+
+async def _pause_or_resume(request: Request, *, paused: bool) -> Response:
     queue = _queue(await checked_form(request))
+    app = dashboard_of(request).app
     try:
-        await dashboard_of(request).app.resume_async(queue=queue)
+        await (app.pause_async if paused else app.resume_async)(queue=queue)
     except ConfigurationError as exc:
         raise HTTPException(400, str(exc)) from None
-    return _back(request, "queues", notice="resumed", queue=queue)
+    return _back(request, "queues", notice="paused" if paused else "resumed", queue=queue)
 
 
 async def retry_selected(request: Request) -> Response:

@@ -89,19 +89,21 @@ class Dashboard:
         }
         response = self.templates.TemplateResponse(request, template, page, status_code=status)
         if cookie is not None:
-            response.set_cookie(
-                CSRF_COOKIE,
-                cookie,
-                path=_cookie_path(request),
-                httponly=True,
-                samesite="strict",
-                secure=request.url.scheme == "https",
-            )
+            _set_cookie(response, request, CSRF_COOKIE, cookie)
         return response
 
 
-def _cookie_path(request: Request) -> str:
-    return (request.scope.get("root_path") or "") + "/"
+def _set_cookie(response: Response, request: Request, name: str, value: str) -> None:
+    """A cookie of this dashboard: its mount's path, HttpOnly, SameSite=Strict,
+    Secure over HTTPS."""
+    response.set_cookie(
+        name,
+        value,
+        path=(request.scope.get("root_path") or "") + "/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
 
 
 class _Guard:
@@ -136,14 +138,7 @@ class _Guard:
             query = without_token(request.url.query)
             target = request.url.replace(query=query)
             redirect = RedirectResponse(str(target), status_code=303)
-            redirect.set_cookie(
-                TOKEN_COOKIE,
-                cookie,
-                path=_cookie_path(request),
-                httponly=True,
-                samesite="strict",
-                secure=request.url.scheme == "https",
-            )
+            _set_cookie(redirect, request, TOKEN_COOKIE, cookie)
             await redirect(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -17,7 +17,7 @@ from conveyor.backends.protocol import TaskFilter
 from conveyor.dashboard import format
 from conveyor.errors import ConfigurationError
 from conveyor.model import PauseKind, Task, TaskState
-from conveyor.overview import read_overview, store_now
+from conveyor.overview import Overview, read_overview, store_now
 from conveyor.schedules import next_stored_slot
 
 if TYPE_CHECKING:
@@ -97,6 +97,14 @@ async def _page(request: Request, task_filter: TaskFilter) -> tuple[list[Task], 
     return shown, shown[-1].id if len(found) > task_filter.limit else None
 
 
+def _by_queue(found: Overview) -> dict[str, Counter[TaskState]]:
+    """The overview's task counts, by queue then state."""
+    by_queue: dict[str, Counter[TaskState]] = {}
+    for count in found.counts:
+        by_queue.setdefault(count.queue, Counter())[count.state] += count.count
+    return by_queue
+
+
 async def overview(request: Request) -> Response:
     """Counts by state and queue, the last hour's finished tasks, live workers."""
     dashboard = dashboard_of(request)
@@ -108,11 +116,8 @@ async def overview(request: Request) -> Response:
         seconds=ACTIVITY_BUCKET * (ACTIVITY_BUCKETS - 1)
     )
     buckets = await inspector.activity(since, ACTIVITY_BUCKET)
-    by_queue: dict[str, Counter[TaskState]] = {}
-    totals: Counter[TaskState] = Counter()
-    for count in found.counts:
-        by_queue.setdefault(count.queue, Counter())[count.state] += count.count
-        totals[count.state] += count.count
+    by_queue = _by_queue(found)
+    totals: Counter[TaskState] = sum(by_queue.values(), Counter())
     return dashboard.render(
         request,
         "overview.html",
@@ -132,13 +137,10 @@ async def overview(request: Request) -> Response:
 async def queues(request: Request) -> Response:
     """Each queue's due and later tasks, oldest due task, running, pause."""
     dashboard = dashboard_of(request)
-    backend = await dashboard.app.backend()
-    inspector = await dashboard.inspector()
-    now = await store_now(backend)
-    backlogs = {b.queue: b for b in await inspector.queue_backlogs()}
-    counts: dict[str, Counter[TaskState]] = {}
-    for count in await inspector.count_tasks():
-        counts.setdefault(count.queue, Counter())[count.state] += count.count
+    found = await read_overview(await dashboard.app.backend(), await dashboard.inspector())
+    now = found.now
+    backlogs = {b.queue: b for b in found.backlogs}
+    counts = _by_queue(found)
     pauses = await dashboard.app.pauses_async()
     paused = {p.name: p for p in pauses if p.kind is PauseKind.QUEUE}
     names = sorted(set(backlogs) | set(counts) | set(paused))
