@@ -127,11 +127,15 @@ async def test_each_attempt_is_a_span_in_the_trace_of_its_enqueue(
     inside = named(spans, "inside the handler")
     assert [parent_of(s) for s in inside] == [span_id(first), span_id(second)]
     assert parent_of(enqueue_follow) == span_id(second)
-    [follow_attempt] = named(spans, "conveyor.attempt follow")
-    assert parent_of(follow_attempt) == span_id(enqueue_follow)
-    [in_thread] = named(spans, "inside the thread")
-    assert parent_of(in_thread) == span_id(follow_attempt)
-    assert trace_id(in_thread) == trace_id(request)
+    # The first worker may stop while it runs ``follow``: that attempt is
+    # interrupted and the drain runs another, each a span of its own.
+    follow_attempts = named(spans, "conveyor.attempt follow")
+    assert follow_attempts
+    assert all(parent_of(a) == span_id(enqueue_follow) for a in follow_attempts)
+    in_thread = named(spans, "inside the thread")
+    assert in_thread
+    assert all(parent_of(s) in {span_id(a) for a in follow_attempts} for s in in_thread)
+    assert all(trace_id(s) == trace_id(request) for s in in_thread)
 
 
 async def test_a_workflow_s_steps_are_spans_of_one_trace(
