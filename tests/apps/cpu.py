@@ -66,3 +66,20 @@ def raise_unlucky() -> None:
 def retry_later(delay: float) -> None:
     """Registered by tests with ``process=True``: asks for a retry after ``delay``."""
     raise conveyor.Retry(delay=delay, reason="the mail server said later")
+
+
+def pid_of_process() -> int:
+    """Registered by tests with ``process=True``: the handler process's pid."""
+    return os.getpid()
+
+
+def sleep_then_pid(seconds: float) -> int:
+    """Registered by tests with ``process=True``: sleeps, then its pid."""
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def exit_then_pid(code: int) -> int:
+    """Registered by tests with ``process=True``: ``sys.exit(code)``, which a
+    handler process reports as the attempt's error and survives."""
+    raise SystemExit(code)

@@ -396,12 +396,13 @@ def test_sigkill_mid_poll_repolls_the_same_state_and_inbox_never_a_committed_pol
 _ORPHAN_SCRIPT = """
 import asyncio
 from conveyor.worker.executors import ProcessExecution
+from conveyor.worker.processes import ProcessPool
 
 async def main():
     # Exactly what the worker does for a process=True task.
     execution = ProcessExecution(
-        "tests.apps.cpu", "spin_in_process", '{"seconds": 60}', "conveyor:orphan:1", 1 << 20)
-    print(execution._process.pid, flush=True)
+        ProcessPool(2), "tests.apps.cpu", "spin_in_process", '{"seconds": 60}', 1 << 20)
+    print(execution.process.pid, flush=True)
     await execution.wait()
 
 asyncio.run(main())

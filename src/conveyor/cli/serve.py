@@ -95,6 +95,12 @@ async def _pending(app: App) -> list[Migration]:
     "--no-schedules", is_flag=True, help="Neither sync nor fire the app's schedules here."
 )
 @click.option(
+    "--process-pool",
+    type=click.IntRange(min=0),
+    help="Idle handler processes kept for process=True tasks (default: the CPU count; "
+    "0: a fresh process per attempt).",
+)
+@click.option(
     "--url", help="Backend URL, instead of the app's (an App() without one reads CONVEYOR_URL)."
 )
 @click.option("--schema", help="PostgreSQL schema, instead of the app's (or CONVEYOR_SCHEMA).")
@@ -123,6 +129,7 @@ def worker(
     quiet: bool,
     no_prune: bool,
     no_schedules: bool,
+    process_pool: int | None,
     url: str | None,
     schema: str | None,
     metrics_port: int | None,
@@ -148,6 +155,7 @@ def worker(
             burst=burst,
             log_attempts=not quiet,
             schedules=not no_schedules,
+            process_pool=process_pool,
             **({"retention": None} if no_prune else {}),
         )
         if metrics_port is not None:

@@ -38,6 +38,7 @@ from conveyor.worker.executors import (
     ProcessExecution,
     ThreadExecution,
 )
+from conveyor.worker.processes import ProcessPool
 from conveyor.workflow import Done, Next, Workflow
 
 log = logging.getLogger("conveyor.worker")
@@ -52,17 +53,25 @@ class RunningAttempt:
         "definition",
         "execution",
         "max_result_bytes",
+        "processes",
         "started",
         "task",
     )
 
     def __init__(
-        self, task: ClaimedTask, definition: TaskDef, ctx: TaskContext, max_result_bytes: int
+        self,
+        task: ClaimedTask,
+        definition: TaskDef,
+        ctx: TaskContext,
+        max_result_bytes: int,
+        processes: ProcessPool,
     ) -> None:
         self.task = task
         self.definition = definition
         self.ctx = ctx
         self.max_result_bytes = max_result_bytes
+        self.processes = processes
+        """The worker's handler processes, for a ``process=True`` handler."""
         self.execution: Execution | None = None
         self._abandoned = False
         self.started = time.monotonic()
@@ -132,11 +141,11 @@ class RunningAttempt:
         fn = self.definition.fn
         if self.definition.executor == "async":
             return InlineExecution(fn(**kwargs))
-        label = f"conveyor:{self.task.name}:{self.task.token.task_id}"
         if self.definition.executor == "thread":
+            label = f"conveyor:{self.task.name}:{self.task.token.task_id}"
             return ThreadExecution(lambda: fn(**kwargs), label)
         return ProcessExecution(
-            fn.__module__, fn.__qualname__, self.task.payload, label, self.max_result_bytes
+            self.processes, fn.__module__, fn.__qualname__, self.task.payload, self.max_result_bytes
         )
 
     async def _wait(self, execution: Execution) -> tuple[Any, BaseException | None]:

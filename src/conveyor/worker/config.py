@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,6 +68,16 @@ class WorkerConfig:
     schedules: bool = True
     """Sync the app's schedules at start and fire them (False: this worker
     leaves schedules to other workers)."""
+    process_pool: int | None = None
+    """Idle handler processes kept for the next ``process=True`` attempt
+    (None: the machine's CPU count; 0: a fresh process per attempt). See
+    :mod:`conveyor.worker.processes`."""
+
+    def kept_processes(self) -> int:
+        """How many idle handler processes this worker keeps."""
+        if self.process_pool is not None:
+            return self.process_pool
+        return os.cpu_count() or 1
 
     def connections(self) -> int:
         """Pool size: ``pool_size``, else room for claims, completions and one
@@ -91,5 +102,11 @@ class WorkerConfig:
         check_duration("poll_interval", self.poll_interval, minimum=MIN_POLL_INTERVAL)
         check_duration("grace", self.grace)
         check_duration("stop_timeout", self.stop_timeout)
+        if self.process_pool is not None and (
+            isinstance(self.process_pool, bool)
+            or not isinstance(self.process_pool, int)
+            or self.process_pool < 0
+        ):
+            raise ConfigurationError("process_pool must be None or an int of at least 0")
         if self.retention is not None and not isinstance(self.retention, Retention):
             raise ConfigurationError("retention must be a conveyor.Retention or None")

@@ -7,7 +7,9 @@ exception) and ``stop()``, the order to stop:
 - thread handlers cannot be interrupted by Python: they see the order through
   their :class:`~conveyor.context.TaskContext` (``ctx.check()``), and
   ``wait()`` returns only when the thread has really returned;
-- process handlers are terminated (SIGTERM, then SIGKILL after a grace).
+- process handlers run in a process of the worker's pool
+  (:mod:`conveyor.worker.processes`), terminated (SIGTERM, then SIGKILL after
+  a grace) when told to stop.
 
 Thread handlers run in daemon threads, so a handler that ignores every order
 to stop cannot keep a stopped worker process alive.
@@ -18,29 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import importlib
 import json
-import multiprocessing
-import os
 import threading
 from collections.abc import Callable, Coroutine
-from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from conveyor import payload as codec
-from conveyor import typed
-from conveyor.errors import PayloadError, Snooze, WorkerShutdown
-from conveyor.model import MAX_ERROR_NAMES, error_types
-from conveyor.worker.texts import (
-    MAX_ERROR_MESSAGE,
-    MAX_TRACEBACK,
-    cut,
-    format_traceback,
-    type_name,
-)
-
-PROCESS_KILL_GRACE = 0.5
-"""Seconds between SIGTERM and SIGKILL for a process handler told to stop."""
+from conveyor.errors import WorkerShutdown
+from conveyor.worker.processes import ProcessPool
 
 
 class HandlerExit(Exception):
@@ -164,59 +150,43 @@ class RemoteError(Exception):
         """A ``Snooze``'s seconds, or a ``Retry``'s delay (None: the policy's)."""
 
 
-_context: Any = None
-
-
-def _mp_context() -> Any:
-    global _context
-    if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-    return _context
-
-
 class ProcessExecution:
-    """A handler in a fresh child process (forkserver), for CPU-bound work.
+    """A handler in a handler process of the worker's pool, for CPU-bound work.
 
-    The child imports the handler by module and qualified name, runs it, and
-    sends back JSON over a pipe; nothing is pickled but those strings. The
-    child cuts an error to size and checks its result against
-    ``max_result_bytes`` before sending, so what this process reads and
-    decodes on its event loop stays small whatever the handler did.
+    The process imports the handler by module and qualified name, runs it,
+    and sends back JSON; nothing is pickled but those strings. It cuts an
+    error to size and checks its result against ``max_result_bytes`` before
+    sending, so what this process reads and decodes on its event loop stays
+    small whatever the handler did. ``stop()`` kills this attempt's process
+    (never one that already went back to the pool).
     """
 
     def __init__(
-        self, module: str, qualname: str, payload: str, name: str, max_result_bytes: int
+        self,
+        pool: ProcessPool,
+        module: str,
+        qualname: str,
+        payload: str,
+        max_result_bytes: int,
     ) -> None:
         loop = asyncio.get_running_loop()
-        receiver, sender = _mp_context().Pipe(duplex=False)
-        # The lifeline: the child holds the reading end, only this process the
-        # writing end. If this worker dies (even by SIGKILL) the child reads
-        # EOF and exits, so a handler never outlives the lease it ran under.
-        lifeline, self._lifeline = _mp_context().Pipe(duplex=False)
-        self._receiver: Connection = receiver
-        self._process = _mp_context().Process(
-            target=_child_main,
-            args=(module, qualname, payload, max_result_bytes, sender, lifeline),
-            name=name,
-            daemon=True,
-        )
+        self._pool = pool
+        self.process = pool.take()
         try:
-            self._process.start()
+            self.process.submit(module, qualname, payload, max_result_bytes)
         except BaseException:
-            for end in (receiver, self._lifeline):
-                end.close()
+            self.process.kill()
+            self.process.close()
             raise
-        finally:
-            sender.close()
-            lifeline.close()
+        self._stopped = False
         self._future: asyncio.Future[bytes | None] = loop.create_future()
         self._loop = loop
-        loop.add_reader(receiver.fileno(), self._on_readable)
+        loop.add_reader(self.process.conn.fileno(), self._on_readable)
 
     def _on_readable(self) -> None:
-        self._loop.remove_reader(self._receiver.fileno())
+        self._loop.remove_reader(self.process.conn.fileno())
         try:
-            data: bytes | None = self._receiver.recv_bytes()
+            data: bytes | None = self.process.conn.recv_bytes()
         except (EOFError, OSError):
             data = None
         if not self._future.done():
@@ -224,14 +194,13 @@ class ProcessExecution:
 
     async def wait(self) -> Any:
         data = await asyncio.shield(self._future)
-        await asyncio.to_thread(self._process.join)
-        self._receiver.close()
-        self._lifeline.close()
         if data is None:
+            await asyncio.to_thread(self.process.reap)
             raise ProcessCrashedError(
-                f"the handler's process exited with code {self._process.exitcode} "
+                f"the handler's process exited with code {self.process.process.exitcode} "
                 "without reporting a result"
             )
+        await self._pool.give_back(self.process, reusable=not self._stopped)
         message = json.loads(data)
         if "error" in message:
             error = message["error"]
@@ -245,73 +214,10 @@ class ProcessExecution:
         return message["result"]
 
     def stop(self) -> None:
-        if self._process.is_alive():
-            self._process.terminate()
-            timer = threading.Timer(PROCESS_KILL_GRACE, self._kill)
-            timer.daemon = True
-            timer.start()
+        if self._future.done():
+            return  # its process has answered: it may already serve another attempt
+        self._stopped = True
+        self.process.terminate()
 
     def abandon(self) -> None:
         """Termination already stops it."""
-
-    def _kill(self) -> None:
-        if self._process.is_alive():
-            self._process.kill()
-
-
-def _watch_lifeline(lifeline: Connection) -> None:
-    with contextlib.suppress(Exception):
-        lifeline.recv_bytes()  # nothing is ever sent: this returns on EOF only
-    os._exit(70)  # the worker is gone
-
-
-def _child_main(
-    module: str,
-    qualname: str,
-    payload: str,
-    max_result_bytes: int,
-    sender: Connection,
-    lifeline: Connection,
-) -> None:
-    """Entry point of the child process: import, run, report as JSON (an
-    error cut to size; a result within ``max_result_bytes``)."""
-    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
-    try:
-        target: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            target = getattr(target, part)
-        if not hasattr(target, "build_kwargs"):  # the bare handler, registered elsewhere
-            target = typed.BareHandler(target)
-        fn = getattr(target, "fn", target)
-        build = getattr(target, "build_kwargs", None)
-        args = json.loads(payload)
-        kwargs = build(args, None) if build else args
-        value = fn(**kwargs)
-        if asyncio.iscoroutine(value):
-            value = asyncio.run(value)
-        encode = getattr(target, "encode_result", codec.encode)
-        try:
-            result = encode(value, max_result_bytes)
-        except PayloadError as exc:
-            raise PayloadError(f"the result is not stored: {exc}") from None
-        sender.send_bytes(('{"result":' + result + "}").encode())
-    except BaseException as exc:
-        error = {
-            "type": type_name(type(exc)),
-            "message": cut(_safe_str(exc), MAX_ERROR_MESSAGE),
-            "traceback": format_traceback(exc, MAX_TRACEBACK),
-            "types": error_types(exc)[:MAX_ERROR_NAMES],
-            "pause": exc.seconds if isinstance(exc, Snooze) else getattr(exc, "delay", None),
-        }
-        with contextlib.suppress(Exception):
-            sender.send_bytes(json.dumps({"error": error}).encode())
-    finally:
-        sender.close()
-        os._exit(0)
-
-
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:
-        return f"<{type(exc).__name__}: str() failed>"

@@ -66,6 +66,7 @@ from conveyor.worker.config import WorkerConfig
 from conveyor.worker.dump import state_dump
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
 from conveyor.worker.outage import Outage
+from conveyor.worker.processes import ProcessPool
 from conveyor.worker.pruner import Pruner
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.stopping import cancel_and_wait
@@ -121,6 +122,8 @@ class Worker:
         self.queues: Sequence[str] = tuple(
             self.config.queues or sorted({t.defaults.queue for t in self.tasks.values()})
         )
+        self.processes = ProcessPool(self.config.kept_processes())
+        """The handler processes of ``process=True`` tasks, kept between attempts."""
         self._running: dict[LeaseToken, RunningAttempt] = {}
         self._runners: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -487,7 +490,9 @@ class Worker:
             parent_id=task.parent_id,
             read_inbox=self._inbox_reader(backend, task.token.task_id),
         )
-        running = RunningAttempt(task, definition, ctx, self.client.max_payload_bytes)
+        running = RunningAttempt(
+            task, definition, ctx, self.client.max_payload_bytes, self.processes
+        )
         self._running[task.token] = running
         if self.events.active:
             token = task.token
@@ -643,6 +648,7 @@ class Worker:
             )
             await self._drain(self.config.grace)
         await self._stop_running()
+        await self.processes.close()
         if listener is not None:
             await cancel_and_wait(listener)
         if self.pruner is not None:
