@@ -83,3 +83,46 @@ def test_urls_are_shown_without_their_password() -> None:
     )
     assert redacted("postgresql://ada@db/x") == "postgresql://ada@db/x"
     assert redacted("postgresql://:pw@db/x") == "postgresql://:***@db/x"
+
+
+SOCKET_DIR = "/var/run/postgresql"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql:///test",  # libpq's default socket directory
+        f"postgresql:///test?host={SOCKET_DIR}",
+        "postgresql://%2Fvar%2Frun%2Fpostgresql/test",
+        f"postgres://root@/test?host={SOCKET_DIR}&connect_timeout=3",
+    ],
+)
+async def test_unix_socket_urls_reach_the_server(url: str, schema: str) -> None:
+    # An empty host (the unix socket) once lost the "//" of its URL when the
+    # schema parameter was taken out: "postgresql:/test", which libpq refuses.
+    app = conveyor.App(f"{url}{'&' if '?' in url else '?'}schema={schema}")
+
+    @app.task()
+    async def double(n: int) -> int:
+        return 2 * n
+
+    try:
+        handle = await double.enqueue_async(n=21)
+        await conveyor.testing.drain_async(app)
+        assert await handle.result_async(timeout=5) == 42
+        backend = await app.backend()
+        assert getattr(backend, "schema", None) == schema
+        assert "schema=" not in str(getattr(backend, "url", ""))
+    finally:
+        await app.aclose()
+
+
+def test_only_the_query_of_a_url_is_rewritten() -> None:
+    from conveyor.backends.urlquery import with_query
+
+    assert with_query("postgresql:///db?schema=x&sslmode=", {"sslmode": ""}) == (
+        "postgresql:///db?sslmode="
+    )
+    assert with_query("postgresql:///db?schema=x", {}) == "postgresql:///db"
+    assert with_query("redis:///0?prefix=p#frag", {"a": "b c"}) == "redis:///0?a=b+c#frag"
+    assert with_query("postgresql://u:p%40@h:1/db", {}) == "postgresql://u:p%40@h:1/db"

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from conveyor.backends.protocol import Backend, Capability
+from conveyor.backends.urlquery import with_query
 from conveyor.errors import ConfigurationError
 
 __all__ = ["Backend", "Capability", "backend_from_url", "resolve_url", "sqlite_path"]
@@ -50,12 +51,11 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     if scheme in ("postgresql", "postgres"):
         from conveyor.backends.postgres import PostgresBackend
 
-        query = dict(parse_qsl(parts.query))
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
         schema = query.pop("schema", None)
         if schema is not None:
             options.setdefault("schema", schema)
-        clean = urlunsplit(parts._replace(query=urlencode(query)))
-        return PostgresBackend(clean, **options)
+        return PostgresBackend(with_query(url, query), **options)
     if scheme == "sqlite":
         from conveyor.backends.sqlite import SQLiteBackend
 

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -24,6 +24,7 @@ from conveyor.backends.redis import (
     persistence,
 )
 from conveyor.backends.redis.scripts import Scripts
+from conveyor.backends.urlquery import with_query
 from conveyor.errors import (
     BackendError,
     BackendUnavailableError,
@@ -65,7 +66,7 @@ class RedisStore:
         parts = urlsplit(url)
         if parts.scheme.lower() not in SCHEMES:
             raise ConfigurationError(f"a Redis URL starts with redis:// or rediss://, not {url!r}")
-        query = dict(parse_qsl(parts.query))
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
         in_url = query.pop("prefix", None)
         if prefix is not None and in_url is not None and prefix != in_url:
             raise ConfigurationError(
@@ -73,7 +74,7 @@ class RedisStore:
             )
         self.prefix = keys.check_prefix(prefix or in_url or keys.DEFAULT_PREFIX)
         self._base = keys.base(self.prefix)
-        self._url = urlunsplit(parts._replace(query=urlencode(query)))
+        self._url = with_query(url, query)
         host = parts.hostname or "localhost"
         port = f":{parts.port}" if parts.port else ""
         self._server = f"{host}{port}"
