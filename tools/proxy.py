@@ -15,7 +15,10 @@ it. Every control method is synchronous and has taken effect when it returns:
   forwarded again, as after a failover or a middlebox that forgot them)
   while new connections go through.
 
-``url`` is the upstream URL with the proxy's address.
+``url`` is the upstream URL with the proxy's address. ``delay`` (seconds)
+holds every chunk that long, each way, as a longer network would (the
+benchmarks' remote workers); the event loop's timers round it up to about a
+millisecond.
 """
 
 from __future__ import annotations
@@ -63,8 +66,11 @@ class _Pair:
 class Proxy:
     """``start()``, then point clients at ``url``; ``stop()`` when done."""
 
-    def __init__(self, upstream_url: str = DEFAULT_UPSTREAM, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, upstream_url: str = DEFAULT_UPSTREAM, host: str = "127.0.0.1", delay: float = 0.0
+    ) -> None:
         parts = urlsplit(upstream_url)
+        self.delay = delay
         self._parts = parts
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
         self.host = host
@@ -256,6 +262,9 @@ class Proxy:
         self, pair: _Pair, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         assert self._open is not None
+        if self.delay > 0:
+            await self._pump_late(reader, writer)
+            return
         with contextlib.suppress(OSError):
             while True:
                 await self._open.wait()
@@ -267,6 +276,34 @@ class Proxy:
                     return
                 writer.write(data)
                 await writer.drain()
+
+    async def _pump_late(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Forward each chunk ``delay`` seconds after it arrived, in order."""
+        loop = asyncio.get_running_loop()
+        late: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await late.get()
+                wait = due - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if not data:
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        delivering = asyncio.create_task(deliver())
+        try:
+            with contextlib.suppress(OSError):
+                while True:
+                    data = await reader.read(CHUNK)
+                    late.put_nowait((loop.time() + self.delay, data))
+                    if not data:
+                        break
+                await delivering
+        finally:
+            delivering.cancel()
 
 
 async def _forever() -> None:

@@ -69,6 +69,9 @@ class Capability(enum.Enum):
     """Tests only: an enqueue runs its tasks to the end before it returns."""
     VACUUM = "vacuum"
     """The store's tables need vacuuming that the server may not do itself."""
+    TURNS = "turns"
+    """Idle workers of one kind take turns answering wake-ups (a wake-up
+    reaches every worker; see :mod:`conveyor.worker.turns`)."""
 
 
 @dataclass(slots=True)  # not frozen: built per task, and frozen costs 7x
@@ -848,6 +851,40 @@ class Vacuums(Protocol):
         ones, and analyze them (the server's autovacuum would have; without
         statistics the planner guesses). Tables another session is vacuuming
         are passed by. The tables vacuumed."""
+
+
+class TurnLock(Protocol):
+    """The lock one kind of worker takes turns at: a session lock of the
+    store, held until given back or until the session ends (a worker that
+    dies or loses its connection gives it back); waiters get it in turn."""
+
+    async def take(self) -> None:
+        """Wait until this worker holds the lock (raises on a store error)."""
+
+    async def give(self) -> None:
+        """Give the lock back (raises on a store error; the lock then goes
+        with the session, which this closes)."""
+
+    async def close(self) -> None:
+        """End the lock's session (giving the lock back if held)."""
+
+
+@runtime_checkable
+class Turns(Protocol):
+    """``Capability.TURNS``: one lock per kind of worker for wake-up turns."""
+
+    def turn_lock(self, kind: str) -> TurnLock:
+        """The turn lock of the workers of ``kind`` (their queues and task
+        names), on a session of its own, opened at the first ``take``."""
+
+
+def turns_of(backend: Backend) -> Turns | None:
+    """The backend as :class:`Turns`, if it declares it."""
+    if Capability.TURNS not in backend.capabilities:
+        return None
+    if isinstance(backend, Turns):
+        return backend
+    raise _undeclared(backend, Capability.TURNS)
 
 
 def vacuums_of(backend: Backend) -> Vacuums | None:

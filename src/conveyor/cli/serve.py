@@ -95,6 +95,12 @@ async def _pending(app: App) -> list[Migration]:
     "--no-schedules", is_flag=True, help="Neither sync nor fire the app's schedules here."
 )
 @click.option(
+    "--no-wakeup-turns",
+    is_flag=True,
+    help="Answer every wake-up with a claim, instead of taking turns with the idle "
+    "workers of the same queues and tasks (PostgreSQL).",
+)
+@click.option(
     "--process-pool",
     type=click.IntRange(min=0),
     help="Idle handler processes kept for process=True tasks (default: the CPU count; "
@@ -129,6 +135,7 @@ def worker(
     quiet: bool,
     no_prune: bool,
     no_schedules: bool,
+    no_wakeup_turns: bool,
     process_pool: int | None,
     url: str | None,
     schema: str | None,
@@ -156,6 +163,7 @@ def worker(
             log_attempts=not quiet,
             schedules=not no_schedules,
             process_pool=process_pool,
+            wakeup_turns=not no_wakeup_turns,
             **({"retention": None} if no_prune else {}),
         )
         if metrics_port is not None:

@@ -68,6 +68,10 @@ class WorkerConfig:
     schedules: bool = True
     """Sync the app's schedules at start and fire them (False: this worker
     leaves schedules to other workers)."""
+    wakeup_turns: bool = True
+    """Take turns with the idle workers of the same queues and tasks at
+    answering wake-ups, so that a task costs about one claim across a fleet
+    (PostgreSQL; see :mod:`conveyor.worker.turns`). False: answer each."""
     process_pool: int | None = None
     """Idle handler processes kept for the next ``process=True`` attempt
     (None: the machine's CPU count; 0: a fresh process per attempt). See

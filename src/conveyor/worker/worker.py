@@ -37,6 +37,7 @@ from conveyor.backends.protocol import (
     WorkerInfo,
     WorkFilter,
     attempt_transactions_of,
+    turns_of,
 )
 from conveyor.client import Client
 from conveyor.context import TaskContext
@@ -71,6 +72,7 @@ from conveyor.worker.pruner import Pruner
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.stopping import cancel_and_wait
 from conveyor.worker.texts import reason
+from conveyor.worker.turns import Turn, worker_kind
 
 log = logging.getLogger("conveyor.worker")
 
@@ -140,6 +142,8 @@ class Worker:
         self.pruner: Pruner | None = None
         self.scheduler: Scheduler | None = None
         self.claimed_count = 0
+        self.turn: Turn | None = None
+        """This worker's place in the wake-up turns of its kind (PostgreSQL)."""
         self.outage = Outage()
         """The store's reachability, logged once per change (every part reports)."""
         self.claims_made = 0
@@ -246,6 +250,7 @@ class Worker:
             self.scheduler.start()
         listener = None
         if Capability.NOTIFICATIONS in backend.capabilities:
+            self._take_turns(backend)
             listener = loop.create_task(self._listen(backend), name="conveyor-listener")
         self._install_signals(loop)
         try:
@@ -334,14 +339,31 @@ class Worker:
                 loop.remove_signal_handler(sig)
 
     def _dump_state(self) -> None:
-        """SIGUSR1: log what every asyncio task and thread is doing."""
+        """SIGUSR1: log this worker's counts and what every asyncio task and
+        thread is doing."""
         log.warning(
-            "worker %s (%s, %d running): %s",
+            "worker %s (%s, %d running; %d claims returned, %d tasks claimed, %d turns taken): %s",
             self.id,
             "stopping" if self._stopping else "serving",
             len(self._running),
+            self.claims_made,
+            self.claimed_count,
+            0 if self.turn is None else self.turn.taken,
             state_dump(),
         )
+
+    def _take_turns(self, backend: Backend) -> None:
+        """Join the wake-up turns of this worker's kind, where the store has them."""
+        turns = turns_of(backend)
+        if turns is None or not self.config.wakeup_turns or not self.names:
+            return
+        self.turn = Turn(turns.turn_lock(worker_kind(self.queues, self.names)), self._turn_taken)
+        self.turn.start()
+
+    def _turn_taken(self) -> None:
+        self._hinted = True
+        if self._wake is not None:
+            self._wake.set()
 
     async def _listen(self, backend: Backend) -> None:
         """Turn wake-ups into claim hints. Wake-ups are only hints: if the
@@ -353,6 +375,8 @@ class Worker:
                     if self._running and self.cancels is not None:
                         self.cancels.hint(wakeup.task_id)
                     continue
+                if self.turn is not None and not self.turn.answers:
+                    continue  # another worker of this kind holds the turn: it claims
                 self._hinted = True
                 self._wake.set()
         except Exception as exc:
@@ -378,6 +402,11 @@ class Worker:
                     self._take(outcome, pace, time.monotonic(), backend)
                 now = time.monotonic()
                 free = self.config.concurrency - len(self._running) - claims.reserved
+                if self.turn is not None:
+                    # Slots a claim in flight reserved count as free: a worker
+                    # would otherwise give its turn up with each claim it sends.
+                    idle_slots = self.config.concurrency - len(self._running)
+                    self.turn.want(idle_slots > 0 and not claims.flowing)
                 if self.names and pace.may_claim(now) and claims.may_send(free):
                     claims.send(functools.partial(self._claim, backend), free)
                     continue
@@ -387,6 +416,8 @@ class Worker:
                     return
                 await self._wait(pace.timeout(now))
         finally:
+            if self.turn is not None:
+                self.turn.want(False)  # a stopping worker claims no more: next in line
             # Claims already sent may have committed: their tasks are ours to
             # run (or, on an immediate stop, to release) like every other.
             for outcome in await claims.settle():
@@ -649,6 +680,8 @@ class Worker:
             await self._drain(self.config.grace)
         await self._stop_running()
         await self.processes.close()
+        if self.turn is not None:
+            await self.turn.stop()
         if listener is not None:
             await cancel_and_wait(listener)
         if self.pruner is not None:
@@ -664,7 +697,12 @@ class Worker:
         with contextlib.suppress(Exception):
             await backend.stop_worker(self.id)
         await backend.close()
-        log.info("worker %s stopped", self.id)
+        log.info(
+            "worker %s stopped: %d claims returned, %d tasks claimed",
+            self.id,
+            self.claims_made,
+            self.claimed_count,
+        )
 
     async def _stop_running(self) -> None:
         """Order every running handler to stop and wait up to ``stop_timeout``

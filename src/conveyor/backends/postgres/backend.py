@@ -22,7 +22,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from conveyor.backends.postgres import listen, queries, scripts
+from conveyor.backends.postgres import listen, queries, scripts, turns
 from conveyor.backends.postgres.flow import FlowControl
 from conveyor.backends.postgres.inboxes import (
     finish_with_effects,
@@ -137,6 +137,7 @@ class PostgresBackend(FlowControl):
             Capability.NOTIFICATIONS,
             Capability.INSPECT,
             Capability.VACUUM,
+            Capability.TURNS,
         }
     )
 
@@ -662,6 +663,12 @@ class PostgresBackend(FlowControl):
         ]
 
     # -- wake-ups --------------------------------------------------------
+
+    def turn_lock(self, kind: str) -> turns.PostgresTurnLock:
+        """The wake-up turn of the workers of ``kind`` (see :mod:`.turns`)."""
+        return turns.PostgresTurnLock(
+            self.url, self.sql["turn_take"], self.sql["turn_give"], turns.kind_key(kind)
+        )
 
     def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
         """Queue names from the wake-up channel, cancel hints (task ids) from

@@ -1,0 +1,352 @@
+"""A fleet of idle workers on one PostgreSQL database: what each task costs
+in claims, and how latency and throughput fare as the network gets longer.
+
+For each fleet size (``--workers``), each network delay (``--delays``, ms
+each way) and wake-up turns on and off (``--turns``), in a fresh schema:
+
+1. start the fleet: ``python -m conveyor.cli worker benchmarks.bench_app:app``
+   processes, idle, ``--concurrency`` slots and ``--poll-interval`` each
+   (long by default, so that the claims counted answer wake-ups, not polls);
+   with a delay, each connects through a TCP proxy (``tools/proxy.py``, in a
+   process of its own) that holds every chunk that long each way;
+2. once every worker listens and has gone idle, read each worker's count of
+   claims (SIGUSR1 logs it), enqueue ``--rate`` tasks a second for
+   ``--duration`` seconds, one call each, wait for them all, and read the
+   counts again: **claims per task** is the difference over the tasks;
+   **latency** is enqueue to start by the database clock
+   (``attempts.started_at - tasks.created_at``), p50 and p99;
+3. **drain**: enqueue ``--drain-tasks`` at once; the rate is by the database
+   clock, from their enqueue to the last one's end.
+
+The benchmark's own connections use the unix socket, never the proxy.
+``rtt`` is a ``select 1`` round trip through the proxy, measured (the
+proxy's event loop rounds a delay up to about a millisecond).
+
+    python benchmarks/fleet.py
+    python benchmarks/fleet.py --workers 1,16 --delays 0,0.5,1,2 --turns on,off --json
+
+Every run checks that each task succeeded once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_app import TASK_NAME, make_app  # noqa: E402
+from benchmarks.throughput import drop_schema, log  # noqa: E402
+
+TCP_URL = "postgresql://127.0.0.1:5432/test"
+SOCKET_URL = "postgresql:///test?host=/var/run/postgresql"
+READY_TIMEOUT = 60.0
+COUNTS = re.compile(r"worker (\S+) \(\w+, \d+ running; (\d+) claims returned, (\d+) tasks claimed")
+PROXY_SCRIPT = """
+import sys
+from tools.proxy import Proxy
+proxy = Proxy(sys.argv[1], delay=float(sys.argv[2]))
+proxy.start()
+print(proxy.url, flush=True)
+sys.stdin.read()
+proxy.stop()
+"""
+
+
+@dataclass
+class FleetResult:
+    workers: int
+    delay_ms: float
+    turns: bool
+    rtt_ms: float
+    tasks: int
+    claims: int
+    claims_per_task: float
+    start_p50_ms: float
+    start_p99_ms: float
+    drain_tasks: int
+    drain_per_second: float
+    ok: bool
+
+
+@contextlib.contextmanager
+def delay_proxy(delay_ms: float) -> Iterator[str]:
+    """The URL workers connect to: PostgreSQL itself, or a delaying proxy."""
+    if delay_ms <= 0:
+        yield TCP_URL
+        return
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", PROXY_SCRIPT, TCP_URL, str(delay_ms / 1000)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def round_trip_ms(url: str) -> float:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("select 1")
+        samples = []
+        for _ in range(50):
+            began = time.perf_counter()
+            conn.execute("select 1")
+            samples.append(time.perf_counter() - began)
+    return 1000 * sorted(samples)[len(samples) // 2]
+
+
+class Fleet:
+    """Worker processes, each logging to a file of its own."""
+
+    def __init__(self, args: argparse.Namespace, url: str, schema: str, turns: bool) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="conveyor-fleet-"))
+        env = {
+            **os.environ,
+            "CONVEYOR_URL": url,
+            "CONVEYOR_SCHEMA": schema,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "conveyor.cli",
+            "worker",
+            "benchmarks.bench_app:app",
+            "--concurrency",
+            str(args.concurrency),
+            "--poll-interval",
+            str(args.poll_interval),
+            "--quiet",
+            "--no-schedules",
+            "--no-prune",
+        ]
+        if not turns:
+            command.append("--no-wakeup-turns")
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+        for index in range(args.workers):
+            path = self.dir / f"worker-{index}.log"
+            self.logs.append(path)
+            with path.open("wb") as out:
+                self.processes.append(
+                    subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+                )
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.processes)
+
+    async def counts(self) -> tuple[int, int]:
+        """Claims returned and tasks claimed, summed over the fleet (SIGUSR1)."""
+        sizes = [path.stat().st_size for path in self.logs]
+        for process in self.processes:
+            process.send_signal(signal.SIGUSR1)
+        claims = claimed = 0
+        for path, size in zip(self.logs, sizes, strict=True):
+            deadline = time.monotonic() + 10
+            while True:
+                with path.open("rb") as log_file:
+                    log_file.seek(size)
+                    found = COUNTS.search(log_file.read().decode(errors="replace"))
+                if found:
+                    claims += int(found.group(2))
+                    claimed += int(found.group(3))
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"no counts in {path}")
+                await asyncio.sleep(0.02)
+        return claims, claimed
+
+    async def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                await asyncio.to_thread(process.wait, 30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                await asyncio.to_thread(process.wait)
+
+
+async def scalar(conn: psycopg.AsyncConnection[Any], query: sql.Composable) -> Any:
+    cursor = await conn.execute(query)
+    row = await cursor.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def wait_count(
+    conn: psycopg.AsyncConnection[Any], query: sql.Composable, want: int, fleet: Fleet
+) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while await scalar(conn, query) < want:
+        if time.monotonic() > deadline or not fleet.alive():
+            raise SystemExit(f"the fleet did not get there: {query.as_string(conn)}")
+        await asyncio.sleep(0.05)
+
+
+async def run_case(
+    args: argparse.Namespace, workers: int, delay_ms: float, turns: bool
+) -> FleetResult:
+    schema = f"bench_{uuid.uuid4().hex[:8]}_fleet"
+    app = make_app(SOCKET_URL, schema)
+    await app.backend()  # the schema, before the workers start
+    case = argparse.Namespace(**{**vars(args), "workers": workers})
+    label = f"[{workers} workers, {delay_ms:g} ms, turns {'on' if turns else 'off'}]"
+    try:
+        with delay_proxy(delay_ms) as url:
+            rtt = round_trip_ms(url)
+            fleet = Fleet(case, url, schema, turns)
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    SOCKET_URL, autocommit=True
+                ) as conn:
+                    tasks_table = sql.Identifier(schema, "tasks")
+                    done = sql.SQL("select count(*) from {} where state = 'succeeded'").format(
+                        tasks_table
+                    )
+                    listening = sql.SQL(
+                        "select count(*) from pg_stat_activity where query like {}"
+                    ).format(sql.Literal(f'listen "conveyor_{schema}"%'))
+                    await wait_count(conn, listening, workers, fleet)
+                    await app.enqueue_async(TASK_NAME, {"i": -1})  # warm-up
+                    await wait_count(conn, done, 1, fleet)
+                    await asyncio.sleep(args.settle)
+                    claims_before, _ = await fleet.counts()
+                    total = max(1, round(args.rate * args.duration))
+                    log(f"{label} {total} tasks at {args.rate:g}/s")
+                    loop = asyncio.get_running_loop()
+                    begin = loop.time()
+                    first_id = None
+                    for i in range(total):
+                        pause = begin + i / args.rate - loop.time()
+                        if pause > 0:
+                            await asyncio.sleep(pause)
+                        handle = await app.enqueue_async(TASK_NAME, {"i": i})
+                        first_id = first_id if first_id is not None else handle.id
+                    await wait_count(conn, done, total + 1, fleet)
+                    claims_after, _ = await fleet.counts()
+                    latencies = sql.SQL(
+                        "select percentile_cont(array[0.5, 0.99]) within group (order by "
+                        "extract(epoch from a.started_at - t.created_at)) from {} t join {} a "
+                        "on a.task_id = t.id where t.id >= {}"
+                    ).format(tasks_table, sql.Identifier(schema, "attempts"), first_id)
+                    p50, p99 = await scalar(conn, latencies)
+                    log(f"{label} drain of {args.drain_tasks}")
+                    handles = await app.enqueue_many_async(
+                        TASK_NAME, [{"i": i} for i in range(args.drain_tasks)]
+                    )
+                    drained = total + 1 + args.drain_tasks
+                    await wait_count(conn, done, drained, fleet)
+                    window = sql.SQL(
+                        "select extract(epoch from max(t.finished_at) - min(t.created_at)) "
+                        "from {} t where t.id >= {}"
+                    ).format(tasks_table, handles[0].id)
+                    seconds = float(await scalar(conn, window))
+                    attempts = await scalar(
+                        conn,
+                        sql.SQL("select count(*) from {}").format(
+                            sql.Identifier(schema, "attempts")
+                        ),
+                    )
+            finally:
+                await fleet.stop()
+    finally:
+        await app.aclose()
+        await drop_schema(TCP_URL, schema)
+    claims = claims_after - claims_before
+    return FleetResult(
+        workers=workers,
+        delay_ms=delay_ms,
+        turns=turns,
+        rtt_ms=rtt,
+        tasks=total,
+        claims=claims,
+        claims_per_task=claims / total,
+        start_p50_ms=1000 * p50,
+        start_p99_ms=1000 * p99,
+        drain_tasks=args.drain_tasks,
+        drain_per_second=args.drain_tasks / seconds,
+        ok=attempts == drained,
+    )
+
+
+def table(results: Sequence[FleetResult]) -> str:
+    lines = [
+        "| workers | delay ms | rtt ms | turns | claims/task | start p50 ms | start p99 ms "
+        "| drain tasks/s | check |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.workers} | {r.delay_ms:g} | {r.rtt_ms:.2f} | {'on' if r.turns else 'off'} "
+            f"| {r.claims_per_task:.2f} | {r.start_p50_ms:.1f} | {r.start_p99_ms:.1f} "
+            f"| {r.drain_per_second:,.0f} | {'ok' if r.ok else 'FAILED'} |"
+        )
+    return "\n".join(lines)
+
+
+def numbers(text: str, kind: type) -> list[Any]:
+    return [kind(part) for part in text.split(",") if part.strip()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", default="1,16")
+    parser.add_argument("--delays", default="0")
+    parser.add_argument("--turns", default="on,off")
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--poll-interval", type=float, default=30.0)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--drain-tasks", type=int, default=10_000)
+    parser.add_argument("--settle", type=float, default=1.5, help="seconds idle before counting")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = []
+    for delay in numbers(args.delays, float):
+        for workers in numbers(args.workers, int):
+            for turns in [t.strip() == "on" for t in args.turns.split(",")]:
+                if workers == 1 and not turns and "on" in args.turns:
+                    continue  # one worker: turns change nothing
+                results.append(asyncio.run(run_case(args, workers, delay, turns)))
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=2))
+    else:
+        print(table(results))
+
+
+if __name__ == "__main__":
+    main()
