@@ -96,6 +96,7 @@ CLAIM_ARGS = {
     "queues": ["default"],
     "limit": 10,
     "lease": 30.0,
+    "inbox_names": ["flow"],
 }
 
 
@@ -406,3 +407,18 @@ async def test_the_dashboard_s_activity_read_is_bounded_by_the_state_index(
     assert "tasks_state_id" in {n.get("Index Name") for n in plan}
     limits = [n["Plan Rows"] for n in plan if n.get("Node Type") == "Limit"]
     assert len(limits) == 2 and max(limits) == 1000  # one per state, the succeeded one full
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("name", ["claim", "claim_keyed"])
+async def test_a_claim_reads_a_coroutine_s_inbox_through_its_index(
+    history: PostgresBackend, name: str, generic: bool
+) -> None:
+    args = {
+        **CLAIM_ARGS,
+        "inbox_names": ["job"],
+        **({"keys": ["k"]} if name == "claim_keyed" else {}),
+    }
+    nodes = await (_generic_plan(history, name, args) if generic else _plan(history, name, args))
+    assert "messages" not in _scanned_tables(nodes)
+    assert "messages_inbox" in {n.get("Index Name") for n in nodes}

@@ -11,10 +11,12 @@ from conveyor.backends.protocol import (
     Capability,
     Inspector,
     TransactionalEnqueue,
+    Turns,
     Vacuums,
     attempt_transactions_of,
     inspector_of,
     transactional_of,
+    turns_of,
 )
 
 EXPECTED = {
@@ -24,6 +26,7 @@ EXPECTED = {
         Capability.NOTIFICATIONS,
         Capability.INSPECT,
         Capability.VACUUM,
+        Capability.TURNS,
     },
     "SQLiteBackend": {
         Capability.TRANSACTIONAL_ENQUEUE,
@@ -38,6 +41,7 @@ PROTOCOLS = {
     Capability.ATTEMPT_TRANSACTION: AttemptTransactions,
     Capability.INSPECT: Inspector,
     Capability.VACUUM: Vacuums,
+    Capability.TURNS: Turns,
 }
 
 
@@ -58,6 +62,7 @@ def test_a_backend_implements_exactly_the_optional_protocols_it_declares(
         backend, AttemptTransactions
     )
     assert (inspector_of(backend) is not None) == isinstance(backend, Inspector)
+    assert (turns_of(backend) is not None) == isinstance(backend, Turns)
 
 
 async def test_attempt_transactions_open_and_roll_back(backend: Backend) -> None:

@@ -13,11 +13,14 @@ from dataclasses import replace
 from datetime import datetime
 
 import pytest
+from psycopg import sql
 
 from conveyor import payload as codec
+from conveyor.backends.postgres import PostgresBackend
 from conveyor.backends.protocol import (
     Backend,
     ClaimedTask,
+    ClaimParams,
     Completion,
     Delivery,
     Effects,
@@ -334,3 +337,70 @@ async def test_enqueue_params_carry_first_messages_for_many_tasks(backend: Backe
     )
     for i, task_id in enumerate(ids):
         assert await bodies(backend, task_id) == [{"i": i}]
+
+
+async def _claim_with_inbox(backend: Backend, at: datetime) -> ClaimedTask:
+    [task] = await backend.claim(
+        ClaimParams("w1", NAMES, ("default",), 1, LEASE, now=at, inbox_names=("coro",))
+    )
+    return task
+
+
+async def test_a_claim_may_bring_the_inbox_as_it_stood(backend: Backend) -> None:
+    # PostgreSQL reads a claimed coroutine task's inbox with its claim (one
+    # round trip less per poll); the others leave it to the poll.
+    brings = isinstance(backend, PostgresBackend)
+    if isinstance(backend, PostgresBackend):
+        # Its claim that also takes back expired leases (once per poll
+        # interval, in a worker) leaves inboxes to the polls: spent here.
+        backend._sweep.interval = 3600
+        assert await claim(backend, names=NAMES) == []
+    [task_id] = await enqueue(backend, coroutine(message="first"))
+    await send(backend, task_id, {"second": [1, 2]}, later(1))
+    [empty_id] = await enqueue(backend, coroutine())
+    [job_id] = await enqueue(backend, new())
+    polled = await _claim_with_inbox(backend, later(2))
+    assert polled.token.task_id == task_id
+    stored = await backend.inbox(task_id)
+    if brings:
+        assert polled.inbox == stored
+        assert [m.body for m in polled.inbox] == ["first", {"second": [1, 2]}]
+    else:
+        assert polled.inbox is None
+    # A message after the claim is not in what it brought: the poll's
+    # completion makes the task due again for it.
+    await send(backend, task_id, "late", later(3))
+    seen = polled.inbox if polled.inbox is not None else stored
+    await finish(backend, rest(polled, {}, consumed=tuple(m.id for m in seen)), later(4))
+    assert await bodies(backend, task_id) == ["late"]
+    task = await backend.get_task(task_id)
+    assert task is not None and task.state is TaskState.PENDING
+
+    rest_of = await backend.claim(
+        ClaimParams("w1", NAMES, ("default",), 5, LEASE, now=later(5), inbox_names=("coro",))
+    )
+    by_id = {t.token.task_id: t for t in rest_of}
+    assert set(by_id) == {task_id, empty_id, job_id}
+    assert by_id[job_id].inbox is None  # not a coroutine name: not read
+    if brings:
+        assert by_id[empty_id].inbox == []
+        assert [m.body for m in by_id[task_id].inbox or []] == ["late"]
+
+
+async def test_a_message_row_the_claim_cannot_read_leaves_the_read_to_the_poll(
+    backend: Backend,
+) -> None:
+    if not isinstance(backend, PostgresBackend):
+        pytest.skip("only PostgreSQL reads inboxes with its claims")
+    [task_id] = await enqueue(backend, coroutine(message="first"))
+    async with backend.pool.connection() as conn:  # written around conveyor
+        await conn.execute(
+            sql.SQL("update {} set created_at = 'infinity' where task_id = %s").format(
+                sql.Identifier(backend.schema, "messages")
+            ),
+            (task_id,),
+        )
+    polled = await _claim_with_inbox(backend, T0)
+    assert polled.inbox is None
+    [message] = await backend.inbox(task_id)
+    assert message.body == "first"

@@ -146,6 +146,9 @@ class ClaimParams:
     lease: float
     """Lease seconds for tasks that do not set their own."""
     now: datetime | None = None
+    inbox_names: Sequence[str] = ()
+    """Coroutine task names: a backend may read the inbox of each such task
+    it claims with the claim (``ClaimedTask.inbox``)."""
 
 
 @dataclass(slots=True)  # not frozen: built per task, and frozen costs 7x
@@ -169,6 +172,9 @@ class ClaimedTask:
     """When the task was due (before this claim): the start of its wait."""
     trace: str | None = None
     """The trace context stored with the task (see ``NewTask.trace``)."""
+    inbox: list[Message] | None = None
+    """The task's inbox as its claim read it (see ``ClaimParams.inbox_names``);
+    None: not read, the poll reads it itself."""
 
 
 @dataclass(frozen=True, slots=True)

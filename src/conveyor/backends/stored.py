@@ -200,9 +200,11 @@ def stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
 def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
     """A row of a claim: id, attempt, name, queue, payload, spent, max_attempts,
     retry policy, timeout, lease, lease expiry (a datetime), step, parent id,
-    run time (a datetime), trace context."""
+    run time (a datetime), trace context, and (PostgreSQL) the inbox read
+    with the claim (see :func:`claimed_inbox`)."""
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
     timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
+    inbox = claimed_inbox(task_id, row[15]) if len(row) > 15 and row[15] is not None else None
     return ClaimedTask(
         token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
         name=name,
@@ -218,7 +220,30 @@ def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
         parent_id=parent_id,
         run_at=run_at,
         trace=trace,
+        inbox=inbox,
     )
+
+
+def claimed_inbox(task_id: int, rows: Any) -> list[Message] | None:
+    """An inbox read with a claim: JSON rows of id, sender id, kind, body
+    (JSON text), created_at (ISO 8601) and trace context. None if any row
+    does not read (written around conveyor): the poll then reads its inbox
+    itself, as without the claim's."""
+    try:
+        return [
+            Message(
+                id=int(message_id),
+                task_id=task_id,
+                sender_id=None if sender_id is None else int(sender_id),
+                kind=MessageKind(kind),
+                body=codec.decode(body),
+                created_at=datetime.fromisoformat(created_at),
+                trace=trace,
+            )
+            for message_id, sender_id, kind, body, created_at, trace in rows
+        ]
+    except Exception:
+        return None
 
 
 def attempt_row(row: tuple[Any, ...]) -> Attempt:

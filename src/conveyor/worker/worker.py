@@ -41,6 +41,7 @@ from conveyor.backends.protocol import (
 )
 from conveyor.client import Client
 from conveyor.context import TaskContext
+from conveyor.coroutine import Coroutine as CoroutineTask
 from conveyor.errors import (
     BackendUnavailableError,
     CancelledByRequest,
@@ -121,6 +122,8 @@ class Worker:
             self.config.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
         self.names = sorted(self.tasks)
+        self.inbox_names = sorted(n for n, t in self.tasks.items() if isinstance(t, CoroutineTask))
+        """Coroutine tasks: their inbox may come with their claim."""
         self.queues: Sequence[str] = tuple(
             self.config.queues or sorted({t.defaults.queue for t in self.tasks.values()})
         )
@@ -442,6 +445,7 @@ class Worker:
             queues=self.queues,
             limit=limit,
             lease=self.config.lease,
+            inbox_names=self.inbox_names,
         )
         if self.events.active:
             return await self._claim_told(backend, params)
@@ -519,7 +523,7 @@ class Worker:
             open_transaction=opener,
             open_transaction_sync=sync_opener,
             parent_id=task.parent_id,
-            read_inbox=self._inbox_reader(backend, task.token.task_id),
+            read_inbox=self._inbox_reader(backend, task),
         )
         running = RunningAttempt(
             task, definition, ctx, self.client.max_payload_bytes, self.processes
@@ -540,9 +544,13 @@ class Worker:
             self._runners.add(runner)
 
     def _inbox_reader(
-        self, backend: Backend, task_id: int
+        self, backend: Backend, task: ClaimedTask
     ) -> Callable[[], Awaitable[list[Message]]]:
-        read = functools.partial(backend.inbox, task_id)
+        read: Callable[[], Awaitable[list[Message]]] = functools.partial(
+            backend.inbox, task.token.task_id
+        )
+        if task.inbox is not None:
+            read = _first_read(task.inbox, read)
         tracing = self.client.tracing
         return read if tracing is None else tracing.inbox_reader(read)
 
@@ -754,3 +762,17 @@ def due_delay(task: ClaimedTask) -> float | None:
     if task.run_at is None:
         return None
     return time.time() - task.run_at.timestamp()
+
+
+def _first_read(
+    inbox: list[Message], read: Callable[[], Awaitable[list[Message]]]
+) -> Callable[[], Awaitable[list[Message]]]:
+    """The inbox the claim read, at the first read; the store's after."""
+    given = [inbox]
+
+    async def reader() -> list[Message]:
+        if given:
+            return given.pop()
+        return await read()
+
+    return reader

@@ -28,6 +28,7 @@ from conveyor.backends.postgres.inboxes import (
     finish_with_effects,
     has_effects,
     insert_tasks,
+    spawning,
 )
 from conveyor.backends.postgres.loaders import ADAPTERS
 from conveyor.backends.postgres.migrate import apply_migrations, pending_migrations
@@ -432,6 +433,7 @@ class PostgresBackend(FlowControl):
             "queues": list(params.queues),
             "limit": params.limit,
             "lease": params.lease,
+            "inbox_names": list(params.inbox_names),
         }
         with self._sweep.turn() as sweep:
             return await self._claim(params, args, sweep)
@@ -526,7 +528,13 @@ class PostgresBackend(FlowControl):
         if not completions:
             return FinishResult(frozenset(), frozenset())
         if has_effects(completions):
-            async with self._connection() as conn, conn.transaction():
+            # In pipeline mode from the start, so that BEGIN goes out with the
+            # first flight of statements rather than on a round trip of its own.
+            async with (
+                self._connection() as conn,
+                contextlib.nullcontext() if spawning(completions) else conn.pipeline(),
+                conn.transaction(),
+            ):
                 done = await finish_with_effects(
                     conn, self.sql, params.worker_id, completions, params.now
                 )

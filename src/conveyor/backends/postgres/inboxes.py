@@ -35,6 +35,12 @@ def has_effects(completions: Sequence[Completion]) -> bool:
     return any(c.effects is not None for c in completions)
 
 
+def spawning(completions: Sequence[Completion]) -> bool:
+    """Whether any completion spawns a task: its statements then go one at a
+    time (each spawn reads the id of its insert), not in a pipeline."""
+    return any(c.effects is not None and c.effects.spawns for c in completions)
+
+
 def lock_args(completions: Sequence[Completion], now: datetime | None) -> dict[str, Any]:
     own = [c.token.task_id for c in completions]
     recipients = [d.task_id for c in completions if c.effects for d in c.effects.sends]
@@ -56,8 +62,7 @@ async def finish_with_effects(
     # effects, the finish and the rewake, none of which waits on another's
     # reply. A failed statement aborts the transaction all the same. Spawns
     # read the ids of their inserts as they go: with any, one at a time.
-    spawning = any(c.effects is not None and c.effects.spawns for c in completions)
-    async with contextlib.nullcontext() if spawning else conn.pipeline():
+    async with contextlib.nullcontext() if spawning(completions) else conn.pipeline():
         await conn.execute(sql["guard_endings"], {"ids": own})
         cursor = await conn.execute(sql["lock_tasks"], lock_args(completions, now))
         locked = await cursor.fetchall()

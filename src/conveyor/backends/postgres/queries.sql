@@ -240,6 +240,23 @@ claimed as (
               t.concurrency_key, t.concurrency_limit, t.trace_context
 )
 
+-- name: part_claim_inbox
+-- Part of the claims' final select: the inbox of each claimed coroutine task
+-- (%(inbox_names)s: the names of the worker's coroutine tasks), read with
+-- its claim, so that its poll needs no round trip of its own; NULL for
+-- every other task (no read at all). Not in claim_reclaim, which runs once a
+-- poll interval and must stay under psycopg's 4 KiB of cached statement:
+-- the tasks it claims read their inboxes themselves. A message that arrives after the claim
+-- stays in the inbox: the poll's completion sees it and makes the task due
+-- again (rewake), as for one that arrives while the poll runs.
+case when claimed.name = any(%(inbox_names)s::text[]) then (
+    select coalesce(json_agg(json_build_array(m.id, m.sender_id, m.kind, m.body::text,
+                                              m.created_at, m.trace_context) order by m.id),
+                    '[]')
+    from {schema}.messages m
+    where m.task_id = claimed.id
+) end
+
 -- name: claim
 -- Claim up to %(limit)s::int due pending tasks of the worker's queues and
 -- names, in claim order (priority, run_at, id), in one statement. The
@@ -267,7 +284,8 @@ chosen as (
 {part_claimed}
 -- In claim order, like every backend.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context,
+       {part_claim_inbox}
 from claimed
 order by priority desc, run_at, id;
 
@@ -1230,7 +1248,8 @@ emptied as (
                       where t.concurrency_key = c.key and t.state = 'pending')
 )
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context
+       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context,
+       {part_claim_inbox}
 from claimed
 order by priority desc, run_at, id;
 

@@ -1,0 +1,103 @@
+"""conveyor on SQLite: the worker of ``benchmarks/throughput.py`` on a file of its own.
+
+- URL: ``sqlite:////ABS/PATH.db`` (``sqlite_peers.py`` gives each phase a new
+  file), through ``conveyor.App(url)`` with the backend's defaults: WAL,
+  ``synchronous=full`` (every commit is fsynced, so an acknowledged enqueue
+  or completion survives a power cut; ``?synchronous=normal`` is faster and
+  may lose the last commits on one), ``busy_timeout`` 10 s.
+- Worker: ``python -m conveyor.cli worker benchmarks.bench_app:app --burst
+  --concurrency 400`` with ``CONVEYOR_URL`` set, as on PostgreSQL and Redis;
+  the default lease and heartbeat. An enqueue from another process wakes an
+  idle worker through its ``PRAGMA data_version`` watch (every 10 ms).
+- Enqueue: ``enqueue_many_async``, 5000 a call (one transaction per call).
+- Completion from conveyor's own tables, read through a read-only
+  connection (WAL: it never blocks the workers): ``conveyor_tasks.state``
+  (succeeded, and the rest unfinished), and the attempt log's
+  ``started_at`` / ``finished_at`` (REAL seconds since the epoch, by SQLite's
+  clock, migration 0001).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from benchmarks.bench_app import STAMP_NAME, TASK_NAME, make_app
+from benchmarks.systems.system import Completion, System
+from benchmarks.throughput import WorkerSpec, worker_command
+from conveyor import App
+from conveyor.backends import sqlite_path
+
+BATCH = 5_000
+"""Tasks per ``enqueue_many_async`` call, as on PostgreSQL and Redis."""
+READ_TIMEOUT = 10.0
+"""Seconds a read waits for a lock (a checkpoint, a schema change)."""
+SUCCEEDED = "select count(*) from conveyor_tasks where state = 'succeeded'"
+COMPLETION = """
+select (select count(*) from conveyor_tasks where state = 'succeeded'),
+       (select count(*) from conveyor_tasks where state <> 'succeeded'),
+       (select min(started_at) from conveyor_attempts),
+       (select max(finished_at) from conveyor_attempts)
+"""
+
+
+def read_row(url: str, query: str) -> tuple[Any, ...]:
+    """One row of ``query``, through a read-only connection to the file of
+    ``url``, opened and closed around it so that it holds no lock between polls."""
+    path = sqlite_path(url)
+    if path is None:
+        raise ValueError(f"not a SQLite URL: {url!r}")
+    uri = f"{Path(path).as_uri()}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=READ_TIMEOUT)) as conn:
+        row: tuple[Any, ...] = conn.execute(query).fetchone()
+    return row
+
+
+def moment(seconds: float | None) -> datetime | None:
+    """Epoch seconds as an aware datetime (None stays None)."""
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+class ConveyorSqlite(System):
+    name: ClassVar[str] = "conveyor"
+    configuration = f"--concurrency {{concurrency}}, enqueue_many_async x{BATCH}, synchronous=full"
+    default_concurrency: ClassVar[int] = 400
+
+    app: App
+
+    async def install(self) -> None:
+        self.app = make_app(self.dsn)
+        await self.app.backend()  # creates the file and migrates it
+
+    async def enqueue(self, n: int) -> float:
+        started = time.perf_counter()
+        for first in range(0, n, BATCH):
+            payloads = [{"i": i} for i in range(first, min(first + BATCH, n))]
+            await self.app.enqueue_many_async(TASK_NAME, payloads)
+        return time.perf_counter() - started
+
+    async def enqueue_stamp(self, sent: float) -> None:
+        await self.app.enqueue_async(STAMP_NAME, {"sent": sent})
+
+    def worker_command(self, burst: bool) -> list[str]:
+        spec = WorkerSpec(self.dsn, self.concurrency, burst, None, self.log_level)
+        return worker_command(spec)
+
+    def worker_env(self) -> dict[str, str]:
+        return {"CONVEYOR_URL": self.dsn}
+
+    async def close(self) -> None:
+        await self.app.aclose()
+
+    async def progress(self) -> int:
+        (succeeded,) = await asyncio.to_thread(read_row, self.dsn, SUCCEEDED)
+        return int(succeeded)
+
+    async def completion(self) -> Completion:
+        succeeded, unfinished, first, last = await asyncio.to_thread(read_row, self.dsn, COMPLETION)
+        return Completion(succeeded, unfinished, moment(first), moment(last))
