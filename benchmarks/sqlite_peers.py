@@ -60,7 +60,7 @@ class SqliteStores:
     every file of the store (``NAME.*``: journal, WAL, shared memory, records)."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
+        self.folder = folder.resolve()  # the workers run in another directory
 
     async def create(self, name: str) -> str:
         path = self.folder / f"{name}.db"

@@ -82,12 +82,16 @@ class HueyApp:
     stamp: TaskWrapper
 
 
-def make_huey(url: str) -> HueyApp:
-    """huey on the file of ``url`` (``sqlite:////ABS/PATH.db``); creates its tables."""
+def path_of(url: str) -> str:
     path = sqlite_path(url)
     if path is None:
         raise ValueError(f"not a SQLite URL: {url!r}")
-    huey = SqliteHuey(NAME, filename=path, fsync=True)
+    return path
+
+
+def make_huey(url: str) -> HueyApp:
+    """huey on the file of ``url`` (``sqlite:////ABS/PATH.db``); creates its tables."""
+    huey = SqliteHuey(NAME, filename=path_of(url), fsync=True)
     return HueyApp(huey, huey.task()(bench_noop), huey.task()(bench_stamp))
 
 
@@ -102,7 +106,7 @@ def __getattr__(name: str) -> Any:
 
 def record_path(url: str) -> Path:
     """The record file beside the database file of ``url``."""
-    return Path(f"{sqlite_path(url)}.records")
+    return Path(f"{path_of(url)}.records")
 
 
 class HueySystem(System):
