@@ -78,7 +78,12 @@ from conveyor.model import Attempt, LeaseToken, Message, Task, TaskState
 
 log = logging.getLogger("conveyor.sqlite")
 CHANGE_POLL_INTERVAL = 0.01
-"""Seconds between checks for commits made by other processes (wake-ups)."""
+"""Seconds between checks for commits made by other processes (wake-ups),
+once none has come for ``CHANGE_BUSY_WINDOW``."""
+CHANGE_POLL_BUSY = 0.002
+"""Seconds between those checks within ``CHANGE_BUSY_WINDOW`` of the last
+commit seen: while work keeps coming, a commit is seen within 2 ms."""
+CHANGE_BUSY_WINDOW = 1.0
 
 
 class SQLiteBackend(FlowControl):
@@ -513,10 +518,12 @@ class SQLiteBackend(FlowControl):
 
     async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
         """Every queue once at the start; then enqueues (and cancels) of this
-        process at once, and commits of other processes within
-        CHANGE_POLL_INTERVAL (a change of ``PRAGMA data_version``): every
-        queue, and a CancelHint without an id (the commit may have been a
-        cancel; the worker reads whether its tasks' were)."""
+        process at once, and commits of other processes (a change of ``PRAGMA
+        data_version``) within CHANGE_POLL_BUSY while commits keep coming,
+        CHANGE_POLL_INTERVAL after a quiet second: every queue, and a
+        CancelHint without an id (the commit may have been a cancel; the
+        worker reads whether its tasks' were). The checks cost a few
+        microseconds each, on this event loop."""
         subscription = wake.Subscription(self._wake_key, queues)
         try:
             watcher = connect(self.path, self._busy_timeout, self._synchronous)
@@ -529,15 +536,20 @@ class SQLiteBackend(FlowControl):
             for queue in queues:
                 yield queue
             nearby = asyncio.ensure_future(subscription.next())
+            loop = asyncio.get_running_loop()
+            changed_at = float("-inf")
             while True:
-                await asyncio.wait({nearby}, timeout=CHANGE_POLL_INTERVAL)
+                busy = loop.time() - changed_at < CHANGE_BUSY_WINDOW
+                await asyncio.wait(
+                    {nearby}, timeout=CHANGE_POLL_BUSY if busy else CHANGE_POLL_INTERVAL
+                )
                 if nearby.done():
                     yield nearby.result()
                     nearby = asyncio.ensure_future(subscription.next())
                     continue
                 current = self._data_version(watcher)
                 if current != version:
-                    version = current
+                    version, changed_at = current, loop.time()
                     for queue in queues:
                         yield queue
                     yield CancelHint()
