@@ -20,23 +20,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
 import time
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from benchmarks.bench_app import STAMP_NAME, TASK_NAME, make_app
-from benchmarks.systems.system import Completion, System
+from benchmarks.systems.sqlite_system import read_row
+from benchmarks.systems.system import Completion, System, moment
 from benchmarks.throughput import WorkerSpec, worker_command
 from conveyor import App
-from conveyor.backends import sqlite_path
 
 BATCH = 5_000
 """Tasks per ``enqueue_many_async`` call, as on PostgreSQL and Redis."""
-READ_TIMEOUT = 10.0
-"""Seconds a read waits for a lock (a checkpoint, a schema change)."""
 SUCCEEDED = "select count(*) from conveyor_tasks where state = 'succeeded'"
 COMPLETION = """
 select (select count(*) from conveyor_tasks where state = 'succeeded'),
@@ -44,23 +38,6 @@ select (select count(*) from conveyor_tasks where state = 'succeeded'),
        (select min(started_at) from conveyor_attempts),
        (select max(finished_at) from conveyor_attempts)
 """
-
-
-def read_row(url: str, query: str) -> tuple[Any, ...]:
-    """One row of ``query``, through a read-only connection to the file of
-    ``url``, opened and closed around it so that it holds no lock between polls."""
-    path = sqlite_path(url)
-    if path is None:
-        raise ValueError(f"not a SQLite URL: {url!r}")
-    uri = f"{Path(path).as_uri()}?mode=ro"
-    with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=READ_TIMEOUT)) as conn:
-        row: tuple[Any, ...] = conn.execute(query).fetchone()
-    return row
-
-
-def moment(seconds: float | None) -> datetime | None:
-    """Epoch seconds as an aware datetime (None stays None)."""
-    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
 class ConveyorSqlite(System):

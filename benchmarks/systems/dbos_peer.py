@@ -50,22 +50,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions
 
+from benchmarks.systems.sqlite_system import path_of, read_row
 from benchmarks.systems.stamp import RECORD_ENV, read_records, record_run, record_start
-from benchmarks.systems.system import Completion, System
-from conveyor.backends import sqlite_path
+from benchmarks.systems.system import Completion, System, moment
 
 APP = "bench"
 """The application's name: it owns the queue and the workflows."""
@@ -73,8 +70,6 @@ VERSION = "bench"
 QUEUE = "bench"
 POLLING_INTERVAL = 0.1
 """Seconds between a worker's polls of the queue (DBOS's default: 1.0)."""
-READ_TIMEOUT = 10.0
-"""Seconds a read waits while a worker holds the file's write lock."""
 NOOP: EnqueueOptions = {"queue_name": QUEUE, "workflow_name": "bench_noop"}
 STAMP: EnqueueOptions = {"queue_name": QUEUE, "workflow_name": "bench_stamp"}
 SUCCEEDED = "select count(*) from workflow_status where queue_name = ? and status = 'SUCCESS'"
@@ -93,28 +88,6 @@ def bench_noop(i: int = 0) -> None:
 @DBOS.workflow(name="bench_stamp")
 def bench_stamp(sent: float = 0.0) -> None:
     record_start(sent)
-
-
-def path_of(url: str) -> str:
-    path = sqlite_path(url)
-    if path is None:
-        raise ValueError(f"not a SQLite URL: {url!r}")
-    return path
-
-
-def read_row(url: str, query: str) -> tuple[Any, ...]:
-    """One row of ``query`` (for queue ``bench``), through a read-only
-    connection opened and closed around it: with a rollback journal a reader
-    holds a shared lock that a committing worker must wait for."""
-    uri = f"{Path(path_of(url)).as_uri()}?mode=ro"
-    with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=READ_TIMEOUT)) as conn:
-        row: tuple[Any, ...] = conn.execute(query, (QUEUE,)).fetchone()
-    return row
-
-
-def moment(seconds: float | None) -> datetime | None:
-    """Epoch seconds as an aware datetime (None stays None)."""
-    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
 class DbosSystem(System):
@@ -163,11 +136,11 @@ class DbosSystem(System):
         await asyncio.to_thread(self.client.destroy)
 
     async def progress(self) -> int:
-        (succeeded,) = await asyncio.to_thread(read_row, self.dsn, SUCCEEDED)
+        (succeeded,) = await asyncio.to_thread(read_row, self.dsn, SUCCEEDED, (QUEUE,))
         return int(succeeded)
 
     async def completion(self) -> Completion:
-        succeeded, unfinished = await asyncio.to_thread(read_row, self.dsn, COUNTS)
+        succeeded, unfinished = await asyncio.to_thread(read_row, self.dsn, COUNTS, (QUEUE,))
         _done, first, last = read_records(self.record_file)
         return Completion(succeeded, unfinished, moment(first), moment(last))
 

@@ -44,13 +44,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 from huey import SqliteHuey
 from huey.api import TaskWrapper
 
+from benchmarks.systems.sqlite_system import path_of
 from benchmarks.systems.stamp import (
     RECORD_ENV,
     count_records,
@@ -58,8 +58,7 @@ from benchmarks.systems.stamp import (
     record_run,
     record_start,
 )
-from benchmarks.systems.system import Completion, System
-from conveyor.backends import sqlite_path
+from benchmarks.systems.system import Completion, System, moment
 
 NAME = "bench"
 """huey's name: the queue's key in its tables."""
@@ -80,13 +79,6 @@ class HueyApp:
     huey: SqliteHuey
     noop: TaskWrapper
     stamp: TaskWrapper
-
-
-def path_of(url: str) -> str:
-    path = sqlite_path(url)
-    if path is None:
-        raise ValueError(f"not a SQLite URL: {url!r}")
-    return path
 
 
 def make_huey(url: str) -> HueyApp:
@@ -153,8 +145,3 @@ class HueySystem(System):
         """From the record file: distinct tasks recorded; the rest unfinished."""
         done, first, last = read_records(record_path(self.dsn))
         return Completion(len(done), self.enqueued - len(done), moment(first), moment(last))
-
-
-def moment(seconds: float | None) -> datetime | None:
-    """Epoch seconds as an aware datetime (None stays None)."""
-    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)

@@ -14,24 +14,18 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 
 from redis.asyncio import Redis
 
 from benchmarks.systems.stamp import RECORD_ENV, count_records, read_records
-from benchmarks.systems.system import Completion, System
+from benchmarks.systems.system import Completion, System, moment
 
 QUEUE = "bench"
 """The queue every system on Redis uses, where it has names for queues."""
 ENQUEUE_BATCH = 5_000
 """Tasks per bulk call (or per batch of concurrent calls)."""
-
-
-def moment(seconds: float | None) -> datetime | None:
-    """Epoch seconds as an aware datetime (None stays None)."""
-    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
 class RedisSystem(System):

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -56,6 +56,11 @@ class DrainRun:
     completion: Completion
     exit_codes: list[int]
     timed_out: bool
+
+
+def moment(seconds: float | None) -> datetime | None:
+    """Epoch seconds as an aware datetime (None stays None)."""
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
 class System(abc.ABC):
