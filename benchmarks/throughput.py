@@ -331,9 +331,10 @@ class ThroughputResult:
 
 
 def flow_options(args: argparse.Namespace, flow: str) -> EnqueueOptions:
-    """The enqueue options of a ``--flow`` kind."""
-    keys: int = args.keys
+    """The enqueue options of a ``--flow`` kind (``plain`` reads no other
+    argument: scripts that reuse the enqueue have none)."""
     if flow == "keys":
+        keys: int = args.keys
         return EnqueueOptions(concurrency=Concurrency(key=lambda a: f"k{a['i'] % keys}", limit=1))
     if flow == "rate":
         return EnqueueOptions(rate=RateLimit(limit=args.rate_limit, per=1, key="bench"))
