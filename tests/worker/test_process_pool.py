@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +20,7 @@ from conveyor.worker.executors import ProcessExecution
 from conveyor.worker.processes import ProcessPool
 from tests.apps import cpu
 from tests.worker.helpers import RunningWorker, run_all, wait_terminal
+from tests.worker.orphans import alive, outlives_its_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 ONCE = RetryPolicy(max_attempts=1)
@@ -36,19 +34,11 @@ def app() -> Iterator[conveyor.App]:
     application.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 async def _gone(pid: int, timeout: float = 10) -> bool:
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 async def test_attempts_reuse_one_process(app: conveyor.App) -> None:
@@ -151,7 +141,7 @@ async def test_a_stop_after_the_answer_leaves_the_reused_process_alone() -> None
         # went back to the pool and may serve another attempt by now.
         execution.stop()
         await asyncio.sleep(0.2)
-        assert _alive(pid)
+        assert alive(pid)
         second = ProcessExecution(pool, "tests.apps.cpu", "pid_of_process", "{}", 1 << 20)
         assert await second.wait() == pid
     finally:
@@ -192,26 +182,6 @@ asyncio.run(main())
 
 
 def test_an_idle_handler_process_dies_with_its_worker() -> None:
-    worker = subprocess.Popen(
-        [sys.executable, "-c", _IDLE_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE
+    assert not outlives_its_worker(_IDLE_SCRIPT), (
+        "an idle handler process still runs 10 s after its worker was killed"
     )
-    child = None
-    try:
-        assert worker.stdout is not None
-        child = int(worker.stdout.readline())
-        assert _alive(child)
-        worker.kill()
-        worker.wait(10)
-        deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        survived = _alive(child)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
-        if worker.stdout is not None:
-            worker.stdout.close()
-        if child is not None and _alive(child):
-            os.kill(child, signal.SIGKILL)
-    assert not survived, "an idle handler process still runs 10 s after its worker was killed"

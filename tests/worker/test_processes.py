@@ -24,6 +24,7 @@ from psycopg import sql
 import conveyor
 from conveyor import Outcome, RetryPolicy, Task, TaskState
 from tests.conftest import REDIS_URL, drop_redis_prefix, schema_for
+from tests.worker.orphans import outlives_its_worker
 
 pytestmark = pytest.mark.slow
 
@@ -409,37 +410,7 @@ asyncio.run(main())
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 def test_process_handler_dies_with_its_worker() -> None:
-    worker = subprocess.Popen(
-        [sys.executable, "-c", _ORPHAN_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE
+    assert not outlives_its_worker(_ORPHAN_SCRIPT), (
+        "the handler process still runs 10 s after its worker was killed"
     )
-    child = None
-    try:
-        assert worker.stdout is not None
-        child = int(worker.stdout.readline())
-        time.sleep(0.2)  # the handler is running
-        worker.kill()
-        worker.wait(10)
-        # The lifeline's end is seen within milliseconds; a loaded machine may
-        # take longer to schedule the child, never the 60 s the handler spins.
-        deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        survived = _alive(child)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
-        if worker.stdout is not None:
-            worker.stdout.close()
-        if child is not None and _alive(child):
-            os.kill(child, signal.SIGKILL)  # the orphan this test caused
-    assert not survived, "the handler process still runs 10 s after its worker was killed"
