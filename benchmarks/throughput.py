@@ -535,7 +535,7 @@ where t.id >= {first}
 
 LISTENING = """
 select count(*) from pg_stat_activity
-where datname = current_database() and query = {listen}
+where datname = current_database() and starts_with(query, {listen})
 """
 
 
