@@ -32,6 +32,8 @@ fresh store, through the App API only:
    median delay from a message's delivery (its ``created_at``, the backend's
    clock) to the start of the poll that reads it (the worker's clock, same
    machine), at 0.1 ms resolution. Checked: the ball reached ``--rounds``.
+   With ``--pairs N``, N such pairs play at once: ``msgs/s`` over all of
+   them, from the first root's creation to the last one's end.
 
     python benchmarks/backends.py --tasks 20000
     python benchmarks/backends.py --backends sqlite --sqlite-synchronous normal
@@ -419,10 +421,10 @@ async def workflows(
 async def pingpong(
     target: Target, app: App, args: argparse.Namespace, result: BackendResult
 ) -> None:
-    """Two coroutines send a ball back and forth ``--rounds`` times, run by an
-    idle long-running worker (as for the latency run: wake-ups, not polls,
-    start each poll); timed by the backend's clock, from the root's creation
-    to its end."""
+    """Two coroutines send a ball back and forth ``--rounds`` times (``--pairs``
+    pairs at once), run by an idle long-running worker (as for the latency
+    run: wake-ups, not polls, start each poll); timed by the backend's clock,
+    from the first root's creation to the last one's end."""
     if not args.rounds:
         return
     ping = app.tasks[PING_NAME]
@@ -435,21 +437,28 @@ async def pingpong(
         warm_up = await app.enqueue_async(TASK_NAME, {"i": -2})
         if not await wait_finished(app, [warm_up.id], READY_TIMEOUT, worker):
             raise BenchmarkError(f"[{target.backend}] the ping-pong worker did not start")
-        log(f"[{target.backend}] ping-pong for {args.rounds} rounds")
-        [handle] = await app.enqueue_new_async(
-            [ping.new_coroutine({"role": "ping", "rounds": args.rounds, "hist": {}})]
+        log(f"[{target.backend}] ping-pong for {args.rounds} rounds, {args.pairs} pair(s)")
+        state = {"role": "ping", "rounds": args.rounds, "hist": {}}
+        handles = await app.enqueue_new_async(
+            [ping.new_coroutine(state) for _ in range(args.pairs)]
         )
-        [task] = await wait_finished(app, [handle.id], args.timeout, worker) or [None]
+        tasks = await wait_finished(app, [h.id for h in handles], args.timeout, worker) or []
     finally:
         code = await worker.stop()
     if code != 0:
         result.problems.append(f"the ping-pong worker exited with {code}")
-    if task is None or task.state is not TaskState.SUCCEEDED or task.result["ball"] < args.rounds:
-        result.problems.append(f"the ping-pong did not finish: {task and task.state}")
+    unfinished = [
+        t for t in tasks if t.state is not TaskState.SUCCEEDED or t.result["ball"] < args.rounds
+    ]
+    if len(tasks) < args.pairs or unfinished:
+        result.problems.append(f"the ping-pong did not finish: {len(tasks)} of {args.pairs} ended")
         return
-    assert task.finished_at is not None
-    seconds = (task.finished_at - task.created_at).total_seconds()
-    hist = {float(bucket): count for bucket, count in task.result["hist"].items()}
+    ends = [t.finished_at for t in tasks if t.finished_at is not None]
+    seconds = (max(ends) - min(t.created_at for t in tasks)).total_seconds()
+    hist: dict[float, int] = {}
+    for task in tasks:
+        for bucket, count in task.result["hist"].items():
+            hist[float(bucket)] = hist.get(float(bucket), 0) + count
     result.messages = sum(hist.values())
     result.messages_per_s = result.messages / seconds
     result.send_to_poll_p50_ms = median_of(hist)
@@ -675,6 +684,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1_000,
         help="ping-pong messages between two coroutines, 0 to skip (default %(default)s)",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=positive_int,
+        default=1,
+        help="ping-pong pairs playing at once (default %(default)s)",
     )
     parser.add_argument(
         "--steps", type=positive_int, default=10, help="steps per workflow (default %(default)s)"
