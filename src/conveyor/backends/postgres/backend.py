@@ -457,7 +457,8 @@ class PostgresBackend(FlowControl):
             rows = await self._claim_keyed(conn, args, params.limit) if keyed_first else []
             if len(rows) < params.limit:
                 left = {**args, "limit": params.limit - len(rows)}
-                plain = await (await conn.execute(statement, left)).fetchall()
+                # Rows in binary: their timestamps load without text parsing.
+                plain = await (await conn.execute(statement, left, binary=True)).fetchall()
                 # Keys are looked for when they were seen last time, when the
                 # plain claim comes back short, and at each sweep: a keyed
                 # task waits at most a poll interval behind a plain backlog.
@@ -488,7 +489,8 @@ class PostgresBackend(FlowControl):
                 self._keyed_active = False
                 return []
             keyed = {**args, "keys": keys, "limit": limit}
-            return await (await conn.execute(self.sql["claim_keyed"], keyed)).fetchall()
+            claimed = await conn.execute(self.sql["claim_keyed"], keyed, binary=True)
+            return await claimed.fetchall()
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         tokens = list(params.tokens)
