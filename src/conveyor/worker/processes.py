@@ -79,8 +79,6 @@ class HandlerProcess:
         finally:
             child_conn.close()
             lifeline.close()
-        self.attempts = 0
-        """Jobs sent to this process so far."""
 
     @property
     def pid(self) -> int:
@@ -93,9 +91,12 @@ class HandlerProcess:
 
     def submit(self, module: str, qualname: str, payload: str, max_result_bytes: int) -> None:
         """Send one job; its reply comes back on ``conn``."""
-        job: dict[str, Any] = {"module": module, "qualname": qualname, "payload": payload}
-        job["max_result_bytes"] = max_result_bytes
-        self.attempts += 1
+        job = {
+            "module": module,
+            "qualname": qualname,
+            "payload": payload,
+            "max_result_bytes": max_result_bytes,
+        }
         self.conn.send_bytes(json.dumps(job).encode())
 
     def terminate(self) -> None:

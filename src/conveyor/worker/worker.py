@@ -360,10 +360,11 @@ class Worker:
         turns = turns_of(backend)
         if turns is None or not self.config.wakeup_turns or not self.names:
             return
-        self.turn = Turn(turns.turn_lock(worker_kind(self.queues, self.names)), self._turn_taken)
+        self.turn = Turn(turns.turn_lock(worker_kind(self.queues, self.names)), self._hint)
         self.turn.start()
 
-    def _turn_taken(self) -> None:
+    def _hint(self) -> None:
+        """Work may be due: claim at once rather than at the next poll."""
         self._hinted = True
         if self._wake is not None:
             self._wake.set()
@@ -380,8 +381,7 @@ class Worker:
                     continue
                 if self.turn is not None and not self.turn.answers:
                     continue  # another worker of this kind holds the turn: it claims
-                self._hinted = True
-                self._wake.set()
+                self._hint()
         except Exception as exc:
             log.warning(
                 "wake-ups stopped (%s); polling every %.1fs", reason(exc), self.config.poll_interval
@@ -669,9 +669,7 @@ class Worker:
         if applied and outcomes.makes_work_due(completion):
             # A workflow's next step (or a release, a poll's effects) is due
             # now: claim it at once rather than at the next poll.
-            self._hinted = True
-            if self._wake is not None:
-                self._wake.set()
+            self._hint()
         if not applied:
             log.warning(
                 "completion rejected: the lease was lost",
