@@ -19,15 +19,16 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from conveyor.backends.postgres import listen, queries, scripts, turns
 from conveyor.backends.postgres.flow import FlowControl
 from conveyor.backends.postgres.inboxes import (
-    finish_with_effects,
+    applied,
     has_effects,
     insert_tasks,
+    record_with_effects,
     spawning,
 )
 from conveyor.backends.postgres.loaders import ADAPTERS
@@ -457,23 +458,53 @@ class PostgresBackend(FlowControl):
             rows = await self._claim_keyed(conn, args, params.limit) if keyed_first else []
             if len(rows) < params.limit:
                 left = {**args, "limit": params.limit - len(rows)}
-                # Rows in binary: their timestamps load without text parsing.
-                plain = await (await conn.execute(statement, left, binary=True)).fetchall()
+                probe = not keyed_first and not self._keyed_active
+                plain, waiting = await self._claim_plain(conn, statement, left, probe)
                 # Keys are looked for when they were seen last time, when the
                 # plain claim comes back short, and at each sweep: a keyed
                 # task waits at most a poll interval behind a plain backlog.
                 look = self._keyed_active or sweep or len(plain) < left["limit"]
                 rows += plain
                 if not keyed_first and look and len(rows) < params.limit:
-                    rows += await self._claim_keyed(conn, args, params.limit - len(rows))
+                    if probe:
+                        self._keyed_active = waiting
+                    rows += await self._claim_keyed(
+                        conn, args, params.limit - len(rows), probed=probe
+                    )
         return [claimed_task(row, params.worker_id) for row in rows]
 
+    async def _claim_plain(
+        self, conn: AsyncConnection[Any], statement: bytes, args: Mapping[str, Any], probe: bool
+    ) -> tuple[list[tuple[Any, ...]], bool]:
+        """The plain claim's rows, in binary (their timestamps load without
+        text parsing), and, with ``probe``, whether any concurrency key has
+        pending tasks, asked in the same flight (psycopg's pipeline mode),
+        after the claim: an idle worker's claim, which comes back short and
+        must then look for keyed tasks, is one round trip, not two."""
+        if not probe:
+            return await (await conn.execute(statement, args, binary=True)).fetchall(), False
+        async with conn.pipeline():
+            claimed = await conn.execute(statement, args, binary=True)
+            probed = await conn.execute(self.sql["keys_waiting"])
+        # Read once the pipeline has synced: a read inside it would wait for
+        # its own round trip, before the sync's.
+        rows = await claimed.fetchall()
+        waiting = await probed.fetchone()
+        return rows, bool(waiting and waiting[0])
+
     async def _claim_keyed(
-        self, conn: AsyncConnection[Any], args: Mapping[str, Any], limit: int
+        self,
+        conn: AsyncConnection[Any],
+        args: Mapping[str, Any],
+        limit: int,
+        probed: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Claim up to ``limit`` tasks with concurrency keys, if any key has
-        pending tasks: in one transaction, lock key rows, then claim (see
-        ``lock_keys`` and ``claim_keyed`` in queries.sql)."""
+        pending tasks (asked here unless ``probed`` just asked it): in one
+        transaction, lock key rows, then claim (see ``lock_keys`` and
+        ``claim_keyed`` in queries.sql)."""
+        if probed and not self._keyed_active:
+            return []
         if not self._keyed_active:
             waiting = await (await conn.execute(self.sql["keys_waiting"])).fetchone()
             self._keyed_active = bool(waiting and waiting[0])
@@ -530,16 +561,15 @@ class PostgresBackend(FlowControl):
         if not completions:
             return FinishResult(frozenset(), frozenset())
         if has_effects(completions):
-            # In pipeline mode from the start, so that BEGIN goes out with the
-            # first flight of statements rather than on a round trip of its own.
-            async with (
-                self._connection() as conn,
-                contextlib.nullcontext() if spawning(completions) else conn.pipeline(),
-                conn.transaction(),
-            ):
-                done = await finish_with_effects(
-                    conn, self.sql, params.worker_id, completions, params.now
-                )
+            async with self._connection() as conn:
+                if spawning(completions):
+                    async with conn.transaction():
+                        finished = await record_with_effects(
+                            conn, self.sql, params.worker_id, completions, params.now
+                        )
+                else:
+                    finished = await self._record_piped(conn, params)
+                done = await applied(finished)
         else:
             name, args = finish_statement(params.worker_id, completions, params.now)
             rows = await self._fetchall(name, args)
@@ -549,6 +579,31 @@ class PostgresBackend(FlowControl):
             applied=frozenset(t for t in tokens if (t.task_id, t.attempt) in done),
             rejected=frozenset(t for t in tokens if (t.task_id, t.attempt) not in done),
         )
+
+    async def _record_piped(
+        self,
+        conn: AsyncConnection[Any],
+        params: FinishParams,
+    ) -> AsyncCursor[Any] | None:
+        """Completions with effects in one pipeline from BEGIN to COMMIT: BEGIN
+        goes out with the guard and the locks, COMMIT with the effects and the
+        finish, two round trips in all. (psycopg's ``transaction()`` syncs the
+        pipeline as it enters and as it leaves: two more.) The finish's rows
+        are read after the commit: the transaction has failed if a holder of
+        its lease is missing from them (``fence_check``)."""
+        try:
+            async with conn.pipeline():
+                await conn.execute(b"begin")
+                finished = await record_with_effects(
+                    conn, self.sql, params.worker_id, params.completions, params.now
+                )
+                await conn.execute(b"commit")
+            return finished
+        except BaseException:
+            # A failed statement skipped the COMMIT: the transaction is still open.
+            with contextlib.suppress(psycopg.Error):
+                await conn.rollback()
+            raise
 
     async def begin_attempt_transaction(self, worker_id: str) -> PostgresTransaction:
         conn = await self.pool.getconn()

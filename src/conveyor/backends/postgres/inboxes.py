@@ -20,12 +20,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor, pq
 
 from conveyor.backends.postgres import scripts
 from conveyor.backends.postgres.rows import deliver_args, finish_args
 from conveyor.backends.protocol import Completion, NewTask
-from conveyor.errors import BackendError
 from conveyor.model import TaskState
 
 Statements = Mapping[str, bytes]
@@ -55,24 +54,56 @@ async def finish_with_effects(
     now: datetime | None,
 ) -> set[tuple[int, int]]:
     """Record ``completions`` and their effects on ``conn``, inside its open
-    transaction; the (task id, attempt) of each applied one."""
+    transaction; the (task id, attempt) of each applied one. The caller
+    commits after this returns (see :func:`record_with_effects` for a commit
+    in the same flight)."""
+    return await applied(await record_with_effects(conn, sql, worker_id, completions, now))
+
+
+async def applied(finished: AsyncCursor[Any] | None) -> set[tuple[int, int]]:
+    """The (task id, attempt) of each completion ``finished`` recorded."""
+    if finished is None:
+        return set()
+    return {(int(r[0]), int(r[1])) for r in await finished.fetchall()}
+
+
+async def record_with_effects(
+    conn: AsyncConnection[Any],
+    sql: Statements,
+    worker_id: str,
+    completions: Sequence[Completion],
+    now: datetime | None,
+) -> AsyncCursor[Any] | None:
+    """Write ``completions`` and their effects on ``conn``, inside its open
+    transaction; the cursor of the finish, whose rows (see :func:`applied`)
+    may be read after the commit, or None when no completion holds its lease.
+
+    The completions that hold their lease under the row locks are recorded,
+    or the transaction fails (``fence_check``): no effect of a completion can
+    stay without the completion. So nothing here waits on the finish's reply,
+    and a caller in pipeline mode sends its COMMIT in the same flight."""
     own = sorted({c.token.task_id for c in completions if c.effects is not None})
     # Two flights of statements (psycopg's pipeline mode): the guard and the
     # locks, whose rows say which completions hold their lease; then the
-    # effects, the finish and the rewake, none of which waits on another's
-    # reply. A failed statement aborts the transaction all the same. Spawns
-    # read the ids of their inserts as they go: with any, one at a time.
-    async with contextlib.nullcontext() if spawning(completions) else conn.pipeline():
+    # effects, the finish, the rewake and the check, none of which waits on
+    # another's reply. A failed statement aborts the transaction all the
+    # same. Spawns read the ids of their inserts as they go: with any, one at
+    # a time. A caller already in pipeline mode keeps it (a nested pipeline
+    # would sync on entry and on exit: two more round trips).
+    opened = conn.pgconn.pipeline_status != pq.PipelineStatus.OFF
+    async with contextlib.nullcontext() if spawning(completions) or opened else conn.pipeline():
         await conn.execute(sql["guard_endings"], {"ids": own})
         cursor = await conn.execute(sql["lock_tasks"], lock_args(completions, now))
         locked = await cursor.fetchall()
         if not locked:
-            return set()
+            return None
         clock: datetime = locked[0][4]
         live = {(int(r[0]), int(r[1])) for r in locked if r[2] == worker_id and r[3]}
         holding = [c for c in completions if (c.token.task_id, c.token.attempt) in live]
+        if not holding:
+            return None
         await _apply_effects(conn, sql, holding, clock)
-        finished = await conn.execute(sql["finish"], finish_args(worker_id, completions, clock))
+        finished = await conn.execute(sql["finish"], finish_args(worker_id, holding, clock))
         resting = [
             c.token.task_id
             for c in holding
@@ -80,11 +111,17 @@ async def finish_with_effects(
         ]
         if resting:
             await conn.execute(sql["rewake"], {"ids": resting, "now": clock})
-        done = {(int(r[0]), int(r[1])) for r in await finished.fetchall()}
-    if done != live & {(c.token.task_id, c.token.attempt) for c in completions}:
-        # Cannot happen under the locks; if it did, nothing of it may stay.
-        raise BackendError("a lease fence moved under its row lock; the completion is rolled back")
-    return done
+        await conn.execute(sql["fence_check"], fence_args(worker_id, holding, clock))
+    return finished
+
+
+def fence_args(worker_id: str, holding: Sequence[Completion], clock: datetime) -> dict[str, Any]:
+    return {
+        "ids": [c.token.task_id for c in holding],
+        "attempts": [c.token.attempt for c in holding],
+        "worker_id": worker_id,
+        "now": clock,
+    }
 
 
 async def _apply_effects(

@@ -848,6 +848,21 @@ from unnest(%(ids)s::bigint[]) with ordinality as i(id, ord);
 select count(pg_advisory_xact_lock({lock_space}, (i.id & 2147483647)::int))
 from unnest(%(ids)s::bigint[]) with ordinality as i(id, ord);
 
+-- name: fence_check
+-- The last statement of a poll's completion before its COMMIT, sent in the
+-- same flight: fails the transaction, so that none of its effects stays, if
+-- a completion whose lease lock_tasks found live (%(ids)s::bigint[],
+-- %(attempts)s::int[]) still holds it after finish, which clears every lease
+-- it records. Under the row locks this cannot happen; it is checked here
+-- because the finish's own rows are read only after the commit. Plain SQL
+-- fails with a sentence by casting it to int.
+select ('a lease fence moved under its row lock: task ' || t.id || ', attempt ' || t.attempt)::int
+from {schema}.tasks t
+join unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt)
+  on t.id = l.id and t.attempt = l.attempt
+where t.worker_id = %(worker_id)s::text
+  and t.lease_expires_at > %(now)s::timestamptz;
+
 -- name: sent_keys
 -- The messages already sent under these (recipient, idempotency key) pairs;
 -- a null message_id is a send under way (it holds the key, uncommitted) or
