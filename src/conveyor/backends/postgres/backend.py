@@ -458,57 +458,39 @@ class PostgresBackend(FlowControl):
             rows = await self._claim_keyed(conn, args, params.limit) if keyed_first else []
             if len(rows) < params.limit:
                 left = {**args, "limit": params.limit - len(rows)}
-                probe = not keyed_first and not self._keyed_active
-                plain, waiting = await self._claim_plain(conn, statement, left, probe)
+                # Rows in binary: their timestamps load without text parsing.
+                plain = await (await conn.execute(statement, left, binary=True)).fetchall()
+                # claim says whether keys wait in its last column; claim_reclaim does not.
+                waiting: bool | None = None
+                if not sweep:
+                    waiting = bool(plain[0][-1])
+                    plain = [row[:-1] for row in plain if row[0] is not None]
                 # Keys are looked for when they were seen last time, when the
                 # plain claim comes back short, and at each sweep: a keyed
                 # task waits at most a poll interval behind a plain backlog.
                 look = self._keyed_active or sweep or len(plain) < left["limit"]
                 rows += plain
                 if not keyed_first and look and len(rows) < params.limit:
-                    if probe:
-                        self._keyed_active = waiting
-                    rows += await self._claim_keyed(
-                        conn, args, params.limit - len(rows), probed=probe
-                    )
+                    rows += await self._claim_keyed(conn, args, params.limit - len(rows), waiting)
         return [claimed_task(row, params.worker_id) for row in rows]
-
-    async def _claim_plain(
-        self, conn: AsyncConnection[Any], statement: bytes, args: Mapping[str, Any], probe: bool
-    ) -> tuple[list[tuple[Any, ...]], bool]:
-        """The plain claim's rows, in binary (their timestamps load without
-        text parsing), and, with ``probe``, whether any concurrency key has
-        pending tasks, asked in the same flight (psycopg's pipeline mode),
-        after the claim: an idle worker's claim, which comes back short and
-        must then look for keyed tasks, is one round trip, not two."""
-        if not probe:
-            return await (await conn.execute(statement, args, binary=True)).fetchall(), False
-        async with conn.pipeline():
-            claimed = await conn.execute(statement, args, binary=True)
-            probed = await conn.execute(self.sql["keys_waiting"])
-        # Read once the pipeline has synced: a read inside it would wait for
-        # its own round trip, before the sync's.
-        rows = await claimed.fetchall()
-        waiting = await probed.fetchone()
-        return rows, bool(waiting and waiting[0])
 
     async def _claim_keyed(
         self,
         conn: AsyncConnection[Any],
         args: Mapping[str, Any],
         limit: int,
-        probed: bool = False,
+        waiting: bool | None = None,
     ) -> list[tuple[Any, ...]]:
         """Claim up to ``limit`` tasks with concurrency keys, if any key has
-        pending tasks (asked here unless ``probed`` just asked it): in one
-        transaction, lock key rows, then claim (see ``lock_keys`` and
-        ``claim_keyed`` in queries.sql)."""
-        if probed and not self._keyed_active:
-            return []
+        pending tasks (``waiting``, when the plain claim said; else asked
+        here): in one transaction, lock key rows, then claim (see
+        ``lock_keys`` and ``claim_keyed`` in queries.sql)."""
         if not self._keyed_active:
-            waiting = await (await conn.execute(self.sql["keys_waiting"])).fetchone()
-            self._keyed_active = bool(waiting and waiting[0])
-            if not self._keyed_active:
+            if waiting is None:
+                found = await (await conn.execute(self.sql["keys_waiting"])).fetchone()
+                waiting = bool(found and found[0])
+            self._keyed_active = waiting
+            if not waiting:
                 return []
         async with conn.transaction():
             scan = {"key_scan": key_scan(limit)}

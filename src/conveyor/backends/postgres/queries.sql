@@ -282,11 +282,16 @@ chosen as (
     limit %(limit)s::int
 ),
 {part_claimed}
--- In claim order, like every backend.
+-- In claim order, like every backend. The last column says whether any
+-- concurrency key has pending tasks (keys_waiting): a worker whose claim
+-- comes back short looks for keyed tasks only then, and learns it without a
+-- round trip of its own. When nothing is claimed, one row of nulls carries it.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
        timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context,
-       {part_claim_inbox}
-from claimed
+       {part_claim_inbox},
+       w.keys_waiting
+from (select exists (select 1 from {schema}.concurrency) as keys_waiting) as w
+left join claimed on true
 order by priority desc, run_at, id;
 
 -- name: claim_reclaim
