@@ -129,3 +129,19 @@ async def test_paused_names_and_cancelled_tasks_free_their_key(backend: Backend)
     [c] = await enqueue(backend, keyed("k"))
     assert ids(await claim(backend, at=later(2))) == [c]
     assert running.token.task_id == a
+
+
+async def test_a_task_that_found_its_unique_key_taken_leaves_its_key_no_limit(
+    backend: Backend,
+) -> None:
+    """An enqueue that stores nothing (its unique key is taken) must not
+    leave its concurrency key behind: the next task of the key sets the limit."""
+    unique = {"idempotency_key": "k1", "unique_scope": "pending"}
+    [first] = await enqueue(backend, replace(new(), **unique))  # type: ignore[arg-type]
+    taken = await enqueue(backend, keyed("other"), replace(keyed("shared", limit=2), **unique))  # type: ignore[arg-type]
+    assert taken[1] == first  # stored nothing
+    shared = await enqueue(backend, keyed("shared", limit=1), keyed("shared", limit=1))
+    listed = {k.key: k for k in await backend.list_keys(now=later(0))}
+    assert listed["shared"].max_running == 1
+    claimed = set(ids(await claim(backend, limit=10, at=later(1))))
+    assert len(claimed & set(shared)) == 1

@@ -141,7 +141,18 @@ from unnest(%(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
     with ordinality as k(key, max_running, rate_limit, rate_period, ord)
 where k.key is not null
 order by k.key, k.ord
-on conflict (key) do nothing;
+on conflict (key) do nothing
+returning key;
+
+-- name: drop_unused_keys
+-- After a batch some of whose tasks found their unique key taken: the rows
+-- ensure_keys made (%(keys)s::text[]) for keys no pending task has. Without
+-- a task, a key has no row: the next task of the key makes it, with its own
+-- limit and rate.
+delete from {schema}.concurrency c
+where c.key = any(%(keys)s::text[])
+  and not exists (select 1 from {schema}.tasks t
+                  where t.concurrency_key = c.key and t.state = 'pending');
 
 -- name: release_keys
 -- Unique keys whose period has ended give way to the enqueue that wants

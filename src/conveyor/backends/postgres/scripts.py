@@ -108,7 +108,7 @@ def _insert_keyed(
     ids: list[int | None] = [None] * len(tasks)
     fresh = [False] * len(tasks)
     todo = list(range(len(tasks)))
-    yield from _before_keyed(sql, tasks, now)
+    made = yield from _before_keyed(sql, tasks, now)
     for _ in range(KEYED_ROUNDS):
         batch = [tasks[i] for i in todo]
         found, new = keyed_ids(batch, (yield sql["enqueue_keyed"], keyed_args(batch, now)))
@@ -142,12 +142,16 @@ def _insert_keyed(
             break
     if None in ids:
         raise BackendError("a unique key kept changing hands while this enqueue ran; retry it")
+    if made and not all(fresh):
+        # A task that found its unique key taken inserted nothing: a key row
+        # made for it alone would hold a limit no task of the key set.
+        yield sql["drop_unused_keys"], {"keys": made}
     return [task_id for task_id in ids if task_id is not None], fresh
 
 
 def _before_keyed(
     sql: Statements, tasks: Sequence[NewTask], now: datetime | None
-) -> Generator[Step, Rows, None]:
+) -> Generator[Step, Rows, list[str]]:
     """What a keyed insert does first: lock the batch's unique keys and make
     its new concurrency keys, each in one order (so two enqueues of the same
     keys never deadlock), and give up the unique keys whose period ended (so
@@ -156,7 +160,9 @@ def _before_keyed(
         yield sql["lock_unique_keys"], key_pairs_args(tasks)
         yield sql["release_keys"], key_pairs_args(tasks, now)
     if len({t.concurrency_key for t in tasks} - {None}) > 1:
-        yield sql["ensure_keys"], keyed_args(tasks, now)
+        made = yield sql["ensure_keys"], keyed_args(tasks, now)
+        return [str(row[0]) for row in made]
+    return []
 
 
 def _key(task: NewTask) -> tuple[str, str | None]:
