@@ -8,9 +8,11 @@ burst workers for the drains):
   processes started together (``--processes``); the rate is by the database
   clock, from the first attempt's start to the last one's end.
 - **history**: before enqueueing, the tasks table already holds 0, 100k and
-  1M finished tasks, each with its attempt (``--history``; retention is off,
-  as it is by default), then ANALYZE, as autovacuum would have by then; one
-  worker drains.
+  1M finished tasks, each with its attempt (``--history``), finished
+  ``--history-age`` hours ago (default 1), then ANALYZE, as autovacuum would
+  have by then; one worker drains, with retention at its defaults (succeeded
+  tasks kept a day): with ``--history-age 25`` it prunes the history while
+  it drains, and **pruned** counts the history rows gone by the end.
 - **memory**: one worker drains ``--memory-tasks`` (default 100k); its RSS is
   sampled from ``/proc`` with the count of tasks done so far, every 0.1 s
   until a sample sees them all done (then the worker is stopped), and the
@@ -62,7 +64,7 @@ HISTORY = """
 insert into {tasks} (name, queue, payload, state, max_attempts, retry_policy, attempt,
                      spent, result, created_at, finished_at)
 select 'bench_noop', 'default', jsonb_build_object('i', g), 'succeeded', 5, '{{}}', 1, 1,
-       'null', now() - interval '1 hour', now() - interval '1 hour'
+       'null', now() - make_interval(hours => %(age)s), now() - make_interval(hours => %(age)s)
 from generate_series(1, %(n)s) as g;
 insert into {attempts} (task_id, number, worker_id, outcome, started_at, finished_at)
 select id, 1, 'history', 'succeeded', finished_at, finished_at from {tasks};
@@ -76,7 +78,8 @@ select
     (select count(*) from {attempts} a where a.task_id > %(after)s),
     (select count(*) from {attempts} a where a.task_id > %(after)s and a.outcome = 'succeeded'),
     (select min(started_at) from {attempts} a where a.task_id > %(after)s),
-    (select max(finished_at) from {attempts} a where a.task_id > %(after)s)
+    (select max(finished_at) from {attempts} a where a.task_id > %(after)s),
+    (select count(*) from {tasks} h where h.id <= %(after)s)
 from {tasks} t where t.id > %(after)s
 """
 
@@ -90,6 +93,8 @@ class Run:
     drain_seconds: float
     drain_per_s: float
     ok: bool
+    pruned: int = 0
+    """History rows (finished before the drain) gone by its end."""
 
 
 @dataclass
@@ -125,7 +130,8 @@ async def _prepare(args: argparse.Namespace, schema: str, history: int, tasks: i
             names = {"tasks": sql.Identifier(schema, "tasks")}
             names["attempts"] = sql.Identifier(schema, "attempts")
             for statement in HISTORY.strip().split(";\n"):
-                await conn.execute(sql.SQL(statement).format(**names), {"n": history})
+                args_ = {"n": history, "age": args.history_age}
+                await conn.execute(sql.SQL(statement).format(**names), args_)
             for table in ("tasks", "attempts"):
                 await conn.execute(sql.SQL("analyze {}").format(sql.Identifier(schema, table)))
         (after,) = await fetch_one(
@@ -145,10 +151,11 @@ async def _verify(args: argparse.Namespace, schema: str, after: int, tasks: int)
         cursor = await conn.execute(sql.SQL(VERIFY_NEW).format(**names), {"after": after})
         row = await cursor.fetchone()
     assert row is not None
-    count, succeeded, attempts, attempts_ok, first, last = row
+    count, succeeded, attempts, attempts_ok, first, last, left = row
     window = (last - first).total_seconds() if first and last else 0.0
     ok = count == succeeded == attempts == attempts_ok == tasks
-    return Run("", 0, 0, tasks, window, succeeded / window if window > 0 else 0.0, ok)
+    rate = succeeded / window if window > 0 else 0.0
+    return Run("", 0, 0, tasks, window, rate, ok, pruned=after - int(left))
 
 
 async def drain_with(args: argparse.Namespace, processes: int, history: int) -> Run:
@@ -163,7 +170,9 @@ async def drain_with(args: argparse.Namespace, processes: int, history: int) -> 
         await drop_schema(args.url, schema)
     kind = "history" if history else "processes"
     ok = run.ok and all(code == 0 for code in codes)
-    return Run(kind, processes, history, args.tasks, run.drain_seconds, run.drain_per_s, ok)
+    return Run(
+        kind, processes, history, args.tasks, run.drain_seconds, run.drain_per_s, ok, run.pruned
+    )
 
 
 async def memory(args: argparse.Namespace) -> MemoryRun:
@@ -202,13 +211,13 @@ def table(runs: Sequence[Run], mem: MemoryRun | None, concurrency: int) -> str:
     if runs:
         head = (
             f"{'processes':>9} {'finished rows':>14} {'tasks':>7} {'drain s':>8} "
-            f"{'drain/s':>9} {'check':>6}"
+            f"{'drain/s':>9} {'pruned':>9} {'check':>6}"
         )
         lines += [f"drain rate, --concurrency {concurrency} per process", head, "-" * len(head)]
         for r in runs:
             lines.append(
                 f"{r.processes:>9} {r.history:>14,} {r.tasks:>7} {r.drain_seconds:>8.2f} "
-                f"{r.drain_per_s:>9,.0f} {'ok' if r.ok else 'FAIL':>6}"
+                f"{r.drain_per_s:>9,.0f} {r.pruned:>9,} {'ok' if r.ok else 'FAIL':>6}"
             )
     if mem is not None:
         marks = [mem.tasks // 10, mem.tasks // 2, mem.tasks]
@@ -260,6 +269,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=lambda text: [int(v) for v in text.split(",")],
         default=[0, 100_000, 1_000_000],
         help="finished tasks already in the table (0 is the 1-process run)",
+    )
+    parser.add_argument(
+        "--history-age",
+        type=float,
+        default=1.0,
+        help="hours since the history finished (over 24: the worker's retention prunes it)",
     )
     parser.add_argument("--memory-tasks", type=positive_int, default=100_000)
     parser.add_argument("--only", choices=["processes", "history", "memory"], default=None)
