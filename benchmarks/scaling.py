@@ -64,7 +64,8 @@ HISTORY = """
 insert into {tasks} (name, queue, payload, state, max_attempts, retry_policy, attempt,
                      spent, result, created_at, finished_at)
 select 'bench_noop', 'default', jsonb_build_object('i', g), 'succeeded', 5, '{{}}', 1, 1,
-       'null', now() - make_interval(hours => %(age)s), now() - make_interval(hours => %(age)s)
+       'null', now() - %(age)s::float8 * interval '1 hour',
+       now() - %(age)s::float8 * interval '1 hour'
 from generate_series(1, %(n)s) as g;
 insert into {attempts} (task_id, number, worker_id, outcome, started_at, finished_at)
 select id, 1, 'history', 'succeeded', finished_at, finished_at from {tasks};
