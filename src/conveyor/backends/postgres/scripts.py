@@ -142,10 +142,7 @@ def _insert_keyed(
             break
     if None in ids:
         raise BackendError("a unique key kept changing hands while this enqueue ran; retry it")
-    if made and not all(fresh):
-        # A task that found its unique key taken inserted nothing: a key row
-        # made for it alone would hold a limit no task of the key set.
-        yield sql["drop_unused_keys"], {"keys": made}
+    yield from _after_keyed(sql, made, fresh)
     return [task_id for task_id in ids if task_id is not None], fresh
 
 
@@ -163,6 +160,16 @@ def _before_keyed(
         made = yield sql["ensure_keys"], keyed_args(tasks, now)
         return [str(row[0]) for row in made]
     return []
+
+
+def _after_keyed(
+    sql: Statements, made: list[str], fresh: list[bool]
+) -> Generator[Step, Rows, None]:
+    """What a keyed insert does last: when a task found its unique key taken
+    (it inserted nothing), drop the key rows made for such tasks alone (a
+    row would hold a limit no task of the key set)."""
+    if made and not all(fresh):
+        yield sql["drop_unused_keys"], {"keys": made}
 
 
 def _key(task: NewTask) -> tuple[str, str | None]:
