@@ -103,7 +103,9 @@ async def record_with_effects(
         if not holding:
             return None
         await _apply_effects(conn, sql, holding, clock)
-        finished = await conn.execute(sql["finish"], finish_args(worker_id, holding, clock))
+        # fence_check reads its ids, attempts, worker and clock from the same arguments.
+        recorded = finish_args(worker_id, holding, clock)
+        finished = await conn.execute(sql["finish"], recorded)
         resting = [
             c.token.task_id
             for c in holding
@@ -111,17 +113,8 @@ async def record_with_effects(
         ]
         if resting:
             await conn.execute(sql["rewake"], {"ids": resting, "now": clock})
-        await conn.execute(sql["fence_check"], fence_args(worker_id, holding, clock))
+        await conn.execute(sql["fence_check"], recorded)
     return finished
-
-
-def fence_args(worker_id: str, holding: Sequence[Completion], clock: datetime) -> dict[str, Any]:
-    return {
-        "ids": [c.token.task_id for c in holding],
-        "attempts": [c.token.attempt for c in holding],
-        "worker_id": worker_id,
-        "now": clock,
-    }
 
 
 async def _apply_effects(
