@@ -145,3 +145,49 @@ async def test_a_task_that_found_its_unique_key_taken_leaves_its_key_no_limit(
     assert listed["shared"].max_running == 1
     claimed = set(ids(await claim(backend, limit=10, at=later(1))))
     assert len(claimed & set(shared)) == 1
+
+
+async def test_a_key_with_no_pending_task_takes_the_limit_of_its_next(backend: Backend) -> None:
+    """A key's row may outlive its last pending task (until a claim reads
+    it), with the limit of the task claimed last. The next task made
+    pending sets the limit: whether a claim dropped the row meanwhile
+    changes nothing."""
+    [first] = await enqueue(backend, keyed("k", limit=1))
+    assert ids(await claim(backend)) == [first]
+    # None pending: the next task's limit of 2 lets it run beside the first.
+    [second] = await enqueue(backend, keyed("k", limit=2))
+    listed = {k.key: k for k in await backend.list_keys(now=later(1))}
+    assert listed["k"].max_running == 2
+    assert ids(await claim(backend, limit=10, at=later(1))) == [second]
+
+
+async def test_a_retry_into_a_key_with_no_pending_task_sets_its_limit(backend: Backend) -> None:
+    """The first task (limit 1) runs; the second (limit 2) comes, sets 2 and
+    runs beside it; the first fails and is retried at once: none of the
+    key's tasks is pending, so its limit of 1 holds the key, which the
+    second fills."""
+    [first] = await enqueue(backend, keyed("k", limit=1))
+    [running] = await claim(backend)
+    [second] = await enqueue(backend, keyed("k", limit=2))
+    assert ids(await claim(backend, limit=10, at=later(1))) == [second]
+    retry = Completion(
+        running.token, Outcome.FAILED, TaskState.PENDING, error=ErrorInfo("E", "x"), retry_delay=0
+    )
+    await backend.finish(FinishParams(worker_id="w1", completions=[retry], now=later(2)))
+    listed = {k.key: k for k in await backend.list_keys(now=later(2))}
+    assert listed["k"].max_running == 1 and listed["k"].running == 1
+    assert await claim(backend, limit=10, at=later(3)) == []
+    task = await backend.get_task(first, with_attempts=False)
+    assert task is not None and task.state is TaskState.PENDING
+
+
+async def test_of_one_batch_into_a_key_with_no_pending_task_the_first_sets_its_limit(
+    backend: Backend,
+) -> None:
+    [running] = await enqueue(backend, keyed("k", limit=1))
+    assert ids(await claim(backend)) == [running]
+    two, one = await enqueue(backend, keyed("k", limit=2), keyed("k", limit=1))
+    listed = {k.key: k for k in await backend.list_keys(now=later(1))}
+    assert listed["k"].max_running == 2 and listed["k"].pending == 2
+    assert ids(await claim(backend, limit=10, at=later(1))) == [two]
+    assert one not in ids(await claim(backend, limit=10, at=later(2)))

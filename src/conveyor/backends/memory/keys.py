@@ -3,7 +3,9 @@
 
 Functions of the store, called under its lock. A key has a row while it has
 pending tasks: made when a task of it becomes pending, dropped by a claim
-that reads it and finds none left (as the SQL backends do).
+that reads it and finds none left (as the SQL backends do). Its limit is
+that of its newest claimed task, or, once none of its tasks is pending, of
+the next task made pending: the same whether a claim dropped the row or not.
 """
 
 from __future__ import annotations
@@ -51,18 +53,27 @@ class KeyRow:
 
 
 def ensure(store: Store, row: Row, now: datetime | None = None) -> None:
-    """``row`` became pending: its key has a row (a new one with a full bucket)."""
-    if row.concurrency_key is not None and row.state is TaskState.PENDING:
-        store.concurrency.setdefault(
-            row.concurrency_key,
-            KeyRow(
-                row.concurrency_limit or UNLIMITED,
-                rate_limit=row.rate_limit,
-                rate_period=row.rate_period,
-                tokens=None if row.rate_limit is None else float(row.rate_limit),
-                refilled_at=now,
-            ),
+    """``row`` became pending: its key has a row (a new one with a full
+    bucket). A key none of whose other tasks is pending takes ``row``'s
+    running limit, as a new row would: whether a claim dropped the key's row
+    meanwhile (see :func:`settle`) changes nothing."""
+    key = row.concurrency_key
+    if key is None or row.state is not TaskState.PENDING:
+        return
+    limit = row.concurrency_limit or UNLIMITED
+    found = store.concurrency.get(key)
+    if found is None:
+        store.concurrency[key] = KeyRow(
+            limit,
+            rate_limit=row.rate_limit,
+            rate_period=row.rate_period,
+            tokens=None if row.rate_limit is None else float(row.rate_limit),
+            refilled_at=now,
         )
+    elif found.max_running != limit and not any(
+        task_id != row.id for task_id in store.index.keyed_pending.get(key, ())
+    ):
+        found.max_running = limit
 
 
 def spent_lease(row: Row, now: datetime) -> bool:

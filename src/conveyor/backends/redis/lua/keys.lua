@@ -8,7 +8,8 @@
 -- has pending tasks or its bucket refills: made, with the limit and rate of
 -- the task that made it, when a keyed task becomes pending (index_keyed);
 -- dropped by a claim that reads it and finds no pending task left (and a
--- full bucket). {p}:concurrency-keys orders the rows for the claims' turns
+-- full bucket). A key with no pending task takes the limit of the next task
+-- made pending, whether its row was dropped or not (ensure_key). {p}:concurrency-keys orders the rows for the claims' turns
 -- (score: when a claim last took a task of the key, -inf for never; ties by
 -- key, as ZRANGE orders equal scores).
 --
@@ -60,9 +61,19 @@ end
 local function float_text(x) return string.format('%.17g', x) end
 
 -- The key's row exists (a new one takes this limit and rate, its bucket full).
-local function ensure_key(key, limit, rate, period, now)
+-- A key none of whose tasks is pending takes this limit, as a new row would:
+-- whether a claim dropped its row meanwhile changes nothing. Called before
+-- task `id` joins the key's pending set (it may be in it already).
+local function ensure_key(key, id, limit, rate, period, now)
   local row = key_concurrency(key)
-  if redis.call('EXISTS', row) == 1 then return end
+  if redis.call('EXISTS', row) == 1 then
+    local pending = key_concurrency_pending(key)
+    local others = redis.call('SCARD', pending) - redis.call('SISMEMBER', pending, id)
+    if others == 0 then
+      redis.call('HSET', row, 'max_running', limit or UNLIMITED)
+    end
+    return
+  end
   redis.call('HSET', row, 'max_running', limit or UNLIMITED)
   if rate and period then
     redis.call('HSET', row, 'rate_limit', rate, 'rate_period', period, 'tokens', rate,
@@ -74,7 +85,7 @@ end
 -- A keyed task becomes pending (index_pending in common.lua calls this).
 index_keyed = function(id, key, queue, name, priority, run_at, now)
   local f = redis.call('HMGET', key_task(id), 'concurrency_limit', 'rate_limit', 'rate_period')
-  ensure_key(key, f[1], f[2], f[3], now)
+  ensure_key(key, id, f[1], f[2], f[3], now)
   redis.call('SADD', key_concurrency_pending(key), id)
   if run_at <= now then
     local member = keyed_member(priority, run_at, id, queue, name)
