@@ -131,7 +131,9 @@ from (select distinct hashtext(k.name || chr(31) || k.key) as h
 -- are inserted (the trigger then finds them). Inserting a new key waits for
 -- another transaction that inserted the same key, uncommitted; two enqueues
 -- of new keys in different orders would otherwise deadlock. A key's limit and
--- rate come from the batch's first task with it, as the trigger does.
+-- rate come from the batch's first task with it, as the trigger does. Keys
+-- whose row this statement sees are left out: an insert that meets a row
+-- another transaction changed, uncommitted (a new limit), would wait for it.
 insert into {schema}.concurrency (key, max_running, rate_limit, rate_period, tokens, refilled_at)
 select distinct on (k.key)
        k.key, coalesce(k.max_running, 1000000), k.rate_limit, k.rate_period, k.rate_limit,
@@ -140,6 +142,7 @@ from unnest(%(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
             %(rate_limits)s::int[], %(rate_periods)s::float8[])
     with ordinality as k(key, max_running, rate_limit, rate_period, ord)
 where k.key is not null
+  and not exists (select 1 from {schema}.concurrency c where c.key = k.key)
 order by k.key, k.ord
 on conflict (key) do nothing
 returning key;
