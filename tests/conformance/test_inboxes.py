@@ -404,3 +404,41 @@ async def test_a_message_row_the_claim_cannot_read_leaves_the_read_to_the_poll(
     assert polled.inbox is None
     [message] = await backend.inbox(task_id)
     assert message.body == "first"
+
+
+@pytest.mark.parametrize("child_first", [True, False], ids=["child-first", "parent-first"])
+@pytest.mark.parametrize("parent_rests", [False, True], ids=["parent-ends", "parent-rests"])
+async def test_a_child_ending_beside_its_parent_in_one_finish(
+    backend: Backend, child_first: bool, parent_rests: bool
+) -> None:
+    """A finish applies its completions, then their endings: a child that
+    ends in the same call as its parent finds the parent as the call leaves
+    it, whatever the completions' order. Ended: no end message; resting:
+    the end message, and the parent due again."""
+    [parent] = await enqueue(backend, coroutine())
+    polled = await claim_one(backend, T0)
+    kid = replace(new("job"), parent_id=parent)
+    await finish(backend, rest(polled, {}, spawns=(kid,), sleep_until=later(2)), later(1))
+    both = await claim(backend, names=NAMES, limit=2, at=later(3))
+    assert len(both) == 2
+    [mine] = [c for c in both if c.token.task_id == parent]
+    [child] = [c for c in both if c.token.task_id != parent]
+    mine_done = (
+        rest(mine, {"rested": True})
+        if parent_rests
+        else Completion(mine.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="1")
+    )
+    child_done = Completion(child.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="2")
+    done = [child_done, mine_done] if child_first else [mine_done, child_done]
+    await backend.finish(FinishParams("w1", done, now=later(4)))
+    ends = [m.body for m in await backend.inbox(parent)]
+    task = await backend.get_task(parent, with_attempts=False)
+    assert task is not None
+    if parent_rests:
+        assert ends == [
+            {"child": child.token.task_id, "name": "job", "state": "succeeded", "result": 2}
+        ]
+        assert task.state is TaskState.PENDING
+    else:
+        assert ends == []
+        assert task.state is TaskState.SUCCEEDED

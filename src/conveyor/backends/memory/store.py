@@ -271,12 +271,13 @@ class Store:
 
         As on the SQL backends: first every applied poll's effects (messages
         consumed, children spawned, messages sent: a child's last messages
-        precede its end), then the completions, then a resting poll whose inbox
-        still holds messages is due again. A completion that would make a task
+        precede its end), then the completions, then the endings (end
+        messages, cascading cancels), then a resting poll whose inbox still
+        holds messages is due again. A completion that would make a task
         pending or waiting after its cancel was requested ends it cancelled
         (its run time stays). A new state (a next step, a coroutine's rest)
         comes with a fresh budget; an ``interrupted`` attempt is given back."""
-        applied = set()
+        applied: set[LeaseToken] = set()
         with self.lock:
             holding = [
                 (row, c)
@@ -287,16 +288,23 @@ class Store:
             for row, c in holding:
                 if c.effects is not None:
                     self._apply(row, c.effects, now)
-            for row, c in holding:
-                self._finish_one(row, c, now)
-                applied.add(c.token)
+            # Endings come after every completion of the call, as the SQL
+            # backends' row triggers fire after their statement: a child
+            # ending beside its parent finds the parent ended, whatever the
+            # order of the completions.
+            ended = [row for row, c in holding if self._finish_one(row, c, now)]
+            applied.update(c.token for _, c in holding)
+            for row in ended:
+                self._ended(row, now)
             for row, c in holding:
                 if c.effects is not None and self.inboxes.holds(row.id):
                     self._wake(row, now)
         tokens = frozenset(c.token for c in params.completions)
         return FinishResult(frozenset(applied), tokens - applied)
 
-    def _finish_one(self, row: Row, c: Completion, now: datetime) -> None:
+    def _finish_one(self, row: Row, c: Completion, now: datetime) -> bool:
+        """Apply one completion; whether the task ended (its ending is the
+        caller's to run)."""
         state = c.next_state
         if row.cancel_requested and state in (TaskState.PENDING, TaskState.WAITING):
             state = TaskState.CANCELLED
@@ -320,8 +328,7 @@ class Store:
         row.end_lease()
         row.finished_at = now if state.is_terminal else None
         row.close_attempt(now, c.outcome, c.error)
-        if state.is_terminal:
-            self._ended(row, now)
+        return state.is_terminal
 
     def _apply(self, row: Row, effects: Effects, now: datetime) -> None:
         """A poll's consumed messages, spawns and sends (a send to a task

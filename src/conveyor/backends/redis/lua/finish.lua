@@ -2,8 +2,8 @@
 -- this attempt, this worker, not expired); the others change nothing. As on
 -- the other backends (the memory store is the model): first every applied
 -- poll's effects (consumed messages, spawned children, sends: a child's last
--- messages precede its end), then the completions, then a resting poll whose
--- inbox still holds messages is due again.
+-- messages precede its end), then the completions, then the endings, then a
+-- resting poll whose inbox still holds messages is due again.
 --
 -- A completion that would make a task pending or waiting after its cancel was
 -- requested ends it cancelled. A transition (a workflow's next step, a
@@ -91,8 +91,7 @@ local function complete(h)
   local key = key_task(id)
   local state, outcome, result = c[3], c[4], given(c[5])
   local move = given(c[10])
-  -- Read here, not with the lease: an ending earlier in this script may
-  -- have cancelled this task (a cascade).
+  -- A cancel requested while the attempt ran ends it cancelled.
   if (state == 'pending' or state == 'waiting')
       and redis.call('HGET', key, 'cancel_requested') == '1' then
     state = 'cancelled'
@@ -119,14 +118,20 @@ local function complete(h)
     move_state(id, 'in_progress', state, h.scope)
   end
   end_lease(id, h.queue, h.flow_key)
-  -- An ending tells a parent, and a cancelled task cancels its children.
-  if TERMINAL[state] and (h.parent or state == 'cancelled') then ended(id, now) end
+  return TERMINAL[state] and (h.parent or state == 'cancelled')
 end
 
 for _, h in ipairs(held) do
   if h.effects then apply_effects(h) end
 end
-for _, h in ipairs(held) do complete(h) end
+-- An ending tells a parent, and a cancelled task cancels its children: after
+-- every completion of the call, as the SQL backends' row triggers fire after
+-- their statement, so that a child ending beside its parent finds it ended.
+local endings = {}
+for _, h in ipairs(held) do
+  if complete(h) then endings[#endings + 1] = h.id end
+end
+for _, id in ipairs(endings) do ended(id, now) end
 for _, h in ipairs(held) do
   if h.effects and redis.call('EXISTS', key_inbox(h.id)) == 1 then wake(h.id, now) end
 end
