@@ -8,7 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from conveyor.backends.protocol import Backend, EnqueueParams, FinishParams, NewTask, TaskFilter
+from conveyor.backends.protocol import (
+    Backend,
+    EnqueueParams,
+    FinishParams,
+    NewTask,
+    TaskFilter,
+    WorkFilter,
+)
 from conveyor.errors import TaskExistsError
 from conveyor.model import TaskState
 from tests.conformance.test_tasks import claim, enqueue, later, new, success
@@ -145,3 +152,23 @@ async def test_a_holder_replaced_twice_in_one_batch_is_due_once(backend: Backend
     # One claim of ten finds the holder once, and not the task due later.
     claimed = await claim(backend, limit=10)
     assert [c.token.task_id for c in claimed] == [holder]
+
+
+async def test_a_replace_beside_a_new_task_of_its_name_leaves_both_claimable(
+    backend: Backend,
+) -> None:
+    """One enqueue stores a new task and replaces the pending holder of a
+    unique key, of the same queue and name, moving it later: the new task
+    stays due and counted, and a claim takes it."""
+    unique = {"idempotency_key": "k1", "unique_scope": "pending"}
+    [holder] = await enqueue(backend, replace(new(), **unique))  # type: ignore[arg-type]
+    fresh, found = await enqueue(
+        backend,
+        new(),
+        replace(new(run_at=None), delay=5.0, on_conflict="replace", **unique),  # type: ignore[arg-type]
+    )
+    assert found == holder
+    work = WorkFilter(names=["job"], queues=["default"], now=later(1))
+    assert await backend.count_unfinished(work) == 1
+    assert [c.token.task_id for c in await claim(backend, limit=10, at=later(1))] == [fresh]
+    assert [c.token.task_id for c in await claim(backend, limit=10, at=later(6))] == [holder]

@@ -146,8 +146,12 @@ local function zadd(adds, key, score, member)
   list[#list + 1] = score
   list[#list + 1] = member
 end
+-- Write the gathered ZADDs and empty `adds` (it may gather more).
 local function add_gathered(adds)
-  for key, values in pairs(adds) do call_chunked('ZADD', key, values) end
+  for key, values in pairs(adds) do
+    call_chunked('ZADD', key, values)
+    adds[key] = nil
+  end
 end
 local function flush_indexes()
   local g = gathered
@@ -533,6 +537,11 @@ local function store_task(a, i, now, mine, adds)
     local holder = key_holder(a[i], key, now)
     if holder then
       if not (mine and mine[holder]) and a[i + 17] == 'replace' then
+        -- The holder leaves its ready set at once: this batch's gathered
+        -- tasks must be in it first, or a set emptied of the holder alone
+        -- would take its name out of the queue's ready names, and claims
+        -- would not see this batch's tasks of that name.
+        if adds then add_gathered(adds) end
         replace_holder(holder, a, i, now)
       end
       return tonumber(holder)
