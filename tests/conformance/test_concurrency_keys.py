@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import pytest
+
 from conveyor.backends.protocol import (
     Backend,
     ClaimParams,
@@ -191,3 +193,19 @@ async def test_of_one_batch_into_a_key_with_no_pending_task_the_first_sets_its_l
     assert listed["k"].max_running == 2 and listed["k"].pending == 2
     assert ids(await claim(backend, limit=10, at=later(1))) == [two]
     assert one not in ids(await claim(backend, limit=10, at=later(2)))
+
+
+@pytest.mark.parametrize("how", ["comes-due", "run-now"])
+async def test_a_delayed_task_made_due_changes_no_limit(backend: Backend, how: str) -> None:
+    """Coming due, or run_now, is no move to pending: a key's delayed task
+    made due after the key's other tasks were claimed leaves the limit of
+    the task claimed last."""
+    now_due, delayed = await enqueue(
+        backend, keyed("k", limit=2), keyed("k", limit=1, run_at=later(5))
+    )
+    assert ids(await claim(backend, limit=10, at=later(1))) == [now_due]
+    at = later(6)
+    if how == "run-now":
+        await backend.run_now(delayed, now=later(2))
+        at = later(2)
+    assert ids(await claim(backend, limit=10, at=at)) == [delayed]

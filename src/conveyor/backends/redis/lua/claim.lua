@@ -49,7 +49,7 @@ local function promote(queue)
     local priority, run_at = tonumber(f[2]), tonumber(f[3])
     if f[4] == 'pending' then
       if f[1] and priority and run_at then
-        index_pending(id, queue, f[1], priority, run_at, now)
+        index_pending(id, queue, f[1], priority, run_at, now, nil, nil, true)
       else
         set_aside(id, queue, 'name, priority or run_at')
       end

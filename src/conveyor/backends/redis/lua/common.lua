@@ -302,7 +302,8 @@ end
 -- (index_keyed in keys.lua).
 -- `key` is the task's concurrency key when the caller knows it (false: none),
 -- else nil (read here). `adds` (a new task's) gathers its ZADDs (see zadd).
-local function index_pending(id, queue, name, priority, run_at, now, key, adds)
+-- `staying`: the task was pending and stays so (not a move of its state).
+local function index_pending(id, queue, name, priority, run_at, now, key, adds, staying)
   if not QUEUE_KNOWN[queue] then
     redis.call('SADD', KEY_QUEUES, queue)
     QUEUE_KNOWN[queue] = true
@@ -310,7 +311,7 @@ local function index_pending(id, queue, name, priority, run_at, now, key, adds)
   zadd(adds, key_pending(queue), run_at, id)
   if key == nil then key = redis.call('HGET', key_task(id), 'concurrency_key') end
   if key then
-    index_keyed(id, key, queue, name, priority, run_at, now)
+    index_keyed(id, key, queue, name, priority, run_at, now, staying)
   elseif run_at <= now then
     zadd(adds, key_ready(queue, name), 0, order_member(priority, run_at, id))
     note_ready_name(queue, name)
@@ -507,7 +508,7 @@ local function replace_holder(id, a, i, now)
   local new_run_at = opt(a[i + 4])
   new_run_at = new_run_at and tonumber(new_run_at) or now + tonumber(a[i + 5])
   redis.call('HSET', task, 'payload', a[i + 2], 'priority', a[i + 3], 'run_at', new_run_at)
-  index_pending(id, f[2], f[3], tonumber(a[i + 3]), new_run_at, now)
+  index_pending(id, f[2], f[3], tonumber(a[i + 3]), new_run_at, now, nil, nil, true)
 end
 
 -- Task ids: INCR of {p}:ids, or the next of the ids a batch reserved at

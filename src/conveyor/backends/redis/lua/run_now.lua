@@ -15,7 +15,7 @@ end
 if run_at > now then
   unindex_pending(id, f[2], f[3], priority, run_at)
   redis.call('HSET', key, 'run_at', now)
-  index_pending(id, f[2], f[3], priority, now, now)
+  index_pending(id, f[2], f[3], priority, now, now, nil, nil, true)
 end
 woke(f[2])
 return {'pending', ''}
