@@ -9,9 +9,10 @@
 -- the task that made it, when a keyed task becomes pending (index_keyed);
 -- dropped by a claim that reads it and finds no pending task left (and a
 -- full bucket). A key with no pending task takes the limit of the next task
--- made pending, whether its row was dropped or not (ensure_key). {p}:concurrency-keys orders the rows for the claims' turns
--- (score: when a claim last took a task of the key, -inf for never; ties by
--- key, as ZRANGE orders equal scores).
+-- made pending, whether its row was dropped or not (ensure_key).
+-- {p}:concurrency-keys orders the rows for the claims' turns (score: when a
+-- claim last took a task of the key, -inf for never; ties by key, as ZRANGE
+-- orders equal scores).
 --
 -- A keyed pending task is in no ready set of its queue: due, it is in its
 -- key's ready set (members in claim order, as the queues' ready sets, with
