@@ -186,6 +186,9 @@ async def test_a_retry_into_a_key_with_no_pending_task_sets_its_limit(backend: B
 async def test_of_one_batch_into_a_key_with_no_pending_task_the_first_sets_its_limit(
     backend: Backend,
 ) -> None:
+    """One enqueue makes two tasks of a key with none pending: the first
+    (limit 2) sets the limit, the second (limit 1) finds it pending and
+    changes nothing (each store writes the rows in the batch's order)."""
     [running] = await enqueue(backend, keyed("k", limit=1))
     assert ids(await claim(backend)) == [running]
     two, one = await enqueue(backend, keyed("k", limit=2), keyed("k", limit=1))
