@@ -62,17 +62,15 @@ end
 local function float_text(x) return string.format('%.17g', x) end
 
 -- The key's row exists (a new one takes this limit and rate, its bucket full).
--- A key none of whose tasks is pending takes this limit when task `id`
--- becomes pending, as a new row would: whether a claim dropped its row
+-- A key none of whose tasks is pending takes this limit when a task becomes
+-- pending, as a new row would: whether a claim dropped its row
 -- meanwhile changes nothing. `staying`: the task was pending and stays so
 -- (a promotion, a replace, run_now), which changes no limit. Called before
 -- the task joins the key's pending set.
-local function ensure_key(key, id, limit, rate, period, now, staying)
+local function ensure_key(key, limit, rate, period, now, staying)
   local row = key_concurrency(key)
   if redis.call('EXISTS', row) == 1 then
-    local pending = key_concurrency_pending(key)
-    if not staying and redis.call('SISMEMBER', pending, id) == 0
-        and redis.call('SCARD', pending) == 0 then
+    if not staying and redis.call('SCARD', key_concurrency_pending(key)) == 0 then
       redis.call('HSET', row, 'max_running', limit or UNLIMITED)
     end
     return
@@ -88,7 +86,7 @@ end
 -- A keyed task becomes pending (index_pending in common.lua calls this).
 index_keyed = function(id, key, queue, name, priority, run_at, now, staying)
   local f = redis.call('HMGET', key_task(id), 'concurrency_limit', 'rate_limit', 'rate_period')
-  ensure_key(key, id, f[1], f[2], f[3], now, staying)
+  ensure_key(key, f[1], f[2], f[3], now, staying)
   redis.call('SADD', key_concurrency_pending(key), id)
   if run_at <= now then
     local member = keyed_member(priority, run_at, id, queue, name)
