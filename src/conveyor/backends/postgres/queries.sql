@@ -1020,6 +1020,11 @@ insert into {schema}.migrations (version, name) values (%(version)s, %(name)s);
 -- expect fewer rows than the limit, read every finished task and sort them,
 -- each batch, slower as the backlog grew. Not avoided: a state with nothing
 -- to prune is walked to the end, in the one batch of a prune that is not full.
+-- A parent is looked at through a scalar subquery, which PostgreSQL runs as
+-- one probe of the primary key per candidate: written as `not exists`, it
+-- could become a join, and statistics that knew no live task (taken before
+-- a backlog came) made it a scan of every live task, read again for each
+-- candidate. count_prunable looks at parents the same way.
 with guard as (
     select pg_try_advisory_xact_lock({lock_space}, -1) as held
 ),
@@ -1031,9 +1036,8 @@ doomed as materialized (
         select t.id from {schema}.tasks t
         where coalesce(t.state = c.state, false)
           and t.finished_at < c.before
-          and not exists (
-              select 1 from {schema}.tasks p
-              where p.id = t.parent_id and p.state in ('pending', 'in_progress', 'waiting'))
+          and not coalesce((select p.state in ('pending', 'in_progress', 'waiting')
+                            from {schema}.tasks p where p.id = t.parent_id), false)
         order by t.id
         limit %(limit)s::int
         for update of t skip locked
@@ -1065,9 +1069,8 @@ select t.state, count(*)
 from {schema}.tasks t
 join unnest(%(states)s::text[], %(befores)s::timestamptz[]) as c(state, before)
   on t.state = c.state and t.finished_at < c.before
-where not exists (
-    select 1 from {schema}.tasks p
-    where p.id = t.parent_id and p.state in ('pending', 'in_progress', 'waiting'))
+where not coalesce((select p.state in ('pending', 'in_progress', 'waiting')
+                    from {schema}.tasks p where p.id = t.parent_id), false)
 group by t.state
 order by t.state;
 
