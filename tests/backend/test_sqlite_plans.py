@@ -89,3 +89,45 @@ def test_fenced_writes_reach_rows_by_primary_key(
     found = plan(database, name)
     assert key in found, found
     assert "SCAN conveyor_" not in found, found
+
+
+def _vm_steps(conn: sqlite3.Connection, name: str, args: dict[str, Any]) -> tuple[int, int]:
+    """(Rows ``name`` returned, about how many hundred virtual machine steps
+    it took), in a transaction rolled back."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    conn.set_progress_handler(count, 100)
+    try:
+        found = len(conn.execute(SQL[name], args).fetchall())
+    finally:
+        conn.set_progress_handler(None, 0)
+        conn.rollback()
+    return found, steps
+
+
+def test_a_prune_reads_no_task_made_after_its_cutoff(tmp_path: Path) -> None:
+    """A task finishes after it is made: a prune with nothing to delete
+    must not walk every task of the state (a minute of them, or a day), as
+    it did while the database's one writer waited."""
+    path = tmp_path / "prune.db"
+    asyncio.run(_create(path))
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.executemany(
+            "insert into conveyor_tasks (name, queue, payload, state, run_at, max_attempts,"
+            " retry_policy, created_at, finished_at) values ('job', 'default', '{}',"
+            " 'succeeded', ?, 3, '{}', ?, ?)",
+            ((1000 + n, 1000 + n, 1001 + n) for n in range(20_000)),
+        )
+        conn.commit()
+        args = {"state": "succeeded", "limit": 1000}
+        found, steps = _vm_steps(conn, "prune_tasks", {**args, "before": 500.0})
+        assert found == 0 and steps < 20, steps  # a search of the ids, no walk
+        # The walk stops at the limit; the first 1,000 made are the ones taken.
+        found, steps = _vm_steps(conn, "prune_tasks", {**args, "before": 10_000.0})
+        assert found == 1000 and steps < 1000
+        assert _vm_steps(conn, "prune_tasks", {**args, "before": 1200.5, "limit": 5000})[0] == 200

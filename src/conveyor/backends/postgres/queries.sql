@@ -1010,36 +1010,69 @@ insert into {schema}.migrations (version, name) values (%(version)s, %(name)s);
 -- and keys (foreign keys, on delete cascade) go with them; a child left behind keeps
 -- running with no parent. One pruner at a time: a transaction-scoped
 -- advisory lock, tried, not waited for; `held` false means another worker
--- is pruning and nothing was done. Each state's tasks are read off the
--- primary key, oldest first, skipping rows locked by anyone; the walk stops
--- at the limit, so a full batch reads about as many rows as it deletes. (The
--- state index cannot serve: it leaves out running tasks, and a state given
--- as a parameter does not prove that.) The state test is wrapped in
--- coalesce so the planner takes it as half the rows, not 0.5 %: without
--- statistics (autovacuum off means no ANALYZE either) that default made it
--- expect fewer rows than the limit, read every finished task and sort them,
--- each batch, slower as the backlog grew. Not avoided: a state with nothing
--- to prune is walked to the end, in the one batch of a prune that is not full.
+-- is pruning and nothing was done.
+--
+-- A task finishes after it is made, so only tasks made before a cutoff can
+-- have finished before it. `search` finds, for each cutoff, the first id
+-- made at or after it, by halving the id range (each step one probe of the
+-- primary key: about 30 for a billion ids), so that no batch reads the tasks
+-- a prune must keep. Ids follow creation order only roughly (concurrent
+-- enqueues draw theirs in any order): a task on the wrong side of the bound
+-- is pruned by a later prune, never before its cutoff.
+--
+-- Each state's tasks below its bound are then read off the primary key,
+-- oldest first, skipping rows locked by anyone; the walk stops at the limit,
+-- so a full batch reads about as many rows as it deletes, and one that finds
+-- nothing to delete reads the tasks made before the cutoff that are kept
+-- (live ones, those a live parent keeps, those of states kept longer). The
+-- state test is wrapped in coalesce so the planner takes it as half the
+-- rows, not 0.5 %: without statistics (autovacuum off means no ANALYZE
+-- either) that default made it expect fewer rows than the limit, read every
+-- finished task and sort them, each batch, slower as the backlog grew. For
+-- the same reason the walk's limit is a subquery: the planner, not knowing
+-- how far below the bound the limit stops the walk, takes it as a tenth of
+-- the rows (as under a generic plan); knowing the limit and guessing a third
+-- of the table below the bound, it read all of them and sorted.
 -- A parent is looked at through a scalar subquery, which PostgreSQL runs as
 -- one probe of the primary key per candidate: written as `not exists`, it
 -- could become a join, and statistics that knew no live task (taken before
 -- a backlog came) made it a scan of every live task, read again for each
 -- candidate. count_prunable looks at parents the same way.
-with guard as (
+with recursive guard as (
     select pg_try_advisory_xact_lock({lock_space}, -1) as held
+),
+search (state, before, lo, hi) as (
+    select c.state, c.before, coalesce(e.lo, 0), coalesce(e.hi, 0)
+    from unnest(%(states)s::text[], %(befores)s::timestamptz[]) as c(state, before),
+         (select min(id) as lo, max(id) + 1 as hi from {schema}.tasks) as e
+    union all
+    select s.state, s.before,
+           case when m.created_at < s.before then least(m.id + 1, s.hi) else s.lo end,
+           case when m.created_at < s.before then s.hi else (s.lo + s.hi) / 2 end
+    from search s
+    cross join lateral (
+        select n.id, n.created_at from {schema}.tasks n
+        where n.id >= (s.lo + s.hi) / 2
+        order by n.id
+        limit 1
+    ) as m
+    where s.lo < s.hi
+),
+bounds as (
+    select state, before, min(hi) as bound from search group by state, before
 ),
 doomed as materialized (
     select d.id
-    from guard,
-         unnest(%(states)s::text[], %(befores)s::timestamptz[]) as c(state, before)
+    from guard, bounds c
     cross join lateral (
         select t.id from {schema}.tasks t
         where coalesce(t.state = c.state, false)
+          and t.id < c.bound
           and t.finished_at < c.before
           and not coalesce((select p.state in ('pending', 'in_progress', 'waiting')
                             from {schema}.tasks p where p.id = t.parent_id), false)
         order by t.id
-        limit %(limit)s::int
+        limit (select %(limit)s::int)
         for update of t skip locked
     ) as d
     where guard.held
