@@ -269,13 +269,17 @@ def worker_command(spec: WorkerSpec) -> list[str]:
     return command
 
 
-def start_worker(spec: WorkerSpec, schema: str) -> subprocess.Popen[bytes]:
+def start_worker(
+    spec: WorkerSpec, schema: str, extra: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    """The worker process of ``spec``, with ``extra`` options of ``conveyor worker``."""
     env = dict(os.environ)
     env["CONVEYOR_URL"] = spec.url
     env["CONVEYOR_SCHEMA"] = schema
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     out: IO[str] = sys.stderr  # keep our stdout clean for --json
-    return subprocess.Popen(worker_command(spec), cwd=ROOT, env=env, stdout=out, stderr=out)
+    command = [*worker_command(spec), *extra]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
 
 
 async def stop_worker(process: subprocess.Popen[bytes]) -> int:
