@@ -1015,8 +1015,8 @@ insert into {schema}.migrations (version, name) values (%(version)s, %(name)s);
 -- A task finishes after it is made, so only tasks made before a cutoff can
 -- have finished before it. `search` finds, for each cutoff, the first id
 -- made at or after it, by halving the id range (each step one probe of the
--- primary key: about 30 for a billion ids), so that no batch reads the tasks
--- a prune must keep. Ids follow creation order only roughly (concurrent
+-- primary key: about 30 for a billion ids), so that no batch walks the tasks
+-- made after the cutoff. Ids follow creation order only roughly (concurrent
 -- enqueues draw theirs in any order): a task on the wrong side of the bound
 -- is pruned by a later prune, never before its cutoff.
 --
@@ -1048,11 +1048,11 @@ search (state, before, lo, hi) as (
     union all
     select s.state, s.before,
            case when m.created_at < s.before then least(m.id + 1, s.hi) else s.lo end,
-           case when m.created_at < s.before then s.hi else (s.lo + s.hi) / 2 end
+           case when m.created_at < s.before then s.hi else s.lo + (s.hi - s.lo) / 2 end
     from search s
     cross join lateral (
         select n.id, n.created_at from {schema}.tasks n
-        where n.id >= (s.lo + s.hi) / 2
+        where n.id >= s.lo + (s.hi - s.lo) / 2
         order by n.id
         limit 1
     ) as m

@@ -498,10 +498,10 @@ delete from conveyor_tasks where id in (
                coalesce((select max(id) from conveyor_tasks) + 1, 0)
         union all
         select case when f.created_at < :before then min(f.id + 1, s.hi) else s.lo end,
-               case when f.created_at < :before then s.hi else (s.lo + s.hi) / 2 end
+               case when f.created_at < :before then s.hi else s.lo + (s.hi - s.lo) / 2 end
         from search s
         left join conveyor_tasks f on f.id = (
-            select min(n.id) from conveyor_tasks n where n.id >= (s.lo + s.hi) / 2)
+            select min(n.id) from conveyor_tasks n where n.id >= s.lo + (s.hi - s.lo) / 2)
         where s.lo < s.hi
     )
     select t.id from conveyor_tasks t
