@@ -18,6 +18,7 @@ import pytest
 
 from conveyor import Retention
 from conveyor.backends.postgres import PostgresBackend
+from conveyor.backends.postgres.flow import _prune_args as prune_args
 from conveyor.backends.postgres.rows import finish_statement
 from conveyor.backends.protocol import ClaimParams, Completion, EnqueueParams
 from conveyor.model import LeaseToken, Outcome, TaskState
@@ -367,6 +368,12 @@ async def test_a_keyed_claim_never_walks_the_tasks_behind_a_full_key(
     assert again == [] and running.token.task_id != cold_id
 
 
+def _prune_args(retention: Retention) -> dict[str, Any]:
+    """The prune statement's arguments, as the backend builds them, for a
+    batch of ``retention`` now (no workers)."""
+    return prune_args(retention.params(datetime.now(UTC), workers=False))
+
+
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 async def test_a_prune_batch_reads_only_what_it_deletes_without_statistics(
     backend: PostgresBackend, generic: bool
@@ -377,13 +384,7 @@ async def test_a_prune_batch_reads_only_what_it_deletes_without_statistics(
     and fell behind a fast drain. A batch must walk its state's tasks in id
     order and stop at its limit, however little the planner knows."""
     await _fill(backend, 20_000, 5_000, "1 hour")
-    params = Retention(succeeded=60, batch=1000).params(datetime.now(UTC))
-    args = {
-        "states": [state.value for state in params.before],
-        "befores": list(params.before.values()),
-        "limit": params.limit,
-        "workers_before": None,
-    }
+    args = _prune_args(Retention(succeeded=60, batch=1000))
     nodes = await (
         _generic_plan(backend, "prune", args) if generic else _analyzed(backend, "prune", args)
     )
@@ -394,16 +395,6 @@ async def test_a_prune_batch_reads_only_what_it_deletes_without_statistics(
     walked = [n for n in nodes if n.get("Alias") in ("t", "p") and "Scan" in n["Node Type"]]
     assert walked and all(n["Actual Rows"] <= 1000 for n in walked), walked
     assert not [n for n in nodes if n["Node Type"] == "Sort" and n["Actual Rows"] > 1000]
-
-
-def _prune_args(retention: Retention) -> dict[str, Any]:
-    params = retention.params(datetime.now(UTC))
-    return {
-        "states": [state.value for state in params.before],
-        "befores": list(params.before.values()),
-        "limit": params.limit,
-        "workers_before": None,
-    }
 
 
 async def _stale_statistics(backend: PostgresBackend, finished: int, pending: int) -> None:
