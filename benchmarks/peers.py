@@ -6,7 +6,8 @@ fresh database of its own on the same PostgreSQL server:
 1. Enqueue ``--tasks`` no-op tasks in bulk, the way each system's docs say
    (timed: enqueue/s).
 2. Drain them with ONE worker process, then (after a fresh enqueue into a
-   fresh database) with TWO. processed/s = tasks / (first start to last
+   fresh database) with TWO (``--processes`` names other counts, such as
+   ``1,2,4``: a drain and a pair of columns each). processed/s = tasks / (first start to last
    finish, from the system's own tables); the wall time from spawning the
    processes to every task completed (interpreter start-up included) is the
    ``e2e`` figure. Each drain is checked: the system's tables must count all
@@ -88,10 +89,10 @@ class Result:
     system: str
     note: str = ""
     enqueue_per_s: float | None = None
-    processed_1p: float | None = None
-    processed_2p: float | None = None
-    e2e_1p: float | None = None
-    e2e_2p: float | None = None
+    processed: dict[int, float] = field(default_factory=dict)
+    """processed/s by worker processes"""
+    e2e: dict[int, float] = field(default_factory=dict)
+    """tasks over the wall time from spawning the processes, by processes"""
     latency_p50_ms: float | None = None
     latency_p99_ms: float | None = None
     latency_sent: int = 0
@@ -198,12 +199,9 @@ async def throughput(args: argparse.Namespace, result: Result, make: Any, procs:
     # a second does not make the column.
     enqueued = [d["enqueue_seconds"] for d in result.drains] + [enqueue_seconds]
     result.enqueue_per_s = args.tasks * len(enqueued) / sum(enqueued)
-    rate = args.tasks / window if window > 0 else None
-    e2e = done.succeeded / run.wall_seconds
-    if procs == 1:
-        result.processed_1p, result.e2e_1p = rate, e2e
-    else:
-        result.processed_2p, result.e2e_2p = rate, e2e
+    if window > 0:
+        result.processed[procs] = args.tasks / window
+    result.e2e[procs] = done.succeeded / run.wall_seconds
     result.drains.append({**asdict(run), "enqueue_seconds": enqueue_seconds})
     if done.succeeded != args.tasks or done.unfinished:
         result.problems.append(
@@ -227,14 +225,22 @@ async def latency(args: argparse.Namespace, result: Result, make: Any) -> None:
         result.problems.append(f"latency: {len(seconds)} of {result.latency_sent} started")
 
 
-PHASES: tuple[tuple[str, Callable[[argparse.Namespace, Result, Any], Awaitable[None]]], ...] = (
-    ("1 proc", lambda args, result, make: throughput(args, result, make, 1)),
-    ("2 procs", lambda args, result, make: throughput(args, result, make, 2)),
-    ("latency", latency),
-)
-"""A round's phases. Each phase runs on every system in turn before the next
-phase starts, so a slow minute of a shared machine falls on one phase of
-every system rather than on every phase of one."""
+Phase = Callable[[argparse.Namespace, Result, Any], Awaitable[None]]
+
+
+def phases(processes: Sequence[int]) -> list[tuple[str, Phase]]:
+    """A round's phases: a drain per count of worker processes, then the
+    latency. Each phase runs on every system in turn before the next phase
+    starts, so a slow minute of a shared machine falls on one phase of every
+    system rather than on every phase of one."""
+    drains: list[tuple[str, Phase]] = [
+        (f"{n} proc", functools.partial(_drain_phase, n)) for n in processes
+    ]
+    return [*drains, ("latency", latency)]
+
+
+async def _drain_phase(procs: int, args: argparse.Namespace, result: Result, make: Any) -> None:
+    await throughput(args, result, make, procs)
 
 
 async def run_round(args: argparse.Namespace, names: Sequence[str], number: int) -> list[Result]:
@@ -255,7 +261,7 @@ async def run_round(args: argparse.Namespace, names: Sequence[str], number: int)
     order = list(names) if number % 2 == 0 else list(reversed(names))
     failed: set[str] = set()
     try:
-        for label, phase in PHASES:
+        for label, phase in phases(args.processes):
             for name in order:
                 if name not in makers or name in failed:
                     continue
@@ -273,15 +279,12 @@ async def run_round(args: argparse.Namespace, names: Sequence[str], number: int)
     return [results[name] for name in names]
 
 
-MEDIAN_FIELDS = (
-    "enqueue_per_s",
-    "processed_1p",
-    "processed_2p",
-    "e2e_1p",
-    "e2e_2p",
-    "latency_p50_ms",
-    "latency_p99_ms",
-)
+MEDIAN_FIELDS = ("enqueue_per_s", "latency_p50_ms", "latency_p99_ms")
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def median(rounds: list[Result]) -> Result:
@@ -290,11 +293,13 @@ def median(rounds: list[Result]) -> Result:
     every round's problems, databases and drains."""
     merged = Result(rounds[0].system, rounds[0].note)
     for name in MEDIAN_FIELDS:
-        values = sorted(v for r in rounds if (v := getattr(r, name)) is not None)
-        if values:
-            middle = len(values) // 2
-            value = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-            setattr(merged, name, value)
+        setattr(merged, name, _median([getattr(r, name) for r in rounds]))
+    for by in ("processed", "e2e"):
+        counts = sorted({n for r in rounds for n in getattr(r, by)})
+        for n in counts:
+            value = _median([getattr(r, by).get(n) for r in rounds])
+            if value is not None:
+                getattr(merged, by)[n] = value
     merged.latency_sent = sum(r.latency_sent for r in rounds)
     merged.latency_started = sum(r.latency_started for r in rounds)
     for r in rounds:
@@ -352,36 +357,56 @@ def _ms(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "-"
 
 
-COLUMNS = [
-    # (header, attribute, format, higher is better)
-    ("enqueue/s", "enqueue_per_s", _rate, True),
-    ("processed/s 1p", "processed_1p", _rate, True),
-    ("processed/s 2p", "processed_2p", _rate, True),
-    ("e2e/s 1p", "e2e_1p", _rate, True),
-    ("e2e/s 2p", "e2e_2p", _rate, True),
-    ("p50 ms", "latency_p50_ms", _ms, False),
-    ("p99 ms", "latency_p99_ms", _ms, False),
-]
+@dataclass(frozen=True)
+class Column:
+    header: str
+    get: Callable[[Result], float | None]
+    format: Callable[[float | None], str]
+    higher: bool
+    """True if a higher figure is the better one."""
 
 
-def ratio_values(results: Sequence[Result], reference: str | None = None) -> list[float | None]:
+def columns(results: Sequence[Result]) -> list[Column]:
+    """The table's columns: enqueue/s, processed/s and e2e/s for each count
+    of worker processes drained in ``results``, the latency."""
+    counts = sorted({n for r in results for n in (*r.processed, *r.e2e)}) or [1, 2]
+    return [
+        Column("enqueue/s", lambda r: r.enqueue_per_s, _rate, True),
+        *(
+            Column(f"processed/s {n}p", functools.partial(_by, "processed", n), _rate, True)
+            for n in counts
+        ),
+        *(Column(f"e2e/s {n}p", functools.partial(_by, "e2e", n), _rate, True) for n in counts),
+        Column("p50 ms", lambda r: r.latency_p50_ms, _ms, False),
+        Column("p99 ms", lambda r: r.latency_p99_ms, _ms, False),
+    ]
+
+
+def _by(attribute: str, processes: int, result: Result) -> float | None:
+    figures: dict[int, float] = getattr(result, attribute)
+    return figures.get(processes)
+
+
+def ratio_values(
+    results: Sequence[Result], reference: str | None = None, shown: Sequence[Column] = ()
+) -> list[float | None]:
     """conveyor's value over the best peer's (or over system ``reference``'s),
     per column (None if either is missing); a row of conveyor on another
     store (``conveyor-pg``) is no peer."""
     ours = next((r for r in results if r.system == "conveyor"), None)
     found: list[float | None] = []
-    for _header, attribute, _fmt, higher in COLUMNS:
+    for column in shown or columns(results):
         peers = [
-            getattr(r, attribute)
+            column.get(r)
             for r in results
             if (r.system == reference if reference else not r.system.startswith("conveyor"))
         ]
         values = [v for v in peers if v]
-        mine = getattr(ours, attribute) if ours else None
+        mine = column.get(ours) if ours else None
         if not values or not mine:
             found.append(None)
             continue
-        found.append(mine / (max(values) if higher else min(values)))
+        found.append(mine / (max(values) if column.higher else min(values)))
     return found
 
 
@@ -389,39 +414,38 @@ def ratio_cells(values: Sequence[float | None]) -> list[str]:
     return ["-" if v is None else f"{v:.2f}x" for v in values]
 
 
-def round_ratios(rounds: Sequence[Sequence[Result]]) -> list[str]:
+def round_ratios(rounds: Sequence[Sequence[Result]], shown: Sequence[Column]) -> list[str]:
     """Per column, the median over the rounds of each round's conveyor/best:
     each round's systems ran side by side, so the ratio within a round is
     less exposed to the machine's drift than a ratio of medians."""
-    per_round = [ratio_values(one) for one in rounds]
-    cells: list[float | None] = []
-    for column in zip(*per_round, strict=True):
-        present = [v for v in column if v is not None]
-        cells.append(statistics.median(present) if present else None)
-    return ratio_cells(cells)
+    per_round = [ratio_values(one, shown=shown) for one in rounds]
+    return ratio_cells([_median(column) for column in zip(*per_round, strict=True)])
 
 
-def line(first: str, cells: Sequence[str]) -> str:
-    """A row of the table: a label, then a cell per column of ``COLUMNS``."""
-    widths = [max(len(h), 9) for h, *_ in COLUMNS]
+def line(first: str, cells: Sequence[str], shown: Sequence[Column]) -> str:
+    """A row of the table: a label, then a cell per column."""
+    widths = [max(len(c.header), 9) for c in shown]
     return f"{first:<14}" + "".join(f" {c:>{w}}" for c, w in zip(cells, widths, strict=True))
 
 
 def table(
     results: Sequence[Result], top: Ceiling | None, rounds: Sequence[Sequence[Result]] = ()
 ) -> str:
-    header = line("system", [h for h, *_ in COLUMNS]) + f" {'% ceiling':>9} {'check':>6}  config"
+    shown = columns(results)
+    header = line("system", [c.header for c in shown], shown)
+    header += f" {'% ceiling':>9} {'check':>6}  config"
     lines = [header, "-" * len(header)]
     for r in results:
         share = "-"
-        if top is not None and r.processed_2p:
-            share = f"{100 * r.processed_2p / top.rows_per_s:.0f}%"
-        row = line(r.system, [fmt(getattr(r, attr)) for _h, attr, fmt, _hi in COLUMNS])
+        most = max(r.processed, default=None)
+        if top is not None and most is not None:
+            share = f"{100 * r.processed[most] / top.rows_per_s:.0f}%"
+        row = line(r.system, [c.format(c.get(r)) for c in shown], shown)
         lines.append(row + f" {share:>9} {'ok' if r.ok else 'FAIL':>6}  {r.note}")
     if len(results) > 1:
-        lines.append(line("conveyor/best", ratio_cells(ratio_values(results))))
+        lines.append(line("conveyor/best", ratio_cells(ratio_values(results, shown=shown)), shown))
         if len(rounds) > 1:
-            lines.append(line("  per round", round_ratios(rounds)))
+            lines.append(line("  per round", round_ratios(rounds, shown), shown))
     if top is not None:
         dry = "" if top.rows_left else "  (ran dry: a lower bound)"
         lines.append(
@@ -446,6 +470,14 @@ def systems_type(registry: Registry) -> Callable[[str], list[str]]:
         return names
 
     return parse
+
+
+def processes_type(text: str) -> list[int]:
+    """An argparse type: counts of worker processes, like ``1,2,4``."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and 1 <= int(p) <= 64 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected counts from 1 to 64, like 1,2,4: {text!r}")
+    return sorted({int(p) for p in parts})
 
 
 def concurrency_type(registry: Registry) -> Callable[[str], dict[str, int]]:
@@ -501,7 +533,15 @@ async def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"environment": await tp.environment(args.url)}
     report["parameters"] = {
         k: getattr(args, k)
-        for k in ("tasks", "systems", "rate", "duration", "concurrency", "ceiling_seconds")
+        for k in (
+            "tasks",
+            "systems",
+            "processes",
+            "rate",
+            "duration",
+            "concurrency",
+            "ceiling_seconds",
+        )
     }
     results, rounds = await run_rounds(args)
     report["rounds"] = [[asdict(r) for r in one] for one in rounds]
@@ -548,6 +588,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser, registry: Registry) 
         "--timeout", type=tp.positive_float, default=600.0, help="seconds per phase"
     )
     parser.add_argument("--worker-log-level", default="WARNING", help="the workers' log level")
+    parser.add_argument(
+        "--processes",
+        type=processes_type,
+        default=[1, 2],
+        help="worker processes of each drain, comma-separated (default 1,2)",
+    )
     parser.add_argument(
         "--rounds",
         type=tp.positive_int,

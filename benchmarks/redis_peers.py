@@ -286,8 +286,9 @@ def own_ratio(results: list[peers.Result]) -> str:
     names = {r.system for r in results}
     if not {"conveyor", PG_ROW} <= names:
         return ""
-    cells = peers.ratio_cells(peers.ratio_values(results, reference=PG_ROW))
-    return "\n" + peers.line("conveyor/pg", cells)
+    shown = peers.columns(results)
+    cells = peers.ratio_cells(peers.ratio_values(results, reference=PG_ROW, shown=shown))
+    return "\n" + peers.line("conveyor/pg", cells, shown)
 
 
 def vars_of(args: argparse.Namespace) -> dict[str, Any]:
