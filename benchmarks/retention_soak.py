@@ -3,12 +3,17 @@ goes; the tables must stay bounded and the drain rate flat.
 
 A producer keeps a backlog of about ``--backlog`` pending no-op tasks (bulk
 enqueues of 5,000) until ``--tasks`` have been enqueued; one worker process
-drains them with a short retention (succeeded tasks kept ``--keep`` seconds,
-pruned every ``--prune-every`` seconds). Every ``--sample`` seconds the
-soak prints: tasks enqueued, tasks done, the drain rate in that window, the
-rows in the tasks and attempts tables and their size on disk.
+(``--concurrency``) drains them with a short retention (succeeded tasks kept
+``--keep`` seconds, pruned every ``--prune-every`` seconds, 1,000 per
+batch). Every ``--sample`` seconds the soak prints: tasks enqueued, tasks
+done, the drain rate in that window, the rows in the tasks and attempts
+tables (the server's live-row statistics: an exact count of millions of
+rows would cost the drain a core) and their size on disk.
 
     python benchmarks/retention_soak.py --tasks 2000000
+    # retention at its defaults (a day, a prune a minute) through a long run
+    python benchmarks/retention_soak.py --tasks 30000000 --keep 86400 --prune-every 60 \
+        --concurrency 400 --sample 60
 
 The last lines say whether the tables stayed bounded (the largest row count
 after the first quarter of the run within 3x the retention window's worth of
@@ -25,6 +30,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -40,33 +46,46 @@ BATCH = 5_000
 SCRIPT = str(Path(__file__).resolve())
 
 
-def run_worker(url: str, schema: str, keep: float, prune_every: float) -> None:
+def run_worker(url: str, schema: str, keep: float, prune_every: float, concurrency: int) -> None:
     """The worker process: drain with a short retention until SIGTERM."""
     app = make_app(url, schema)
     app.run_worker(
-        concurrency=50,
+        concurrency=concurrency,
         retention=Retention(succeeded=keep, interval=prune_every),
         handle_signals=True,
     )
 
 
-async def sample(conn: psycopg.AsyncConnection[object], schema: str) -> tuple[int, int, int, int]:
-    """(tasks rows, attempts rows, pending or running tasks, bytes on disk)."""
-    tasks, attempts = sql.Identifier(schema, "tasks"), sql.Identifier(schema, "attempts")
+async def open_tasks(conn: psycopg.AsyncConnection[Any], schema: str) -> int:
+    """Pending and running tasks, counted exactly (each state off its own
+    partial index, however long the history)."""
+    tasks = sql.Identifier(schema, "tasks")
     query = sql.SQL(
-        "select (select count(*) from {t}), (select count(*) from {a}),"
-        " (select count(*) from {t} where state in ('pending', 'in_progress')),"
+        "select (select count(*) from {t} where state = 'pending')"
+        " + (select count(*) from {t} where state = 'in_progress')"
+    ).format(t=tasks)
+    row = await (await conn.execute(query)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def sample(conn: psycopg.AsyncConnection[Any], schema: str) -> tuple[int, int, int]:
+    """(tasks rows, attempts rows, bytes on disk): rows as the server's
+    statistics count them (``n_live_tup``, flushed about once a second)."""
+    query = sql.SQL(
+        "select (select n_live_tup from pg_stat_user_tables"
+        "        where schemaname = {s} and relname = 'tasks'),"
+        " (select n_live_tup from pg_stat_user_tables"
+        "  where schemaname = {s} and relname = 'attempts'),"
         " pg_total_relation_size({tn}) + pg_total_relation_size({an})"
     ).format(
-        t=tasks,
-        a=attempts,
+        s=sql.Literal(schema),
         tn=sql.Literal(f"{schema}.tasks"),
         an=sql.Literal(f"{schema}.attempts"),
     )
-    cursor = await conn.execute(query)
-    row = await cursor.fetchone()
+    row = await (await conn.execute(query)).fetchone()
     assert row is not None
-    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+    return int(row[0] or 0), int(row[1] or 0), int(row[2])
 
 
 async def soak(args: argparse.Namespace) -> int:
@@ -87,6 +106,8 @@ async def soak(args: argparse.Namespace) -> int:
             str(args.keep),
             "--prune-every",
             str(args.prune_every),
+            "--concurrency",
+            str(args.concurrency),
         ],
         env=env,
     )
@@ -99,9 +120,10 @@ async def soak(args: argparse.Namespace) -> int:
             last_done, last_at = 0, started
             while True:
                 now = time.monotonic()
-                task_rows, attempt_rows, open_tasks, size = await sample(conn, schema)
-                done = enqueued - open_tasks
+                unfinished = await open_tasks(conn, schema)
+                done = enqueued - unfinished
                 if now >= next_sample:
+                    task_rows, attempt_rows, size = await sample(conn, schema)
                     rate = (done - last_done) / max(now - last_at, 1e-9)
                     rows.append((now - started, enqueued, done, task_rows, attempt_rows, size))
                     print(
@@ -111,9 +133,9 @@ async def soak(args: argparse.Namespace) -> int:
                         flush=True,
                     )
                     last_done, last_at, next_sample = done, now, now + args.sample
-                if enqueued >= args.tasks and open_tasks == 0:
+                if enqueued >= args.tasks and unfinished == 0:
                     break
-                if enqueued < args.tasks and open_tasks < args.backlog:
+                if enqueued < args.tasks and unfinished < args.backlog:
                     count = min(BATCH, args.tasks - enqueued)
                     await app.enqueue_many_async(TASK_NAME, [{"i": i} for i in range(count)])
                     enqueued += count
@@ -156,11 +178,12 @@ def main() -> int:
     parser.add_argument("--keep", type=float, default=10.0, help="seconds succeeded tasks stay")
     parser.add_argument("--prune-every", type=float, default=5.0)
     parser.add_argument("--sample", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=50, help="the worker's")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--schema", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        run_worker(args.url, args.schema, args.keep, args.prune_every)
+        run_worker(args.url, args.schema, args.keep, args.prune_every, args.concurrency)
         return 0
     return asyncio.run(soak(args))
 

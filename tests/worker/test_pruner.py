@@ -11,6 +11,7 @@ import pytest
 
 import conveyor
 from conveyor import Retention, TaskState
+from conveyor.backends.memory.backend import MemoryBackend
 from conveyor.errors import ConfigurationError
 from conveyor.worker import pruner as pruner_module
 from conveyor.worker.pruner import Pruner
@@ -42,6 +43,42 @@ async def test_a_running_worker_prunes_what_retention_does_not_keep(app: conveyo
             await wait_for(pruned, timeout=15)
         kept = [await app.get_async(h.id) for h in (failed, later)]
     assert [t.state for t in kept if t is not None] == [TaskState.FAILED, TaskState.PENDING]
+
+
+async def test_a_worker_prunes_soon_after_it_starts_not_an_interval_later(
+    app: conveyor.App,
+) -> None:
+    # A worker that runs for less than an interval (a burst, a crash loop,
+    # frequent deploys) must still prune: its first prune comes within
+    # FIRST_PRUNE_WITHIN seconds of its start, whatever the interval.
+    @app.task()
+    async def job() -> None:
+        return None
+
+    async with app:
+        done = [await job.enqueue_async() for _ in range(3)]
+        async with RunningWorker(app, retention=None):
+            await wait_terminal(app, [h.id for h in done])
+        await asyncio.sleep(1.1)  # past the one second kept
+        hourly = Retention(succeeded=1, interval=3600)
+        async with RunningWorker(app, retention=hourly) as worker:
+
+            async def pruned() -> bool:
+                return all([await app.get_async(h.id) is None for h in done])
+
+            await wait_for(pruned, timeout=pruner_module.FIRST_PRUNE_WITHIN + 10)
+            assert worker.pruner is not None and worker.pruner.pruned == 3
+
+
+def test_the_first_prune_comes_within_its_window_or_the_interval_if_shorter() -> None:
+    backend = MemoryBackend()
+    window = pruner_module.FIRST_PRUNE_WITHIN
+    hourly = Pruner(backend, Retention(interval=3600))
+    firsts = [hourly.first_pause() for _ in range(200)]
+    assert all(0 <= p <= window for p in firsts) and len(set(firsts)) > 1
+    assert all(0.8 * 3600 <= hourly.next_pause() <= 1.2 * 3600 for _ in range(50))
+    brisk = Pruner(backend, Retention(interval=0.5))
+    assert all(0 <= brisk.first_pause() <= 0.5 for _ in range(200))
 
 
 async def test_a_backlog_goes_in_batches(app: conveyor.App) -> None:

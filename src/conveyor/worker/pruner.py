@@ -50,10 +50,16 @@ vacuumed away) and a ``PRUNE_PAUSE``."""
 PRUNE_PAUSE = 0.05
 """Seconds of that pause, and between a prune that stopped at
 ``MAX_BATCHES`` and the next."""
+FIRST_PRUNE_WITHIN = 5.0
+"""A worker's first prune comes at a random moment of its first this many
+seconds (or of its first ``interval``, if shorter): a worker that runs for
+less than an interval (a burst, a crash loop, frequent deploys) still
+prunes, and a fleet started at once does not prune all at one moment."""
 
 
 class Pruner(Background):
-    """The worker's pruner: every ``interval`` (spread), batches until one
+    """The worker's pruner: soon after the worker starts (within
+    ``FIRST_PRUNE_WITHIN``), then every ``interval`` (spread), batches until one
     deletes less than a full batch, or ``MAX_BATCHES`` (then again after
     ``PRUNE_PAUSE``: see :attr:`backlog`). Failures are logged and retried
     at the next turn; the pruner never stops the worker."""
@@ -97,9 +103,14 @@ class Pruner(Background):
         await self._vacuum()
         return PruneResult(tasks, workers)
 
+    def first_pause(self) -> float:
+        """Seconds from the worker's start to its first prune: a random
+        moment of ``FIRST_PRUNE_WITHIN`` (or of the ``interval``, if shorter)."""
+        return random.uniform(0.0, min(FIRST_PRUNE_WITHIN, self.retention.interval))
+
     def next_pause(self) -> float:
-        """Seconds until the next prune: ``PRUNE_PAUSE`` after a prune that
-        left a :attr:`backlog`, else the retention's ``interval`` ±20 %."""
+        """Seconds from a prune to the next: ``PRUNE_PAUSE`` after a prune
+        that left a :attr:`backlog`, else the retention's ``interval`` ±20 %."""
         if self.backlog:
             return PRUNE_PAUSE
         return self.retention.interval * random.uniform(0.8, 1.2)
@@ -114,10 +125,12 @@ class Pruner(Background):
                 log.info("vacuumed %s (the server's autovacuum is off)", ", ".join(vacuumed))
 
     async def _loop(self) -> None:
+        pause = self.first_pause()
         while True:
-            await asyncio.sleep(self.next_pause())
+            await asyncio.sleep(pause)
             try:
                 await self.run_once()
             except Exception as exc:
                 self.backlog = False
                 log.warning("prune failed (%s); trying again later", reason(exc))
+            pause = self.next_pause()
