@@ -489,6 +489,41 @@ async def test_a_prune_with_nothing_to_delete_reads_no_task_it_keeps(
     assert sum(n["Actual Loops"] for n in probes) <= 3 * 20
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+async def test_a_prune_reads_no_task_of_a_state_kept_longer(
+    backend: PostgresBackend, generic: bool
+) -> None:
+    """Failed and cancelled tasks are kept two weeks, succeeded ones a day:
+    below the succeeded cutoff lie the failed tasks of thirteen days. At 1%
+    failures of 100M tasks a day that is 13M rows, and the walk for
+    succeeded tasks used to read them all, every prune (every minute), to
+    delete nothing. Each state's walk reads only tasks of its state."""
+    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+    async with backend.pool.connection() as conn:
+        # Failed tasks made and finished two hours ago, then newer succeeded ones.
+        await conn.execute(
+            psycopg.sql.SQL(
+                "insert into {} (name, queue, payload, state, max_attempts, retry_policy,"
+                " attempt, spent, created_at, finished_at)"
+                " select 'job', 'default', '{{}}', 'failed', 3, '{{}}', 3, 3,"
+                " now() - interval '2 hours', now() - interval '2 hours'"
+                " from generate_series(1, 5000)"
+            ).format(tasks)
+        )
+    await _fill(backend, 1_000, 1_000, "30 minutes")
+    args = _prune_args(Retention(succeeded=3_600, batch=1000))
+    nodes = await (
+        _generic_plan(backend, "prune", args) if generic else _analyzed(backend, "prune", args)
+    )
+    deleted = [n for n in nodes if n.get("Operation") == "Delete" and n["Relation Name"] == "tasks"]
+    assert [n["Actual Rows"] for n in deleted] == [0]
+    walked = [n for n in nodes if n.get("Alias") == "t" and "Scan" in n["Node Type"]]
+    read = sum(
+        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"] for n in walked
+    )
+    assert walked and read == 0, read
+
+
 async def test_the_dashboard_s_activity_read_is_bounded_by_the_state_index(
     history: PostgresBackend,
 ) -> None:

@@ -131,3 +131,26 @@ def test_a_prune_reads_no_task_made_after_its_cutoff(tmp_path: Path) -> None:
         # before the cutoff.
         assert _vm_steps(conn, "prune_tasks", {**args, "before": 10_000.0})[0] == 1000
         assert _vm_steps(conn, "prune_tasks", {**args, "before": 1200.5, "limit": 5000})[0] == 200
+
+
+def test_a_prune_reads_no_task_of_a_state_kept_longer(tmp_path: Path) -> None:
+    """Failed tasks are kept longer than succeeded ones, so they lie below
+    the succeeded cutoff: the walk for succeeded tasks must not read them
+    (every prune, to delete nothing)."""
+    path = tmp_path / "prune.db"
+    asyncio.run(_create(path))
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.executemany(
+            "insert into conveyor_tasks (name, queue, payload, state, run_at, max_attempts,"
+            " retry_policy, created_at, finished_at) values ('job', 'default', '{}',"
+            " ?, ?, 3, '{}', ?, ?)",
+            (
+                ("failed" if n < 20_000 else "succeeded", 1000 + n, 1000 + n, 1001 + n)
+                for n in range(21_000)
+            ),
+        )
+        conn.commit()
+        # The cutoff lies past every failed task, before every succeeded one.
+        args = {"state": "succeeded", "limit": 1000, "before": 20_500.0}
+        found, steps = _vm_steps(conn, "prune_tasks", args)
+        assert found == 0 and steps < 20, steps

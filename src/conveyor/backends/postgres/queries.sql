@@ -1020,19 +1020,21 @@ insert into {schema}.migrations (version, name) values (%(version)s, %(name)s);
 -- enqueues draw theirs in any order): a task on the wrong side of the bound
 -- is pruned by a later prune, never before its cutoff.
 --
--- Each state's tasks below its bound are then read off the primary key,
--- oldest first, skipping rows locked by anyone; the walk stops at the limit,
--- so a full batch reads about as many rows as it deletes, and one that finds
--- nothing to delete reads the tasks made before the cutoff that are kept
--- (live ones, those a live parent keeps, those of states kept longer). The
--- state test is wrapped in coalesce so the planner takes it as half the
--- rows, not 0.5 %: without statistics (autovacuum off means no ANALYZE
--- either) that default made it expect fewer rows than the limit, read every
--- finished task and sort them, each batch, slower as the backlog grew. For
--- the same reason the walk's limit is a subquery: the planner, not knowing
--- how far below the bound the limit stops the walk, takes it as a tenth of
--- the rows (as under a generic plan); knowing the limit and guessing a third
--- of the table below the bound, it read all of them and sorted.
+-- Each state's tasks below its bound are then read off the listing index
+-- (tasks_state_id: state, then id), oldest first, skipping rows locked by
+-- anyone; `t.state <> 'in_progress'` lets the planner use that partial index
+-- for a state it learns only at run time. The walk reads no task of another
+-- state (failed tasks kept two weeks lie below the cutoff of succeeded ones
+-- kept a day) and stops at the limit: a full batch reads about as many rows
+-- as it deletes, and one that finds nothing to delete reads only the tasks
+-- of its state made before the cutoff that are kept (those a live parent
+-- keeps, those that finished after it). The walk's limit is a subquery:
+-- the planner, not knowing how far below the bound the limit stops the walk,
+-- takes it as a tenth of the rows (as under a generic plan); knowing the
+-- limit and guessing a third of the table below the bound, it once read all
+-- of them and sorted. Without statistics (autovacuum off means no ANALYZE
+-- either) a plan that read every finished task and sorted them, each batch,
+-- fell behind a drain; plan tests guard against both.
 -- A parent is looked at through a scalar subquery, which PostgreSQL runs as
 -- one probe of the primary key per candidate: written as `not exists`, it
 -- could become a join, and statistics that knew no live task (taken before
@@ -1066,7 +1068,7 @@ doomed as materialized (
     from guard, bounds c
     cross join lateral (
         select t.id from {schema}.tasks t
-        where coalesce(t.state = c.state, false)
+        where t.state = c.state and t.state <> 'in_progress'
           and t.id < c.bound
           and t.finished_at < c.before
           and not coalesce((select p.state in ('pending', 'in_progress', 'waiting')
