@@ -2,7 +2,8 @@
 goes; the tables must stay bounded and the drain rate flat.
 
 A producer keeps a backlog of about ``--backlog`` pending no-op tasks (bulk
-enqueues of 5,000) until ``--tasks`` have been enqueued; one worker process
+enqueues of up to 5,000; with ``--rate``, no more than that many a second)
+until ``--tasks`` have been enqueued; one worker process
 (``--concurrency``) drains them with a short retention (succeeded tasks kept
 ``--keep`` seconds, pruned every ``--prune-every`` seconds, 1,000 per
 batch). Every ``--sample`` seconds the soak prints: tasks enqueued, tasks
@@ -135,8 +136,11 @@ async def soak(args: argparse.Namespace) -> int:
                     last_done, last_at, next_sample = done, now, now + args.sample
                 if enqueued >= args.tasks and unfinished == 0:
                     break
-                if enqueued < args.tasks and unfinished < args.backlog:
-                    count = min(BATCH, args.tasks - enqueued)
+                allowed = args.tasks
+                if args.rate:  # steady traffic: no more than rate x elapsed so far
+                    allowed = min(allowed, int(args.rate * (now - started)))
+                if enqueued < allowed and unfinished < args.backlog:
+                    count = min(BATCH, allowed - enqueued)
                     await app.enqueue_many_async(TASK_NAME, [{"i": i} for i in range(count)])
                     enqueued += count
                 else:
@@ -179,6 +183,9 @@ def main() -> int:
     parser.add_argument("--prune-every", type=float, default=5.0)
     parser.add_argument("--sample", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=50, help="the worker's")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="tasks enqueued a second (0: as fast as drained)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--schema", help=argparse.SUPPRESS)
     args = parser.parse_args()
