@@ -13,7 +13,7 @@ rows would cost the drain a core) and their size on disk.
 
     python benchmarks/retention_soak.py --tasks 2000000
     # retention at its defaults (a day, a prune a minute) through a long run
-    python benchmarks/retention_soak.py --tasks 30000000 --keep 86400 --prune-every 60 \
+    python benchmarks/retention_soak.py --tasks 20000000 --keep 86400 --prune-every 60 \
         --concurrency 400 --sample 60
 
 The last lines say whether the tables stayed bounded (the largest row count

@@ -316,6 +316,53 @@ async def test_a_store_whose_server_does_not_vacuum_is_vacuumed_by_its_workers(
     assert await backend.vacuum() == []  # nothing left to do
 
 
+async def test_the_vacuum_comes_with_the_churn_not_with_a_fifth_of_the_history(
+    backend: PostgresBackend,
+) -> None:
+    """Each claim leaves a dead entry in the pending index that every later
+    claim steps over until a vacuum: with 200,000 tasks of history, 30,000
+    dead rows must bring a vacuum (autovacuum's default fifth would wait
+    for 50,000). Autovacuum, where it is on, gets the same twentieth."""
+    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+    stats = psycopg.sql.SQL(
+        "select n_live_tup, n_dead_tup from pg_stat_user_tables"
+        " where schemaname = %s and relname = 'tasks'"
+    )
+    insert = psycopg.sql.SQL(
+        "insert into {} (name, queue, payload, state, max_attempts, retry_policy, finished_at)"
+        " select 'job', 'default', '{{}}', %s, 3, '{{}}', now() from generate_series(1, %s)"
+    ).format(tasks)
+    async with backend.pool.connection() as conn:
+        options = await (
+            await conn.execute(
+                "select c.reloptions from pg_class c join pg_namespace n on n.oid = c.relnamespace"
+                " where n.nspname = %s and c.relname = 'tasks'",
+                (backend.schema,),
+            )
+        ).fetchone()
+        assert options is not None and "autovacuum_vacuum_scale_factor=0.05" in options[0]
+        await conn.execute(
+            psycopg.sql.SQL("alter table {} set (autovacuum_enabled = false)").format(tasks)
+        )
+        await conn.execute(insert, ("succeeded", 200_000))
+        await conn.execute(insert, ("failed", 30_000))
+        await conn.execute(psycopg.sql.SQL("delete from {} where state = 'failed'").format(tasks))
+
+    async def counted() -> tuple[int, int]:
+        async with backend.pool.connection() as conn:
+            await conn.execute("select pg_stat_clear_snapshot()")
+            row = await (await conn.execute(stats, (backend.schema,))).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    for _ in range(50):  # the statistics collector reports within a moment
+        if await counted() >= (200_000, 30_000):
+            break
+        await asyncio.sleep(0.1)
+    assert await counted() >= (200_000, 30_000)
+    assert await backend.vacuum() == ["tasks"]
+    assert (await counted())[1] < 1000
+
+
 def _keyed(kind: str, key: str) -> NewTask:
     task = new()
     if kind == "unique":

@@ -853,8 +853,8 @@ class Vacuums(Protocol):
     async def vacuum(self) -> list[str]:
         """Vacuum the store's tables that need it and that the server will not
         vacuum itself (its autovacuum is off, for the server or the table):
-        those with more dead rows than 10,000 plus a fifth of their live
-        ones, and analyze them (the server's autovacuum would have; without
+        those with more dead rows than 10,000 plus a twentieth of their
+        live ones, and analyze them (the server's autovacuum would have; without
         statistics the planner guesses). Tables another session is vacuuming
         are passed by. The tables vacuumed."""
 

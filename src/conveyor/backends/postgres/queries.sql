@@ -1328,14 +1328,16 @@ order by priority desc, run_at, id;
 -- name: tables_to_vacuum
 -- This schema's tables whose dead rows the server will not vacuum away: its
 -- autovacuum is off (for the server, or the table), and they hold more dead
--- rows than autovacuum's own default threshold would allow (10,000 plus a
--- fifth of the live ones; the default base is 50: a queue's churn makes a
--- larger one more sensible).
+-- rows than 10,000 plus a twentieth of the live ones (autovacuum's default
+-- is 50 plus a fifth: a queue's churn makes a larger base more sensible, and
+-- a claim steps over the pending index's dead entries until a vacuum, so
+-- history must not put the vacuum off; migration 0016 sets a twentieth for
+-- autovacuum on `tasks` too).
 select s.relname
 from pg_stat_user_tables s
 join pg_class c on c.oid = s.relid
 where s.schemaname = %(schema)s::text
-  and s.n_dead_tup > 10000 + 0.2 * s.n_live_tup
+  and s.n_dead_tup > 10000 + 0.05 * s.n_live_tup
   and (current_setting('autovacuum') = 'off'
        or 'autovacuum_enabled=false' = any(coalesce(c.reloptions, array[]::text[])))
 order by s.n_dead_tup desc;
