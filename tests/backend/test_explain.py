@@ -44,20 +44,26 @@ async def _plan(backend: PostgresBackend, name: str, args: dict[str, Any]) -> li
     return _nodes(document[0]["Plan"])
 
 
-async def _fill(backend: PostgresBackend, finished: int, pending: int, finished_ago: str) -> None:
-    """``finished`` succeeded tasks (finished ``finished_ago``, an SQL
-    interval) and ``pending`` due ones, then a vacuum without analyze (as
-    the workers run it where autovacuum is off)."""
+async def _fill(
+    backend: PostgresBackend,
+    finished: int,
+    pending: int,
+    finished_ago: str,
+    state: str = "succeeded",
+) -> None:
+    """``finished`` tasks of ``state`` (made and finished ``finished_ago``,
+    an SQL interval) and ``pending`` due ones, then a vacuum without analyze
+    (as the workers run it where autovacuum is off)."""
     tasks = psycopg.sql.Identifier(backend.schema, "tasks")
     async with backend.pool.connection() as conn:
         await conn.execute(
             psycopg.sql.SQL(
                 "insert into {} (name, queue, payload, state, max_attempts, retry_policy,"
                 " attempt, spent, created_at, finished_at)"
-                " select 'job', 'default', '{{}}', 'succeeded', 3, '{{}}', 1, 1,"
+                " select 'job', 'default', '{{}}', %s, 3, '{{}}', 1, 1,"
                 " now() - %s::interval, now() - %s::interval from generate_series(1, %s)"
             ).format(tasks),
-            (finished_ago, finished_ago, finished),
+            (state, finished_ago, finished_ago, finished),
         )
         await conn.execute(
             psycopg.sql.SQL(
@@ -384,12 +390,8 @@ async def test_a_prune_batch_reads_only_what_it_deletes_without_statistics(
     and fell behind a fast drain. A batch must walk its state's tasks in id
     order and stop at its limit, however little the planner knows."""
     await _fill(backend, 20_000, 5_000, "1 hour")
-    args = _prune_args(Retention(succeeded=60, batch=1000))
-    nodes = await (
-        _generic_plan(backend, "prune", args) if generic else _analyzed(backend, "prune", args)
-    )
-    deleted = [n for n in nodes if n.get("Operation") == "Delete" and n["Relation Name"] == "tasks"]
-    assert [n["Actual Rows"] for n in deleted] == [1000]
+    nodes = await _prune_plan(backend, Retention(succeeded=60, batch=1000), generic)
+    assert _deleted(nodes) == [1000]
     # The walk (t) and the look at each one's parent (p); the delete is a
     # join the planner may take either way on a table this small.
     walked = [n for n in nodes if n.get("Alias") in ("t", "p") and "Scan" in n["Node Type"]]
@@ -406,6 +408,35 @@ async def _stale_statistics(backend: PostgresBackend, finished: int, pending: in
         tasks = psycopg.sql.Identifier(backend.schema, "tasks")
         await conn.execute(psycopg.sql.SQL("analyze {}").format(tasks))
     await _fill(backend, 0, pending, "1 hour")
+
+
+async def _prune_plan(
+    backend: PostgresBackend, retention: Retention, generic: bool
+) -> list[dict[str, Any]]:
+    """The prune's analyzed plan, custom or generic, for a batch of ``retention`` now."""
+    args = _prune_args(retention)
+    if generic:
+        return await _generic_plan(backend, "prune", args)
+    return await _analyzed(backend, "prune", args)
+
+
+def _deleted(nodes: list[dict[str, Any]]) -> list[int]:
+    """Rows each delete from tasks removed."""
+    return [
+        n["Actual Rows"]
+        for n in nodes
+        if n.get("Operation") == "Delete" and n["Relation Name"] == "tasks"
+    ]
+
+
+def _walk_reads(nodes: list[dict[str, Any]]) -> tuple[int, int]:
+    """The prune's walk (alias t): how many scans, how many rows they read
+    (kept and filtered out, over every loop)."""
+    walked = [n for n in nodes if n.get("Alias") == "t" and "Scan" in n["Node Type"]]
+    read = sum(
+        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"] for n in walked
+    )
+    return len(walked), read
 
 
 def _parent_looks(nodes: list[dict[str, Any]]) -> int:
@@ -439,12 +470,8 @@ async def test_a_prune_batch_never_reads_the_live_tasks_statistics_do_not_know_o
     beside it slowed to a fifth. Each parent is one probe of the primary
     key, whatever the statistics say."""
     await _stale_statistics(backend, 5_000, 5_000)
-    args = _prune_args(Retention(succeeded=60, batch=1000))
-    nodes = await (
-        _generic_plan(backend, "prune", args) if generic else _analyzed(backend, "prune", args)
-    )
-    deleted = [n for n in nodes if n.get("Operation") == "Delete" and n["Relation Name"] == "tasks"]
-    assert [n["Actual Rows"] for n in deleted] == [1000]
+    nodes = await _prune_plan(backend, Retention(succeeded=60, batch=1000), generic)
+    assert _deleted(nodes) == [1000]
     assert "tasks" not in _scanned_tables([n for n in nodes if n.get("Alias") == "p"])
     assert _parent_looks(nodes) <= 1000
 
@@ -470,19 +497,12 @@ async def test_a_prune_with_nothing_to_delete_reads_no_task_it_keeps(
     million. A task finishes after it is made, so the walk stops at the
     first task made after the cutoff, found by a search of the ids."""
     await _fill(backend, 5_000, 5_000, "1 hour")
-    args = _prune_args(Retention(succeeded=86_400, batch=1000))
-    nodes = await (
-        _generic_plan(backend, "prune", args) if generic else _analyzed(backend, "prune", args)
-    )
-    deleted = [n for n in nodes if n.get("Operation") == "Delete" and n["Relation Name"] == "tasks"]
-    assert [n["Actual Rows"] for n in deleted] == [0]
+    nodes = await _prune_plan(backend, Retention(succeeded=86_400, batch=1000), generic)
+    assert _deleted(nodes) == [0]
     # The walk (t; the delete, a join the planner may take either way on a
     # table this small, has nothing to join) and the search (n).
-    walked = [n for n in nodes if n.get("Alias") == "t" and "Scan" in n["Node Type"]]
-    read = sum(
-        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"] for n in walked
-    )
-    assert walked and read == 0, read
+    scans, read = _walk_reads(nodes)
+    assert scans and read == 0, read
     assert "tasks" not in _scanned_tables([n for n in nodes if n.get("Alias") == "n"])
     # The search: about one probe of the primary key per halving of the ids.
     probes = [n for n in nodes if n.get("Alias") == "n" and "Scan" in n["Node Type"]]
@@ -498,30 +518,13 @@ async def test_a_prune_reads_no_task_of_a_state_kept_longer(
     failures of 100M tasks a day that is 13M rows, and the walk for
     succeeded tasks used to read them all, every prune (every minute), to
     delete nothing. Each state's walk reads only tasks of its state."""
-    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
-    async with backend.pool.connection() as conn:
-        # Failed tasks made and finished two hours ago, then newer succeeded ones.
-        await conn.execute(
-            psycopg.sql.SQL(
-                "insert into {} (name, queue, payload, state, max_attempts, retry_policy,"
-                " attempt, spent, created_at, finished_at)"
-                " select 'job', 'default', '{{}}', 'failed', 3, '{{}}', 3, 3,"
-                " now() - interval '2 hours', now() - interval '2 hours'"
-                " from generate_series(1, 5000)"
-            ).format(tasks)
-        )
+    # Failed tasks made and finished two hours ago, then newer succeeded ones.
+    await _fill(backend, 5_000, 0, "2 hours", state="failed")
     await _fill(backend, 1_000, 1_000, "30 minutes")
-    args = _prune_args(Retention(succeeded=3_600, batch=1000))
-    nodes = await (
-        _generic_plan(backend, "prune", args) if generic else _analyzed(backend, "prune", args)
-    )
-    deleted = [n for n in nodes if n.get("Operation") == "Delete" and n["Relation Name"] == "tasks"]
-    assert [n["Actual Rows"] for n in deleted] == [0]
-    walked = [n for n in nodes if n.get("Alias") == "t" and "Scan" in n["Node Type"]]
-    read = sum(
-        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"] for n in walked
-    )
-    assert walked and read == 0, read
+    nodes = await _prune_plan(backend, Retention(succeeded=3_600, batch=1000), generic)
+    assert _deleted(nodes) == [0]
+    scans, read = _walk_reads(nodes)
+    assert scans and read == 0, read
 
 
 async def test_the_dashboard_s_activity_read_is_bounded_by_the_state_index(

@@ -271,6 +271,31 @@ async def test_prune_and_delete_take_the_attempt_log_too(backend: PostgresBacken
     assert await logged() == 0
 
 
+async def _task_rows(backend: PostgresBackend) -> tuple[int, int]:
+    """The tasks table's live and dead rows, as the server's statistics say."""
+    async with backend.pool.connection() as conn:
+        await conn.execute("select pg_stat_clear_snapshot()")
+        row = await (
+            await conn.execute(
+                "select n_live_tup, n_dead_tup from pg_stat_user_tables"
+                " where schemaname = %s and relname = 'tasks'",
+                (backend.schema,),
+            )
+        ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+async def _rows_reported(backend: PostgresBackend, live: int, dead: int) -> None:
+    """Wait until the statistics count at least ``live`` and ``dead`` rows
+    in tasks (the collector reports within a moment)."""
+    for _ in range(50):
+        found = await _task_rows(backend)
+        if found[0] >= live and found[1] >= dead:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the statistics did not report the rows: {found}")
+
+
 async def test_a_store_whose_server_does_not_vacuum_is_vacuumed_by_its_workers(
     backend: PostgresBackend,
 ) -> None:
@@ -288,22 +313,9 @@ async def test_a_store_whose_server_does_not_vacuum_is_vacuumed_by_its_workers(
             ).format(tasks)
         )
         await conn.execute(psycopg.sql.SQL("delete from {}").format(tasks))
-    dead = psycopg.sql.SQL(
-        "select n_dead_tup from pg_stat_user_tables where schemaname = %s and relname = 'tasks'"
-    )
-
-    async def dead_rows() -> int:
-        async with backend.pool.connection() as conn:
-            await conn.execute("select pg_stat_clear_snapshot()")
-            row = await (await conn.execute(dead, (backend.schema,))).fetchone()
-        return int(row[0]) if row else 0
-
-    for _ in range(50):  # the statistics collector reports within a moment
-        if await dead_rows() >= 30000:
-            break
-        await asyncio.sleep(0.1)
+    await _rows_reported(backend, 0, 30_000)
     assert await backend.vacuum() == ["tasks"]
-    assert await dead_rows() < 1000
+    assert (await _task_rows(backend))[1] < 1000
     async with backend.pool.connection() as conn:
         analyzed = await (
             await conn.execute(
@@ -324,10 +336,6 @@ async def test_the_vacuum_comes_with_the_churn_not_with_a_fifth_of_the_history(
     dead rows must bring a vacuum (autovacuum's default fifth would wait
     for 50,000). Autovacuum, where it is on, gets the same twentieth."""
     tasks = psycopg.sql.Identifier(backend.schema, "tasks")
-    stats = psycopg.sql.SQL(
-        "select n_live_tup, n_dead_tup from pg_stat_user_tables"
-        " where schemaname = %s and relname = 'tasks'"
-    )
     insert = psycopg.sql.SQL(
         "insert into {} (name, queue, payload, state, max_attempts, retry_policy, finished_at)"
         " select 'job', 'default', '{{}}', %s, 3, '{{}}', now() from generate_series(1, %s)"
@@ -347,20 +355,9 @@ async def test_the_vacuum_comes_with_the_churn_not_with_a_fifth_of_the_history(
         await conn.execute(insert, ("succeeded", 200_000))
         await conn.execute(insert, ("failed", 30_000))
         await conn.execute(psycopg.sql.SQL("delete from {} where state = 'failed'").format(tasks))
-
-    async def counted() -> tuple[int, int]:
-        async with backend.pool.connection() as conn:
-            await conn.execute("select pg_stat_clear_snapshot()")
-            row = await (await conn.execute(stats, (backend.schema,))).fetchone()
-        return (int(row[0]), int(row[1])) if row else (0, 0)
-
-    for _ in range(50):  # the statistics collector reports within a moment
-        if await counted() >= (200_000, 30_000):
-            break
-        await asyncio.sleep(0.1)
-    assert await counted() >= (200_000, 30_000)
+    await _rows_reported(backend, 200_000, 30_000)
     assert await backend.vacuum() == ["tasks"]
-    assert (await counted())[1] < 1000
+    assert (await _task_rows(backend))[1] < 1000
 
 
 def _keyed(kind: str, key: str) -> NewTask:

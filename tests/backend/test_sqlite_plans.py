@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,17 @@ def _vm_steps(conn: sqlite3.Connection, name: str, args: dict[str, Any]) -> tupl
     return found, steps
 
 
+def _insert_finished(conn: sqlite3.Connection, tasks: Iterable[tuple[str, int]]) -> None:
+    """Finished tasks, each (state, made at): due then, finished a second later."""
+    conn.executemany(
+        "insert into conveyor_tasks (name, queue, payload, state, run_at, max_attempts,"
+        " retry_policy, created_at, finished_at) values ('job', 'default', '{}',"
+        " ?, ?, 3, '{}', ?, ?)",
+        ((state, made, made, made + 1) for state, made in tasks),
+    )
+    conn.commit()
+
+
 def test_a_prune_reads_no_task_made_after_its_cutoff(tmp_path: Path) -> None:
     """A task finishes after it is made: a prune with nothing to delete
     must not walk every task of the state (a minute of them, or a day), as
@@ -117,13 +128,7 @@ def test_a_prune_reads_no_task_made_after_its_cutoff(tmp_path: Path) -> None:
     path = tmp_path / "prune.db"
     asyncio.run(_create(path))
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        conn.executemany(
-            "insert into conveyor_tasks (name, queue, payload, state, run_at, max_attempts,"
-            " retry_policy, created_at, finished_at) values ('job', 'default', '{}',"
-            " 'succeeded', ?, 3, '{}', ?, ?)",
-            ((1000 + n, 1000 + n, 1001 + n) for n in range(20_000)),
-        )
-        conn.commit()
+        _insert_finished(conn, (("succeeded", 1000 + n) for n in range(20_000)))
         args = {"state": "succeeded", "limit": 1000}
         found, steps = _vm_steps(conn, "prune_tasks", {**args, "before": 500.0})
         assert found == 0 and steps < 20, steps  # a search of the ids, no walk
@@ -140,16 +145,9 @@ def test_a_prune_reads_no_task_of_a_state_kept_longer(tmp_path: Path) -> None:
     path = tmp_path / "prune.db"
     asyncio.run(_create(path))
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        conn.executemany(
-            "insert into conveyor_tasks (name, queue, payload, state, run_at, max_attempts,"
-            " retry_policy, created_at, finished_at) values ('job', 'default', '{}',"
-            " ?, ?, 3, '{}', ?, ?)",
-            (
-                ("failed" if n < 20_000 else "succeeded", 1000 + n, 1000 + n, 1001 + n)
-                for n in range(21_000)
-            ),
+        _insert_finished(
+            conn, (("failed" if n < 20_000 else "succeeded", 1000 + n) for n in range(21_000))
         )
-        conn.commit()
         # The cutoff lies past every failed task, before every succeeded one.
         args = {"state": "succeeded", "limit": 1000, "before": 20_500.0}
         found, steps = _vm_steps(conn, "prune_tasks", args)
