@@ -10,6 +10,8 @@
 -- twentieth, as the workers' own vacuum (where autovacuum is off) does.
 --
 -- This sets the table's own storage parameter: an operator's value set
--- before this migration is replaced; one set after it stays.
+-- before this migration is replaced; one set after it stays. It takes a
+-- lock that waits for a vacuum of `tasks` under way (claims and completions
+-- do not wait for it).
 
 alter table {schema}.tasks set (autovacuum_vacuum_scale_factor = 0.05);
