@@ -39,6 +39,11 @@ def schema() -> Iterator[str]:
     store takes it through ``schema_for``, for its PostgreSQL case only."""
     name = new_schema_name()
     yield name
+    drop_schema(name)
+
+
+def drop_schema(name: str) -> None:
+    """Drop a PostgreSQL schema a test made, if it is there."""
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(
             psycopg.sql.SQL("drop schema if exists {} cascade").format(psycopg.sql.Identifier(name))

@@ -4,6 +4,7 @@ worker's own lines; run for real in subprocesses on PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sqlite3
@@ -18,7 +19,7 @@ import pytest
 import conveyor
 from conveyor.backends.protocol import WorkerInfo
 from tests.cli_harness import ROOT, Cli
-from tests.conftest import CLI_ON_REDIS
+from tests.conftest import CLI_ON_REDIS, drop_schema
 from tests.test_cli import APP
 
 SQLITE_ONLY = pytest.mark.parametrize("cli", ["sqlite"], indirect=True)
@@ -191,9 +192,12 @@ def test_health_exit_codes(cli: Cli) -> None:
     assert "1 live" in cli.ok("health")
 
 
-def test_health_reports_a_schema_behind_without_migrating_it(cli: Cli, tmp_path: Path) -> None:
+def test_health_reports_a_schema_behind_without_migrating_it(
+    cli: Cli, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if kind(cli) == "postgres":
         cli.env["CONVEYOR_SCHEMA"] += "_new"
+        request.addfinalizer(functools.partial(drop_schema, cli.env["CONVEYOR_SCHEMA"]))
     else:
         fresh = tmp_path / "fresh.db"
         sqlite3.connect(fresh).close()
@@ -219,9 +223,13 @@ def test_health_of_an_unreachable_server_exits_2(cli: Cli) -> None:
 # -- migrate --sql ---------------------------------------------------------------
 
 
-def test_migrate_sql_prints_a_script_that_applies_the_schema(cli: Cli, tmp_path: Path) -> None:
+def test_migrate_sql_prints_a_script_that_applies_the_schema(
+    cli: Cli, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if kind(cli) == "postgres":
         cli.env["CONVEYOR_SCHEMA"] += "_dba"
+        # Not the fixture's schema: this test drops it itself.
+        request.addfinalizer(functools.partial(drop_schema, cli.env["CONVEYOR_SCHEMA"]))
         script = cli.ok("migrate", "--sql")
         applied = subprocess.run(
             ["psql", "-v", "ON_ERROR_STOP=1", "-q", cli.env["CONVEYOR_URL"]],

@@ -30,7 +30,7 @@ import conveyor.testing
 from conveyor import TaskState
 from conveyor.cli import main
 from conveyor.worker.config import DEFAULT_STOP_TIMEOUT
-from tests.conftest import PG_URL, new_schema_name
+from tests.conftest import PG_URL, drop_schema, new_schema_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "examples" / "recipes"
@@ -41,11 +41,6 @@ Loader = Callable[[str], ModuleType]
 def create_schema(name: str) -> None:
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(sql.SQL("create schema {}").format(sql.Identifier(name)))
-
-
-def drop_schema(name: str) -> None:
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(name)))
 
 
 def close_apps(module: ModuleType) -> None:
