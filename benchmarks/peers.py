@@ -234,13 +234,9 @@ def phases(processes: Sequence[int]) -> list[tuple[str, Phase]]:
     starts, so a slow minute of a shared machine falls on one phase of every
     system rather than on every phase of one."""
     drains: list[tuple[str, Phase]] = [
-        (f"{n} proc", functools.partial(_drain_phase, n)) for n in processes
+        (f"{n} proc", functools.partial(throughput, procs=n)) for n in processes
     ]
     return [*drains, ("latency", latency)]
-
-
-async def _drain_phase(procs: int, args: argparse.Namespace, result: Result, make: Any) -> None:
-    await throughput(args, result, make, procs)
 
 
 async def run_round(args: argparse.Namespace, names: Sequence[str], number: int) -> list[Result]:

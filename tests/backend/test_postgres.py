@@ -285,6 +285,24 @@ async def _task_rows(backend: PostgresBackend) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
+async def _dead_rows_beside_history(backend: PostgresBackend, live: int, dead: int) -> None:
+    """With autovacuum off for tasks: ``live`` succeeded tasks kept, and
+    ``dead`` more made and deleted; back once the statistics count them."""
+    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+    insert = psycopg.sql.SQL(
+        "insert into {} (name, queue, payload, state, max_attempts, retry_policy, finished_at)"
+        " select 'job', 'default', '{{}}', %s, 3, '{{}}', now() from generate_series(1, %s)"
+    ).format(tasks)
+    async with backend.pool.connection() as conn:
+        await conn.execute(
+            psycopg.sql.SQL("alter table {} set (autovacuum_enabled = false)").format(tasks)
+        )
+        await conn.execute(insert, ("succeeded", live))
+        await conn.execute(insert, ("failed", dead))
+        await conn.execute(psycopg.sql.SQL("delete from {} where state = 'failed'").format(tasks))
+    await _rows_reported(backend, live, dead)
+
+
 async def _rows_reported(backend: PostgresBackend, live: int, dead: int) -> None:
     """Wait until the statistics count at least ``live`` and ``dead`` rows
     in tasks (the collector reports within a moment)."""
@@ -301,19 +319,7 @@ async def test_a_store_whose_server_does_not_vacuum_is_vacuumed_by_its_workers(
 ) -> None:
     """With autovacuum off (as on this machine's server, or for the table),
     dead rows past the threshold are vacuumed away after a prune."""
-    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
-    async with backend.pool.connection() as conn:
-        await conn.execute(
-            psycopg.sql.SQL("alter table {} set (autovacuum_enabled = false)").format(tasks)
-        )
-        await conn.execute(
-            psycopg.sql.SQL(
-                "insert into {} (name, queue, payload, max_attempts, retry_policy)"
-                " select 'job', 'default', '{{}}', 3, '{{}}' from generate_series(1, 30000)"
-            ).format(tasks)
-        )
-        await conn.execute(psycopg.sql.SQL("delete from {}").format(tasks))
-    await _rows_reported(backend, 0, 30_000)
+    await _dead_rows_beside_history(backend, 0, 30_000)
     assert await backend.vacuum() == ["tasks"]
     assert (await _task_rows(backend))[1] < 1000
     async with backend.pool.connection() as conn:
@@ -335,11 +341,6 @@ async def test_the_vacuum_comes_with_the_churn_not_with_a_fifth_of_the_history(
     claim steps over until a vacuum: with 200,000 tasks of history, 30,000
     dead rows must bring a vacuum (autovacuum's default fifth would wait
     for 50,000). Autovacuum, where it is on, gets the same twentieth."""
-    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
-    insert = psycopg.sql.SQL(
-        "insert into {} (name, queue, payload, state, max_attempts, retry_policy, finished_at)"
-        " select 'job', 'default', '{{}}', %s, 3, '{{}}', now() from generate_series(1, %s)"
-    ).format(tasks)
     async with backend.pool.connection() as conn:
         options = await (
             await conn.execute(
@@ -348,14 +349,8 @@ async def test_the_vacuum_comes_with_the_churn_not_with_a_fifth_of_the_history(
                 (backend.schema,),
             )
         ).fetchone()
-        assert options is not None and "autovacuum_vacuum_scale_factor=0.05" in options[0]
-        await conn.execute(
-            psycopg.sql.SQL("alter table {} set (autovacuum_enabled = false)").format(tasks)
-        )
-        await conn.execute(insert, ("succeeded", 200_000))
-        await conn.execute(insert, ("failed", 30_000))
-        await conn.execute(psycopg.sql.SQL("delete from {} where state = 'failed'").format(tasks))
-    await _rows_reported(backend, 200_000, 30_000)
+    assert options is not None and "autovacuum_vacuum_scale_factor=0.05" in options[0]
+    await _dead_rows_beside_history(backend, 200_000, 30_000)
     assert await backend.vacuum() == ["tasks"]
     assert (await _task_rows(backend))[1] < 1000
 
