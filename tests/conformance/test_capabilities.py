@@ -9,11 +9,13 @@ from conveyor.backends import Backend
 from conveyor.backends.protocol import (
     AttemptTransactions,
     Capability,
+    HandOffs,
     Inspector,
     TransactionalEnqueue,
     Turns,
     Vacuums,
     attempt_transactions_of,
+    handoffs_of,
     inspector_of,
     transactional_of,
     turns_of,
@@ -27,6 +29,7 @@ EXPECTED = {
         Capability.INSPECT,
         Capability.VACUUM,
         Capability.TURNS,
+        Capability.HANDOFF,
     },
     "SQLiteBackend": {
         Capability.TRANSACTIONAL_ENQUEUE,
@@ -42,6 +45,7 @@ PROTOCOLS = {
     Capability.INSPECT: Inspector,
     Capability.VACUUM: Vacuums,
     Capability.TURNS: Turns,
+    Capability.HANDOFF: HandOffs,
 }
 
 
@@ -63,6 +67,7 @@ def test_a_backend_implements_exactly_the_optional_protocols_it_declares(
     )
     assert (inspector_of(backend) is not None) == isinstance(backend, Inspector)
     assert (turns_of(backend) is not None) == isinstance(backend, Turns)
+    assert (handoffs_of(backend) is not None) == isinstance(backend, HandOffs)
 
 
 async def test_attempt_transactions_open_and_roll_back(backend: Backend) -> None:

@@ -22,12 +22,16 @@ LONG_POLL = 60.0
 """Seconds between polls: longer than any wait here, so what runs was claimed
 in answer to a wake-up (or a turn taken), never found by a poll."""
 
+CLAIMS_ONLY = {"poll_interval": LONG_POLL, "handoffs": False}
+"""Workers that claim every task: no idle slot is offered to enqueues, whose
+hand-offs need no wake-up and would leave the turns untried."""
+
 
 @contextlib.asynccontextmanager
 async def fleet(
     app: conveyor.App, size: int, **config: object
 ) -> AsyncIterator[list[conveyor.Worker]]:
-    config.setdefault("poll_interval", LONG_POLL)
+    config = {**CLAIMS_ONLY, **config}
     runners = [RunningWorker(app, worker_id=f"w{i}", **config) for i in range(size)]
     async with contextlib.AsyncExitStack() as stack:
         workers = [await stack.enter_async_context(r) for r in runners]
@@ -81,8 +85,8 @@ async def test_when_the_holder_stops_the_next_worker_answers(app: conveyor.App) 
         return i
 
     async with app:
-        first = RunningWorker(app, worker_id="first", poll_interval=LONG_POLL)
-        second = RunningWorker(app, worker_id="second", poll_interval=LONG_POLL)
+        first = RunningWorker(app, worker_id="first", **CLAIMS_ONLY)
+        second = RunningWorker(app, worker_id="second", **CLAIMS_ONLY)
         holder = await first.__aenter__()
         try:
             await wait_for(holds(holder))

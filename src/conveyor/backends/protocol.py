@@ -72,6 +72,10 @@ class Capability(enum.Enum):
     TURNS = "turns"
     """Idle workers of one kind take turns answering wake-ups (a wake-up
     reaches every worker; see :mod:`conveyor.worker.turns`)."""
+    HANDOFF = "handoff"
+    """An idle worker offers free slots that an enqueue of one task fills
+    directly, leasing the task to it in the enqueue's own commit (see
+    :class:`HandOffs` and :mod:`conveyor.worker.standby`)."""
 
 
 @dataclass(slots=True)  # not frozen: built per task, and frozen costs 7x
@@ -543,9 +547,52 @@ class CancelHint:
     task_id: int | None = None
 
 
-Wakeup: TypeAlias = str | CancelHint
+@dataclass(frozen=True, slots=True)
+class HandOff:
+    """A task an enqueue leased to this worker (``Capability.HANDOFF``).
+    Its lease began at ``leased_at`` on the store's clock (epoch seconds),
+    which is also when it was made and due (``task.run_at``)."""
+
+    task: ClaimedTask
+    leased_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HandOffsHeard:
+    """The listener hears this worker's hand-offs from now on (its first
+    connection, or a new one after a failure): hand-offs told before may
+    not have reached it (see :meth:`HandOffs.adopt`)."""
+
+
+Wakeup: TypeAlias = str | CancelHint | HandOff | HandOffsHeard
 """What :meth:`Backend.wakeups` yields: a queue name where work may be due,
-or a :class:`CancelHint`."""
+a :class:`CancelHint`, and (``Capability.HANDOFF``, for the worker named)
+:class:`HandOff` and :class:`HandOffsHeard`."""
+
+
+@dataclass(frozen=True, slots=True)
+class OfferParams:
+    """A worker's offer of ``free`` more slots (0: only renew the offer)
+    for tasks of ``queues`` and ``names``, under ``lease`` seconds for tasks
+    that set none, lapsing ``ttl`` seconds from now unless renewed."""
+
+    worker_id: str
+    queues: Sequence[str]
+    names: Sequence[str]
+    free: int
+    lease: float
+    ttl: float
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """An offer as stored: ``clock`` is the store's clock (epoch seconds)
+    when it was written; ``anew`` says the worker had no offer stored (a
+    first offer, or one withdrawn or cleared since)."""
+
+    clock: float
+    anew: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -715,9 +762,14 @@ class Backend(Protocol):
     async def list_pauses(self) -> list[Pause]:
         """Every pause, by kind and name."""
 
-    def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+    def wakeups(
+        self, queues: Sequence[str], handoffs_for: str | None = None
+    ) -> AsyncIterator[Wakeup]:
         """Yield a queue name whenever work may have become due there, and a
         :class:`CancelHint` whenever a running task may have been cancelled.
+        With ``handoffs_for`` (a worker id) and ``Capability.HANDOFF``, also
+        the tasks handed off to that worker (:class:`HandOff`), and
+        :class:`HandOffsHeard` each time the listener starts hearing them.
 
         Reconnects on its own; ends only when the consumer stops iterating.
         Backends without ``NOTIFICATIONS`` yield nothing and never end.
@@ -873,6 +925,43 @@ class TurnLock(Protocol):
 
     async def close(self) -> None:
         """End the lock's session (giving the lock back if held)."""
+
+
+@runtime_checkable
+class HandOffs(Protocol):
+    """``Capability.HANDOFF``: idle workers offer free slots, and an enqueue
+    of one task due now, with no concurrency key, idempotency key, first
+    message or inbox, made on the backend's own connection (not the
+    caller's transaction), leases it to one of them in its own commit when
+    an offer has a slot for its queue and name (neither paused).
+
+    The store counts each offer's slots down as enqueues fill them; a
+    worker that withdraws its offer learns how many were left, so it knows
+    how many hand-offs it is owed. A hand-off is an ordinary lease: renewed
+    by the heartbeat, fenced like a claim's, and reclaimed when it expires
+    (so a hand-off whose worker died or never heard of it runs again after
+    one lease, as a claimed task would)."""
+
+    async def offer(self, params: OfferParams) -> Offered:
+        """Add ``params.free`` slots to the worker's offer (made if there
+        is none) and renew it."""
+
+    async def withdraw(self, worker_id: str) -> int:
+        """Delete the worker's offer; the slots it still had (0 if none)."""
+
+    async def adopt(self, worker_id: str, known: Sequence[int]) -> list[HandOff]:
+        """The tasks handed off to the worker, still in progress under its
+        first lease, whose ids are not in ``known``: those whose notice it
+        may not have heard."""
+
+
+def handoffs_of(backend: Backend) -> HandOffs | None:
+    """The backend as :class:`HandOffs`, if it declares it."""
+    if Capability.HANDOFF not in backend.capabilities:
+        return None
+    if isinstance(backend, HandOffs):
+        return backend
+    raise _undeclared(backend, Capability.HANDOFF)
 
 
 @runtime_checkable

@@ -101,6 +101,11 @@ async def _pending(app: App) -> list[Migration]:
     "workers of the same queues and tasks (PostgreSQL).",
 )
 @click.option(
+    "--no-handoffs",
+    is_flag=True,
+    help="Offer no idle slots for enqueues to fill directly; claim every task (PostgreSQL).",
+)
+@click.option(
     "--process-pool",
     type=click.IntRange(min=0),
     help="Idle handler processes kept for process=True tasks (default: the CPU count; "
@@ -136,6 +141,7 @@ def worker(
     no_prune: bool,
     no_schedules: bool,
     no_wakeup_turns: bool,
+    no_handoffs: bool,
     process_pool: int | None,
     url: str | None,
     schema: str | None,
@@ -164,6 +170,7 @@ def worker(
             schedules=not no_schedules,
             process_pool=process_pool,
             wakeup_turns=not no_wakeup_turns,
+            handoffs=not no_handoffs,
             **({"retention": None} if no_prune else {}),
         )
         if metrics_port is not None:

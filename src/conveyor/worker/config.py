@@ -72,6 +72,10 @@ class WorkerConfig:
     """Take turns with the idle workers of the same queues and tasks at
     answering wake-ups, so that a task costs about one claim across a fleet
     (PostgreSQL; see :mod:`conveyor.worker.turns`). False: answer each."""
+    handoffs: bool = True
+    """While idle, offer up to half the slots for enqueues to fill directly:
+    a task enqueued alone then starts after one commit, not two (PostgreSQL;
+    see :mod:`conveyor.worker.standby`). False: claim every task."""
     process_pool: int | None = None
     """Idle handler processes kept for the next ``process=True`` attempt
     (None: the machine's CPU count; 0: a fresh process per attempt). See

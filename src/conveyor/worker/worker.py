@@ -33,10 +33,13 @@ from conveyor.backends.protocol import (
     ClaimedTask,
     ClaimParams,
     Completion,
+    HandOff,
+    HandOffsHeard,
     HeartbeatResult,
     WorkerInfo,
     WorkFilter,
     attempt_transactions_of,
+    handoffs_of,
     turns_of,
 )
 from conveyor.client import Client
@@ -71,6 +74,7 @@ from conveyor.worker.outage import Outage
 from conveyor.worker.processes import ProcessPool
 from conveyor.worker.pruner import Pruner
 from conveyor.worker.scheduler import Scheduler
+from conveyor.worker.standby import Standby
 from conveyor.worker.stopping import cancel_and_wait
 from conveyor.worker.texts import reason
 from conveyor.worker.turns import Turn, worker_kind
@@ -147,6 +151,8 @@ class Worker:
         self.claimed_count = 0
         self.turn: Turn | None = None
         """This worker's place in the wake-up turns of its kind (PostgreSQL)."""
+        self.standby: Standby | None = None
+        """This worker's offer of idle slots to enqueues (PostgreSQL)."""
         self.outage = Outage()
         """The store's reachability, logged once per change (every part reports)."""
         self.claims_made = 0
@@ -254,6 +260,7 @@ class Worker:
         listener = None
         if Capability.NOTIFICATIONS in backend.capabilities:
             self._take_turns(backend)
+            self._stand_by(backend)
             listener = loop.create_task(self._listen(backend), name="conveyor-listener")
         self._install_signals(loop)
         try:
@@ -363,6 +370,24 @@ class Worker:
         self.turn = Turn(turns.turn_lock(worker_kind(self.queues, self.names)), self._hint)
         self.turn.start()
 
+    def _stand_by(self, backend: Backend) -> None:
+        """Offer idle slots to enqueues, where the store has hand-offs."""
+        store = handoffs_of(backend)
+        config = self.config
+        if store is None or not config.handoffs or config.burst or not self.names:
+            return
+        self.standby = Standby(
+            store,
+            self.id,
+            self.queues,
+            self.names,
+            config.concurrency,
+            config.lease,
+            functools.partial(self._start_all, backend=backend),
+            self._wake.set if self._wake is not None else lambda: None,
+            self.outage,
+        )
+
     def _hint(self) -> None:
         """Work may be due: claim at once rather than at the next poll."""
         self._hinted = True
@@ -373,11 +398,24 @@ class Worker:
         """Turn wake-ups into claim hints. Wake-ups are only hints: if the
         listener fails, the worker goes on polling, and says so."""
         assert self._wake is not None
+        standby = self.standby
         try:
-            async for wakeup in backend.wakeups(self.queues):
+            if standby is None:
+                wakeups = backend.wakeups(self.queues)
+            else:
+                wakeups = backend.wakeups(self.queues, handoffs_for=self.id)
+            async for wakeup in wakeups:
                 if isinstance(wakeup, CancelHint):
                     if self._running and self.cancels is not None:
                         self.cancels.hint(wakeup.task_id)
+                    continue
+                if isinstance(wakeup, HandOff):
+                    if standby is not None:
+                        standby.heard(wakeup)
+                    continue
+                if isinstance(wakeup, HandOffsHeard):
+                    if standby is not None:
+                        standby.hearing_again()
                     continue
                 if self.turn is not None and not self.turn.answers:
                     continue  # another worker of this kind holds the turn: it claims
@@ -386,6 +424,8 @@ class Worker:
             log.warning(
                 "wake-ups stopped (%s); polling every %.1fs", reason(exc), self.config.poll_interval
             )
+            if standby is not None:
+                standby.deaf()
 
     # -- claiming ------------------------------------------------------------
 
@@ -394,6 +434,7 @@ class Worker:
         assert self._wake is not None
         wake = self._wake
         claims = Claims(self.config.concurrency, wake.set)
+        standby = self.standby
         pace = Pace(self.config.poll_interval)
         try:
             while not self._stopping:
@@ -405,6 +446,10 @@ class Worker:
                     self._take(outcome, pace, time.monotonic(), backend)
                 now = time.monotonic()
                 free = self.config.concurrency - len(self._running) - claims.reserved
+                if standby is not None:
+                    idle = not pace.due and not claims
+                    standby.tick(now, idle, free, pace.may_claim(now) and bool(self.names))
+                    free -= standby.reserved()
                 if self.turn is not None:
                     # Slots a claim in flight reserved count as free: a worker
                     # would otherwise give its turn up with each claim it sends.
@@ -417,10 +462,14 @@ class Worker:
                 if self.config.burst and idle and await self._nothing_due(backend):
                     log.info("burst: nothing due or running; stopping")
                     return
-                await self._wait(pace.timeout(now))
+                until = None if standby is None else standby.timeout(now)
+                await self._wait(_soonest(pace.timeout(now), until))
         finally:
             if self.turn is not None:
                 self.turn.want(False)  # a stopping worker claims no more: next in line
+            if standby is not None:
+                # Hand-offs still owed are read and started like claims settled.
+                await standby.close()
             # Claims already sent may have committed: their tasks are ours to
             # run (or, on an immediate stop, to release) like every other.
             for outcome in await claims.settle():
@@ -666,6 +715,8 @@ class Worker:
         token = completion.token
         if self.heartbeat is not None:
             self.heartbeat.release(token)
+        if self.standby is not None:
+            self.standby.recorded(token.task_id)
         if applied and outcomes.makes_work_due(completion):
             # A workflow's next step (or a release, a poll's effects) is due
             # now: claim it at once rather than at the next poll.
@@ -752,6 +803,12 @@ class Worker:
                 {*self._runners, stop_wait}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
             )
             stop_wait.cancel()
+
+
+def _soonest(*timeouts: float | None) -> float | None:
+    """The shortest of ``timeouts`` (None: no limit)."""
+    given = [t for t in timeouts if t is not None]
+    return min(given) if given else None
 
 
 def due_delay(task: ClaimedTask) -> float | None:

@@ -260,6 +260,8 @@ class MemoryBackend:
     async def list_workers(self) -> list[WorkerInfo]:
         return reads.list_workers(self._store, self._now(None))
 
-    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+    async def wakeups(
+        self, queues: Sequence[str], handoffs_for: str | None = None
+    ) -> AsyncIterator[Wakeup]:
         async for wakeup in wake.listen(self._wake_key, queues):
             yield wakeup

@@ -22,7 +22,7 @@ import psycopg
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from conveyor.backends.postgres import listen, queries, scripts, turns
+from conveyor.backends.postgres import handoffs, listen, queries, scripts, turns
 from conveyor.backends.postgres.flow import FlowControl
 from conveyor.backends.postgres.inboxes import (
     applied,
@@ -53,10 +53,13 @@ from conveyor.backends.protocol import (
     EnqueueParams,
     FinishParams,
     FinishResult,
+    HandOff,
     HeartbeatParams,
     HeartbeatResult,
     Migration,
     NewTask,
+    Offered,
+    OfferParams,
     SendParams,
     TaskCount,
     TaskFilter,
@@ -147,6 +150,7 @@ class PostgresBackend(FlowControl):
             Capability.INSPECT,
             Capability.VACUUM,
             Capability.TURNS,
+            Capability.HANDOFF,
         }
     )
 
@@ -353,6 +357,8 @@ class PostgresBackend(FlowControl):
             return []
         if not any(t.message for t in params.tasks) and not keyed(params.tasks):
             name, args = enqueue_statement(params)
+            if name == "enqueue_one" and handoffs.may_hand_off(params.tasks[0]):
+                name = "enqueue_handoff"  # to an idle worker, if one offers a slot
             return ordered_ids(await self._fetchall(name, args))
         async with self._connection() as conn, conn.transaction():
             return await insert_tasks(conn, self.sql, params.tasks, params.now)
@@ -725,7 +731,36 @@ class PostgresBackend(FlowControl):
             self.url, self.sql["turn_take"], self.sql["turn_give"], turns.kind_key(kind)
         )
 
-    def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+    def wakeups(
+        self, queues: Sequence[str], handoffs_for: str | None = None
+    ) -> AsyncIterator[Wakeup]:
         """Queue names from the wake-up channel, cancel hints (task ids) from
-        the cancel channel (see :mod:`.listen`)."""
-        return listen.wakeups(self.url, self.channel, queries.cancel_channel(self.schema), queues)
+        the cancel channel, hand-offs to ``handoffs_for`` from its own (see
+        :mod:`.listen`)."""
+        cancels = queries.cancel_channel(self.schema)
+        return listen.wakeups(self.url, self.channel, cancels, queues, handoffs_for)
+
+    # -- hand-offs -------------------------------------------------------
+
+    async def offer(self, params: OfferParams) -> Offered:
+        rows = await self._fetchall(
+            "standby_offer",
+            {
+                "now": params.now,
+                "worker_id": params.worker_id,
+                "queues": list(params.queues),
+                "names": list(params.names),
+                "free": params.free,
+                "lease": params.lease,
+                "ttl": params.ttl,
+            },
+        )
+        return Offered(clock=rows[0][0], anew=rows[0][1])
+
+    async def withdraw(self, worker_id: str) -> int:
+        rows = await self._fetchall("standby_withdraw", {"now": None, "worker_id": worker_id})
+        return int(rows[0][0]) if rows else 0
+
+    async def adopt(self, worker_id: str, known: Sequence[int]) -> list[HandOff]:
+        rows = await self._fetchall("standby_adopt", {"worker_id": worker_id, "known": list(known)})
+        return [handoffs.handoff(list(row), worker_id) for row in rows]

@@ -1,11 +1,14 @@
 """Wake-ups on PostgreSQL: LISTEN on the wake-up and cancel channels.
 
-One connection of its own listens to both channels. A queue name on the
-wake-up channel says work may be due there; a task id on the cancel channel
-says that task's cancel may have been requested. The listener reconnects on
-its own, with back-off, and after each (re)connect yields every queue and
-a cancel hint without an id: anything sent while it was not listening may
-be due, or to stop, now.
+One connection of its own listens to both channels, and to the worker's
+hand-off channel when it is given one. A queue name on the wake-up channel
+says work may be due there; a task id on the cancel channel says that
+task's cancel may have been requested; a notice on the hand-off channel is
+a task leased to the worker (see :mod:`.handoffs`). The listener reconnects
+on its own, with back-off, and after each (re)connect yields every queue, a
+cancel hint without an id and (with a hand-off channel) HandOffsHeard:
+anything sent while it was not listening may be due, or to stop, or
+handed off, now.
 """
 
 from __future__ import annotations
@@ -16,20 +19,33 @@ from collections.abc import AsyncIterator, Sequence
 import psycopg
 from psycopg import AsyncConnection, sql
 
-from conveyor.backends.protocol import CancelHint, Wakeup
+from conveyor.backends.postgres import handoffs
+from conveyor.backends.protocol import CancelHint, HandOffsHeard, Wakeup
 from conveyor.backends.reconnect import Outage
 
 log = logging.getLogger("conveyor.postgres")
 
 
 async def wakeups(
-    url: str, channel: str, cancels: str, queues: Sequence[str]
+    url: str,
+    channel: str,
+    cancels: str,
+    queues: Sequence[str],
+    handoffs_for: str | None = None,
 ) -> AsyncIterator[Wakeup]:
     """Queue names from ``channel`` (only ``queues``), cancel hints from
-    ``cancels``; ends only when the consumer stops iterating."""
+    ``cancels``, and the hand-offs to worker ``handoffs_for`` (if given) from
+    its own channel; ends only when the consumer stops iterating. A notice
+    that does not read (written around conveyor) is logged and passed by:
+    its task runs again when its lease expires."""
     wanted = set(queues)
-    listen = sql.SQL("listen {}; listen {}").format(
-        sql.Identifier(channel), sql.Identifier(cancels)
+    channels = [channel, cancels]
+    handed, worker = None, handoffs_for or ""
+    if handoffs_for is not None:
+        handed = handoffs.channel(channel, handoffs_for)
+        channels.append(handed)
+    listen = sql.SQL("; ").join(
+        sql.SQL("listen {}").format(sql.Identifier(name)) for name in channels
     )
     outage = Outage(log)
     while True:
@@ -38,11 +54,20 @@ async def wakeups(
             async with conn:
                 await conn.execute(listen)
                 outage.connected()
+                if handoffs_for is not None:
+                    yield HandOffsHeard()
                 for queue in queues:
                     yield queue
                 yield CancelHint()
                 async for note in conn.notifies():
-                    if note.channel == cancels:
+                    if note.channel == handed:
+                        try:
+                            handed_off = handoffs.notice(note.payload, worker)
+                        except Exception as exc:
+                            log.error("a hand-off notice does not read (%s): %.200r", exc, note)
+                            continue
+                        yield handed_off
+                    elif note.channel == cancels:
                         yield CancelHint(int(note.payload) if note.payload.isdigit() else None)
                     elif note.payload in wanted:
                         yield note.payload

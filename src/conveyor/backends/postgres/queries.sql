@@ -76,6 +76,126 @@ values (%(name)s::text, %(queue)s::text, %(payloads)s::jsonb, %(priority)s::int,
         %(trace)s::text, coalesce(%(now)s::timestamptz, statement_timestamp()))
 returning array[id];
 
+-- name: enqueue_handoff
+-- enqueue_one for a task due now, handed to an idle worker when one offers a
+-- free slot for its queue and name (standby_offer) and neither is paused:
+-- the task is inserted already leased to that worker (attempt 1, as a claim
+-- would lease it), the offer gives up the slot, and the worker is told on a
+-- channel of its own, whose payload carries what a claim returns. All in
+-- this statement's commit: the task starts after one durable commit instead
+-- of two. With no offer (or every offer locked by another enqueue at that
+-- moment: skipped, not waited for), the task is inserted pending, as by
+-- enqueue_one. The worker's channel is drawn from the schema's and its id
+-- (conveyor.backends.postgres.handoffs.channel says the same). Its id comes
+-- back as in enqueue, an array.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+offer as materialized (
+    select s.worker_id
+    from {schema}.standby s, clock
+    where s.free > 0
+      and s.until > clock.now
+      and %(queue)s::text = any(s.queues)
+      and %(name)s::text = any(s.names)
+      and not exists (select 1 from {schema}.pauses p
+                      where (p.kind = 'queue' and p.name = %(queue)s::text)
+                         or (p.kind = 'task' and p.name = %(name)s::text))
+    limit 1
+    for no key update of s skip locked
+),
+taken as (
+    update {schema}.standby s
+    set free = s.free - 1
+    from offer o
+    where s.worker_id = o.worker_id
+    returning s.worker_id, s.lease_seconds
+),
+inserted as (
+    insert into {schema}.tasks
+        (name, queue, payload, priority, run_at, max_attempts, retry_policy,
+         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, created_at,
+         state, attempt, spent, worker_id, attempt_started_at, lease_expires_at)
+    select %(name)s::text, %(queue)s::text, %(payloads)s::jsonb, %(priority)s::int, clock.now,
+           %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
+           %(lease)s::float8, %(step)s::text, false, %(parent_id)s::bigint,
+           %(trace)s::text, clock.now,
+           case when k.worker_id is null then 'pending' else 'in_progress' end,
+           (k.worker_id is not null)::int, (k.worker_id is not null)::int, k.worker_id,
+           case when k.worker_id is not null then clock.now end,
+           clock.now + make_interval(secs => coalesce(%(lease)s::float8, k.lease_seconds))
+    from clock left join taken k on true
+    returning id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
+              timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at,
+              trace_context, worker_id
+),
+told as (
+    select pg_notify('conveyor_handoff_' || md5({channel} || ' ' || i.worker_id),
+                     json_build_array(i.id, i.attempt, i.name, i.queue, i.payload::text,
+                                      i.spent, i.max_attempts, i.retry_policy::text,
+                                      i.timeout_seconds, i.lease_seconds,
+                                      extract(epoch from i.lease_expires_at), i.step,
+                                      i.parent_id, extract(epoch from i.run_at),
+                                      i.trace_context)::text)
+    from inserted i
+    where i.worker_id is not null
+)
+select array[i.id], (select count(*) from told) from inserted i;
+
+-- name: standby_offer
+-- A worker offers %(free)s::int more of its free slots to enqueues
+-- (enqueue_handoff), or only renews its offer (0), until %(ttl)s seconds
+-- from now. Returns the store's clock (epoch seconds: the worker reckons
+-- the leases of handed-off tasks from it) and whether the offer was made
+-- anew (the worker's row was not there).
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+)
+insert into {schema}.standby as s (worker_id, queues, names, free, lease_seconds, until)
+select %(worker_id)s::text, %(queues)s::text[], %(names)s::text[], %(free)s::int,
+       %(lease)s::float8, clock.now + make_interval(secs => %(ttl)s::float8)
+from clock
+on conflict (worker_id) do update
+set free = s.free + excluded.free,
+    queues = excluded.queues,
+    names = excluded.names,
+    lease_seconds = excluded.lease_seconds,
+    until = excluded.until
+returning extract(epoch from (select now from clock))::float8, s.xmax = 0;
+
+-- name: standby_withdraw
+-- A worker withdraws its offer: the slots no enqueue took come back (as
+-- free), so the worker knows how many were handed off. Rows of other
+-- workers' offers that lapsed a day ago (workers that died offering) go
+-- too.
+with lapsed as (
+    delete from {schema}.standby s
+    where s.until < coalesce(%(now)s::timestamptz, statement_timestamp()) - interval '1 day'
+      and s.worker_id <> %(worker_id)s::text
+)
+delete from {schema}.standby s
+where s.worker_id = %(worker_id)s::text
+returning s.free;
+
+-- name: standby_adopt
+-- The tasks handed off to a worker that it did not hear of (its listener
+-- was down when their notices came): in progress under its id, started at
+-- their enqueue (a claimed task starts later than it was made), and not
+-- among %(known)s::bigint[], the hand-offs it already holds. Rows as
+-- enqueue_handoff's notice carries them. There are few tasks in progress:
+-- they are read off their lease index.
+select t.id, t.attempt, t.name, t.queue, t.payload::text, t.spent, t.max_attempts,
+       t.retry_policy::text, t.timeout_seconds, t.lease_seconds,
+       extract(epoch from t.lease_expires_at)::float8, t.step, t.parent_id,
+       extract(epoch from t.run_at)::float8, t.trace_context
+from {schema}.tasks t
+where t.state = 'in_progress'
+  and t.lease_expires_at is not null
+  and t.worker_id = %(worker_id)s::text
+  and t.attempt = 1
+  and t.attempt_started_at = t.created_at
+  and not (t.id = any(%(known)s::bigint[]));
+
 -- name: enqueue_keyed
 -- Insert tasks some of which carry an idempotency key. A task whose name
 -- and key are stored already is skipped, by the unique index (so concurrent

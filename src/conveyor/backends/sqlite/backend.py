@@ -516,7 +516,9 @@ class SQLiteBackend(FlowControl):
 
     # -- wake-ups --------------------------------------------------------
 
-    async def wakeups(self, queues: Sequence[str]) -> AsyncIterator[Wakeup]:
+    async def wakeups(
+        self, queues: Sequence[str], handoffs_for: str | None = None
+    ) -> AsyncIterator[Wakeup]:
         """Every queue once at the start; then enqueues (and cancels) of this
         process at once, and commits of other processes (a change of ``PRAGMA
         data_version``) within CHANGE_POLL_BUSY while commits keep coming,
