@@ -1,0 +1,314 @@
+"""Hand-offs (PostgreSQL): an idle worker offers slots, and an enqueue of one
+task leases it to that worker in its own commit. The task starts without a
+claim; the worker never runs more than its concurrency; a hand-off to a
+worker that died, or whose notice never came, is neither lost nor run twice."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import psycopg
+import pytest
+
+import conveyor
+from conveyor import TaskState
+from conveyor.backends.postgres import handoffs
+from conveyor.backends.postgres.backend import PostgresBackend
+from conveyor.backends.protocol import ClaimedTask, HandOff, OfferParams
+from conveyor.worker.outage import Outage
+from conveyor.worker.standby import ADOPT_AFTER, Standby
+from tests.conftest import PG_URL
+from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
+
+LONG_POLL = 60.0
+"""Seconds between polls: longer than any wait here, so a task that starts
+was handed off or claimed on a wake-up, never found by a poll."""
+
+
+async def offering(worker: conveyor.Worker) -> bool:
+    return worker.standby is not None and worker.standby.stored and worker.standby.pledged > 0
+
+
+async def test_an_idle_worker_starts_tasks_enqueued_alone_without_a_claim(
+    app: conveyor.App,
+) -> None:
+    @app.task()
+    async def noop(i: int) -> int:
+        return i
+
+    async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
+        await wait_for(lambda: offering(worker))
+        claims = worker.claims_made
+        ids = []
+        for i in range(12):
+            ids.append((await noop.enqueue_async(i=i)).id)
+            await wait_terminal(app, ids[-1:])
+        tasks = await wait_terminal(app, ids)
+        assert worker.claims_made == claims  # not one claim: every task was handed off
+        assert worker.standby is not None and worker.standby.handed_off == 12
+    assert [t.state for t in tasks] == [TaskState.SUCCEEDED] * 12
+    assert all([a.worker_id for a in t.attempts] == [worker.id] for t in tasks)
+
+
+async def test_hand_offs_never_take_a_worker_past_its_concurrency(app: conveyor.App) -> None:
+    release = asyncio.Event()
+    running = 0
+    most = 0
+
+    @app.task()
+    async def hold(i: int) -> int:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await release.wait()
+        running -= 1
+        return i
+
+    async with app, RunningWorker(app, poll_interval=0.2, concurrency=4) as worker:
+        await wait_for(lambda: offering(worker))
+        # A burst of single enqueues at once: the offer's slots go, the rest
+        # wait pending for claims, which leave the pledged slots alone.
+        handles = await asyncio.gather(*(hold.enqueue_async(i=i) for i in range(20)))
+        await asyncio.sleep(1.5)
+        assert running == 4
+        release.set()
+        tasks = await wait_terminal(app, [h.id for h in handles], timeout=30)
+    assert most == 4
+    assert {t.state for t in tasks} == {TaskState.SUCCEEDED}
+    assert all(len(t.attempts) == 1 for t in tasks)  # each ran once
+
+
+async def test_a_task_that_cannot_be_handed_off_is_claimed(app: conveyor.App) -> None:
+    @app.task()
+    async def echo(text: str) -> int:
+        return len(text)
+
+    async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
+        await wait_for(lambda: offering(worker))
+        claims = worker.claims_made
+        # Too large for a notice, keyed, unique: each waits pending and is
+        # claimed on a wake-up.
+        big = await echo.enqueue_async(text="x" * (handoffs.MAX_NOTICE_FIELDS + 1))
+        keyed = await echo.options(concurrency=conveyor.Concurrency(key="k")).enqueue_async(
+            text="y"
+        )
+        unique = await echo.options(idempotency_key="u").enqueue_async(text="zz")
+        tasks = await wait_terminal(app, [big.id, keyed.id, unique.id])
+        assert worker.claims_made > claims
+        assert worker.standby is not None and worker.standby.handed_off == 0
+    assert [t.result for t in tasks] == [handoffs.MAX_NOTICE_FIELDS + 1, 1, 2]
+
+
+async def test_a_notice_that_does_not_read_leaves_the_listener_hearing(
+    app: conveyor.App, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.task()
+    async def noop() -> str:
+        return "done"
+
+    async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
+        await wait_for(lambda: offering(worker))
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        heard_on = handoffs.channel(backend.channel, worker.id)
+        async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as conn:
+            for garbage in ("not json", "[1, 2]", '[null, "x"]'):
+                await conn.execute("select pg_notify(%s, %s)", (heard_on, garbage))
+        handle = await noop.enqueue_async()
+        [task] = await wait_terminal(app, [handle.id])
+        assert worker.standby is not None and worker.standby.handed_off == 1
+    assert task.state is TaskState.SUCCEEDED
+    assert sum("hand-off notice does not read" in r.getMessage() for r in caplog.records) == 3
+
+
+async def test_a_hand_off_to_a_worker_that_died_runs_when_its_lease_expires(
+    app: conveyor.App,
+) -> None:
+    """A worker killed while offering: enqueues still hand it tasks until
+    its offer lapses. Each runs once its lease expires, on another worker."""
+
+    @app.task()
+    async def noop(i: int) -> int:
+        return i
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        dead = OfferParams("dead", ["default"], ["noop"], free=2, lease=1.0, ttl=60)
+        await backend.offer(dead)
+        handles = [await noop.enqueue_async(i=i) for i in range(3)]
+        stored = [await app.get_async(h.id) for h in handles]
+        assert [t.state if t else None for t in stored] == [
+            TaskState.IN_PROGRESS,
+            TaskState.IN_PROGRESS,
+            TaskState.PENDING,  # the offer had two slots
+        ]
+        async with RunningWorker(app, poll_interval=0.2, handoffs=False) as worker:
+            tasks = await wait_terminal(app, [h.id for h in handles])
+    assert {t.state for t in tasks} == {TaskState.SUCCEEDED}
+    for task in tasks[:2]:
+        # The dead worker's attempt is logged as lost; the reclaim ran it.
+        assert [(a.worker_id, a.outcome.value) for a in task.attempts] == [
+            ("dead", "lease_lost"),
+            (worker.id, "succeeded"),
+        ]
+
+
+async def test_a_lapsed_offer_is_handed_nothing(app: conveyor.App) -> None:
+    @app.task()
+    async def noop() -> None:
+        return None
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        await backend.offer(OfferParams("gone", ["default"], ["noop"], 2, 30.0, ttl=0.001))
+        await asyncio.sleep(0.05)
+        task = await app.get_async((await noop.enqueue_async()).id)
+    assert task is not None and task.state is TaskState.PENDING
+
+
+class Started:
+    """What a standby started, and when its leases count from."""
+
+    def __init__(self) -> None:
+        self.tasks: list[tuple[ClaimedTask, float]] = []
+
+    def __call__(self, tasks: list[ClaimedTask], sent_at: float) -> None:
+        self.tasks += [(task, sent_at) for task in tasks]
+
+    def ids(self) -> list[int]:
+        return [task.token.task_id for task, _ in self.tasks]
+
+
+def standby_of(backend: PostgresBackend, started: Started, worker_id: str = "w") -> Standby:
+    return Standby(
+        backend, worker_id, ["default"], ["noop"], 4, 30.0, started, lambda: None, Outage()
+    )
+
+
+async def settle(standby: Standby) -> None:
+    """Let the standby's store call in flight return."""
+    await wait_for(lambda: _idle(standby))
+
+
+async def _idle(standby: Standby) -> bool:
+    return standby._call is None
+
+
+async def test_hand_offs_whose_notices_were_lost_are_adopted_once(app: conveyor.App) -> None:
+    """Nothing listens here: the notices are lost, as while a listener
+    reconnects. Its next connection reads the hand-offs from the store; a
+    notice that comes after all the same starts nothing twice."""
+
+    @app.task()
+    async def noop(i: int) -> int:
+        return i
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        started = Started()
+        standby = standby_of(backend, started)
+        standby.hearing_again()  # the first connection
+        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
+        await settle(standby)
+        assert standby.stored and standby.pledged == 2
+        handles = [await noop.enqueue_async(i=i) for i in range(3)]
+        assert started.ids() == []
+        standby.hearing_again()  # a new connection: what it missed is read
+        await settle(standby)
+        assert started.ids() == [handles[0].id, handles[1].id]
+        assert standby.pledged == 0
+        [(task, _)] = started.tasks[:1]
+        late = HandOff(task, time.time())
+        standby.heard(late)  # the lost notice after all
+        assert started.ids() == [handles[0].id, handles[1].id]
+        pending = await app.get_async(handles[2].id)
+        assert pending is not None and pending.state is TaskState.PENDING
+
+
+async def test_a_withdrawal_counts_the_hand_offs_still_owed(app: conveyor.App) -> None:
+    @app.task()
+    async def noop(i: int) -> int:
+        return i
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        started = Started()
+        standby = standby_of(backend, started)
+        standby.hearing_again()
+        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
+        await settle(standby)
+        handle = await noop.enqueue_async(i=1)  # takes one of the two slots
+        # A claim is due and every slot not pledged is taken: withdraw first.
+        standby.tick(time.monotonic(), idle=False, free=2, claim_due=True)
+        await settle(standby)
+        assert not standby.stored
+        assert standby.pledged == 1  # owed: its notice has not come
+        # It never comes: the hand-off is read from the store in time.
+        standby.tick(time.monotonic(), idle=False, free=2, claim_due=False)
+        await asyncio.sleep(ADOPT_AFTER + 0.1)
+        standby.tick(time.monotonic(), idle=False, free=2, claim_due=False)
+        await settle(standby)
+        assert started.ids() == [handle.id]
+        assert standby.pledged == 0
+
+
+async def test_a_hand_off_whose_lease_began_too_long_ago_is_not_started(
+    app: conveyor.App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease counts from the enqueue on the store's clock, whenever the
+    notice arrives: a notice later than the lease starts nothing (the task is
+    reclaimed)."""
+
+    @app.task()
+    async def noop(i: int) -> int:
+        return i
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        started = Started()
+        standby = standby_of(backend, started)
+        standby.hearing_again()
+        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
+        await settle(standby)
+        first = await noop.enqueue_async(i=1)
+        second = await noop.enqueue_async(i=2)
+        [adopted_first, adopted_second] = await backend.adopt("w", [])
+        assert adopted_first.task.token.task_id == first.id
+        standby.heard(adopted_first)
+        [(_, sent_at)] = started.tasks
+        assert sent_at <= time.monotonic()
+        stale = HandOff(adopted_second.task, adopted_second.leased_at - 29.0)
+        with caplog.at_level(logging.WARNING, "conveyor.worker"):
+            standby.heard(stale)
+    assert started.ids() == [first.id]
+    assert second.id not in started.ids()
+    assert any("came too late" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_stopping_worker_starts_the_hand_offs_it_is_owed(app: conveyor.App) -> None:
+    @app.task()
+    async def noop(i: int) -> int:
+        return i
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        started = Started()
+        standby = standby_of(backend, started)
+        standby.hearing_again()
+        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
+        await settle(standby)
+        handle = await noop.enqueue_async(i=1)  # its notice is lost
+        await standby.close()
+        assert started.ids() == [handle.id]
+        assert await backend.withdraw("w") == 0  # the offer is gone
+        after = await noop.enqueue_async(i=2)
+        task = await app.get_async(after.id)
+    assert task is not None and task.state is TaskState.PENDING
