@@ -125,18 +125,17 @@ inserted as (
            case when k.worker_id is not null then clock.now end,
            clock.now + make_interval(secs => coalesce(%(lease)s::float8, k.lease_seconds))
     from clock left join taken k on true
-    returning id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-              timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at,
-              trace_context, worker_id
+    returning id, worker_id, payload, lease_expires_at, run_at
 ),
+-- The notice: the row a claim would return (its own fields as given).
 told as (
     select pg_notify('conveyor_handoff_' || md5({channel} || ' ' || i.worker_id),
-                     json_build_array(i.id, i.attempt, i.name, i.queue, i.payload::text,
-                                      i.spent, i.max_attempts, i.retry_policy::text,
-                                      i.timeout_seconds, i.lease_seconds,
-                                      extract(epoch from i.lease_expires_at), i.step,
-                                      i.parent_id, extract(epoch from i.run_at),
-                                      i.trace_context)::text)
+                     json_build_array(i.id, 1, %(name)s::text, %(queue)s::text,
+                                      i.payload::text, 1, %(max_attempts)s::int,
+                                      %(retry_policy)s::text, %(timeout)s::float8,
+                                      %(lease)s::float8, extract(epoch from i.lease_expires_at),
+                                      %(step)s::text, %(parent_id)s::bigint,
+                                      extract(epoch from i.run_at), %(trace)s::text)::text)
     from inserted i
     where i.worker_id is not null
 )
