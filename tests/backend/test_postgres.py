@@ -285,6 +285,19 @@ async def _task_rows(backend: PostgresBackend) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
+async def _vacuumed_away(backend: PostgresBackend) -> int:
+    """The dead rows left once the workers' vacuum has run. A vacuum cannot
+    remove rows a transaction still open elsewhere may see (another test's,
+    on this server): while that lasts, the vacuum is asked again, as a
+    worker would after its next prune."""
+    for _ in range(100):
+        dead = (await _task_rows(backend))[1]
+        if dead < 1000 or await backend.vacuum() != ["tasks"]:
+            return dead
+        await asyncio.sleep(0.1)
+    return dead
+
+
 async def _dead_rows_beside_history(backend: PostgresBackend, live: int, dead: int) -> None:
     """With autovacuum off for tasks: ``live`` succeeded tasks kept, and
     ``dead`` more made and deleted; back once the statistics count them."""
@@ -321,7 +334,7 @@ async def test_a_store_whose_server_does_not_vacuum_is_vacuumed_by_its_workers(
     dead rows past the threshold are vacuumed away after a prune."""
     await _dead_rows_beside_history(backend, 0, 30_000)
     assert await backend.vacuum() == ["tasks"]
-    assert (await _task_rows(backend))[1] < 1000
+    assert await _vacuumed_away(backend) < 1000
     async with backend.pool.connection() as conn:
         analyzed = await (
             await conn.execute(
@@ -352,7 +365,7 @@ async def test_the_vacuum_comes_with_the_churn_not_with_a_fifth_of_the_history(
     assert options is not None and "autovacuum_vacuum_scale_factor=0.05" in options[0]
     await _dead_rows_beside_history(backend, 200_000, 30_000)
     assert await backend.vacuum() == ["tasks"]
-    assert (await _task_rows(backend))[1] < 1000
+    assert await _vacuumed_away(backend) < 1000
 
 
 def _keyed(kind: str, key: str) -> NewTask:
