@@ -16,9 +16,9 @@ import conveyor
 from conveyor import TaskState
 from conveyor.backends.postgres import handoffs
 from conveyor.backends.postgres.backend import PostgresBackend
-from conveyor.backends.protocol import ClaimedTask, HandOff, OfferParams
+from conveyor.backends.protocol import ClaimedTask, HandOff, HandOffsHeard, OfferParams
 from conveyor.worker.outage import Outage
-from conveyor.worker.standby import ADOPT_AFTER, Standby
+from conveyor.worker.standby import ADOPT_AFTER, HEAR_WITHIN, Standby
 from tests.conftest import PG_URL
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 
@@ -31,6 +31,14 @@ async def offering(worker: conveyor.Worker) -> bool:
     return worker.standby is not None and worker.standby.stored and worker.standby.pledged > 0
 
 
+async def settled(worker: conveyor.Worker) -> None:
+    """The worker offers slots, and has answered its first wake-ups (its
+    listener's connection, its turn) with their claims."""
+    await wait_for(lambda: offering(worker))
+    await asyncio.sleep(0.5)
+    await wait_for(lambda: offering(worker))
+
+
 async def test_an_idle_worker_starts_tasks_enqueued_alone_without_a_claim(
     app: conveyor.App,
 ) -> None:
@@ -39,7 +47,7 @@ async def test_an_idle_worker_starts_tasks_enqueued_alone_without_a_claim(
         return i
 
     async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
-        await wait_for(lambda: offering(worker))
+        await settled(worker)
         claims = worker.claims_made
         ids = []
         for i in range(12):
@@ -86,7 +94,7 @@ async def test_a_task_that_cannot_be_handed_off_is_claimed(app: conveyor.App) ->
         return len(text)
 
     async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
-        await wait_for(lambda: offering(worker))
+        await settled(worker)
         claims = worker.claims_made
         # Too large for a notice, keyed, unique: each waits pending and is
         # claimed on a wake-up.
@@ -112,7 +120,8 @@ async def test_a_notice_that_does_not_read_leaves_the_listener_hearing(
         await wait_for(lambda: offering(worker))
         backend = await app.backend()
         assert isinstance(backend, PostgresBackend)
-        heard_on = handoffs.channel(backend.channel, worker.id)
+        assert worker.standby is not None
+        heard_on = handoffs.channel(backend.channel, *worker.standby.listen_as)
         async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as conn:
             for garbage in ("not json", "[1, 2]", '[null, "x"]'):
                 await conn.execute("select pg_notify(%s, %s)", (heard_on, garbage))
@@ -136,7 +145,7 @@ async def test_a_hand_off_to_a_worker_that_died_runs_when_its_lease_expires(
     async with app:
         backend = await app.backend()
         assert isinstance(backend, PostgresBackend)
-        dead = OfferParams("dead", ["default"], ["noop"], free=2, lease=1.0, ttl=60)
+        dead = OfferParams("dead", "n", ["default"], ["noop"], free=2, lease=1.0, ttl=60)
         await backend.offer(dead)
         handles = [await noop.enqueue_async(i=i) for i in range(3)]
         stored = [await app.get_async(h.id) for h in handles]
@@ -164,7 +173,7 @@ async def test_a_lapsed_offer_is_handed_nothing(app: conveyor.App) -> None:
     async with app:
         backend = await app.backend()
         assert isinstance(backend, PostgresBackend)
-        await backend.offer(OfferParams("gone", ["default"], ["noop"], 2, 30.0, ttl=0.001))
+        await backend.offer(OfferParams("gone", "n", ["default"], ["noop"], 2, 30.0, ttl=0.001))
         await asyncio.sleep(0.05)
         task = await app.get_async((await noop.enqueue_async()).id)
     assert task is not None and task.state is TaskState.PENDING
@@ -185,7 +194,7 @@ class Started:
 
 def standby_of(backend: PostgresBackend, started: Started, worker_id: str = "w") -> Standby:
     return Standby(
-        backend, worker_id, ["default"], ["noop"], 4, 30.0, started, lambda: None, Outage()
+        backend, worker_id, ["default"], ["noop"], 4, 30.0, None, started, lambda: None, Outage()
     )
 
 
@@ -212,13 +221,13 @@ async def test_hand_offs_whose_notices_were_lost_are_adopted_once(app: conveyor.
         assert isinstance(backend, PostgresBackend)
         started = Started()
         standby = standby_of(backend, started)
-        standby.hearing_again()  # the first connection
+        standby.hearing_changed(HandOffsHeard())  # the first connection
         standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
         await settle(standby)
         assert standby.stored and standby.pledged == 2
         handles = [await noop.enqueue_async(i=i) for i in range(3)]
         assert started.ids() == []
-        standby.hearing_again()  # a new connection: what it missed is read
+        standby.hearing_changed(HandOffsHeard())  # a new one: what it missed is read
         await settle(standby)
         assert started.ids() == [handles[0].id, handles[1].id]
         assert standby.pledged == 0
@@ -240,7 +249,7 @@ async def test_a_withdrawal_counts_the_hand_offs_still_owed(app: conveyor.App) -
         assert isinstance(backend, PostgresBackend)
         started = Started()
         standby = standby_of(backend, started)
-        standby.hearing_again()
+        standby.hearing_changed(HandOffsHeard())
         standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
         await settle(standby)
         handle = await noop.enqueue_async(i=1)  # takes one of the two slots
@@ -274,7 +283,7 @@ async def test_a_hand_off_whose_lease_began_too_long_ago_is_not_started(
         assert isinstance(backend, PostgresBackend)
         started = Started()
         standby = standby_of(backend, started)
-        standby.hearing_again()
+        standby.hearing_changed(HandOffsHeard())
         standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
         await settle(standby)
         first = await noop.enqueue_async(i=1)
@@ -302,7 +311,7 @@ async def test_a_stopping_worker_starts_the_hand_offs_it_is_owed(app: conveyor.A
         assert isinstance(backend, PostgresBackend)
         started = Started()
         standby = standby_of(backend, started)
-        standby.hearing_again()
+        standby.hearing_changed(HandOffsHeard())
         standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
         await settle(standby)
         handle = await noop.enqueue_async(i=1)  # its notice is lost
@@ -312,3 +321,165 @@ async def test_a_stopping_worker_starts_the_hand_offs_it_is_owed(app: conveyor.A
         after = await noop.enqueue_async(i=2)
         task = await app.get_async(after.id)
     assert task is not None and task.state is TaskState.PENDING
+
+
+async def test_a_task_with_a_lease_shorter_than_the_worker_s_is_handed_off_and_runs(
+    app: conveyor.App,
+) -> None:
+    @app.task(lease=3)
+    async def brief() -> str:
+        return "ran"
+
+    async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
+        await wait_for(lambda: offering(worker))
+        [task] = await wait_terminal(app, [(await brief.enqueue_async()).id])
+        assert worker.standby is not None and worker.standby.handed_off == 1
+    assert task.state is TaskState.SUCCEEDED and task.result == "ran"
+    assert len(task.attempts) == 1
+
+
+async def test_a_task_of_one_attempt_is_never_handed_off(app: conveyor.App) -> None:
+    """A hand-off its worker never starts is charged an attempt: a task that
+    has only one is claimed, by a worker that is alive to run it."""
+
+    @app.task(retry=conveyor.RetryPolicy(max_attempts=1))
+    async def once() -> str:
+        return "ran"
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        await backend.offer(OfferParams("dead", "n", ["default"], ["once"], 2, 30.0, ttl=60))
+        task = await app.get_async((await once.enqueue_async()).id)
+    assert task is not None and task.state is TaskState.PENDING
+
+
+async def test_a_payload_whose_notice_would_not_fit_is_enqueued_pending(
+    app: conveyor.App,
+) -> None:
+    """Short as sent, long as stored: jsonb writes 1e300 out in 301 digits.
+    The enqueue neither fails nor hands off."""
+
+    @app.task()
+    async def noop(values: list[float]) -> int:
+        return len(values)
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        await backend.offer(OfferParams("w", "n", ["default"], ["noop"], 2, 30.0, ttl=60))
+        huge = await noop.enqueue_async(values=[1e300] * 30)
+        small = await noop.enqueue_async(values=[1.0])
+        stored = [await app.get_async(h.id) for h in (huge, small)]
+    assert [t.state if t else None for t in stored] == [TaskState.PENDING, TaskState.IN_PROGRESS]
+
+
+async def test_a_process_under_a_reused_worker_id_takes_over_its_offer(app: conveyor.App) -> None:
+    """A worker restarted under the same id (a fixed ``worker_id``): its
+    offer replaces the old process's, and the old one's channel hears no
+    more hand-offs."""
+
+    @app.task()
+    async def noop(i: int) -> int:
+        return i
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        old = OfferParams("w", "old", ["default"], ["noop"], 2, 30.0, ttl=60)
+        await backend.offer(old)
+        started = Started()
+        standby = standby_of(backend, started)
+        listening = backend.wakeups(["default"], handoffs_for=standby.listen_as)
+        heard: list[object] = []
+
+        async def listen() -> None:
+            async for wakeup in listening:
+                heard.append(wakeup)
+                if isinstance(wakeup, HandOffsHeard):
+                    standby.hearing_changed(wakeup)
+                elif isinstance(wakeup, HandOff):
+                    standby.heard(wakeup)
+
+        listener = asyncio.create_task(listen())
+        try:
+            await wait_for(lambda: _hearing(standby))
+            standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
+            await settle(standby)
+            assert standby.pledged == 2
+            handles = [await noop.enqueue_async(i=i) for i in range(3)]
+            await wait_for(lambda: _started(started, 2))
+            assert started.ids() == [handles[0].id, handles[1].id]  # 2 slots, not 2 + 2
+            third = await app.get_async(handles[2].id)
+            assert third is not None and third.state is TaskState.PENDING
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+
+
+async def _hearing(standby: Standby) -> bool:
+    return standby.hearing
+
+
+async def _started(started: Started, count: int) -> bool:
+    return len(started.tasks) >= count
+
+
+async def test_a_finished_hand_off_is_not_started_again_by_a_later_read(
+    app: conveyor.App,
+) -> None:
+    """A completion the store refused leaves the task in progress under the
+    worker's id until its lease expires: a read of what the worker is owed
+    must not start it a second time."""
+
+    @app.task()
+    async def noop(i: int) -> int:
+        return i
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        started = Started()
+        standby = standby_of(backend, started)
+        standby.hearing_changed(HandOffsHeard())
+        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
+        await settle(standby)
+        handle = await noop.enqueue_async(i=1)
+        [handed] = await backend.adopt("w", [])
+        standby.heard(handed)
+        standby.recorded(handle.id)  # its completion was refused: still in progress
+        standby.hearing_changed(HandOffsHeard())  # a new connection: read what is owed
+        await settle(standby)
+        await standby.close()
+    assert started.ids() == [handle.id]
+
+
+async def test_an_offer_whose_notices_are_not_heard_is_withdrawn(
+    app: conveyor.App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each offer sends an empty notice on the process's channel. Nothing
+    listens here, as with a connection that died without a word: the
+    worker withdraws its offer rather than be handed tasks it cannot hear
+    of."""
+
+    @app.task()
+    async def noop() -> None:
+        return None
+
+    async with app:
+        backend = await app.backend()
+        assert isinstance(backend, PostgresBackend)
+        started = Started()
+        standby = standby_of(backend, started)
+        standby.hearing_changed(HandOffsHeard())
+        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
+        await settle(standby)
+        assert standby.stored
+        later = time.monotonic() + HEAR_WITHIN + 0.1
+        with caplog.at_level(logging.WARNING, "conveyor.worker"):
+            standby.tick(later, idle=True, free=4, claim_due=False)
+        await settle(standby)
+        assert not standby.stored and not standby.hearing
+        task = await app.get_async((await noop.enqueue_async()).id)
+    assert task is not None and task.state is TaskState.PENDING
+    assert any("does not hear its hand-offs" in r.getMessage() for r in caplog.records)

@@ -559,9 +559,15 @@ class HandOff:
 
 @dataclass(frozen=True, slots=True)
 class HandOffsHeard:
-    """The listener hears this worker's hand-offs from now on (its first
-    connection, or a new one after a failure): hand-offs told before may
-    not have reached it (see :meth:`HandOffs.adopt`)."""
+    """The listener hears this worker's hand-offs: ``connected``, from now
+    on (its first connection, or a new one after a failure: hand-offs told
+    before may not have reached it, see :meth:`HandOffs.adopt`); else an
+    offer's empty notice arrived (the channel is heard). ``lost``: the
+    listener's connection failed; until it is ``connected`` again, nothing
+    sent on the channel is heard."""
+
+    connected: bool = True
+    lost: bool = False
 
 
 Wakeup: TypeAlias = str | CancelHint | HandOff | HandOffsHeard
@@ -577,6 +583,10 @@ class OfferParams:
     that set none, lapsing ``ttl`` seconds from now unless renewed."""
 
     worker_id: str
+    nonce: str
+    """Drawn by the worker process: a process that restarts under the same
+    worker id replaces its predecessor's offer and hears none of its
+    notices."""
     queues: Sequence[str]
     names: Sequence[str]
     free: int
@@ -763,13 +773,15 @@ class Backend(Protocol):
         """Every pause, by kind and name."""
 
     def wakeups(
-        self, queues: Sequence[str], handoffs_for: str | None = None
+        self, queues: Sequence[str], handoffs_for: tuple[str, str] | None = None
     ) -> AsyncIterator[Wakeup]:
         """Yield a queue name whenever work may have become due there, and a
         :class:`CancelHint` whenever a running task may have been cancelled.
-        With ``handoffs_for`` (a worker id) and ``Capability.HANDOFF``, also
-        the tasks handed off to that worker (:class:`HandOff`), and
-        :class:`HandOffsHeard` each time the listener starts hearing them.
+        With ``handoffs_for`` (a worker id and its process's nonce, as in
+        :class:`OfferParams`) and ``Capability.HANDOFF``, also the tasks
+        handed off to that process (:class:`HandOff`), and
+        :class:`HandOffsHeard` as the listener connects, hears an offer's
+        empty notice, or loses its connection.
 
         Reconnects on its own; ends only when the consumer stops iterating.
         Backends without ``NOTIFICATIONS`` yield nothing and never end.

@@ -39,12 +39,20 @@ How the worker keeps its slots:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
+import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
-from conveyor.backends.protocol import ClaimedTask, HandOff, HandOffs, OfferParams
+from conveyor.backends.protocol import (
+    ClaimedTask,
+    HandOff,
+    HandOffs,
+    HandOffsHeard,
+    OfferParams,
+)
 from conveyor.worker.config import beat_interval
 from conveyor.worker.outage import Outage
 from conveyor.worker.texts import reason
@@ -54,6 +62,10 @@ log = logging.getLogger("conveyor.worker")
 ADOPT_AFTER = 1.0
 """Seconds after a withdrawal before hand-offs still owed are read from
 the store rather than awaited from their notices."""
+
+HEAR_WITHIN = 5.0
+"""Seconds within which an offer's empty notice must be heard; else the
+listener is taken to be deaf and the offer is withdrawn."""
 
 RETRY_MIN = 0.1
 RETRY_MAX = 5.0
@@ -67,9 +79,10 @@ Start = Callable[[list[ClaimedTask], float], None]
 
 
 class Standby:
-    """One worker's offer of slots. ``tick`` is called by the claim loop on
-    every turn; store calls run one at a time, in the background, and call
-    ``wake`` when they return."""
+    """One worker process's offer of slots. ``tick`` is called by the claim
+    loop on every turn, the ``heard``/``hearing`` methods by the listener;
+    store calls run one at a time, in the background, and call ``wake``
+    when they return."""
 
     def __init__(
         self,
@@ -79,43 +92,54 @@ class Standby:
         names: Sequence[str],
         concurrency: int,
         lease: float,
+        heartbeat_interval: float | None,
         start: Start,
         wake: Callable[[], None],
         outage: Outage,
     ) -> None:
         self.store = store
         self.worker_id = worker_id
+        self.nonce = secrets.token_hex(8)
         self.queues = list(queues)
         self.names = list(names)
         self.cap = concurrency // 2
         self.lease = lease
+        self.heartbeat_interval = heartbeat_interval
         self.pledged = 0
         """Slots offered, or handed off and not heard of yet."""
         self.stored = False
-        """Whether the worker's offer may be stored."""
+        """Whether the offer may be stored."""
         self.hearing = False
+        """Whether the listener hears this process's channel."""
         self.handed_off = 0
-        """Hand-offs started (heard or adopted)."""
+        """Hand-offs started (heard or read from the store)."""
         self._start = start
         self._wake = wake
         self._outage = outage
-        self._held: set[int] = set()
-        """Ids of hand-offs heard or adopted whose completion is not recorded."""
-        self._adopted: set[int] = set()
-        """Ids of hand-offs adopted whose notice may still come (until the
-        listener's next connection): it must not start them again."""
-        self._heard_meanwhile: set[int] | None = None
-        """While an adoption is in flight, the ids heard meanwhile: they may
-        come back from it, and may have finished already."""
+        self._seen: dict[int, float] = {}
+        """Each hand-off heard or read, by task id: minus its lease seconds
+        while its completion is unrecorded, then the ``time.monotonic()``
+        after which its lease has surely expired (and it is forgotten). A
+        task seen is never started again."""
         self._anchor: tuple[float, float] | None = None
         """``(time.monotonic() before the send, store clock)`` of the last offer."""
         self._first_sent: float | None = None
+        """When the first offer since the offer was last settled was sent."""
         self._renew_at = 0.0
         self._adopt_at: float | None = None
+        self._pings: deque[float] = deque()
+        """Send times of offers whose empty notice is not heard yet."""
+        self._early_pings = 0
+        self._lock = asyncio.Lock()
         self._call: asyncio.Task[None] | None = None
-        self._closed = False
+        self._closing = False
         self._retry_at = 0.0
         self._retry_delay = RETRY_MIN
+
+    @property
+    def listen_as(self) -> tuple[str, str]:
+        """The worker id and nonce the listener hears hand-offs for."""
+        return self.worker_id, self.nonce
 
     # -- the claim loop's side -------------------------------------------------
 
@@ -127,106 +151,113 @@ class Standby:
         """Start the store call the worker's state asks for, if none is in
         flight. ``free``: slots neither running nor reserved by claims;
         ``idle``: the last claim came back short and none is in flight;
-        ``claim_due``: a claim would be sent now if a slot were left."""
-        if self._closed or self.cap <= 0 or self._call is not None or now < self._retry_at:
+        ``claim_due``: a claim is to be sent now if a slot is left."""
+        if self._closing or self.cap <= 0 or self._call is not None or now < self._retry_at:
             return
-        if self.stored and claim_due and free - self.pledged <= 0:
-            self._run(self._withdraw())
+        if self.stored and self.hearing and self._pings and now > self._pings[0] + HEAR_WITHIN:
+            log.warning("the listener does not hear its hand-offs; the offer of slots is withdrawn")
+            self.hearing = False
+        if self.stored and (not self.hearing or (claim_due and free - self.pledged <= 0)):
+            self._run(self._withdraw)
         elif self.stored and now >= self._renew_at:
-            self._run(self._offer(0))
+            self._run(self._renew)
         elif not self.stored and self.pledged > 0:
             if self._adopt_at is None:
                 self._adopt_at = now + ADOPT_AFTER
             elif now >= self._adopt_at:
-                self._run(self._adopt(settle=True))
-        elif idle and self.hearing:
+                self._run(self._settle)
+        elif idle and not claim_due and self.hearing:
             more = min(self.cap, free) - self.pledged
             if more >= (1 if self.pledged == 0 else max(1, self.cap // 2)):
-                self._run(self._offer(more))
+                # Pledged now: a claim sent in this turn must leave them alone.
+                fresh = not self.stored
+                self.pledged += more
+                self.stored = True
+                if self._first_sent is None:
+                    self._first_sent = now
+                self._run(lambda: self._offer(more, fresh))
 
     def timeout(self, now: float) -> float | None:
         """Seconds until ``tick`` has something to do on its own clock."""
-        if self._closed or self._call is not None:
+        if self._closing or self._call is not None:
             return None
-        if now < self._retry_at:
-            return self._retry_at - now
+        deadlines = [self._retry_at] if now < self._retry_at else []
         if self.stored:
-            return max(0.0, self._renew_at - now)
-        if self.pledged > 0 and self._adopt_at is not None:
-            return max(0.0, self._adopt_at - now)
-        return None
+            deadlines.append(self._renew_at)
+            if self._pings:
+                deadlines.append(self._pings[0] + HEAR_WITHIN)
+        elif self.pledged > 0 and self._adopt_at is not None:
+            deadlines.append(self._adopt_at)
+        return max(0.0, min(deadlines) - now) if deadlines else None
 
     # -- the listener's side ---------------------------------------------------
 
     def heard(self, handoff: HandOff) -> None:
-        """A hand-off's notice: start its task, unless already adopted."""
-        task_id = handoff.task.token.task_id
-        if task_id in self._adopted:
-            self._adopted.discard(task_id)
-            return
-        if self._heard_meanwhile is not None:
-            self._heard_meanwhile.add(task_id)
+        """A hand-off's notice: start its task, unless seen already."""
         self._take([handoff])
 
-    def hearing_again(self) -> None:
-        """The listener hears the worker's channel (again): notices sent while
-        it did not may be lost, so hand-offs owed are read from the store."""
-        first = not self.hearing and self._first_sent is None
+    def hearing_changed(self, heard: HandOffsHeard) -> None:
+        """The listener connected, heard an offer's empty notice, or lost its
+        connection. On a new connection, notices sent while the listener
+        was away may be lost: hand-offs owed are read from the store."""
+        if heard.lost:
+            self.hearing = False
+            return
+        if not heard.connected:
+            if self._pings:
+                self._pings.popleft()
+            else:
+                self._early_pings += 1  # heard before its offer's reply
+            self.hearing = True
+            return
+        self._pings.clear()  # sent to the connection that is gone
+        self._early_pings = 0
         self.hearing = True
-        self._adopted.clear()  # the notices sent to the last connection are gone
-        if not first and (self.stored or self.pledged > 0) and not self._closed:
-            self._run_after(self._adopt(settle=False))
+        if (self.stored or self.pledged > 0) and not self._closing:
+            self._run(self._adopt, after=True)
 
     def deaf(self) -> None:
-        """The listener stopped: offer nothing more, withdraw what is offered."""
+        """The listener stopped for good: the next tick withdraws the offer."""
         self.hearing = False
-        if self.stored and not self._closed:
-            self._run_after(self._withdraw())
 
     def recorded(self, task_id: int) -> None:
-        """A task's completion is recorded: it is no longer in progress here."""
-        self._held.discard(task_id)
+        """A task's completion is recorded (or refused): forget it once its
+        lease has surely expired."""
+        lease = self._seen.get(task_id)
+        if lease is not None and lease < 0:
+            self._seen[task_id] = time.monotonic() - lease
 
     async def close(self) -> None:
         """Withdraw the offer and start every hand-off still owed (read from
         the store): none is left to wait out its lease. Hand-offs heard
-        afterwards are not started (their tasks were read here)."""
-        call, self._call = self._call, None
-        if call is not None:
-            with contextlib.suppress(Exception):
-                await call
-        self.hearing = False
-        try:
-            async with asyncio.timeout(self.lease):
-                if self.stored:
-                    await self._withdraw()
-                if self.pledged > 0:
-                    await self._adopt(settle=True)
-        except Exception as exc:
-            log.warning("cannot withdraw the offer of slots (%s): it lapses by itself", reason(exc))
-        self._closed = True
+        afterwards are not started; nor, if the store cannot be reached,
+        are those owed: they run when their leases expire."""
+        self._closing = True
+        async with self._lock:
+            try:
+                async with asyncio.timeout(self.lease):
+                    if self.stored:
+                        await self._withdraw()
+                    await self._settle()
+            except Exception as exc:
+                log.warning("cannot withdraw the offer of slots (%s); it lapses", reason(exc))
+        self.cap = 0
 
     # -- store calls -----------------------------------------------------------
 
-    def _run(self, call: Awaitable[None]) -> None:
-        self._call = asyncio.ensure_future(self._guarded(call))
+    def _run(self, call: Callable[[], Awaitable[None]], after: bool = False) -> None:
+        """Run ``call`` in the background, after any store call under way."""
+        task = asyncio.ensure_future(self._guarded(call))
+        if not after or self._call is None:
+            self._call = task
 
-    def _run_after(self, call: Awaitable[None]) -> None:
-        """Run ``call`` after the one in flight."""
-        before = self._call
-
-        async def after() -> None:
-            if before is not None:
-                with contextlib.suppress(BaseException):
-                    await before
-            await call
-
-        self._run(after())
-
-    async def _guarded(self, call: Awaitable[None]) -> None:
+    async def _guarded(self, call: Callable[[], Awaitable[None]]) -> None:
         try:
-            async with asyncio.timeout(self.lease):
-                await call
+            async with self._lock:
+                if self._closing:
+                    return
+                async with asyncio.timeout(self.lease):
+                    await call()
             self._outage.ok("offer")
             self._retry_delay = RETRY_MIN
         except Exception as exc:
@@ -238,79 +269,101 @@ class Standby:
                 self._call = None
             self._wake()
 
-    async def _offer(self, more: int) -> None:
+    async def _offer(self, more: int, fresh: bool = False) -> None:
         sent = time.monotonic()
-        if self._first_sent is None:
-            self._first_sent = sent
-        # Counted before it is sent: a hand-off may be heard before the reply.
-        self.pledged += more
-        was_stored, self.stored = self.stored, True
         params = OfferParams(
-            self.worker_id, self.queues, self.names, more, self.lease, ttl=self.lease
+            self.worker_id,
+            self.nonce,
+            self.queues,
+            self.names,
+            more,
+            self.lease,
+            ttl=self.lease,
         )
         offered = await self.store.offer(params)
         self._anchor = (sent, offered.clock)
         self._renew_at = sent + self.lease / RENEWALS_PER_TTL
-        if offered.anew and was_stored:
+        if self._early_pings:
+            self._early_pings -= 1
+        else:
+            self._pings.append(sent)
+        if offered.anew and not fresh:
             # The offer was cleared while this worker thought it stood (it
             # froze for a day): what it was owed is read from the store. The
-            # slots it had are still counted pledged until the next
-            # withdrawal settles them.
-            log.warning("the offer of slots had lapsed and been cleared; offered anew")
-            await self._adopt(settle=False)
+            # slots it had stay pledged until the next withdrawal settles them.
+            log.warning("the offer of slots had lapsed and was cleared; offered anew")
+            await self._adopt()
+
+    async def _renew(self) -> None:
+        self._forget(time.monotonic())
+        await self._offer(0)
 
     async def _withdraw(self) -> None:
         left = await self.store.withdraw(self.worker_id)
         self.stored = False
         self.pledged = max(0, self.pledged - left)
         self._adopt_at = None
+        self._pings.clear()
+        self._early_pings = 0
 
-    async def _adopt(self, settle: bool) -> None:
+    async def _adopt(self) -> None:
         """Start the hand-offs the store holds for this worker that it has
-        not heard of. ``settle``: the offer is withdrawn, so after this
-        nothing more is owed."""
-        self._heard_meanwhile = set()
-        try:
-            found = await self.store.adopt(self.worker_id, sorted(self._held))
-            fresh = [h for h in found if h.task.token.task_id not in self._heard_meanwhile]
-        finally:
-            self._heard_meanwhile = None
+        not seen."""
+        self._forget(time.monotonic())
+        found = await self.store.adopt(self.worker_id, list(self._seen))
+        fresh = [h for h in found if h.task.token.task_id not in self._seen]
         if fresh:
             log.info("%d hand-offs whose notices did not arrive were read", len(fresh))
-        self._adopted.update(h.task.token.task_id for h in fresh)
         self._take(fresh)
-        if settle:
-            self.pledged = 0
-            self._adopt_at = None
+
+    async def _settle(self) -> None:
+        """After a withdrawal: read what is still owed; then nothing is."""
+        await self._adopt()
+        self.pledged = 0
+        self._adopt_at = None
+        self._anchor = self._first_sent = None
+
+    def _forget(self, now: float) -> None:
+        for task_id in [i for i, until in self._seen.items() if 0 <= until < now]:
+            del self._seen[task_id]
 
     # -- starting --------------------------------------------------------------
 
     def _take(self, handoffs: list[HandOff]) -> None:
-        if self._closed:
+        if self._closing and self.cap == 0:
             return
         now = time.monotonic()
-        beat = beat_interval(self.lease, None)
         for handoff in handoffs:
             task = handoff.task
-            if task.token.task_id in self._held:
+            task_id = task.token.task_id
+            if task_id in self._seen:
                 continue
-            self._held.add(task.token.task_id)
-            self.pledged = max(0, self.pledged - 1)
+            lease = task.lease or self.lease
+            self._seen[task_id] = -lease
+            if self.pledged > 0:
+                self.pledged -= 1
+            else:
+                log.debug("hand-off of task %s beyond the slots pledged", task_id)
             sent_at = self._lease_began(handoff.leased_at, now)
-            if sent_at + (task.lease or self.lease) <= now + beat:
+            margin = beat_interval(min(lease, self.lease), self.heartbeat_interval)
+            if sent_at + lease <= now + margin:
+                self._seen[task_id] = now + lease
                 log.warning(
                     "hand-off of task %s came too late to trust its lease; it runs when reclaimed",
-                    task.token.task_id,
+                    task_id,
                 )
                 continue
             self.handed_off += 1
             self._start([task], sent_at)
 
     def _lease_began(self, leased_at: float, now: float) -> float:
-        """The latest ``time.monotonic()`` the lease surely began after."""
+        """The latest ``time.monotonic()`` the lease surely began after (or
+        minus infinity when nothing says)."""
         if self._anchor is not None:
             sent, clock = self._anchor
             return min(now, sent + (leased_at - clock))
-        # No offer has returned yet: this hand-off filled a slot of the
-        # first one, sent then.
-        return self._first_sent if self._first_sent is not None else now - self.lease
+        if self._first_sent is not None:
+            # No offer has returned since the last settled one: this
+            # hand-off filled a slot of an offer sent since then.
+            return self._first_sent
+        return -math.inf

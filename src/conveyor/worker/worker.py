@@ -383,6 +383,7 @@ class Worker:
             self.names,
             config.concurrency,
             config.lease,
+            config.heartbeat_interval,
             functools.partial(self._start_all, backend=backend),
             self._wake.set if self._wake is not None else lambda: None,
             self.outage,
@@ -403,7 +404,7 @@ class Worker:
             if standby is None:
                 wakeups = backend.wakeups(self.queues)
             else:
-                wakeups = backend.wakeups(self.queues, handoffs_for=self.id)
+                wakeups = backend.wakeups(self.queues, handoffs_for=standby.listen_as)
             async for wakeup in wakeups:
                 if isinstance(wakeup, CancelHint):
                     if self._running and self.cancels is not None:
@@ -415,7 +416,7 @@ class Worker:
                     continue
                 if isinstance(wakeup, HandOffsHeard):
                     if standby is not None:
-                        standby.hearing_again()
+                        standby.hearing_changed(wakeup)
                     continue
                 if self.turn is not None and not self.turn.answers:
                     continue  # another worker of this kind holds the turn: it claims
@@ -447,8 +448,8 @@ class Worker:
                 now = time.monotonic()
                 free = self.config.concurrency - len(self._running) - claims.reserved
                 if standby is not None:
-                    idle = not pace.due and not claims
-                    standby.tick(now, idle, free, pace.may_claim(now) and bool(self.names))
+                    claim_due = bool(self.names) and pace.may_claim(now)
+                    standby.tick(now, not pace.due and not claims, free, claim_due)
                     free -= standby.reserved()
                 if self.turn is not None:
                     # Slots a claim in flight reserved count as free: a worker
@@ -467,14 +468,14 @@ class Worker:
         finally:
             if self.turn is not None:
                 self.turn.want(False)  # a stopping worker claims no more: next in line
-            if standby is not None:
-                # Hand-offs still owed are read and started like claims settled.
-                await standby.close()
             # Claims already sent may have committed: their tasks are ours to
             # run (or, on an immediate stop, to release) like every other.
             for outcome in await claims.settle():
                 if not isinstance(outcome.result, BaseException):
                     self._start_all(outcome.result, outcome.sent_at, backend)
+            if standby is not None:
+                # So are the hand-offs still owed, read from the store.
+                await standby.close()
 
     def _take(self, outcome: ClaimOutcome, pace: Pace, now: float, backend: Backend) -> None:
         """Start a returned claim's tasks, or note its failure."""

@@ -261,7 +261,7 @@ class MemoryBackend:
         return reads.list_workers(self._store, self._now(None))
 
     async def wakeups(
-        self, queues: Sequence[str], handoffs_for: str | None = None
+        self, queues: Sequence[str], handoffs_for: tuple[str, str] | None = None
     ) -> AsyncIterator[Wakeup]:
         async for wakeup in wake.listen(self._wake_key, queues):
             yield wakeup

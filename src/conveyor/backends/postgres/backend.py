@@ -732,7 +732,7 @@ class PostgresBackend(FlowControl):
         )
 
     def wakeups(
-        self, queues: Sequence[str], handoffs_for: str | None = None
+        self, queues: Sequence[str], handoffs_for: tuple[str, str] | None = None
     ) -> AsyncIterator[Wakeup]:
         """Queue names from the wake-up channel, cancel hints (task ids) from
         the cancel channel, hand-offs to ``handoffs_for`` from its own (see
@@ -748,6 +748,7 @@ class PostgresBackend(FlowControl):
             {
                 "now": params.now,
                 "worker_id": params.worker_id,
+                "nonce": params.nonce,
                 "queues": list(params.queues),
                 "names": list(params.names),
                 "free": params.free,
@@ -762,5 +763,6 @@ class PostgresBackend(FlowControl):
         return int(rows[0][0]) if rows else 0
 
     async def adopt(self, worker_id: str, known: Sequence[int]) -> list[HandOff]:
-        rows = await self._fetchall("standby_adopt", {"worker_id": worker_id, "known": list(known)})
+        args = {"now": None, "worker_id": worker_id, "known": list(known)}
+        rows = await self._fetchall("standby_adopt", args)
         return [handoffs.handoff(list(row), worker_id) for row in rows]

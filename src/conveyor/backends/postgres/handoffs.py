@@ -5,10 +5,9 @@ a free slot (``enqueue_handoff`` in queries.sql), and tells that worker on
 a channel of its own with ``pg_notify``. The notice carries what a claim
 returns, so the worker starts the task without a round trip.
 
-Limits: a notice's payload is under 8,000 bytes, so a task whose stored
-fields would not fit (a payload of more than :data:`MAX_NOTICE_FIELDS`
-bytes with its name, queue, step and trace context) is enqueued pending
-and claimed as usual. Only an enqueue on the backend's own connection
+Limits: a notice's payload is under 8,000 bytes, so a task whose fields
+would not fit (see :data:`MAX_NOTICE_FIELDS`) is enqueued pending and
+claimed as usual. Only an enqueue on the backend's own connection
 hands off: in a caller's transaction the lease would start before the
 commit that makes the task visible, and the offer's row would stay locked
 until then.
@@ -18,32 +17,38 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from conveyor.backends.protocol import HandOff, NewTask
-from conveyor.backends.stored import claimed_task
+from conveyor.backends.protocol import ClaimedTask, HandOff, NewTask
+from conveyor.backends.stored import stored_retry_policy
+from conveyor.model import LeaseToken
 
 MAX_NOTICE_FIELDS = 3500
-"""Bytes of a task's own text (payload, name, queue, step, trace context)
-up to which its enqueue may hand it off. Inside the notice each is a JSON
-string, where escaping at most doubles it; the rest of the notice (numbers,
-the retry policy) is a few hundred bytes: the whole stays inside
-PostgreSQL's 8,000-byte payload."""
+"""Characters of a task's own text (payload, name, queue, step, trace
+context) up to which its enqueue may try to hand it off. The statement
+then measures the notice itself: the payload as stored may be longer (jsonb
+writes numbers out in full and spaces its separators) and escaping inside
+the notice lengthens every text; a notice over pg_notify's 8,000 bytes is
+not sent, and the task is enqueued pending."""
 
 
-def channel(schema_channel: str, worker_id: str) -> str:
-    """The channel a worker hears its hand-offs on: drawn from the schema's
-    wake-up channel and the worker's id (``enqueue_handoff`` draws it the
-    same way), 49 characters whatever their length."""
-    digest = hashlib.md5(f"{schema_channel} {worker_id}".encode(), usedforsecurity=False)
-    return f"conveyor_handoff_{digest.hexdigest()}"
+def channel(schema_channel: str, worker_id: str, nonce: str) -> str:
+    """The channel a worker process hears its hand-offs on: drawn from the
+    schema's wake-up channel, the worker's id and the process's nonce
+    (``enqueue_handoff`` draws it the same way), 49 characters whatever
+    their length."""
+    text = f"{schema_channel} {worker_id} {nonce}"
+    return f"conveyor_handoff_{hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()}"
 
 
 def may_hand_off(task: NewTask) -> bool:
     """Whether an enqueue of ``task`` alone may hand it to an idle worker:
-    due now, with no key, first message or inbox, and small enough for the
-    notice."""
+    due now, with no key, rate limit, first message or inbox, more than one
+    attempt allowed (a hand-off its worker never starts is charged an
+    attempt, as a claim is), and small enough for the notice (the statement
+    checks the notice's exact size too)."""
     if (
         task.run_at is not None
         or task.delay > 0
@@ -51,28 +56,49 @@ def may_hand_off(task: NewTask) -> bool:
         or task.message is not None
         or task.idempotency_key is not None
         or task.concurrency_key is not None
+        or task.rate_limit is not None
+        or task.max_attempts < 2
     ):
         return False
     texts = (task.payload, task.name, task.queue, task.step or "", task.trace or "")
-    if sum(map(len, texts)) > MAX_NOTICE_FIELDS:
-        return False  # characters: the bytes are no fewer
-    return sum(len(text.encode()) for text in texts) <= MAX_NOTICE_FIELDS
+    return sum(map(len, texts)) <= MAX_NOTICE_FIELDS
 
 
-def _moment(epoch: Any) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(float(epoch), UTC)
+def _moment(epoch: Any) -> datetime:
+    return datetime.fromtimestamp(float(epoch), UTC)
 
 
-def handoff(row: list[Any], worker_id: str) -> HandOff:
-    """A hand-off from a notice's (or ``standby_adopt``'s) row: the claim's
-    columns, timestamps as epoch seconds."""
-    fields = list(row)
-    fields[10] = _moment(fields[10])
-    fields[13] = _moment(fields[13])
-    task = claimed_task(tuple(fields), worker_id)
-    return HandOff(task, float(row[13]))
+def handoff(row: Sequence[Any], worker_id: str) -> HandOff:
+    """A hand-off from a notice's (or ``standby_adopt``'s) row: the task's
+    id, the start and end of its lease (epoch seconds), and its own fields
+    (name, queue, payload text, max attempts, retry policy text, timeout,
+    lease, step, parent id, trace context)."""
+    task_id, leased_at, expires, fields = row
+    name, queue, payload, max_attempts, retry, timeout, lease, step, parent_id, trace = fields
+    if not isinstance(task_id, int) or not isinstance(payload, str):
+        raise ValueError("not a hand-off")
+    task = ClaimedTask(
+        token=LeaseToken(task_id=task_id, attempt=1, worker_id=worker_id),
+        name=str(name),
+        queue=str(queue),
+        payload=payload,
+        spent=1,
+        max_attempts=int(max_attempts),
+        retry=stored_retry_policy(str(retry), int(max_attempts)),
+        timeout=None if timeout is None else float(timeout),
+        lease=None if lease is None else float(lease),
+        lease_expires_at=_moment(expires),
+        step=step,
+        parent_id=parent_id,
+        run_at=_moment(leased_at),
+        trace=trace,
+    )
+    return HandOff(task, float(leased_at))
 
 
 def notice(payload: str, worker_id: str) -> HandOff:
     """A hand-off from its notice's JSON payload."""
-    return handoff(json.loads(payload), worker_id)
+    row = json.loads(payload)
+    if not isinstance(row, list) or len(row) != 4:
+        raise ValueError("not a hand-off")
+    return handoff(row, worker_id)

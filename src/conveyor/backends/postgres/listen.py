@@ -31,18 +31,20 @@ async def wakeups(
     channel: str,
     cancels: str,
     queues: Sequence[str],
-    handoffs_for: str | None = None,
+    handoffs_for: tuple[str, str] | None = None,
 ) -> AsyncIterator[Wakeup]:
     """Queue names from ``channel`` (only ``queues``), cancel hints from
-    ``cancels``, and the hand-offs to worker ``handoffs_for`` (if given) from
-    its own channel; ends only when the consumer stops iterating. A notice
-    that does not read (written around conveyor) is logged and passed by:
-    its task runs again when its lease expires."""
+    ``cancels``, and the hand-offs to the worker process ``handoffs_for``
+    (its id and nonce, if given) from its own channel; ends only when the
+    consumer stops iterating. A notice that does not read (written around
+    conveyor) is logged and passed by: its task runs again when its lease
+    expires."""
     wanted = set(queues)
     channels = [channel, cancels]
-    handed, worker = None, handoffs_for or ""
+    handed, worker = None, ""
     if handoffs_for is not None:
-        handed = handoffs.channel(channel, handoffs_for)
+        worker, nonce = handoffs_for
+        handed = handoffs.channel(channel, worker, nonce)
         channels.append(handed)
     listen = sql.SQL("; ").join(
         sql.SQL("listen {}").format(sql.Identifier(name)) for name in channels
@@ -61,15 +63,26 @@ async def wakeups(
                 yield CancelHint()
                 async for note in conn.notifies():
                     if note.channel == handed:
-                        try:
-                            handed_off = handoffs.notice(note.payload, worker)
-                        except Exception as exc:
-                            log.error("a hand-off notice does not read (%s): %.200r", exc, note)
-                            continue
-                        yield handed_off
+                        heard = _handed_off(note.payload, worker)
+                        if heard is not None:
+                            yield heard
                     elif note.channel == cancels:
                         yield CancelHint(int(note.payload) if note.payload.isdigit() else None)
                     elif note.payload in wanted:
                         yield note.payload
         except psycopg.Error as exc:
+            if handed is not None:
+                yield HandOffsHeard(connected=False, lost=True)
             await outage.lost(exc)
+
+
+def _handed_off(payload: str, worker_id: str) -> Wakeup | None:
+    """A notice on the hand-off channel: an offer's empty one says the
+    channel is heard; one that does not read is logged and passed by."""
+    if not payload:
+        return HandOffsHeard(connected=False)
+    try:
+        return handoffs.notice(payload, worker_id)
+    except Exception as exc:
+        log.error("a hand-off notice does not read (%s): %.200r", exc, payload)
+        return None

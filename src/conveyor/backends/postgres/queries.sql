@@ -84,20 +84,30 @@ returning array[id];
 -- channel of its own, whose payload carries what a claim returns. All in
 -- this statement's commit: the task starts after one durable commit instead
 -- of two. With no offer (or every offer locked by another enqueue at that
--- moment: skipped, not waited for), the task is inserted pending, as by
--- enqueue_one. The worker's channel is drawn from the schema's and its id
--- (conveyor.backends.postgres.handoffs.channel says the same). Its id comes
--- back as in enqueue, an array.
+-- moment: skipped, not waited for), or a notice that would not fit in
+-- pg_notify's 8,000 bytes, the task is inserted pending, as by
+-- enqueue_one. The worker's channel is drawn from the schema's, its id and
+-- its process's nonce (conveyor.backends.postgres.handoffs.channel says the
+-- same). Its id comes back as in enqueue, an array.
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
+-- The task's own fields as the notice carries them (the stored payload's
+-- text: jsonb's, which may be longer than the one sent).
+notice as (
+    select json_build_array(%(name)s::text, %(queue)s::text, %(payloads)s::jsonb::text,
+                            %(max_attempts)s::int, %(retry_policy)s::text, %(timeout)s::float8,
+                            %(lease)s::float8, %(step)s::text, %(parent_id)s::bigint,
+                            %(trace)s::text)::text as fields
+),
 offer as materialized (
     select s.worker_id
-    from {schema}.standby s, clock
+    from {schema}.standby s, clock, notice n
     where s.free > 0
       and s.until > clock.now
       and %(queue)s::text = any(s.queues)
       and %(name)s::text = any(s.names)
+      and octet_length(n.fields) <= 7800  -- the id and two times: under 100 more
       and not exists (select 1 from {schema}.pauses p
                       where (p.kind = 'queue' and p.name = %(queue)s::text)
                          or (p.kind = 'task' and p.name = %(name)s::text))
@@ -109,7 +119,7 @@ taken as (
     set free = s.free - 1
     from offer o
     where s.worker_id = o.worker_id
-    returning s.worker_id, s.lease_seconds
+    returning s.worker_id, s.nonce, s.lease_seconds
 ),
 inserted as (
     insert into {schema}.tasks
@@ -123,44 +133,55 @@ inserted as (
            case when k.worker_id is null then 'pending' else 'in_progress' end,
            (k.worker_id is not null)::int, (k.worker_id is not null)::int, k.worker_id,
            case when k.worker_id is not null then clock.now end,
-           clock.now + make_interval(secs => coalesce(%(lease)s::float8, k.lease_seconds))
+           case when k.worker_id is not null
+                then clock.now + make_interval(secs => coalesce(%(lease)s::float8,
+                                                               k.lease_seconds))
+           end
     from clock left join taken k on true
-    returning id, worker_id, payload, lease_expires_at, run_at
+    returning id, worker_id, lease_expires_at, run_at
 ),
--- The notice: the row a claim would return (its own fields as given).
+-- The notice: [id, lease start, lease end (epoch seconds), [fields]].
 told as (
-    select pg_notify('conveyor_handoff_' || md5({channel} || ' ' || i.worker_id),
-                     json_build_array(i.id, 1, %(name)s::text, %(queue)s::text,
-                                      i.payload::text, 1, %(max_attempts)s::int,
-                                      %(retry_policy)s::text, %(timeout)s::float8,
-                                      %(lease)s::float8, extract(epoch from i.lease_expires_at),
-                                      %(step)s::text, %(parent_id)s::bigint,
-                                      extract(epoch from i.run_at), %(trace)s::text)::text)
-    from inserted i
-    where i.worker_id is not null
+    select pg_notify('conveyor_handoff_' || md5({channel} || ' ' || k.worker_id || ' ' || k.nonce),
+                     json_build_array(i.id, extract(epoch from i.run_at),
+                                      extract(epoch from i.lease_expires_at),
+                                      n.fields::json)::text)
+    from inserted i, taken k, notice n
 )
 select array[i.id], (select count(*) from told) from inserted i;
 
 -- name: standby_offer
--- A worker offers %(free)s::int more of its free slots to enqueues
--- (enqueue_handoff), or only renews its offer (0), until %(ttl)s seconds
--- from now. Returns the store's clock (epoch seconds: the worker reckons
--- the leases of handed-off tasks from it) and whether the offer was made
--- anew (the worker's row was not there).
+-- A worker process (%(nonce)s) offers %(free)s::int more of its free slots
+-- to enqueues (enqueue_handoff), or only renews its offer (0), until
+-- %(ttl)s seconds from now; an offer of the worker's id by another process
+-- (a predecessor under the same id) is replaced, not added to. Returns the
+-- store's clock (epoch seconds: the worker reckons the leases of
+-- handed-off tasks from it) and whether the offer was made anew (this
+-- process had none stored). Each call also sends an empty notice on the
+-- process's channel: hearing it proves the listener hears the hand-offs.
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+stored as (
+    insert into {schema}.standby as s
+        (worker_id, nonce, queues, names, free, lease_seconds, until)
+    select %(worker_id)s::text, %(nonce)s::text, %(queues)s::text[], %(names)s::text[],
+           %(free)s::int, %(lease)s::float8, clock.now + make_interval(secs => %(ttl)s::float8)
+    from clock
+    on conflict (worker_id) do update
+    set free = case when s.nonce = excluded.nonce then s.free + excluded.free
+                    else excluded.free end,
+        nonce = excluded.nonce,
+        queues = excluded.queues,
+        names = excluded.names,
+        lease_seconds = excluded.lease_seconds,
+        until = excluded.until
+    returning (s.xmax = 0) as inserted
 )
-insert into {schema}.standby as s (worker_id, queues, names, free, lease_seconds, until)
-select %(worker_id)s::text, %(queues)s::text[], %(names)s::text[], %(free)s::int,
-       %(lease)s::float8, clock.now + make_interval(secs => %(ttl)s::float8)
-from clock
-on conflict (worker_id) do update
-set free = s.free + excluded.free,
-    queues = excluded.queues,
-    names = excluded.names,
-    lease_seconds = excluded.lease_seconds,
-    until = excluded.until
-returning extract(epoch from (select now from clock))::float8, s.xmax = 0;
+select extract(epoch from (select now from clock))::float8,
+       coalesce((select inserted from stored), false),
+       pg_notify('conveyor_handoff_' || md5({channel} || ' ' || %(worker_id)s::text
+                                            || ' ' || %(nonce)s::text), '');
 
 -- name: standby_withdraw
 -- A worker withdraws its offer: the slots no enqueue took come back (as
@@ -178,18 +199,19 @@ returning s.free;
 
 -- name: standby_adopt
 -- The tasks handed off to a worker that it did not hear of (its listener
--- was down when their notices came): in progress under its id, started at
--- their enqueue (a claimed task starts later than it was made), and not
--- among %(known)s::bigint[], the hand-offs it already holds. Rows as
--- enqueue_handoff's notice carries them. There are few tasks in progress:
--- they are read off their lease index.
-select t.id, t.attempt, t.name, t.queue, t.payload::text, t.spent, t.max_attempts,
-       t.retry_policy::text, t.timeout_seconds, t.lease_seconds,
-       extract(epoch from t.lease_expires_at)::float8, t.step, t.parent_id,
-       extract(epoch from t.run_at)::float8, t.trace_context
+-- was away when their notices came): in progress under its id with a live
+-- lease, started at their enqueue (a claimed task starts later than it was
+-- made), and not among %(known)s::bigint[], the hand-offs it holds or held.
+-- Rows as enqueue_handoff's notice carries them. There are few tasks in
+-- progress: they are read off their lease index.
+select t.id, extract(epoch from t.run_at)::float8,
+       extract(epoch from t.lease_expires_at)::float8,
+       json_build_array(t.name, t.queue, t.payload::text, t.max_attempts,
+                        t.retry_policy::text, t.timeout_seconds, t.lease_seconds, t.step,
+                        t.parent_id, t.trace_context)
 from {schema}.tasks t
 where t.state = 'in_progress'
-  and t.lease_expires_at is not null
+  and t.lease_expires_at > coalesce(%(now)s::timestamptz, statement_timestamp())
   and t.worker_id = %(worker_id)s::text
   and t.attempt = 1
   and t.attempt_started_at = t.created_at

@@ -236,7 +236,7 @@ class RedisBackend(RedisInspector, RedisControl):
         return _stored_ids(tasks, await self._run("fire_schedule", args))
 
     def wakeups(
-        self, queues: Sequence[str], handoffs_for: str | None = None
+        self, queues: Sequence[str], handoffs_for: tuple[str, str] | None = None
     ) -> AsyncIterator[Wakeup]:
         """Pub/Sub on the store's channels, on a connection of its own (see
         :mod:`.listen`): every queue and a cancel hint without an id at each

@@ -517,7 +517,7 @@ class SQLiteBackend(FlowControl):
     # -- wake-ups --------------------------------------------------------
 
     async def wakeups(
-        self, queues: Sequence[str], handoffs_for: str | None = None
+        self, queues: Sequence[str], handoffs_for: tuple[str, str] | None = None
     ) -> AsyncIterator[Wakeup]:
         """Every queue once at the start; then enqueues (and cancels) of this
         process at once, and commits of other processes (a change of ``PRAGMA

@@ -4,6 +4,10 @@
 -- The task then starts after one durable commit, not two (the enqueue's and
 -- a claim's). One row per offering worker:
 --
+-- - nonce: drawn by the worker process; with its id, it names the channel
+--   the process hears its hand-offs on, so a process that restarts under
+--   the same worker id neither inherits its predecessor's offer nor hears
+--   its notices.
 -- - free: slots an enqueue may still fill; each hand-off takes one.
 -- - queues, names: what the worker serves (a hand-off must be one of them).
 -- - lease_seconds: the lease of a handed-off task that sets none.
@@ -15,6 +19,7 @@
 
 create table {schema}.standby (
     worker_id     text primary key,
+    nonce         text not null,
     queues        text[] not null,
     names         text[] not null,
     free          integer not null check (free >= 0),
