@@ -352,12 +352,14 @@ class Worker:
         """SIGUSR1: log this worker's counts and what every asyncio task and
         thread is doing."""
         log.warning(
-            "worker %s (%s, %d running; %d claims returned, %d tasks claimed, %d turns taken): %s",
+            "worker %s (%s, %d running; %d claims returned, %d tasks started, %d of them "
+            "handed off, %d turns taken): %s",
             self.id,
             "stopping" if self._stopping else "serving",
             len(self._running),
             self.claims_made,
             self.claimed_count,
+            self.handed_off_count,
             0 if self.turn is None else self.turn.taken,
             state_dump(),
         )
@@ -369,6 +371,11 @@ class Worker:
             return
         self.turn = Turn(turns.turn_lock(worker_kind(self.queues, self.names)), self._hint)
         self.turn.start()
+
+    @property
+    def handed_off_count(self) -> int:
+        """Tasks started from hand-offs (no claim), of ``claimed_count``."""
+        return 0 if self.standby is None else self.standby.handed_off
 
     def _stand_by(self, backend: Backend) -> None:
         """Offer idle slots to enqueues, where the store has hand-offs."""
@@ -756,10 +763,11 @@ class Worker:
             await backend.stop_worker(self.id)
         await backend.close()
         log.info(
-            "worker %s stopped: %d claims returned, %d tasks claimed",
+            "worker %s stopped: %d claims returned, %d tasks started, %d of them handed off",
             self.id,
             self.claims_made,
             self.claimed_count,
+            self.handed_off_count,
         )
 
     async def _stop_running(self) -> None:
