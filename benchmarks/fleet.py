@@ -2,7 +2,8 @@
 in claims, and how latency and throughput fare as the network gets longer.
 
 For each fleet size (``--workers``), each network delay (``--delays``, ms
-each way) and wake-up turns on and off (``--turns``), in a fresh schema:
+each way), wake-up turns on and off (``--turns``) and hand-offs on and off
+(``--handoffs``), in a fresh schema:
 
 1. start the fleet: ``python -m conveyor.cli worker benchmarks.bench_app:app``
    processes, idle, ``--concurrency`` slots and ``--poll-interval`` each
@@ -12,7 +13,8 @@ each way) and wake-up turns on and off (``--turns``), in a fresh schema:
 2. once every worker listens and has gone idle, read each worker's count of
    claims (SIGUSR1 logs it), enqueue ``--rate`` tasks a second for
    ``--duration`` seconds, one call each, wait for them all, and read the
-   counts again: **claims per task** is the difference over the tasks;
+   counts again: **claims per task** is the difference over the tasks
+   (**handed off** says how many of them started without a claim);
    **latency** is enqueue to start by the database clock
    (``attempts.started_at - tasks.created_at``), p50 and p99;
 3. **drain**: enqueue ``--drain-tasks`` at once; the rate is by the database
@@ -24,6 +26,7 @@ proxy's event loop rounds a delay up to about a millisecond).
 
     python benchmarks/fleet.py
     python benchmarks/fleet.py --workers 1,16 --delays 0,0.5,1,2 --turns on,off --json
+    python benchmarks/fleet.py --workers 16 --turns on --handoffs on,off
 
 Every run checks that each task succeeded once.
 """
@@ -60,7 +63,10 @@ from benchmarks.throughput import drop_schema, log  # noqa: E402
 TCP_URL = "postgresql://127.0.0.1:5432/test"
 SOCKET_URL = "postgresql:///test?host=/var/run/postgresql"
 READY_TIMEOUT = 60.0
-COUNTS = re.compile(r"worker (\S+) \(\w+, \d+ running; (\d+) claims returned, (\d+) tasks claimed")
+COUNTS = re.compile(
+    r"worker (\S+) \(\w+, \d+ running; (\d+) claims returned, (\d+) tasks started, "
+    r"(\d+) of them handed off"
+)
 PROXY_SCRIPT = """
 import sys
 from tools.proxy import Proxy
@@ -77,10 +83,12 @@ class FleetResult:
     workers: int
     delay_ms: float
     turns: bool
+    handoffs: bool
     rtt_ms: float
     tasks: int
     claims: int
     claims_per_task: float
+    handed_off: int
     start_p50_ms: float
     start_p99_ms: float
     drain_tasks: int
@@ -130,7 +138,9 @@ def round_trip_ms(url: str) -> float:
 class Fleet:
     """Worker processes, each logging to a file of its own."""
 
-    def __init__(self, args: argparse.Namespace, url: str, schema: str, turns: bool) -> None:
+    def __init__(
+        self, args: argparse.Namespace, url: str, schema: str, turns: bool, handoffs: bool
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="conveyor-fleet-"))
         env = {
             **os.environ,
@@ -154,6 +164,8 @@ class Fleet:
         ]
         if not turns:
             command.append("--no-wakeup-turns")
+        if not handoffs:
+            command.append("--no-handoffs")
         self.processes: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
         for index in range(args.workers):
@@ -168,11 +180,11 @@ class Fleet:
         return all(p.poll() is None for p in self.processes)
 
     async def counts(self) -> tuple[int, int]:
-        """Claims returned and tasks claimed, summed over the fleet (SIGUSR1)."""
+        """Claims returned and tasks handed off, summed over the fleet (SIGUSR1)."""
         sizes = [path.stat().st_size for path in self.logs]
         for process in self.processes:
             process.send_signal(signal.SIGUSR1)
-        claims = claimed = 0
+        claims = handed_off = 0
         for path, size in zip(self.logs, sizes, strict=True):
             deadline = time.monotonic() + 10
             while True:
@@ -181,12 +193,12 @@ class Fleet:
                     found = COUNTS.search(log_file.read().decode(errors="replace"))
                 if found:
                     claims += int(found.group(2))
-                    claimed += int(found.group(3))
+                    handed_off += int(found.group(4))
                     break
                 if time.monotonic() > deadline:
                     raise SystemExit(f"no counts in {path}")
                 await asyncio.sleep(0.02)
-        return claims, claimed
+        return claims, handed_off
 
     async def stop(self) -> None:
         for process in self.processes:
@@ -218,17 +230,20 @@ async def wait_count(
 
 
 async def run_case(
-    args: argparse.Namespace, workers: int, delay_ms: float, turns: bool
+    args: argparse.Namespace, workers: int, delay_ms: float, turns: bool, handoffs: bool
 ) -> FleetResult:
     schema = f"bench_{uuid.uuid4().hex[:8]}_fleet"
     app = make_app(SOCKET_URL, schema)
     await app.backend()  # the schema, before the workers start
     case = argparse.Namespace(**{**vars(args), "workers": workers})
-    label = f"[{workers} workers, {delay_ms:g} ms, turns {'on' if turns else 'off'}]"
+    label = (
+        f"[{workers} workers, {delay_ms:g} ms, turns {'on' if turns else 'off'}, "
+        f"hand-offs {'on' if handoffs else 'off'}]"
+    )
     try:
         with delay_proxy(delay_ms) as url:
             rtt = round_trip_ms(url)
-            fleet = Fleet(case, url, schema, turns)
+            fleet = Fleet(case, url, schema, turns, handoffs)
             try:
                 async with await psycopg.AsyncConnection.connect(
                     SOCKET_URL, autocommit=True
@@ -244,7 +259,7 @@ async def run_case(
                     await app.enqueue_async(TASK_NAME, {"i": -1})  # warm-up
                     await wait_count(conn, done, 1, fleet)
                     await asyncio.sleep(args.settle)
-                    claims_before, _ = await fleet.counts()
+                    claims_before, handed_before = await fleet.counts()
                     total = max(1, round(args.rate * args.duration))
                     log(f"{label} {total} tasks at {args.rate:g}/s")
                     loop = asyncio.get_running_loop()
@@ -257,7 +272,7 @@ async def run_case(
                         handle = await app.enqueue_async(TASK_NAME, {"i": i})
                         first_id = first_id if first_id is not None else handle.id
                     await wait_count(conn, done, total + 1, fleet)
-                    claims_after, _ = await fleet.counts()
+                    claims_after, handed_after = await fleet.counts()
                     latencies = sql.SQL(
                         "select percentile_cont(array[0.5, 0.99]) within group (order by "
                         "extract(epoch from a.started_at - t.created_at)) from {} t join {} a "
@@ -291,10 +306,12 @@ async def run_case(
         workers=workers,
         delay_ms=delay_ms,
         turns=turns,
+        handoffs=handoffs,
         rtt_ms=rtt,
         tasks=total,
         claims=claims,
         claims_per_task=claims / total,
+        handed_off=handed_after - handed_before,
         start_p50_ms=1000 * p50,
         start_p99_ms=1000 * p99,
         drain_tasks=args.drain_tasks,
@@ -305,14 +322,15 @@ async def run_case(
 
 def table(results: Sequence[FleetResult]) -> str:
     lines = [
-        "| workers | delay ms | rtt ms | turns | claims/task | start p50 ms | start p99 ms "
-        "| drain tasks/s | check |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        "| workers | delay ms | rtt ms | turns | hand-offs | claims/task | handed off "
+        "| start p50 ms | start p99 ms | drain tasks/s | check |",
+        "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.workers} | {r.delay_ms:g} | {r.rtt_ms:.2f} | {'on' if r.turns else 'off'} "
-            f"| {r.claims_per_task:.2f} | {r.start_p50_ms:.1f} | {r.start_p99_ms:.1f} "
+            f"| {'on' if r.handoffs else 'off'} | {r.claims_per_task:.2f} "
+            f"| {r.handed_off}/{r.tasks} | {r.start_p50_ms:.1f} | {r.start_p99_ms:.1f} "
             f"| {r.drain_per_second:,.0f} | {'ok' if r.ok else 'FAILED'} |"
         )
     return "\n".join(lines)
@@ -327,6 +345,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,16")
     parser.add_argument("--delays", default="0")
     parser.add_argument("--turns", default="on,off")
+    parser.add_argument("--handoffs", default="on")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--poll-interval", type=float, default=30.0)
     parser.add_argument("--rate", type=float, default=100.0)
@@ -341,7 +360,9 @@ def main() -> None:
             for turns in [t.strip() == "on" for t in args.turns.split(",")]:
                 if workers == 1 and not turns and "on" in args.turns:
                     continue  # one worker: turns change nothing
-                results.append(asyncio.run(run_case(args, workers, delay, turns)))
+                for handoffs in [h.strip() == "on" for h in args.handoffs.split(",")]:
+                    case = run_case(args, workers, delay, turns, handoffs)
+                    results.append(asyncio.run(case))
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))
     else:

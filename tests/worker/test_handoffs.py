@@ -481,5 +481,11 @@ async def test_an_offer_whose_notices_are_not_heard_is_withdrawn(
         await settle(standby)
         assert not standby.stored and not standby.hearing
         task = await app.get_async((await noop.enqueue_async()).id)
-    assert task is not None and task.state is TaskState.PENDING
-    assert any("does not hear its hand-offs" in r.getMessage() for r in caplog.records)
+        assert task is not None and task.state is TaskState.PENDING
+        assert any("does not hear its hand-offs" in r.getMessage() for r in caplog.records)
+        # The notice was only late: heard, it makes the worker offer again.
+        standby.hearing_changed(HandOffsHeard(connected=False, ping=1))
+        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
+        await settle(standby)
+        assert standby.stored and standby.hearing
+        await standby.close()

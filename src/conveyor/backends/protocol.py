@@ -561,13 +561,14 @@ class HandOff:
 class HandOffsHeard:
     """The listener hears this worker's hand-offs: ``connected``, from now
     on (its first connection, or a new one after a failure: hand-offs told
-    before may not have reached it, see :meth:`HandOffs.adopt`); else an
-    offer's empty notice arrived (the channel is heard). ``lost``: the
-    listener's connection failed; until it is ``connected`` again, nothing
-    sent on the channel is heard."""
+    before may not have reached it, see :meth:`HandOffs.adopt`); else the
+    notice of the offer that sent ``ping`` arrived (the channel is heard).
+    ``lost``: the listener's connection failed; until it is ``connected``
+    again, nothing sent on the channel is heard."""
 
     connected: bool = True
     lost: bool = False
+    ping: int | None = None
 
 
 Wakeup: TypeAlias = str | CancelHint | HandOff | HandOffsHeard
@@ -592,6 +593,8 @@ class OfferParams:
     free: int
     lease: float
     ttl: float
+    ping: int = 0
+    """Sent back on the process's hand-off channel (HandOffsHeard.ping)."""
     now: datetime | None = None
 
 

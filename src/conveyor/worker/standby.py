@@ -23,10 +23,18 @@ How the worker keeps its slots:
 - **Nothing handed off is lost.** A hand-off is an ordinary lease. Notices
   sent while the listener was away (a lost connection), or that do not
   arrive within :data:`ADOPT_AFTER` of a withdrawal, are read from the
-  store (``adopt``), by the ids the worker does not hold. A worker that dies
-  offering leaves at most its offer's slots to be handed off to it until
-  the offer lapses (one lease after its last renewal); those tasks run
-  again when their lease expires, as tasks a dead worker claimed do.
+  store (``adopt``), by the ids the worker has not seen. Each offer also
+  sends a numbered notice of its own: one not heard within
+  :data:`HEAR_WITHIN` means the listener is deaf (a connection that died
+  without a word), and the offer is withdrawn. A worker that dies offering
+  leaves at most its offer's slots to be handed off to it until the offer
+  lapses (one lease after its last renewal); those tasks run again when
+  their lease expires, as tasks a dead worker claimed do.
+- **Nothing runs twice.** Every hand-off heard or read is remembered until
+  its lease has surely expired after its completion; a notice or read of a
+  task seen starts nothing. Each worker process hears on a channel drawn
+  from its own nonce, so a process restarted under the same worker id
+  hears nothing of its predecessor's, and replaces its offer.
 - **Leases are reckoned from the store's clock.** A hand-off's lease began
   at its enqueue, which the worker did not see. Each offer returns the
   store's clock; the worker's trust in a hand-off's lease counts from the
@@ -43,7 +51,6 @@ import logging
 import math
 import secrets
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
 from conveyor.backends.protocol import (
@@ -127,9 +134,9 @@ class Standby:
         """When the first offer since the offer was last settled was sent."""
         self._renew_at = 0.0
         self._adopt_at: float | None = None
-        self._pings: deque[float] = deque()
-        """Send times of offers whose empty notice is not heard yet."""
-        self._early_pings = 0
+        self._pings: dict[int, float] = {}
+        """Send times of offers whose notice is not heard yet, by ping."""
+        self._ping = 0
         self._lock = asyncio.Lock()
         self._call: asyncio.Task[None] | None = None
         self._closing = False
@@ -154,7 +161,7 @@ class Standby:
         ``claim_due``: a claim is to be sent now if a slot is left."""
         if self._closing or self.cap <= 0 or self._call is not None or now < self._retry_at:
             return
-        if self.stored and self.hearing and self._pings and now > self._pings[0] + HEAR_WITHIN:
+        if self.stored and self.hearing and self._pings and now > self._unheard() + HEAR_WITHIN:
             log.warning("the listener does not hear its hand-offs; the offer of slots is withdrawn")
             self.hearing = False
         if self.stored and (not self.hearing or (claim_due and free - self.pledged <= 0)):
@@ -185,7 +192,7 @@ class Standby:
         if self.stored:
             deadlines.append(self._renew_at)
             if self._pings:
-                deadlines.append(self._pings[0] + HEAR_WITHIN)
+                deadlines.append(self._unheard() + HEAR_WITHIN)
         elif self.pledged > 0 and self._adopt_at is not None:
             deadlines.append(self._adopt_at)
         return max(0.0, min(deadlines) - now) if deadlines else None
@@ -204,14 +211,11 @@ class Standby:
             self.hearing = False
             return
         if not heard.connected:
-            if self._pings:
-                self._pings.popleft()
-            else:
-                self._early_pings += 1  # heard before its offer's reply
+            if heard.ping is not None:
+                self._pings.pop(heard.ping, None)
             self.hearing = True
             return
         self._pings.clear()  # sent to the connection that is gone
-        self._early_pings = 0
         self.hearing = True
         if (self.stored or self.pledged > 0) and not self._closing:
             self._run(self._adopt, after=True)
@@ -271,6 +275,10 @@ class Standby:
 
     async def _offer(self, more: int, fresh: bool = False) -> None:
         sent = time.monotonic()
+        self._ping += 1
+        ping = self._ping
+        # Listened for before it is sent: it may be heard before the reply.
+        self._pings[ping] = sent
         params = OfferParams(
             self.worker_id,
             self.nonce,
@@ -279,14 +287,15 @@ class Standby:
             more,
             self.lease,
             ttl=self.lease,
+            ping=ping,
         )
-        offered = await self.store.offer(params)
+        try:
+            offered = await self.store.offer(params)
+        except BaseException:
+            self._pings.pop(ping, None)  # perhaps never sent
+            raise
         self._anchor = (sent, offered.clock)
         self._renew_at = sent + self.lease / RENEWALS_PER_TTL
-        if self._early_pings:
-            self._early_pings -= 1
-        else:
-            self._pings.append(sent)
         if offered.anew and not fresh:
             # The offer was cleared while this worker thought it stood (it
             # froze for a day): what it was owed is read from the store. The
@@ -304,7 +313,6 @@ class Standby:
         self.pledged = max(0, self.pledged - left)
         self._adopt_at = None
         self._pings.clear()
-        self._early_pings = 0
 
     async def _adopt(self) -> None:
         """Start the hand-offs the store holds for this worker that it has
@@ -322,6 +330,10 @@ class Standby:
         self.pledged = 0
         self._adopt_at = None
         self._anchor = self._first_sent = None
+
+    def _unheard(self) -> float:
+        """When the oldest offer whose notice is not heard was sent."""
+        return min(self._pings.values())
 
     def _forget(self, now: float) -> None:
         for task_id in [i for i, until in self._seen.items() if 0 <= until < now]:

@@ -749,6 +749,7 @@ class PostgresBackend(FlowControl):
                 "now": params.now,
                 "worker_id": params.worker_id,
                 "nonce": params.nonce,
+                "ping": str(params.ping),
                 "queues": list(params.queues),
                 "names": list(params.names),
                 "free": params.free,

@@ -77,10 +77,10 @@ async def wakeups(
 
 
 def _handed_off(payload: str, worker_id: str) -> Wakeup | None:
-    """A notice on the hand-off channel: an offer's empty one says the
+    """A notice on the hand-off channel: an offer's (digits) says the
     channel is heard; one that does not read is logged and passed by."""
-    if not payload:
-        return HandOffsHeard(connected=False)
+    if payload.isdigit():
+        return HandOffsHeard(connected=False, ping=int(payload))
     try:
         return handoffs.notice(payload, worker_id)
     except Exception as exc:

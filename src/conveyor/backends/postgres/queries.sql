@@ -157,8 +157,9 @@ select array[i.id], (select count(*) from told) from inserted i;
 -- (a predecessor under the same id) is replaced, not added to. Returns the
 -- store's clock (epoch seconds: the worker reckons the leases of
 -- handed-off tasks from it) and whether the offer was made anew (this
--- process had none stored). Each call also sends an empty notice on the
--- process's channel: hearing it proves the listener hears the hand-offs.
+-- process had none stored). Each call also sends %(ping)s::text (digits)
+-- on the process's channel: hearing it proves the listener hears the
+-- hand-offs.
 with clock as (
     select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
 ),
@@ -181,7 +182,7 @@ stored as (
 select extract(epoch from (select now from clock))::float8,
        coalesce((select inserted from stored), false),
        pg_notify('conveyor_handoff_' || md5({channel} || ' ' || %(worker_id)s::text
-                                            || ' ' || %(nonce)s::text), '');
+                                            || ' ' || %(nonce)s::text), %(ping)s::text);
 
 -- name: standby_withdraw
 -- A worker withdraws its offer: the slots no enqueue took come back (as
