@@ -15,8 +15,9 @@ each way), wake-up turns on and off (``--turns``) and hand-offs on and off
    ``--duration`` seconds, one call each, wait for them all, and read the
    counts again: **claims per task** is the difference over the tasks
    (**handed off** says how many of them started without a claim);
-   **latency** is enqueue to start by the database clock
-   (``attempts.started_at - tasks.created_at``), p50 and p99;
+   **latency** is enqueue to start, from this process's clock before each
+   enqueue call to the handler's own start (stamp tasks, see
+   ``systems/stamp.py``), p50 and p99;
 3. **drain**: enqueue ``--drain-tasks`` at once; the rate is by the database
    clock, from their enqueue to the last one's end.
 
@@ -57,7 +58,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_app import TASK_NAME, make_app  # noqa: E402
+from benchmarks.bench_app import STAMP_NAME, TASK_NAME, make_app  # noqa: E402
+from benchmarks.systems.stamp import STAMP_ENV, latencies  # noqa: E402
 from benchmarks.throughput import drop_schema, log  # noqa: E402
 
 TCP_URL = "postgresql://127.0.0.1:5432/test"
@@ -146,6 +148,7 @@ class Fleet:
             **os.environ,
             "CONVEYOR_URL": url,
             "CONVEYOR_SCHEMA": schema,
+            STAMP_ENV: str(self.dir / "stamps"),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         command = [
@@ -264,21 +267,15 @@ async def run_case(
                     log(f"{label} {total} tasks at {args.rate:g}/s")
                     loop = asyncio.get_running_loop()
                     begin = loop.time()
-                    first_id = None
                     for i in range(total):
                         pause = begin + i / args.rate - loop.time()
                         if pause > 0:
                             await asyncio.sleep(pause)
-                        handle = await app.enqueue_async(TASK_NAME, {"i": i})
-                        first_id = first_id if first_id is not None else handle.id
+                        await app.enqueue_async(STAMP_NAME, {"sent": time.time()})
                     await wait_count(conn, done, total + 1, fleet)
                     claims_after, handed_after = await fleet.counts()
-                    latencies = sql.SQL(
-                        "select percentile_cont(array[0.5, 0.99]) within group (order by "
-                        "extract(epoch from a.started_at - t.created_at)) from {} t join {} a "
-                        "on a.task_id = t.id where t.id >= {}"
-                    ).format(tasks_table, sql.Identifier(schema, "attempts"), first_id)
-                    p50, p99 = await scalar(conn, latencies)
+                    started = latencies(fleet.dir / "stamps")
+                    p50, p99 = quantile(started, 0.5), quantile(started, 0.99)
                     log(f"{label} drain of {args.drain_tasks}")
                     handles = await app.enqueue_many_async(
                         TASK_NAME, [{"i": i} for i in range(args.drain_tasks)]
@@ -318,6 +315,11 @@ async def run_case(
         drain_per_second=args.drain_tasks / seconds,
         ok=attempts == drained,
     )
+
+
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted values (nearest rank)."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def table(results: Sequence[FleetResult]) -> str:
