@@ -118,8 +118,7 @@ async def test_a_notice_that_does_not_read_leaves_the_listener_hearing(
 
     async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
         await wait_for(lambda: offering(worker))
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
+        backend = await store_of(app)
         assert worker.standby is not None
         heard_on = handoffs.channel(backend.channel, *worker.standby.listen_as)
         async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as conn:
@@ -143,8 +142,7 @@ async def test_a_hand_off_to_a_worker_that_died_runs_when_its_lease_expires(
         return i
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
+        backend = await store_of(app)
         dead = OfferParams("dead", "n", ["default"], ["noop"], free=2, lease=1.0, ttl=60)
         await backend.offer(dead)
         handles = [await noop.enqueue_async(i=i) for i in range(3)]
@@ -171,8 +169,7 @@ async def test_a_lapsed_offer_is_handed_nothing(app: conveyor.App) -> None:
         return None
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
+        backend = await store_of(app)
         await backend.offer(OfferParams("gone", "n", ["default"], ["noop"], 2, 30.0, ttl=0.001))
         await asyncio.sleep(0.05)
         task = await app.get_async((await noop.enqueue_async()).id)
@@ -198,6 +195,24 @@ def standby_of(backend: PostgresBackend, started: Started, worker_id: str = "w")
     )
 
 
+async def store_of(app: conveyor.App) -> PostgresBackend:
+    backend = await app.backend()
+    assert isinstance(backend, PostgresBackend)
+    return backend
+
+
+async def standing_by(app: conveyor.App) -> tuple[PostgresBackend, Standby, Started]:
+    """The app's store and a standby of worker "w" with no listener (its
+    notices are lost), whose offer of 2 slots is stored."""
+    backend = await store_of(app)
+    started = Started()
+    standby = standby_of(backend, started)
+    standby.hearing_changed(HandOffsHeard())  # the first connection
+    standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
+    await settle(standby)
+    return backend, standby, started
+
+
 async def settle(standby: Standby) -> None:
     """Let the standby's store call in flight return."""
     await wait_for(lambda: _idle(standby))
@@ -217,13 +232,7 @@ async def test_hand_offs_whose_notices_were_lost_are_adopted_once(app: conveyor.
         return i
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
-        started = Started()
-        standby = standby_of(backend, started)
-        standby.hearing_changed(HandOffsHeard())  # the first connection
-        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
-        await settle(standby)
+        _, standby, started = await standing_by(app)
         assert standby.stored and standby.pledged == 2
         handles = [await noop.enqueue_async(i=i) for i in range(3)]
         assert started.ids() == []
@@ -245,13 +254,7 @@ async def test_a_withdrawal_counts_the_hand_offs_still_owed(app: conveyor.App) -
         return i
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
-        started = Started()
-        standby = standby_of(backend, started)
-        standby.hearing_changed(HandOffsHeard())
-        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
-        await settle(standby)
+        _, standby, started = await standing_by(app)
         handle = await noop.enqueue_async(i=1)  # takes one of the two slots
         # A claim is due and every slot not pledged is taken: withdraw first.
         standby.tick(time.monotonic(), idle=False, free=2, claim_due=True)
@@ -279,13 +282,7 @@ async def test_a_hand_off_whose_lease_began_too_long_ago_is_not_started(
         return i
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
-        started = Started()
-        standby = standby_of(backend, started)
-        standby.hearing_changed(HandOffsHeard())
-        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
-        await settle(standby)
+        backend, standby, started = await standing_by(app)
         first = await noop.enqueue_async(i=1)
         second = await noop.enqueue_async(i=2)
         [adopted_first, adopted_second] = await backend.adopt("w", [])
@@ -307,13 +304,7 @@ async def test_a_stopping_worker_starts_the_hand_offs_it_is_owed(app: conveyor.A
         return i
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
-        started = Started()
-        standby = standby_of(backend, started)
-        standby.hearing_changed(HandOffsHeard())
-        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
-        await settle(standby)
+        backend, standby, started = await standing_by(app)
         handle = await noop.enqueue_async(i=1)  # its notice is lost
         await standby.close()
         assert started.ids() == [handle.id]
@@ -347,8 +338,7 @@ async def test_a_task_of_one_attempt_is_never_handed_off(app: conveyor.App) -> N
         return "ran"
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
+        backend = await store_of(app)
         await backend.offer(OfferParams("dead", "n", ["default"], ["once"], 2, 30.0, ttl=60))
         task = await app.get_async((await once.enqueue_async()).id)
     assert task is not None and task.state is TaskState.PENDING
@@ -365,8 +355,7 @@ async def test_a_payload_whose_notice_would_not_fit_is_enqueued_pending(
         return len(values)
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
+        backend = await store_of(app)
         await backend.offer(OfferParams("w", "n", ["default"], ["noop"], 2, 30.0, ttl=60))
         huge = await noop.enqueue_async(values=[1e300] * 30)
         small = await noop.enqueue_async(values=[1.0])
@@ -384,8 +373,7 @@ async def test_a_process_under_a_reused_worker_id_takes_over_its_offer(app: conv
         return i
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
+        backend = await store_of(app)
         old = OfferParams("w", "old", ["default"], ["noop"], 2, 30.0, ttl=60)
         await backend.offer(old)
         started = Started()
@@ -437,13 +425,7 @@ async def test_a_finished_hand_off_is_not_started_again_by_a_later_read(
         return i
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
-        started = Started()
-        standby = standby_of(backend, started)
-        standby.hearing_changed(HandOffsHeard())
-        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
-        await settle(standby)
+        backend, standby, started = await standing_by(app)
         handle = await noop.enqueue_async(i=1)
         [handed] = await backend.adopt("w", [])
         standby.heard(handed)
@@ -467,13 +449,7 @@ async def test_an_offer_whose_notices_are_not_heard_is_withdrawn(
         return None
 
     async with app:
-        backend = await app.backend()
-        assert isinstance(backend, PostgresBackend)
-        started = Started()
-        standby = standby_of(backend, started)
-        standby.hearing_changed(HandOffsHeard())
-        standby.tick(time.monotonic(), idle=True, free=4, claim_due=False)
-        await settle(standby)
+        _, standby, _ = await standing_by(app)
         assert standby.stored
         later = time.monotonic() + HEAR_WITHIN + 0.1
         with caplog.at_level(logging.WARNING, "conveyor.worker"):
