@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -36,9 +37,9 @@ def start_worker(schema: str, log: Path, *options: str) -> subprocess.Popen[byte
         )
 
 
-def wait_until(check: object, timeout: float = 30) -> None:
+def wait_until(check: Callable[[], bool], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
 
