@@ -65,7 +65,8 @@ class ClaimReturned:
 class AttemptStarted:
     """A worker started an attempt. ``delay`` is the seconds from when the
     task was due to this start, by the store's clock and this process's (so
-    a skew between them shows here), None when the store did not say."""
+    a skew between them shows here), None when the store did not say.
+    ``handed_off``: its enqueue leased it to this worker (no claim)."""
 
     task_id: int
     attempt: int
@@ -73,6 +74,7 @@ class AttemptStarted:
     queue: str
     worker_id: str
     delay: float | None
+    handed_off: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ metric                                  type       labels
 ``attempt_duration_seconds``            histogram  name, queue
 ``start_delay_seconds``                 histogram  name, queue
 ``claims_total``                        counter    result (tasks, empty, failed)
+``attempts_handed_off_total``           counter    name, queue
 ``claim_duration_seconds``              histogram  (none)
 ``schedules_fired_total``               counter    schedule
 ``worker_running_attempts``             gauge      worker
@@ -26,7 +27,9 @@ metric                                  type       labels
 
 ``outcome`` is how an attempt ended (succeeded, failed, timed_out,
 cancelled, lease_lost, interrupted); a retried attempt is also counted in
-``attempts_retried_total``. ``start_delay_seconds`` runs from when a task
+``attempts_retried_total``; an attempt its enqueue leased to an idle
+worker, started without a claim (PostgreSQL's hand-offs), also in
+``attempts_handed_off_total``. ``start_delay_seconds`` runs from when a task
 was due (its enqueue, its retry time) to its attempt's start. These are one
 process's figures: a scrape of every worker, summed, is the fleet's. The
 store's own figures (tasks by state and queue, due tasks and the oldest
@@ -141,6 +144,12 @@ class Metrics:
         self.claims = Counter(
             "conveyor_claims", "Claims sent, by what came back.", ("result",), registry=r
         )
+        self.handed_off = Counter(
+            "conveyor_attempts_handed_off",
+            "Attempts started without a claim: their enqueue leased them to the worker.",
+            task,
+            registry=r,
+        )
         self.claim_duration = Histogram(
             "conveyor_claim_duration_seconds",
             "How long a claim took, sent to returned.",
@@ -184,6 +193,8 @@ class Metrics:
             series.started.inc()
             if event.delay is not None:
                 series.delay.observe(max(event.delay, 0.0))
+            if event.handed_off:
+                self.handed_off.labels(event.name, event.queue).inc()
         elif isinstance(event, ClaimReturned):
             result = "failed" if event.failed else "tasks" if event.count else "empty"
             self.claims.labels(result).inc()

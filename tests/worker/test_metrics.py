@@ -102,6 +102,37 @@ async def test_a_worker_s_attempts_counted(app: conveyor.App) -> None:
     assert during[("conveyor_worker_free_slots", worker_labels)] == 3
 
 
+async def test_attempts_handed_off_are_counted(app: conveyor.App) -> None:
+    """On PostgreSQL a task enqueued alone to an idle worker is handed off;
+    elsewhere every attempt is claimed."""
+    metrics = Metrics()
+    metrics.observe(app.events)
+
+    @app.task()
+    async def job(n: int) -> int:
+        return n
+
+    async with app, RunningWorker(app, concurrency=4, poll_interval=30) as worker:
+        await wait_for(lambda: _ready(worker))
+        ids = []
+        for n in range(3):
+            ids.append((await job.enqueue_async(n=n)).id)
+            await wait_terminal(app, ids[-1:])
+    got = samples(metrics)
+    labels = (("name", "job"), ("queue", "default"))
+    assert got[("conveyor_attempts_started_total", labels)] == 3
+    handed = got.get(("conveyor_attempts_handed_off_total", labels), 0.0)
+    assert handed == worker.handed_off_count
+    assert handed == (3 if worker.standby is not None else 0)
+
+
+async def _ready(worker: conveyor.Worker) -> bool:
+    """Offering, where the store has hand-offs; else serving."""
+    if worker.standby is None:
+        return worker.claims_made > 0
+    return worker.standby.stored and worker.standby.pledged > 0
+
+
 async def _running(metrics: Metrics, worker_id: str) -> bool:
     return samples(metrics).get(("conveyor_worker_running_attempts", (("worker", worker_id),))) == 1
 

@@ -391,7 +391,7 @@ class Worker:
             config.concurrency,
             config.lease,
             config.heartbeat_interval,
-            functools.partial(self._start_all, backend=backend),
+            functools.partial(self._start_all, backend=backend, handed_off=True),
             self._wake.set if self._wake is not None else lambda: None,
             self.outage,
         )
@@ -552,15 +552,18 @@ class Worker:
             async with asyncio.timeout(seconds):
                 await self._stop_event.wait()
 
-    def _start_all(self, tasks: list[ClaimedTask], sent_at: float, backend: Backend) -> None:
-        """Run the tasks of one claim sent at ``sent_at``, their leases held first."""
+    def _start_all(
+        self, tasks: list[ClaimedTask], sent_at: float, backend: Backend, handed_off: bool = False
+    ) -> None:
+        """Run the tasks of one claim sent at ``sent_at`` (or of a hand-off
+        whose lease began then), their leases held first."""
         assert self.heartbeat is not None
         lease = self.config.lease
         self.heartbeat.hold_many(((t.token, t.lease or lease) for t in tasks), sent_at)
         for task in tasks:
-            self._start(task, backend)
+            self._start(task, backend, handed_off)
 
-    def _start(self, task: ClaimedTask, backend: Backend) -> None:
+    def _start(self, task: ClaimedTask, backend: Backend, handed_off: bool = False) -> None:
         definition = self.tasks[task.name]
         self.claimed_count += 1
         opener = sync_opener = None
@@ -590,7 +593,13 @@ class Worker:
             token = task.token
             self.events.emit(
                 AttemptStarted(
-                    token.task_id, token.attempt, task.name, task.queue, self.id, due_delay(task)
+                    token.task_id,
+                    token.attempt,
+                    task.name,
+                    task.queue,
+                    self.id,
+                    due_delay(task),
+                    handed_off,
                 )
             )
         runner = _start_runner(self._run_attempt(running))
