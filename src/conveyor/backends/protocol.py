@@ -784,7 +784,7 @@ class Backend(Protocol):
         :class:`OfferParams`) and ``Capability.HANDOFF``, also the tasks
         handed off to that process (:class:`HandOff`), and
         :class:`HandOffsHeard` as the listener connects, hears an offer's
-        empty notice, or loses its connection.
+        own notice, or loses its connection.
 
         Reconnects on its own; ends only when the consumer stops iterating.
         Backends without ``NOTIFICATIONS`` yield nothing and never end.

@@ -71,7 +71,7 @@ ADOPT_AFTER = 1.0
 the store rather than awaited from their notices."""
 
 HEAR_WITHIN = 5.0
-"""Seconds within which an offer's empty notice must be heard; else the
+"""Seconds within which an offer's own notice must be heard; else the
 listener is taken to be deaf and the offer is withdrawn."""
 
 RETRY_MIN = 0.1
@@ -204,7 +204,7 @@ class Standby:
         self._take([handoff])
 
     def hearing_changed(self, heard: HandOffsHeard) -> None:
-        """The listener connected, heard an offer's empty notice, or lost its
+        """The listener connected, heard an offer's own notice, or lost its
         connection. On a new connection, notices sent while the listener
         was away may be lost: hand-offs owed are read from the store."""
         if heard.lost:
