@@ -240,9 +240,11 @@ class Standby:
         async with self._lock:
             try:
                 async with asyncio.timeout(self.lease):
+                    owed = self.stored or self.pledged > 0
                     if self.stored:
                         await self._withdraw()
-                    await self._settle()
+                    if owed:  # else every hand-off was heard or read before
+                        await self._settle()
             except Exception as exc:
                 log.warning("cannot withdraw the offer of slots (%s); it lapses", reason(exc))
         self.cap = 0
