@@ -28,7 +28,7 @@ was handed off or claimed on a wake-up, never found by a poll."""
 
 
 async def offering(worker: conveyor.Worker) -> bool:
-    return worker.standby is not None and worker.standby.stored and worker.standby.pledged > 0
+    return worker.standby is not None and worker.standby.standing
 
 
 async def settled(worker: conveyor.Worker) -> None:
@@ -75,7 +75,7 @@ async def test_hand_offs_never_take_a_worker_past_its_concurrency(app: conveyor.
         return i
 
     async with app, RunningWorker(app, poll_interval=0.2, concurrency=4) as worker:
-        await wait_for(lambda: offering(worker))
+        await settled(worker)
         # A burst of single enqueues at once: the offer's slots go, the rest
         # wait pending for claims, which leave the pledged slots alone.
         handles = await asyncio.gather(*(hold.enqueue_async(i=i) for i in range(20)))
@@ -117,7 +117,7 @@ async def test_a_notice_that_does_not_read_leaves_the_listener_hearing(
         return "done"
 
     async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
-        await wait_for(lambda: offering(worker))
+        await settled(worker)
         backend = await store_of(app)
         assert worker.standby is not None
         heard_on = handoffs.channel(backend.channel, *worker.standby.listen_as)
@@ -322,7 +322,7 @@ async def test_a_task_with_a_lease_shorter_than_the_worker_s_is_handed_off_and_r
         return "ran"
 
     async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
-        await wait_for(lambda: offering(worker))
+        await settled(worker)
         [task] = await wait_terminal(app, [(await brief.enqueue_async()).id])
         assert worker.standby is not None and worker.standby.handed_off == 1
     assert task.state is TaskState.SUCCEEDED and task.result == "ran"

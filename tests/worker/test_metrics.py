@@ -130,7 +130,7 @@ async def _ready(worker: conveyor.Worker) -> bool:
     """Offering, where the store has hand-offs; else serving."""
     if worker.standby is None:
         return worker.claims_made > 0
-    return worker.standby.stored and worker.standby.pledged > 0
+    return worker.standby.standing
 
 
 async def _running(metrics: Metrics, worker_id: str) -> bool:

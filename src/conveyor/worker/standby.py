@@ -144,6 +144,12 @@ class Standby:
         self._retry_delay = RETRY_MIN
 
     @property
+    def standing(self) -> bool:
+        """Whether an offer with a free slot is stored: its statement
+        returned, and no other store call is under way."""
+        return self.stored and self.pledged > 0 and self._anchor is not None and self._call is None
+
+    @property
     def listen_as(self) -> tuple[str, str]:
         """The worker id and nonce the listener hears hand-offs for."""
         return self.worker_id, self.nonce
