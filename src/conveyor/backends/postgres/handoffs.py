@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from conveyor.backends.protocol import ClaimedTask, HandOff, NewTask
-from conveyor.backends.stored import stored_retry_policy
-from conveyor.model import LeaseToken
+from conveyor.backends.protocol import HandOff, NewTask
+from conveyor.backends.stored import claimed_task
 
 MAX_NOTICE_FIELDS = 3500
 """Characters of a task's own text (payload, name, queue, step, trace
@@ -77,22 +76,25 @@ def handoff(row: Sequence[Any], worker_id: str) -> HandOff:
     name, queue, payload, max_attempts, retry, timeout, lease, step, parent_id, trace = fields
     if not isinstance(task_id, int) or not isinstance(payload, str):
         raise ValueError("not a hand-off")
-    task = ClaimedTask(
-        token=LeaseToken(task_id=task_id, attempt=1, worker_id=worker_id),
-        name=str(name),
-        queue=str(queue),
-        payload=payload,
-        spent=1,
-        max_attempts=int(max_attempts),
-        retry=stored_retry_policy(str(retry), int(max_attempts)),
-        timeout=None if timeout is None else float(timeout),
-        lease=None if lease is None else float(lease),
-        lease_expires_at=_moment(expires),
-        step=step,
-        parent_id=parent_id,
-        run_at=_moment(leased_at),
-        trace=trace,
+    # The claim's row (stored.claimed_task), attempt and spent both 1.
+    claimed = (
+        task_id,
+        1,
+        str(name),
+        str(queue),
+        payload,
+        1,
+        int(max_attempts),
+        str(retry),
+        None if timeout is None else float(timeout),
+        None if lease is None else float(lease),
+        _moment(expires),
+        step,
+        parent_id,
+        _moment(leased_at),
+        trace,
     )
+    task = claimed_task(claimed, worker_id)
     return HandOff(task, float(leased_at))
 
 
