@@ -290,7 +290,7 @@ async def run_case(
                     attempts = await scalar(
                         conn,
                         sql.SQL("select count(*) from {}").format(
-                            sql.Identifier(schema, "attempts")
+                            sql.Identifier(schema, "attempt_log")
                         ),
                     )
             finally:

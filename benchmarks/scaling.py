@@ -62,13 +62,12 @@ from benchmarks.throughput import (  # noqa: E402
 
 HISTORY = """
 insert into {tasks} (name, queue, payload, state, max_attempts, retry_policy, attempt,
-                     spent, result, created_at, finished_at)
+                     spent, result, created_at, finished_at, worker_id, attempt_started_at)
 select 'bench_noop', 'default', jsonb_build_object('i', g), 'succeeded', 5, '{{}}', 1, 1,
        'null', now() - %(age)s::float8 * interval '1 hour',
+       now() - %(age)s::float8 * interval '1 hour', 'history',
        now() - %(age)s::float8 * interval '1 hour'
-from generate_series(1, %(n)s) as g;
-insert into {attempts} (task_id, number, worker_id, outcome, started_at, finished_at)
-select id, 1, 'history', 'succeeded', finished_at, finished_at from {tasks};
+from generate_series(1, %(n)s) as g
 """
 
 # Only the tasks this run enqueued: the history's rows are left out.
@@ -128,11 +127,10 @@ async def _prepare(args: argparse.Namespace, schema: str, history: int, tasks: i
     await enqueue_all(enqueue_args, schema)  # creates the schema, enqueues nothing
     async with connect(args.url) as conn:
         if history:
-            names = {"tasks": sql.Identifier(schema, "tasks")}
-            names["attempts"] = sql.Identifier(schema, "attempts")
-            for statement in HISTORY.strip().split(";\n"):
-                args_ = {"n": history, "age": args.history_age}
-                await conn.execute(sql.SQL(statement).format(**names), args_)
+            # Succeeded tasks as a worker leaves them: each attempt in its row.
+            tasks_table = sql.Identifier(schema, "tasks")
+            history_args = {"n": history, "age": args.history_age}
+            await conn.execute(sql.SQL(HISTORY).format(tasks=tasks_table), history_args)
             for table in ("tasks", "attempts"):
                 await conn.execute(sql.SQL("analyze {}").format(sql.Identifier(schema, table)))
         (after,) = await fetch_one(
@@ -146,7 +144,7 @@ async def _prepare(args: argparse.Namespace, schema: str, history: int, tasks: i
 async def _verify(args: argparse.Namespace, schema: str, after: int, tasks: int) -> Run | None:
     names = {
         "tasks": sql.Identifier(schema, "tasks"),
-        "attempts": sql.Identifier(schema, "attempts"),
+        "attempts": sql.Identifier(schema, "attempt_log"),
     }
     async with connect(args.url) as conn:
         cursor = await conn.execute(sql.SQL(VERIFY_NEW).format(**names), {"after": after})

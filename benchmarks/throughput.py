@@ -10,7 +10,7 @@ that every task ``succeeded`` and that there is exactly one attempt row each.
 Latency (``--latency``): with a worker already running idle (not burst),
 enqueue one task at a time at ``--rate`` per second for ``--duration``
 seconds and report enqueue-to-start latency from the database
-(``attempts.started_at - tasks.created_at``), p50/p90/p99/max in ms.
+(``attempt_log.started_at - tasks.created_at``), p50/p90/p99/max in ms.
 
     python benchmarks/throughput.py --tasks 20000
     python benchmarks/throughput.py --tasks 20000 --concurrency 10,50,100,200 --json
@@ -324,9 +324,9 @@ class ThroughputResult:
     busy_cores: float | None
     """Cores busy machine-wide, on average, from worker spawn to exit."""
     claim_statements: int
-    """Distinct attempts.started_at values: one per claim statement."""
+    """Distinct attempt_log.started_at values: one per claim statement."""
     finish_statements: int
-    """Distinct attempts.finished_at values: one per finish statement."""
+    """Distinct attempt_log.finished_at values: one per finish statement."""
     succeeded: int
     attempt_rows: int
     attempts_succeeded: int
@@ -364,12 +364,12 @@ VERIFY = """
 select
     (select count(*) from {s}.tasks),
     (select count(*) from {s}.tasks where state = 'succeeded'),
-    (select count(*) from {s}.attempts),
-    (select count(*) from {s}.attempts where outcome = 'succeeded'),
-    (select count(distinct started_at) from {s}.attempts),
-    (select count(distinct finished_at) from {s}.attempts),
-    (select min(started_at) from {s}.attempts),
-    (select max(finished_at) from {s}.attempts)
+    (select count(*) from {s}.attempt_log),
+    (select count(*) from {s}.attempt_log where outcome = 'succeeded'),
+    (select count(distinct started_at) from {s}.attempt_log),
+    (select count(distinct finished_at) from {s}.attempt_log),
+    (select min(started_at) from {s}.attempt_log),
+    (select max(finished_at) from {s}.attempt_log)
 """
 
 
@@ -533,7 +533,7 @@ select
     percentile_cont(array[0.5, 0.99]) within group (
         order by extract(epoch from t.finished_at - t.created_at))
 from {s}.tasks t
-join {s}.attempts a on a.task_id = t.id and a.number = 1
+join {s}.attempt_log a on a.task_id = t.id and a.number = 1
 where t.id >= {first}
 """
 

@@ -4,13 +4,14 @@
 -- database of its own, so no block needs to tell drains apart.
 
 -- name: conveyor_completion
--- conveyor keeps every task and one attempt row per execution (schema
--- "bench", see conveyor_peer.py); the window is the attempts' own clock.
+-- conveyor keeps every task and logs every execution (schema "bench", see
+-- conveyor_peer.py; attempt_log reads a succeeded attempt from its task
+-- row); the window is the attempts' own clock.
 select
     (select count(*) from bench.tasks where state = 'succeeded'),
     (select count(*) from bench.tasks where state <> 'succeeded'),
-    (select min(started_at) from bench.attempts),
-    (select max(finished_at) from bench.attempts)
+    (select min(started_at) from bench.attempt_log),
+    (select max(finished_at) from bench.attempt_log)
 
 -- name: pgqueuer_completion
 -- PgQueuer deletes a finished job from pgqueuer and logs each status change

@@ -25,7 +25,7 @@ from conveyor.backends.protocol import (
 )
 from conveyor.errors import BackendError, ConfigurationError
 from conveyor.model import Outcome, TaskState
-from tests.conformance.test_tasks import LEASE, claim, enqueue, later, new
+from tests.conformance.test_tasks import LEASE, T0, claim, enqueue, later, new
 from tests.conftest import PG_URL
 
 
@@ -245,30 +245,130 @@ async def test_one_pruner_at_a_time(backend: PostgresBackend) -> None:
 async def test_prune_and_delete_take_the_attempt_log_too(backend: PostgresBackend) -> None:
     """The attempt log keeps no foreign key to its task (migration 0004): a
     deleted task's attempts must be deleted by the same statement, or the
-    log would grow for ever under retention."""
+    log would grow for ever under retention. Each task here fails once (a
+    row in `attempts`) and then succeeds (an attempt its task row holds)."""
     ids = await enqueue(backend, new(), new(), new())
-    taken = await claim(backend, limit=3)
+    failed = await claim(backend, limit=3)
+    await backend.finish(
+        FinishParams(
+            "w1",
+            [Completion(c.token, Outcome.FAILED, TaskState.PENDING) for c in failed],
+            now=later(1),
+        )
+    )
+    taken = await claim(backend, limit=3, at=later(2))
     await backend.finish(
         FinishParams(
             "w1",
             [Completion(c.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED) for c in taken],
-            now=later(1),
+            now=later(3),
         )
     )
-    attempts = psycopg.sql.Identifier(backend.schema, "attempts")
-    count = psycopg.sql.SQL("select count(*) from {}").format(attempts)
 
-    async def logged() -> int:
+    async def logged(table: str) -> int:
+        count = psycopg.sql.SQL("select count(*) from {}").format(
+            psycopg.sql.Identifier(backend.schema, table)
+        )
         async with backend.pool.connection() as conn:
             row = await (await conn.execute(count)).fetchone()
         assert row is not None
         return int(row[0])
 
-    assert await logged() == 3
+    assert (await logged("attempts"), await logged("attempt_log")) == (3, 6)
     await backend.delete(ids[0])
-    assert await logged() == 2
-    assert (await backend.prune(PruneParams({TaskState.SUCCEEDED: later(2)}))).tasks == 2
-    assert await logged() == 0
+    assert (await logged("attempts"), await logged("attempt_log")) == (2, 4)
+    assert (await backend.prune(PruneParams({TaskState.SUCCEEDED: later(4)}))).tasks == 2
+    assert (await logged("attempts"), await logged("attempt_log")) == (0, 0)
+
+
+async def _logged_rows(backend: PostgresBackend, task_id: int) -> tuple[int, int]:
+    """The rows of one task in `attempts` and in the whole log, `attempt_log`."""
+    async with backend.pool.connection() as conn:
+        row = await (
+            await conn.execute(
+                psycopg.sql.SQL(
+                    "select (select count(*) from {} where task_id = %(id)s),"
+                    " (select count(*) from {} where task_id = %(id)s)"
+                ).format(
+                    psycopg.sql.Identifier(backend.schema, "attempts"),
+                    psycopg.sql.Identifier(backend.schema, "attempt_log"),
+                ),
+                {"id": task_id},
+            )
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+@pytest.mark.parametrize("batch", ["plain", "mixed"])
+async def test_a_succeeded_attempt_stays_in_its_task_row(
+    backend: PostgresBackend, batch: str
+) -> None:
+    """The completion that ends a task succeeded writes its task row only
+    (migration 0018), through the lean statement or, in a batch with a
+    failure, the general one: the log reads that attempt from the row, once,
+    with its worker, start, finish and step, and the task shows no owner.
+    An attempt after which the task goes on still gets its own row."""
+    ok, other = await enqueue(backend, new(), new())
+    taken = {c.token.task_id: c for c in await claim(backend, limit=2)}
+    ending = [Completion(taken[ok].token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="7")]
+    if batch == "mixed":
+        ending.append(Completion(taken[other].token, Outcome.FAILED, TaskState.PENDING))
+    await backend.finish(FinishParams("w1", ending, now=later(1)))
+
+    assert await _logged_rows(backend, ok) == (0, 1)
+    task = await backend.get_task(ok)
+    assert task is not None and (task.state, task.worker_id) == (TaskState.SUCCEEDED, None)
+    [attempt] = task.attempts
+    assert (attempt.number, attempt.worker_id, attempt.outcome) == (1, "w1", Outcome.SUCCEEDED)
+    assert (attempt.started_at, attempt.finished_at) == (T0, later(1))
+    [listed] = await backend.list_tasks(TaskFilter(state=TaskState.SUCCEEDED))
+    assert (listed.id, listed.worker_id) == (ok, None)
+    if batch == "mixed":
+        assert await _logged_rows(backend, other) == (1, 1)
+
+
+async def test_a_task_that_succeeded_before_the_row_kept_its_attempt_shows_it_once(
+    backend: PostgresBackend,
+) -> None:
+    """Tasks that succeeded before migration 0018 have their attempt in
+    `attempts` and no owner in their row; the log must not show it twice,
+    and a newer completion's must show once beside them."""
+    old, fresh = await enqueue(backend, new(), new())
+    taken = await claim(backend, limit=2)
+    succeeded = [Completion(c.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED) for c in taken]
+    await backend.finish(FinishParams("w1", succeeded, now=later(1)))
+    tasks, attempts = (psycopg.sql.Identifier(backend.schema, t) for t in ("tasks", "attempts"))
+    async with backend.pool.connection() as conn:  # what an older worker wrote
+        await conn.execute(
+            psycopg.sql.SQL("update {} set worker_id = null where id = %s").format(tasks), [old]
+        )
+        await conn.execute(
+            psycopg.sql.SQL(
+                "insert into {} (task_id, number, worker_id, outcome, started_at, finished_at)"
+                " values (%s, 1, 'w0', 'succeeded', %s, %s)"
+            ).format(attempts),
+            [old, later(1), later(1)],
+        )
+    for task_id, worker in ((old, "w0"), (fresh, "w1")):
+        task = await backend.get_task(task_id)
+        assert task is not None
+        assert [(a.number, a.worker_id) for a in task.attempts] == [(1, worker)]
+
+
+async def test_a_finished_attempt_is_not_reported_cancel_requested(
+    backend: PostgresBackend,
+) -> None:
+    """A cancel asked while the attempt ran, then its success: the task row
+    keeps its worker (migration 0018), but the lease is over, so a worker
+    asking which of its leases have a cancel requested hears of none."""
+    [task_id] = await enqueue(backend, new())
+    [running] = await claim(backend)
+    assert await backend.cancel(task_id, now=later(1)) is TaskState.IN_PROGRESS
+    assert await backend.cancel_requested("w1", [running.token]) == {running.token}
+    done = Completion(running.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED)
+    await backend.finish(FinishParams("w1", [done], now=later(2)))
+    assert await backend.cancel_requested("w1", [running.token]) == frozenset()
 
 
 async def _task_rows(backend: PostgresBackend) -> tuple[int, int]:

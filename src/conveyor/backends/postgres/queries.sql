@@ -708,7 +708,8 @@ finished as (
                                else t.timeout_seconds end,
         lease_seconds = case when i.step_state is not null then i.lease_seconds
                              else t.lease_seconds end,
-        worker_id = null,
+        -- A succeeded attempt stays in the row (see finish_succeeded).
+        worker_id = case when i.state = 'succeeded' then t.worker_id end,
         lease_expires_at = null,
         finished_at = case when i.state in ('succeeded', 'failed', 'cancelled')
                             or t.cancel_requested then i.now end
@@ -727,7 +728,7 @@ finished as (
               case when i.step_state is null then t.step
                    else (select o.step from {schema}.tasks o where o.id = t.id) end as step,
               i.outcome, i.now, i.error_type, i.error_message, i.traceback,
-              t.queue, t.state = 'pending' and t.run_at <= i.now as due
+              t.queue, t.state, t.state = 'pending' and t.run_at <= i.now as due
 ),
 logged as (
     insert into {schema}.attempts
@@ -736,6 +737,7 @@ logged as (
     select f.id, f.attempt, f.worker_id, f.outcome, coalesce(f.attempt_started_at, f.now),
            f.now, f.error_type, f.error_message, f.traceback, f.step
     from finished f
+    where f.state <> 'succeeded'
 ),
 notified as (
     select count(pg_notify({channel}, q.queue)) as n
@@ -748,37 +750,28 @@ select f.id, f.attempt from finished f, notified;
 -- state, no error), each fenced by its lease token and a live lease, the
 -- same fence and the same planner care as finish. Its input is cheap to
 -- send: ids and attempts as array literals, the results (JSON texts
--- already) as one JSON array, zipped in order by ROWS FROM.
+-- already) as one JSON array, zipped in order by ROWS FROM. It writes the
+-- task rows only: each succeeded attempt stays in its row (owner, start,
+-- step; see attempt_log in migration 0018).
 with input as materialized (
     select i.*, coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
            %(worker_id)s::text as worker_id
     from rows from (unnest(%(ids)s::bigint[]), unnest(%(attempts)s::int[]),
                     jsonb_array_elements(%(results)s::jsonb))
         as i(id, attempt, result)
-),
-finished as (
-    update {schema}.tasks t
-    set state = 'succeeded',
-        result = i.result,
-        worker_id = null,
-        lease_expires_at = null,
-        finished_at = i.now
-    from input i
-    where t.id = any(%(ids)s::bigint[])
-      and t.id = i.id
-      and t.attempt = i.attempt
-      and t.worker_id = i.worker_id
-      and t.lease_expires_at > i.now
-    returning t.id, t.attempt, i.worker_id, t.attempt_started_at, t.step, i.now
-),
-logged as (
-    insert into {schema}.attempts
-        (task_id, number, worker_id, outcome, started_at, finished_at, step)
-    select f.id, f.attempt, f.worker_id, 'succeeded', coalesce(f.attempt_started_at, f.now),
-           f.now, f.step
-    from finished f
 )
-select id, attempt from finished;
+update {schema}.tasks t
+set state = 'succeeded',
+    result = i.result,
+    lease_expires_at = null,
+    finished_at = i.now
+from input i
+where t.id = any(%(ids)s::bigint[])
+  and t.id = i.id
+  and t.attempt = i.attempt
+  and t.worker_id = i.worker_id
+  and t.lease_expires_at > i.now
+returning t.id, t.attempt;
 
 -- name: cancel
 -- Cancel a task: pending and waiting ones at once; a running one is flagged
@@ -808,6 +801,7 @@ join unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt)
   on l.id = t.id and l.attempt = t.attempt
 where t.id = any(%(ids)s::bigint[])
   and t.worker_id = %(worker_id)s
+  and t.lease_expires_at is not null
   and t.cancel_requested;
 
 -- name: retry
@@ -829,16 +823,18 @@ select state from {schema}.tasks where id = %(id)s;
 -- name: get_task
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
-       result::text as result, created_at, finished_at, worker_id, lease_expires_at,
+       result::text as result, created_at, finished_at,
+       case when state = 'in_progress' then worker_id end as worker_id, lease_expires_at,
        cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key
 from {schema}.tasks
 where id = %(id)s;
 
 -- name: get_attempts
--- The logged attempts, and the running one, which its task row holds.
+-- The ended attempts (attempt_log), and the running one, which its task row
+-- holds.
 select task_id, number, worker_id, outcome, started_at, finished_at, error_type,
        error_message, traceback, step
-from {schema}.attempts
+from {schema}.attempt_log
 where task_id = %(id)s
 union all
 select t.id, t.attempt, t.worker_id, 'in_progress', t.attempt_started_at, null, null, null,
@@ -853,7 +849,8 @@ order by number;
 -- The columns of a listed task (list_tasks, list_children).
 id, name, queue, payload::text as payload, state, priority, run_at, attempt,
 max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
-result::text as result, created_at, finished_at, worker_id, lease_expires_at,
+result::text as result, created_at, finished_at,
+case when state = 'in_progress' then worker_id end as worker_id, lease_expires_at,
 cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key
 
 -- name: part_list_filter
