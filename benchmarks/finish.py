@@ -1,0 +1,100 @@
+"""What recording completions costs on PostgreSQL, alone: no worker, no
+handler, one statement at a time.
+
+A fresh schema gets ``--tasks`` no-op tasks, all claimed at once by one
+lease holder, then their completions are written in batches of
+``--batch`` (``Backend.finish``, as a worker's completer sends them),
+one after another, timed by this process's clock. ``--outcome``: plain
+successes (the lean statement), or failures that are retried (the general
+statement, each writing an attempt row). Reported: microseconds per
+completion, the median of ``--rounds`` rounds (each on a fresh schema).
+
+    python benchmarks/finish.py --tasks 30000 --batch 250 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_app import DEFAULT_URL, TASK_NAME, make_app  # noqa: E402
+from benchmarks.throughput import drop_schema, positive_int  # noqa: E402
+from conveyor.backends.protocol import (  # noqa: E402
+    ClaimedTask,
+    ClaimParams,
+    Completion,
+    FinishParams,
+)
+from conveyor.model import Outcome, TaskState  # noqa: E402
+
+CLAIM_LIMIT = 1000
+
+
+async def one_round(args: argparse.Namespace) -> float:
+    """Microseconds per completion in one fresh schema."""
+    schema = f"bench_finish_{uuid.uuid4().hex[:8]}"
+    app = make_app(args.url, schema)
+    try:
+        async with app:
+            for first in range(0, args.tasks, 5000):
+                payloads = [{"i": i} for i in range(first, min(first + 5000, args.tasks))]
+                await app.enqueue_many_async(TASK_NAME, payloads)
+            backend = await app.backend()
+            claim = ClaimParams("bench", (TASK_NAME,), ("default",), CLAIM_LIMIT, lease=3600)
+            claimed: list[ClaimedTask] = []
+            while len(claimed) < args.tasks:
+                taken = await backend.claim(claim)
+                if not taken:
+                    raise RuntimeError(f"claimed {len(claimed)} of {args.tasks} tasks")
+                claimed += taken
+            if args.outcome == "succeeded":
+                ending = (Outcome.SUCCEEDED, TaskState.SUCCEEDED)
+            else:
+                ending = (Outcome.FAILED, TaskState.PENDING)
+            completions = [Completion(c.token, *ending, result="null") for c in claimed]
+            started = time.perf_counter()
+            for first in range(0, len(completions), args.batch):
+                batch = completions[first : first + args.batch]
+                recorded = await backend.finish(FinishParams("bench", batch))
+                if len(recorded.applied) != len(batch):
+                    raise RuntimeError("a completion was refused")
+            return (time.perf_counter() - started) * 1e6 / len(completions)
+    finally:
+        await drop_schema(args.url, schema)
+
+
+async def run(args: argparse.Namespace) -> None:
+    rounds = [await one_round(args) for _ in range(args.rounds)]
+    each = ", ".join(f"{r:.1f}" for r in rounds)
+    print(
+        f"finish of {args.tasks:,} {args.outcome} attempts in batches of {args.batch}: "
+        f"{statistics.median(rounds):.1f} us per completion (median; rounds: {each})"
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=DEFAULT_URL, help="PostgreSQL URL")
+    parser.add_argument("--tasks", type=positive_int, default=30000, help="tasks per round")
+    parser.add_argument("--batch", type=positive_int, default=250, help="completions per finish")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="rounds, each fresh")
+    parser.add_argument(
+        "--outcome",
+        choices=("succeeded", "retried"),
+        default="succeeded",
+        help="plain successes, or failures retried later",
+    )
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(run(parse_args()))
