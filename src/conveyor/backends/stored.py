@@ -176,7 +176,6 @@ def check_recipient(task_id: int, state: str | None, inbox: bool) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-@functools.lru_cache(maxsize=256)
 def retry_json(policy: RetryPolicy) -> str:
     """A policy as stored (cached: a batch's tasks mostly share one)."""
     return codec.encode(policy.to_json())
