@@ -41,40 +41,41 @@ def _psycopg_load(oid: int, context: AdaptContext | None, fmt: Format) -> Callab
     return load
 
 
-class BoundedTimestamptzLoader(Loader):
+class _BoundedLoader(Loader):
+    """psycopg's ``timestamptz`` loader in this class's ``format``; a value it
+    refuses (out of ``datetime``'s range) reads as :meth:`_nearest_end`."""
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self._load = _psycopg_load(oid, context, self.format)
+
+    def load(self, data: Any) -> datetime:
+        try:
+            value: datetime = self._load(data)
+        except psycopg.DataError:
+            return self._nearest_end(bytes(data))
+        return value
+
+    def _nearest_end(self, data: bytes) -> datetime:
+        raise NotImplementedError
+
+
+class BoundedTimestamptzLoader(_BoundedLoader):
     """Text ``timestamptz``; out of ``datetime``'s range: its nearest end."""
 
     format = Format.TEXT
 
-    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
-        super().__init__(oid, context)
-        self._load = _psycopg_load(oid, context, Format.TEXT)
-
-    def load(self, data: Any) -> datetime:
-        try:
-            value: datetime = self._load(data)
-        except psycopg.DataError:
-            text = bytes(data)
-            return _bound(text.startswith(b"-") or text.endswith(b"BC"))
-        return value
+    def _nearest_end(self, data: bytes) -> datetime:
+        return _bound(data.startswith(b"-") or data.endswith(b"BC"))
 
 
-class BoundedTimestamptzBinaryLoader(Loader):
+class BoundedTimestamptzBinaryLoader(_BoundedLoader):
     """Binary ``timestamptz``; out of ``datetime``'s range: its nearest end."""
 
     format = Format.BINARY
 
-    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
-        super().__init__(oid, context)
-        self._load = _psycopg_load(oid, context, Format.BINARY)
-
-    def load(self, data: Any) -> datetime:
-        try:
-            value: datetime = self._load(data)
-        except psycopg.DataError:
-            micros = int.from_bytes(bytes(data), "big", signed=True)
-            return _bound(micros < 0)
-        return value
+    def _nearest_end(self, data: bytes) -> datetime:
+        return _bound(int.from_bytes(data, "big", signed=True) < 0)
 
 
 ADAPTERS = AdaptersMap(psycopg.adapters)

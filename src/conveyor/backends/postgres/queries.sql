@@ -676,6 +676,16 @@ from leases l
 left join live v on v.id = l.id and v.attempt = l.attempt
 left join renewed r on r.id = l.id and r.attempt = l.attempt;
 
+-- name: part_finish_fence
+-- Part of both finishes: each completion's fence, its lease token and a live
+-- lease, written as join conditions of the input (`i`) with the tasks (`t`)
+-- only, for the planner's sake (see heartbeat).
+t.id = any(%(ids)s::bigint[])
+and t.id = i.id
+and t.attempt = i.attempt
+and t.worker_id = i.worker_id
+and t.lease_expires_at > i.now
+
 -- name: finish
 -- Record many attempt completions in one statement, each fenced by its lease
 -- token and a live lease; a late write from a lost lease changes nothing
@@ -727,11 +737,7 @@ finished as (
         finished_at = case when i.state in ('succeeded', 'failed', 'cancelled')
                             or t.cancel_requested then i.now end
     from input i
-    where t.id = any(%(ids)s::bigint[])
-      and t.id = i.id
-      and t.attempt = i.attempt
-      and t.worker_id = i.worker_id
-      and t.lease_expires_at > i.now
+    where {part_finish_fence}
     -- The attempt's completion comes along, so that logging it needs no second
     -- join with the input (a generic plan guesses 10 input rows and would
     -- make that join a nested loop, quadratic in the batch). So does the
@@ -779,11 +785,7 @@ set state = 'succeeded',
     lease_expires_at = null,
     finished_at = i.now
 from input i
-where t.id = any(%(ids)s::bigint[])
-  and t.id = i.id
-  and t.attempt = i.attempt
-  and t.worker_id = i.worker_id
-  and t.lease_expires_at > i.now
+where {part_finish_fence}
 returning t.id, t.attempt;
 
 -- name: cancel
