@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_app import DEFAULT_URL, TASK_NAME, make_app  # noqa: E402
-from benchmarks.throughput import drop_schema, positive_int  # noqa: E402
+from benchmarks.throughput import drop_schema, enqueue_all, positive_int  # noqa: E402
 from conveyor.backends.protocol import (  # noqa: E402
     ClaimedTask,
     ClaimParams,
@@ -44,10 +44,9 @@ async def one_round(args: argparse.Namespace) -> float:
     schema = f"bench_finish_{uuid.uuid4().hex[:8]}"
     app = make_app(args.url, schema)
     try:
+        enqueue = argparse.Namespace(url=args.url, tasks=args.tasks, batch=5000, analyze=False)
+        await enqueue_all(enqueue, schema)  # creates the schema too
         async with app:
-            for first in range(0, args.tasks, 5000):
-                payloads = [{"i": i} for i in range(first, min(first + 5000, args.tasks))]
-                await app.enqueue_many_async(TASK_NAME, payloads)
             backend = await app.backend()
             claim = ClaimParams("bench", (TASK_NAME,), ("default",), CLAIM_LIMIT, lease=3600)
             claimed: list[ClaimedTask] = []
