@@ -46,11 +46,17 @@ async def test_an_idle_worker_starts_tasks_enqueued_alone_without_a_claim(
     async def noop(i: int) -> int:
         return i
 
-    async with app, RunningWorker(app, poll_interval=LONG_POLL, concurrency=4) as worker:
+    # A lease long enough that no renewal falls within the test: an enqueue
+    # passes over an offer whose row a renewal holds locked (it is claimed).
+    config = {"poll_interval": LONG_POLL, "concurrency": 4, "lease": 4 * LONG_POLL}
+    async with app, RunningWorker(app, **config) as worker:
         await settled(worker)
         claims = worker.claims_made
         ids = []
         for i in range(12):
+            # Each one sent while an offer stands, not while the worker tops
+            # it up after the last hand-off (that statement holds its row).
+            await wait_for(lambda: offering(worker))
             ids.append((await noop.enqueue_async(i=i)).id)
             await wait_terminal(app, ids[-1:])
         tasks = await wait_terminal(app, ids)

@@ -112,10 +112,12 @@ async def test_attempts_handed_off_are_counted(app: conveyor.App) -> None:
     async def job(n: int) -> int:
         return n
 
-    async with app, RunningWorker(app, concurrency=4, poll_interval=30) as worker:
-        await wait_for(lambda: _ready(worker))
+    # A lease long enough that no offer renewal (which holds the offer's row,
+    # so an enqueue passes it over) falls within the test.
+    async with app, RunningWorker(app, concurrency=4, poll_interval=30, lease=120) as worker:
         ids = []
         for n in range(3):
+            await wait_for(lambda: _ready(worker))  # an offer stands, no top-up under way
             ids.append((await job.enqueue_async(n=n)).id)
             await wait_terminal(app, ids[-1:])
     got = samples(metrics)
