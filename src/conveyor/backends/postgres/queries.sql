@@ -377,7 +377,11 @@ served as (
 
 -- name: part_claimed
 -- Part of both claims: the tasks of the statement's own `chosen` CTE start
--- their attempt, under a lease from the statement's `clock`.
+-- their attempt, under a lease from the statement's `clock`. They are
+-- found by key, as an array: joined with `chosen`, the generic plan of a
+-- claim beside a backlog the statistics know of (a tenth of it, the
+-- planner guesses, passes the LIMIT) hashed the chosen ids and scanned the
+-- whole table for them.
 claimed as (
     update {schema}.tasks t
     set state = 'in_progress',
@@ -387,8 +391,8 @@ claimed as (
         attempt_started_at = clock.now,
         lease_expires_at = clock.now
             + make_interval(secs => coalesce(t.lease_seconds, %(lease)s::float8))
-    from chosen c, clock
-    where t.id = c.id
+    from clock
+    where t.id = any(array(select c.id from chosen c))
     -- (a cast keeps its column's name: payload, retry_policy)
     returning t.id, t.attempt, t.name, t.queue, t.payload::text, t.spent,
               t.max_attempts, t.retry_policy::text, t.timeout_seconds,
@@ -662,7 +666,7 @@ free as materialized (
 ),
 renewed as (
     update {schema}.tasks t
-    set lease_expires_at = l.now + make_interval(secs => coalesce(t.lease_seconds, %(lease)s))
+    set lease_expires_at = l.now + make_interval(secs => coalesce(t.lease_seconds, %(lease)s::float8))
     from free f
     join leases l on l.id = f.id
     where t.id = f.id
@@ -815,7 +819,7 @@ from {schema}.tasks t
 join unnest(%(ids)s::bigint[], %(attempts)s::int[]) as l(id, attempt)
   on l.id = t.id and l.attempt = t.attempt
 where t.id = any(%(ids)s::bigint[])
-  and t.worker_id = %(worker_id)s
+  and t.worker_id = %(worker_id)s::text
   and t.lease_expires_at is not null
   and t.cancel_requested;
 
