@@ -228,7 +228,7 @@ async def _generic_plan(
             )
             row = await cursor.fetchone()
         finally:
-            await conn.execute("deallocate all")
+            await conn.execute("deallocate probe")
             await conn.execute("reset plan_cache_mode")
     assert row is not None
     document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
@@ -689,3 +689,47 @@ async def test_a_lease_s_statements_find_their_rows_by_key_beside_an_analyzed_ba
         nodes = await _generic_plan(backend, name, args)
         assert "tasks" not in _scanned_tables(nodes), name
         assert _rows_read_from_tasks(nodes) <= 2 * len(ids), name
+
+
+async def test_the_inbox_statements_find_their_rows_by_key_beside_an_analyzed_backlog(
+    backend: PostgresBackend,
+) -> None:
+    """A send, a poll's ending and a replace of pending tasks, under their
+    generic plans beside an analyzed backlog: every read of the tasks table
+    is bounded by the ids it names."""
+    running = await _analyzed_backlog(backend, 50_000, 5_000)
+    ids, pending = running[:100], [running[0] - 1, running[0] - 2]
+    n = len(ids)
+    statements = [
+        ("lock_tasks", {"ids": ids, "own": ids[:50], "now": None}),
+        ("recipients", {"ids": ids}),
+        ("guard_send", {"ids": ids}),
+        ("guard_endings", {"ids": ids}),
+        ("fence_check", {"ids": ids, "attempts": [1] * n, "worker_id": "w", "now": None}),
+        (
+            "deliver",
+            {
+                "now": None,
+                "task_ids": ids,
+                "sender_ids": ids[::-1],
+                "bodies": ["1"] * n,
+                "traces": [None] * n,
+            },
+        ),
+        ("rewake", {"ids": ids, "now": None}),
+        (
+            "replace_pending",
+            {
+                "ids": pending,
+                "payloads": ["{}", "{}"],
+                "priorities": [0, 0],
+                "run_ats": [None, None],
+                "delays": [0.0, 0.0],
+                "now": None,
+            },
+        ),
+    ]
+    for name, args in statements:
+        nodes = await _generic_plan(backend, name, args)
+        assert "tasks" not in _scanned_tables(nodes), name
+        assert _rows_read_from_tasks(nodes) <= 2 * n, name
