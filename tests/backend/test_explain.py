@@ -362,17 +362,23 @@ async def test_idempotency_keys_and_cancel_checks_use_their_indexes(
         assert index in {n.get("Index Name") for n in plan}, name
 
 
+@pytest.mark.parametrize("analyzed", [False, True], ids=["fresh", "analyzed"])
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 async def test_a_keyed_claim_never_walks_the_tasks_behind_a_full_key(
-    backend: PostgresBackend, generic: bool
+    backend: PostgresBackend, generic: bool, analyzed: bool
 ) -> None:
     """100k tasks wait behind one hot key whose one slot is taken: a claim
     must find the cold key's task without reading the hot key's backlog
     (neither the plain claim, whose index leaves keyed tasks out, nor the
-    keyed claim, which reads the hot key's room off its running tasks)."""
+    keyed claim, which reads the hot key's room off its running tasks),
+    whether or not the statistics know of that backlog."""
     hot = replace(new(run_at=None), concurrency_key="hot", concurrency_limit=1)
     for _ in range(BACKLOG // 5_000):
         await backend.enqueue(EnqueueParams(tasks=[hot] * 5_000, now=None))
+    if analyzed:
+        async with backend.pool.connection() as conn:
+            tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+            await conn.execute(psycopg.sql.SQL("analyze {}").format(tasks))
     [running] = await backend.claim(
         ClaimParams(worker_id="w", names=["job"], queues=["default"], limit=1, lease=30)
     )
