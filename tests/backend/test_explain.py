@@ -739,3 +739,29 @@ async def test_the_inbox_statements_find_their_rows_by_key_beside_an_analyzed_ba
         nodes = await _generic_plan(backend, name, args)
         assert "tasks" not in _scanned_tables(nodes), name
         assert _rows_read_from_tasks(nodes) <= 2 * n, name
+
+
+async def test_a_bulk_retry_batch_takes_its_rows_by_key_beside_analyzed_failures(
+    backend: PostgresBackend,
+) -> None:
+    """A bulk retry walks 100,000 failed tasks the statistics know of in
+    batches of 1,000: each batch moves the rows it chose by key, never
+    through a scan of the whole table (the generic plan guesses that its
+    LIMIT passes a tenth of them)."""
+    await _fill(backend, 100_000, 0, "1 hour", state="failed")
+    async with backend.pool.connection() as conn:
+        tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+        await conn.execute(psycopg.sql.SQL("analyze {}").format(tasks))
+    args = {
+        "states": ["failed"],
+        "after": 0,
+        "name": None,
+        "queue": None,
+        "since": None,
+        "until": None,
+        "limit": 1000,
+        "now": None,
+    }
+    nodes = await _generic_plan(backend, "retry_many", args)
+    assert "tasks" not in _scanned_tables(nodes)
+    assert _rows_read_from_tasks(nodes) <= 2000
