@@ -602,8 +602,11 @@ async def test_no_statement_of_conveyor_s_connections_is_jit_compiled(
         async with pool.connection() as conn:
             cursor = await conn.execute("show jit")
             assert await cursor.fetchone() == ("off",)
+            cursor = await conn.execute("show enable_seqscan")
+            assert await cursor.fetchone() == ("off",)
     with history.sync_pool.connection() as sync_conn:
         assert sync_conn.execute("show jit").fetchone() == ("off",)
+        assert sync_conn.execute("show enable_seqscan").fetchone() == ("off",)
     async with pools[1].connection() as conn:
         await conn.execute("set jit_above_cost = 0")
         cursor = await conn.execute(
@@ -614,6 +617,35 @@ async def test_no_statement_of_conveyor_s_connections_is_jit_compiled(
     assert row is not None
     document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
     assert "JIT" not in document[0], document[0]["JIT"]
+
+
+async def test_a_handler_s_statements_are_planned_with_the_server_s_settings(
+    backend: PostgresBackend,
+) -> None:
+    """conveyor's connections weigh no sequential scan, but a handler's own
+    statements in its attempt transaction are planned as the server plans
+    them for any client; conveyor's statements that end the transaction
+    take the setting back, and the connection keeps it after."""
+    await enqueue(backend, new())
+    [task] = await claim(backend)
+    transaction = await backend.begin_attempt_transaction("w1")
+    cursor = await transaction.connection.execute("show enable_seqscan")
+    assert await cursor.fetchone() == ("on",)
+    done = Completion(task.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="null")
+    assert await transaction.commit_success(done)
+    sync = backend.begin_attempt_transaction_sync("w1")
+    assert sync.connection.execute("show enable_seqscan").fetchone() == ("on",)
+    await sync.rollback()
+    # Every connection the pool holds, the transaction's among them.
+    held = [await backend.pool.getconn() for _ in range(backend.pool.get_stats()["pool_size"])]
+    assert transaction.connection in held
+    try:
+        for conn in held:
+            cursor = await conn.execute("show enable_seqscan")
+            assert await cursor.fetchone() == ("off",)
+    finally:
+        for conn in held:
+            await backend.pool.putconn(conn)
 
 
 async def _analyzed_backlog(backend: PostgresBackend, pending: int, running: int) -> list[int]:
@@ -765,3 +797,88 @@ async def test_a_bulk_retry_batch_takes_its_rows_by_key_beside_analyzed_failures
     nodes = await _generic_plan(backend, "retry_many", args)
     assert "tasks" not in _scanned_tables(nodes)
     assert _rows_read_from_tasks(nodes) <= 2000
+
+
+async def _plan_kept_from_an_empty_table(
+    backend: PostgresBackend, name: str, args: dict[str, Any], fill: int
+) -> list[dict[str, Any]]:
+    """EXPLAIN ANALYZE of ``name``'s generic plan on a connection of the
+    backend's pool, the plan made (by a first execution) while the tasks
+    table was empty and used after ``fill`` tasks came: what a worker that
+    started on an empty queue keeps using once the work arrives."""
+    sql = backend.sql[name].decode()
+    names: list[str] = []
+    types: list[str] = []
+    for found in re.finditer(r"%\((\w+)\)s(::[\w\[\]]+)?", sql):
+        if found.group(1) not in names:
+            names += [found.group(1)]
+            if found.group(2) is None:
+                raise AssertionError(f"{name}: every parameter needs a cast ({found.group(1)})")
+            types += [found.group(2)[2:]]
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql)
+    values = ", ".join(f"%s::{t}" for t in types)
+    async with backend.pool.connection() as conn:
+        await conn.execute("set plan_cache_mode = force_generic_plan")
+        try:
+            conn.pgconn.exec_(f"prepare kept ({', '.join(types)}) as {numbered}".encode())
+            cursor = psycopg.AsyncClientCursor(conn)
+            await cursor.execute(
+                f"execute kept ({values})",  # type: ignore[arg-type]
+                [args[n] for n in names],
+            )
+            # Inserted, not vacuumed: a vacuum or an analyze would make the
+            # server plan the statement again.
+            await conn.execute(
+                psycopg.sql.SQL(
+                    "insert into {} (name, queue, payload, max_attempts, retry_policy)"
+                    " select 'job', 'default', '{{}}', 3, '{{}}' from generate_series(1, %s)"
+                ).format(psycopg.sql.Identifier(backend.schema, "tasks")),
+                (fill,),
+            )
+            await cursor.execute(
+                f"explain (analyze, format json) execute kept ({values})",  # type: ignore[arg-type]
+                [args[n] for n in names],
+            )
+            row = await cursor.fetchone()
+        finally:
+            await conn.execute("deallocate kept")
+            await conn.execute("reset plan_cache_mode")
+    assert row is not None
+    document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return _nodes(document[0]["Plan"])
+
+
+KEPT_IDS = list(range(1, 301))
+KEPT_STATEMENTS: list[tuple[str, dict[str, Any]]] = [
+    ("claim", {**CLAIM_ARGS, "limit": 100}),
+    (
+        "heartbeat",
+        {"now": None, "worker_id": "w", "ids": KEPT_IDS, "attempts": [1] * 300, "lease": 30.0},
+    ),
+    ("cancel_requested", {"worker_id": "w", "ids": KEPT_IDS, "attempts": [1] * 300}),
+    finish_statement(
+        "w",
+        [
+            Completion(LeaseToken(i, 1, "w"), Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="1")
+            for i in KEPT_IDS
+        ],
+        None,
+    ),
+    ("get_task", {"id": 150}),
+    ("recipients", {"ids": KEPT_IDS}),
+    ("stored_keys", {"names": ["job"] * 3, "keys": ["a", "b", "c"], "now": None}),
+]
+
+
+@pytest.mark.parametrize(("name", "args"), KEPT_STATEMENTS, ids=[n for n, _ in KEPT_STATEMENTS])
+async def test_a_plan_made_on_an_empty_table_still_finds_its_rows_by_key(
+    backend: PostgresBackend, name: str, args: dict[str, Any]
+) -> None:
+    """A pooled connection keeps a statement's plan for its life. Made while
+    the tasks table was empty, where scanning the table cost less than a
+    look in an index, the plans of a claim, a renewal and a finish kept
+    scanning every task once 100,000 came (a finish of 50,000 completions
+    took 11 s), until an ANALYZE made the server plan them again. conveyor's
+    connections weigh no sequential scan where an index serves."""
+    nodes = await _plan_kept_from_an_empty_table(backend, name, args, 20_000)
+    assert "tasks" not in _scanned_tables(nodes), name

@@ -110,18 +110,36 @@ NO_JIT = "set jit to off"
 # second instead, and its transaction rolls back. An attempt transaction
 # waits on the handler, so it lifts the limit for itself.
 BOUND_IDLE_TRANSACTIONS = "set idle_in_transaction_session_timeout to '1s'"
+# A prepared statement keeps its plan for the connection's life, and that
+# plan must not depend on how big the tasks table was when it was made. A
+# worker that started on an empty queue planned its claim, its finishes and
+# its renewals while a scan of the table cost less than a look in the
+# primary key, and kept scanning the whole table as the backlog grew: 35 ms
+# a claim beside 100,000 tasks, and a finish of 50,000 completions that
+# compared each row with the whole batch (11 s), until an ANALYZE made the
+# server plan again. Every statement of conveyor reaches its rows through an
+# index, so no sequential scan is weighed at all; where no index serves (a
+# count of every task), the scan still runs.
+NO_SEQSCAN = "set enable_seqscan to off"
+SESSION = "; ".join((READ_COMMITTED, BOUND_IDLE_TRANSACTIONS, NO_JIT, NO_SEQSCAN))
+"""Every setting of a conveyor connection, in one round trip."""
+SYNC_SESSION = "; ".join((READ_COMMITTED, NO_JIT, NO_SEQSCAN))
 # Claims run on connections of their own, each statement planned once per
 # connection: see PostgresBackend.claim.
 CLAIM_PLANS = "set plan_cache_mode to force_generic_plan"
-BEGIN_ATTEMPT = "begin isolation level read committed"
+# A handler's own statements, in its attempt transaction, are planned as the
+# server would plan them for any client: the session's planner settings
+# (NO_SEQSCAN) are conveyor's, not the handler's. conveyor's own statements
+# at the end of the transaction take them back (transactions.ATTEMPT_END).
+BEGIN_ATTEMPT = "begin isolation level read committed; set local enable_seqscan to default"
 BEGIN_UNBOUND_ATTEMPT = (
-    "begin isolation level read committed; set local idle_in_transaction_session_timeout to 0"
+    "begin isolation level read committed; set local idle_in_transaction_session_timeout to 0;"
+    " set local enable_seqscan to default"
 )
 
 
 def _configure_sync(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(READ_COMMITTED)
-    conn.execute(NO_JIT)
+    conn.execute(SYNC_SESSION)
 
 
 def _check_async(connection: Any) -> None:
@@ -191,9 +209,7 @@ class PostgresBackend(FlowControl):
         return self._pool
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
-        await conn.execute(READ_COMMITTED)
-        await conn.execute(BOUND_IDLE_TRANSACTIONS)
-        await conn.execute(NO_JIT)
+        await conn.execute(SESSION)
         self._connections.add(conn)
 
     async def _configure_claims(self, conn: AsyncConnection[Any]) -> None:

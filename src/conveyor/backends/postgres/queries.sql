@@ -846,7 +846,7 @@ select id, name, queue, payload::text as payload, state, priority, run_at, attem
        case when state = 'in_progress' then worker_id end as worker_id, lease_expires_at,
        cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key
 from {schema}.tasks
-where id = %(id)s;
+where id = %(id)s::bigint;
 
 -- name: get_attempts
 -- The ended attempts (attempt_log), and the running one, which its task row

@@ -20,6 +20,11 @@ from conveyor.backends.postgres.rows import finish_args
 from conveyor.backends.protocol import Completion
 from conveyor.errors import BackendError, BackendUnavailableError
 
+ATTEMPT_END = "set local enable_seqscan to off"
+"""Before conveyor's own statements end an attempt transaction: the
+session's planner settings again, which its handler ran without (see
+``NO_SEQSCAN`` in the backend)."""
+
 UNAVAILABLE = (
     psycopg.OperationalError,
     psycopg.InterfaceError,
@@ -69,6 +74,7 @@ class PostgresTransaction:
 
     async def _commit_success(self, completion: Completion) -> bool:
         try:
+            await self._conn.execute(ATTEMPT_END)
             if completion.effects is not None:
                 backend = self._backend
                 applied = await finish_with_effects(
@@ -147,6 +153,7 @@ class PostgresSyncTransaction:
         if self._done:
             raise BackendError("the attempt transaction is already closed")
         try:
+            self._conn.execute(ATTEMPT_END)
             cursor = self._conn.execute(
                 self._backend.sql["finish"], finish_args(self._worker_id, [completion], None)
             )
