@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +30,9 @@ from conveyor.backends.sqlfiles import read_blocks
 
 QUERIES = read_blocks("benchmarks.systems", "queries.sql")
 IDLE_SECONDS = 1.0
+SETTLE_SECONDS = 5.0
+"""How long released drains give their worker processes to start (imports,
+connections, migrations) before stopping them for the enqueue."""
 """How long a latency worker sits idle after its warm-up task."""
 
 
@@ -178,6 +183,43 @@ class System(abc.ABC):
         finally:
             codes = [await stop_worker(w) for w in workers]
         return DrainRun(processes, wall, await self.completion(), codes, timed_out)
+
+    async def drain_released(
+        self, processes: int, n: int, timeout: float
+    ) -> tuple[DrainRun, float]:
+        """Start ``processes`` workers on an empty queue and give them
+        ``SETTLE_SECONDS`` to start; stop them (SIGSTOP, each with its process
+        group), enqueue ``n`` tasks (timed: the second value), release them
+        together (SIGCONT); time until all completed. The window then holds
+        neither an interpreter's start-up nor one process starting later than
+        another. The workers run as they would serve, not in burst mode."""
+        workers = [self.spawn(burst=False, session=True) for _ in range(processes)]
+        try:
+            await asyncio.sleep(SETTLE_SECONDS)
+            if any(w.poll() is not None for w in workers):
+                raise RuntimeError(f"{self.name}: a worker exited before the tasks came")
+            for worker in workers:
+                os.killpg(worker.pid, signal.SIGSTOP)
+            enqueue_seconds = await self.enqueue(n)
+            started = time.perf_counter()
+            for worker in workers:
+                os.killpg(worker.pid, signal.SIGCONT)
+            timed_out = True
+            while time.perf_counter() - started < timeout:
+                if await self.progress() >= n:
+                    timed_out = False
+                    break
+                if any(w.poll() is not None for w in workers):
+                    timed_out = await self.progress() < n
+                    break
+                await asyncio.sleep(POLL_SECONDS)
+            wall = time.perf_counter() - started
+        finally:
+            for worker in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(worker.pid, signal.SIGCONT)
+            codes = [await stop_worker(w) for w in workers]
+        return DrainRun(processes, wall, await self.completion(), codes, timed_out), enqueue_seconds
 
     async def latency(self, rate: float, duration: float, timeout: float) -> list[float]:
         """Enqueue one stamped task at a time at ``rate``/s for ``duration`` s into an
