@@ -47,6 +47,9 @@ class FlowControl:
     async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         raise NotImplementedError  # the backend's own
 
+    async def _fetchall_scanning(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        raise NotImplementedError  # the backend's own
+
     def _connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
         raise NotImplementedError  # the backend's own
 
@@ -149,7 +152,8 @@ class FlowControl:
 
     async def count_prunable(self, params: PruneParams) -> PruneResult:
         args = _prune_args(params)
-        tasks = sum(count for _state, count in await self._fetchall("count_prunable", args))
+        counts = await self._fetchall_scanning("count_prunable", args)
+        tasks = sum(count for _state, count in counts)
         workers = 0
         if params.workers_before is not None:
             workers = (await self._fetchall("count_prunable_workers", args))[0][0]
