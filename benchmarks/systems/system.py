@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -164,21 +165,24 @@ class System(abc.ABC):
         assert row is not None
         return Completion(*row)
 
+    async def _until_done(self, n: int, deadline: float, gone: Callable[[], bool]) -> bool:
+        """Poll until ``n`` tasks completed, the workers are ``gone`` or the
+        ``deadline`` (``time.perf_counter()``) passes; whether it timed out."""
+        while time.perf_counter() < deadline:
+            if await self.progress() >= n:
+                return False
+            if gone():
+                return await self.progress() < n
+            await asyncio.sleep(POLL_SECONDS)
+        return True
+
     async def drain(self, processes: int, n: int, timeout: float) -> DrainRun:
         """Start ``processes`` workers on ``n`` queued tasks; time until all completed."""
         started = time.perf_counter()
         workers = [self.spawn(burst=True) for _ in range(processes)]
-        timed_out = True
         try:
-            while time.perf_counter() - started < timeout:
-                if await self.progress() >= n:
-                    timed_out = False
-                    break
-                if all(w.poll() is not None for w in workers):
-                    # the last ones may have just committed
-                    timed_out = await self.progress() < n
-                    break
-                await asyncio.sleep(POLL_SECONDS)
+            # Burst workers exit when done: the last ones may have just committed.
+            timed_out = await self._until_done(n, started + timeout, lambda: all(exited(workers)))
             wall = time.perf_counter() - started
         finally:
             codes = [await stop_worker(w) for w in workers]
@@ -204,15 +208,7 @@ class System(abc.ABC):
             started = time.perf_counter()
             for worker in workers:
                 os.killpg(worker.pid, signal.SIGCONT)
-            timed_out = True
-            while time.perf_counter() - started < timeout:
-                if await self.progress() >= n:
-                    timed_out = False
-                    break
-                if any(w.poll() is not None for w in workers):
-                    timed_out = await self.progress() < n
-                    break
-                await asyncio.sleep(POLL_SECONDS)
+            timed_out = await self._until_done(n, started + timeout, lambda: any(exited(workers)))
             wall = time.perf_counter() - started
         finally:
             for worker in workers:
@@ -239,6 +235,11 @@ class System(abc.ABC):
             finally:
                 await stop_worker(worker)
             return latencies(stamp_file)
+
+
+def exited(workers: list[subprocess.Popen[bytes]]) -> list[bool]:
+    """Whether each worker process has exited."""
+    return [w.poll() is not None for w in workers]
 
 
 async def wait_stamps(

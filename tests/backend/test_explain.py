@@ -199,12 +199,15 @@ async def test_a_poll_s_ending_and_a_send_use_primary_keys(history: PostgresBack
 
 
 async def _generic_plan(
-    backend: PostgresBackend, name: str, args: dict[str, Any]
+    backend: PostgresBackend, name: str, args: dict[str, Any], grow: int = 0
 ) -> list[dict[str, Any]]:
     """EXPLAIN ANALYZE of ``name`` as a prepared statement under its generic
     plan, the one a pooled connection settles on after a few executions: it
     knows nothing of the arrays it gets (it guesses 10 elements). Every
-    parameter of the statement must carry a cast."""
+    parameter of the statement must carry a cast. ``grow``: the plan is made
+    (by a first execution) on the table as it is, then ``grow`` tasks come
+    before the plan is explained, inserted without a vacuum or an analyze
+    (either would make the server plan the statement again)."""
     sql = backend.sql[name].decode()
     names: list[str] = []
     types: list[str] = []
@@ -222,6 +225,18 @@ async def _generic_plan(
             conn.pgconn.exec_(f"prepare probe ({', '.join(types)}) as {numbered}".encode())
             cursor = psycopg.AsyncClientCursor(conn)
             values = ", ".join(f"%s::{t}" for t in types)
+            if grow:
+                await cursor.execute(
+                    f"execute probe ({values})",  # type: ignore[arg-type]
+                    [args[n] for n in names],
+                )
+                await conn.execute(
+                    psycopg.sql.SQL(
+                        "insert into {} (name, queue, payload, max_attempts, retry_policy)"
+                        " select 'job', 'default', '{{}}', 3, '{{}}' from generate_series(1, %s)"
+                    ).format(psycopg.sql.Identifier(backend.schema, "tasks")),
+                    (grow,),
+                )
             await cursor.execute(
                 f"explain (analyze, format json) execute probe ({values})",  # type: ignore[arg-type]
                 [args[n] for n in names],
@@ -799,55 +814,6 @@ async def test_a_bulk_retry_batch_takes_its_rows_by_key_beside_analyzed_failures
     assert _rows_read_from_tasks(nodes) <= 2000
 
 
-async def _plan_kept_from_an_empty_table(
-    backend: PostgresBackend, name: str, args: dict[str, Any], fill: int
-) -> list[dict[str, Any]]:
-    """EXPLAIN ANALYZE of ``name``'s generic plan on a connection of the
-    backend's pool, the plan made (by a first execution) while the tasks
-    table was empty and used after ``fill`` tasks came: what a worker that
-    started on an empty queue keeps using once the work arrives."""
-    sql = backend.sql[name].decode()
-    names: list[str] = []
-    types: list[str] = []
-    for found in re.finditer(r"%\((\w+)\)s(::[\w\[\]]+)?", sql):
-        if found.group(1) not in names:
-            names += [found.group(1)]
-            if found.group(2) is None:
-                raise AssertionError(f"{name}: every parameter needs a cast ({found.group(1)})")
-            types += [found.group(2)[2:]]
-    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql)
-    values = ", ".join(f"%s::{t}" for t in types)
-    async with backend.pool.connection() as conn:
-        await conn.execute("set plan_cache_mode = force_generic_plan")
-        try:
-            conn.pgconn.exec_(f"prepare kept ({', '.join(types)}) as {numbered}".encode())
-            cursor = psycopg.AsyncClientCursor(conn)
-            await cursor.execute(
-                f"execute kept ({values})",  # type: ignore[arg-type]
-                [args[n] for n in names],
-            )
-            # Inserted, not vacuumed: a vacuum or an analyze would make the
-            # server plan the statement again.
-            await conn.execute(
-                psycopg.sql.SQL(
-                    "insert into {} (name, queue, payload, max_attempts, retry_policy)"
-                    " select 'job', 'default', '{{}}', 3, '{{}}' from generate_series(1, %s)"
-                ).format(psycopg.sql.Identifier(backend.schema, "tasks")),
-                (fill,),
-            )
-            await cursor.execute(
-                f"explain (analyze, format json) execute kept ({values})",  # type: ignore[arg-type]
-                [args[n] for n in names],
-            )
-            row = await cursor.fetchone()
-        finally:
-            await conn.execute("deallocate kept")
-            await conn.execute("reset plan_cache_mode")
-    assert row is not None
-    document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-    return _nodes(document[0]["Plan"])
-
-
 KEPT_IDS = list(range(1, 301))
 KEPT_STATEMENTS: list[tuple[str, dict[str, Any]]] = [
     ("claim", {**CLAIM_ARGS, "limit": 100}),
@@ -880,7 +846,7 @@ async def test_a_plan_made_on_an_empty_table_still_finds_its_rows_by_key(
     scanning every task once 100,000 came (a finish of 50,000 completions
     took 11 s), until an ANALYZE made the server plan them again. conveyor's
     connections weigh no sequential scan where an index serves."""
-    nodes = await _plan_kept_from_an_empty_table(backend, name, args, 20_000)
+    nodes = await _generic_plan(backend, name, args, grow=20_000)
     assert "tasks" not in _scanned_tables(nodes), name
 
 
