@@ -31,10 +31,10 @@ from conveyor.backends.sqlfiles import read_blocks
 
 QUERIES = read_blocks("benchmarks.systems", "queries.sql")
 IDLE_SECONDS = 1.0
+"""How long a latency worker sits idle after its warm-up task."""
 SETTLE_SECONDS = 5.0
 """How long released drains give their worker processes to start (imports,
 connections, migrations) before stopping them for the enqueue."""
-"""How long a latency worker sits idle after its warm-up task."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ class System(abc.ABC):
         workers = [self.spawn(burst=False, session=True) for _ in range(processes)]
         try:
             await asyncio.sleep(SETTLE_SECONDS)
-            if any(w.poll() is not None for w in workers):
+            if any(exited(workers)):
                 raise RuntimeError(f"{self.name}: a worker exited before the tasks came")
             for worker in workers:
                 os.killpg(worker.pid, signal.SIGSTOP)

@@ -75,6 +75,13 @@ async def _fill(
         await conn.execute(psycopg.sql.SQL("vacuum {}").format(tasks))
 
 
+async def _analyze(backend: PostgresBackend) -> None:
+    """Statistics of the tasks table as it is now, as autovacuum takes them."""
+    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+    async with backend.pool.connection() as conn:
+        await conn.execute(psycopg.sql.SQL("analyze {}").format(tasks))
+
+
 @pytest.fixture
 async def history(backend: PostgresBackend) -> PostgresBackend:
     await _fill(backend, FINISHED, 50, "0 seconds")
@@ -391,9 +398,7 @@ async def test_a_keyed_claim_never_walks_the_tasks_behind_a_full_key(
     for _ in range(BACKLOG // 5_000):
         await backend.enqueue(EnqueueParams(tasks=[hot] * 5_000, now=None))
     if analyzed:
-        async with backend.pool.connection() as conn:
-            tasks = psycopg.sql.Identifier(backend.schema, "tasks")
-            await conn.execute(psycopg.sql.SQL("analyze {}").format(tasks))
+        await _analyze(backend)
     [running] = await backend.claim(
         ClaimParams(worker_id="w", names=["job"], queues=["default"], limit=1, lease=30)
     )
@@ -452,9 +457,7 @@ async def _stale_statistics(backend: PostgresBackend, finished: int, pending: in
     due tasks the statistics do not know of: the table as a drain finds it
     between two runs of autovacuum, the statistics saying no task is alive."""
     await _fill(backend, finished, 0, "1 hour")
-    async with backend.pool.connection() as conn:
-        tasks = psycopg.sql.Identifier(backend.schema, "tasks")
-        await conn.execute(psycopg.sql.SQL("analyze {}").format(tasks))
+    await _analyze(backend)
     await _fill(backend, 0, pending, "1 hour")
 
 
@@ -796,9 +799,7 @@ async def test_a_bulk_retry_batch_takes_its_rows_by_key_beside_analyzed_failures
     through a scan of the whole table (the generic plan guesses that its
     LIMIT passes a tenth of them)."""
     await _fill(backend, 100_000, 0, "1 hour", state="failed")
-    async with backend.pool.connection() as conn:
-        tasks = psycopg.sql.Identifier(backend.schema, "tasks")
-        await conn.execute(psycopg.sql.SQL("analyze {}").format(tasks))
+    await _analyze(backend)
     args = {
         "states": ["failed"],
         "after": 0,
