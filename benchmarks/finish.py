@@ -21,6 +21,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
+
+import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -39,8 +42,8 @@ from conveyor.model import Outcome, TaskState  # noqa: E402
 CLAIM_LIMIT = 1000
 
 
-async def one_round(args: argparse.Namespace) -> float:
-    """Microseconds per completion in one fresh schema."""
+async def one_round(args: argparse.Namespace) -> tuple[float, float]:
+    """Microseconds and WAL bytes per completion in one fresh schema."""
     schema = f"bench_finish_{uuid.uuid4().hex[:8]}"
     app = make_app(args.url, schema)
     try:
@@ -60,23 +63,36 @@ async def one_round(args: argparse.Namespace) -> float:
             else:
                 ending = (Outcome.FAILED, TaskState.PENDING)
             completions = [Completion(c.token, *ending, result="null") for c in claimed]
-            started = time.perf_counter()
-            for first in range(0, len(completions), args.batch):
-                batch = completions[first : first + args.batch]
-                recorded = await backend.finish(FinishParams("bench", batch))
-                if len(recorded.applied) != len(batch):
-                    raise RuntimeError("a completion was refused")
-            return (time.perf_counter() - started) * 1e6 / len(completions)
+            async with await psycopg.AsyncConnection.connect(args.url, autocommit=True) as conn:
+                wal_before = await wal_position(conn)
+                started = time.perf_counter()
+                for first in range(0, len(completions), args.batch):
+                    batch = completions[first : first + args.batch]
+                    recorded = await backend.finish(FinishParams("bench", batch))
+                    if len(recorded.applied) != len(batch):
+                        raise RuntimeError("a completion was refused")
+                seconds = time.perf_counter() - started
+                wal = await wal_position(conn) - wal_before
+            return seconds * 1e6 / len(completions), wal / len(completions)
     finally:
         await drop_schema(args.url, schema)
 
 
+async def wal_position(conn: psycopg.AsyncConnection[Any]) -> int:
+    """The server's WAL insert position, in bytes."""
+    row = await (await conn.execute("select pg_current_wal_insert_lsn() - '0/0'")).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 async def run(args: argparse.Namespace) -> None:
     rounds = [await one_round(args) for _ in range(args.rounds)]
-    each = ", ".join(f"{r:.1f}" for r in rounds)
+    each = ", ".join(f"{us:.1f}" for us, _ in rounds)
     print(
         f"finish of {args.tasks:,} {args.outcome} attempts in batches of {args.batch}: "
-        f"{statistics.median(rounds):.1f} us per completion (median; rounds: {each})"
+        f"{statistics.median(us for us, _ in rounds):.1f} us per completion "
+        f"(median; rounds: {each}), "
+        f"{statistics.median(wal for _, wal in rounds):.0f} bytes of WAL per completion"
     )
 
 

@@ -42,6 +42,28 @@ async def test_migrations_are_recorded_and_idempotent(backend: PostgresBackend) 
     assert rows == [(version,) for version, _name, _sql in queries.migrations()]
 
 
+async def test_no_row_trigger_runs_before_an_update_of_tasks(backend: PostgresBackend) -> None:
+    """A BEFORE UPDATE row trigger, whatever its WHEN, makes every update of
+    a task lock its row first (a second write of the row and a WAL record),
+    on every claim and finish (migration 0019): tasks has none."""
+    async with backend.pool.connection() as conn:
+        rows = await (
+            await conn.execute(
+                # tgtype bits: 1 row, 2 before, 16 update (pg_trigger.h)
+                "select tgname, tgtype & 2 <> 0 as before, tgtype & 16 <> 0 as on_update"
+                " from pg_trigger where tgrelid = %s::regclass and not tgisinternal"
+                " and tgtype & 1 <> 0",
+                [f"{backend.schema}.tasks"],
+            )
+        ).fetchall()
+    triggers = {name: (before, on_update) for name, before, on_update in rows}
+    assert [name for name, (before, on_update) in triggers.items() if before and on_update] == []
+    # The triggers are still there, after the update or before an insert.
+    assert triggers["tasks_unique_scope_left"] == (False, True)
+    assert triggers["tasks_concurrency_key_made_pending"] == (False, True)
+    assert triggers["tasks_concurrency_key_pending"] == (True, False)
+
+
 def test_every_statement_stays_short_enough_for_psycopg_to_keep_it_parsed() -> None:
     """psycopg parses a statement once and caches it only up to 4 KiB; a
     longer one (the claim, with its comments, once was) is parsed again at

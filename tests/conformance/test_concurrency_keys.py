@@ -198,6 +198,41 @@ async def test_of_one_batch_into_a_key_with_no_pending_task_the_first_sets_its_l
     assert one not in ids(await claim(backend, limit=10, at=later(2)))
 
 
+async def test_of_one_batch_of_retries_into_a_key_with_no_pending_task_one_sets_its_limit(
+    backend: Backend,
+) -> None:
+    """One finish makes two running tasks of a key (limit 3) pending again,
+    when none of the key's tasks is pending and the key holds a limit of 1:
+    the retried tasks' limit replaces it, though each of them sees the
+    other pending (an UPDATE's rows are all written when a trigger after
+    it looks)."""
+    [one] = await enqueue(backend, keyed("k", limit=1))
+    [running_one] = await claim(backend)
+    three = await enqueue(backend, keyed("k", limit=3), keyed("k", limit=3))
+    running = await claim(backend, limit=10, at=later(1))
+    assert sorted(ids(running)) == sorted(three)
+    # The first task is retried later (pending: its limit of 1 is set), then
+    # cancelled: none of the key's tasks is pending, and 1 stays.
+    later_retry = Completion(
+        running_one.token,
+        Outcome.FAILED,
+        TaskState.PENDING,
+        error=ErrorInfo("E", "x"),
+        retry_delay=3600,
+    )
+    await backend.finish(FinishParams(worker_id="w1", completions=[later_retry], now=later(2)))
+    assert await backend.cancel(one, now=later(2)) is TaskState.CANCELLED
+    assert await backend.list_keys(now=later(2)) == []  # none pending
+    retries = [
+        Completion(c.token, Outcome.FAILED, TaskState.PENDING, error=ErrorInfo("E", "x"))
+        for c in running
+    ]
+    await backend.finish(FinishParams(worker_id="w1", completions=retries, now=later(3)))
+    listed = {k.key: k for k in await backend.list_keys(now=later(3))}
+    assert listed["k"].max_running == 3 and listed["k"].pending == 2
+    assert sorted(ids(await claim(backend, limit=10, at=later(4)))) == sorted(three)
+
+
 @pytest.mark.parametrize("how", ["comes-due", "run-now"])
 async def test_a_delayed_task_made_due_changes_no_limit(backend: Backend, how: str) -> None:
     """Coming due, or run_now, is no move to pending: a key's delayed task
