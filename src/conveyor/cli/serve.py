@@ -19,6 +19,7 @@ from conveyor.cli.common import (
 from conveyor.errors import ConveyorError
 from conveyor.logs import LEVELS, configure_logging
 from conveyor.worker import Worker
+from conveyor.worker.collector import DEFAULT_THRESHOLD, tune_collector
 
 log = logging.getLogger("conveyor.worker")
 
@@ -116,6 +117,14 @@ async def _pending(app: App) -> list[Migration]:
 )
 @click.option("--schema", help="PostgreSQL schema, instead of the app's (or CONVEYOR_SCHEMA).")
 @click.option(
+    "--gc-threshold",
+    type=click.IntRange(min=0),
+    default=DEFAULT_THRESHOLD,
+    show_default=True,
+    help="Freeze what lives at start and collect the youngest generation of garbage after "
+    "this many allocations (0: leave Python's collector as it is).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(min=0, max=65535),
     help="Serve Prometheus metrics on this port (/metrics; the metrics extra).",
@@ -145,6 +154,7 @@ def worker(
     process_pool: int | None,
     url: str | None,
     schema: str | None,
+    gc_threshold: int,
     metrics_port: int | None,
     metrics_addr: str,
 ) -> None:
@@ -175,6 +185,8 @@ def worker(
         )
         if metrics_port is not None:
             serve_metrics(app, running, metrics_port, metrics_addr)
+        if gc_threshold:
+            tune_collector(gc_threshold)  # last: everything built so far is frozen
         asyncio.run(running.run())
     except ConveyorError as exc:
         fail(exc)
