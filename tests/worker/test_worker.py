@@ -384,7 +384,7 @@ async def test_an_attempt_that_never_waits_ends_at_its_start_on_python_3_12() ->
     async def quick() -> None:
         steps.append("ran")
 
-    runner = _start_runner(quick())
+    runner = _start_runner(quick(), asyncio.get_running_loop())
     assert runner.done() is (sys.version_info >= (3, 12))
     await runner
     assert steps == ["ran"]

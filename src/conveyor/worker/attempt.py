@@ -52,6 +52,7 @@ class RunningAttempt:
         "ctx",
         "definition",
         "execution",
+        "loop",
         "max_result_bytes",
         "processes",
         "started",
@@ -65,6 +66,7 @@ class RunningAttempt:
         ctx: TaskContext,
         max_result_bytes: int,
         processes: ProcessPool,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.task = task
         self.definition = definition
@@ -72,6 +74,9 @@ class RunningAttempt:
         self.max_result_bytes = max_result_bytes
         self.processes = processes
         """The worker's handler processes, for a ``process=True`` handler."""
+        self.loop = loop
+        """The worker's event loop: handed down, not looked up (each look-up
+        asks the kernel for the process id, on Python 3.11)."""
         self.execution: Execution | None = None
         self._abandoned = False
         self.started = time.monotonic()
@@ -140,7 +145,7 @@ class RunningAttempt:
     def _start(self, kwargs: dict[str, Any]) -> Execution:
         fn = self.definition.fn
         if self.definition.executor == "async":
-            return InlineExecution(fn(**kwargs))
+            return InlineExecution(fn(**kwargs), self.loop)
         if self.definition.executor == "thread":
             label = f"conveyor:{self.task.name}:{self.task.token.task_id}"
             return ThreadExecution(lambda: fn(**kwargs), label)
@@ -151,7 +156,7 @@ class RunningAttempt:
     async def _wait(self, execution: Execution) -> tuple[Any, BaseException | None]:
         timer = None
         if self.task.timeout is not None:
-            timer = asyncio.get_running_loop().call_later(self.task.timeout, self._time_out)
+            timer = self.loop.call_later(self.task.timeout, self._time_out)
         try:
             # A timed-out handler keeps its slot until it has really stopped.
             return await execution.wait(), None

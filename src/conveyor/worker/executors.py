@@ -57,12 +57,13 @@ class InlineExecution:
     returns can never be cancelled.
     """
 
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> None:
         self._coro = coro
+        self._loop = loop
         self._task: asyncio.Task[Any] | None = None
 
     async def wait(self) -> Any:
-        self._task = asyncio.current_task()
+        self._task = asyncio.current_task(self._loop)
         try:
             return await self._coro
         except (SystemExit, KeyboardInterrupt) as exc:

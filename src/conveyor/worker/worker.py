@@ -86,12 +86,14 @@ ABANDON_SETTLE = 2.0
 attempt transactions before it goes on."""
 
 
-def _start_runner(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-    """Start an attempt's runner. On Python 3.12+ it starts eagerly: its first
-    step runs now, as the current task and in its own context, so an attempt
-    whose handler never waits ends without a turn of the event loop (several
-    microseconds less per attempt). Before 3.12 it is scheduled as usual."""
-    loop = asyncio.get_running_loop()
+def _start_runner(
+    coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop
+) -> asyncio.Task[None]:
+    """Start an attempt's runner on ``loop``, the running one. On Python 3.12+
+    it starts eagerly: its first step runs now, as the current task and in
+    its own context, so an attempt whose handler never waits ends without a
+    turn of the event loop (several microseconds less per attempt). Before
+    3.12 it is scheduled as usual."""
     if sys.version_info >= (3, 12):
         return asyncio.Task(coro, loop=loop, eager_start=True)
     return loop.create_task(coro)
@@ -585,8 +587,9 @@ class Worker:
             parent_id=task.parent_id,
             read_inbox=self._inbox_reader(backend, task),
         )
+        assert self._loop is not None
         running = RunningAttempt(
-            task, definition, ctx, self.client.max_payload_bytes, self.processes
+            task, definition, ctx, self.client.max_payload_bytes, self.processes, self._loop
         )
         self._running[task.token] = running
         if self.events.active:
@@ -602,7 +605,7 @@ class Worker:
                     handed_off,
                 )
             )
-        runner = _start_runner(self._run_attempt(running))
+        runner = _start_runner(self._run_attempt(running), running.loop)
         # The runner leaves the set itself, as its last step (a done callback
         # would cost every attempt one more turn of the event loop); one that
         # already ended, eagerly, is not added.
@@ -651,7 +654,7 @@ class Worker:
                 self._log_ending(running, completion)
                 self.completer.submit(completion)
         finally:
-            self._runners.discard(asyncio.current_task())
+            self._runners.discard(asyncio.current_task(running.loop))
 
     def _emit_ended(self, running: RunningAttempt, completion: Completion) -> None:
         task, token = running.task, completion.token
