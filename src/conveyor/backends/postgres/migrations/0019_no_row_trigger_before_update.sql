@@ -21,13 +21,13 @@
 -- sets the key's running limit when none of the key's other tasks is
 -- pending (see 0015). It still runs BEFORE an insert (an insert locks no
 -- row for it), so that of several tasks of a key stored by one statement,
--- the first sets the limit. On an update it now runs AFTER, and sees every
--- row its statement made pending: those are not counted as the key's
--- other pending tasks (their row version was written by this very command
--- of this transaction), so when one statement makes several tasks of a key
--- with different limits pending, one of them sets the limit, which one
--- following the order the statement wrote them in (guarantees.md, Limits,
--- as before).
+-- the first sets the limit. On an update its function now runs AFTER
+-- (tasks_concurrency_key_made_pending), and sees every row its statement
+-- made pending: those are not counted as the key's other pending tasks
+-- (their row version was written by this very command of this
+-- transaction), so when one statement makes several tasks of a key with
+-- different limits pending, one of them sets the limit, which one following
+-- the order the statement wrote them in (guarantees.md, Limits, as before).
 
 drop trigger tasks_unique_scope_left on {schema}.tasks;
 
@@ -47,7 +47,10 @@ create trigger tasks_unique_scope_left
                or (new.unique_scope = 'pending' and new.state <> 'pending')))
     execute function {schema}.unique_scope_left();
 
-create or replace function {schema}.concurrency_key_made_pending() returns trigger
+-- One function serves both triggers of a key made pending: BEFORE an insert
+-- (the row is not written yet) and AFTER an update (the row and every row
+-- of its statement are).
+create or replace function {schema}.concurrency_key_pending() returns trigger
 language plpgsql as $$
 declare
     running_limit integer := coalesce(new.concurrency_limit, 1000000);
@@ -64,26 +67,28 @@ begin
                 new.rate_limit, new.rate_period, new.rate_limit, statement_timestamp())
         on conflict (key) do nothing;
         perform 1 from {schema}.concurrency where key = new.concurrency_key for key share;
-        return null;
-    end if;
-    if found_limit = running_limit then
-        return null;
-    end if;
-    -- The command that made this task pending wrote its row version: rows
-    -- written by the same command of this transaction are this statement's.
-    select t.xmin, t.cmin into own_xmin, own_cmin from {schema}.tasks t where t.id = new.id;
-    if not exists (select 1 from {schema}.tasks t
-                   where t.concurrency_key = new.concurrency_key
-                     and t.state = 'pending' and t.id <> new.id
-                     and not (t.xmin = own_xmin and t.cmin = own_cmin)) then
-        perform 1 from {schema}.concurrency where key = new.concurrency_key
-        for no key update skip locked;
-        if found then
-            update {schema}.concurrency set max_running = running_limit
-            where key = new.concurrency_key;
+    elsif found_limit <> running_limit then
+        if tg_when = 'AFTER' then
+            -- The command that made this task pending wrote its row version:
+            -- rows written by the same command of this transaction are this
+            -- statement's, not the key's other pending tasks.
+            select t.xmin, t.cmin into own_xmin, own_cmin
+            from {schema}.tasks t where t.id = new.id;
+        end if;
+        if not exists (select 1 from {schema}.tasks t
+                       where t.concurrency_key = new.concurrency_key
+                         and t.state = 'pending' and t.id <> new.id
+                         and (own_xmin is null
+                              or not (t.xmin = own_xmin and t.cmin = own_cmin))) then
+            perform 1 from {schema}.concurrency where key = new.concurrency_key
+            for no key update skip locked;
+            if found then
+                update {schema}.concurrency set max_running = running_limit
+                where key = new.concurrency_key;
+            end if;
         end if;
     end if;
-    return null;
+    return new;  -- (an AFTER trigger's is ignored)
 end
 $$;
 
@@ -98,4 +103,4 @@ create trigger tasks_concurrency_key_made_pending
     after update of state on {schema}.tasks
     for each row
     when (new.concurrency_key is not null and new.state = 'pending')
-    execute function {schema}.concurrency_key_made_pending();
+    execute function {schema}.concurrency_key_pending();
