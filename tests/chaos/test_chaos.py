@@ -61,6 +61,19 @@ CASES = [
 ]
 
 
+LOG_TAIL = 40
+"""Lines of each worker's log a failed case shows (its last ones)."""
+
+
+def _worker_logs(run: Path) -> list[str]:
+    """The end of every worker's log, so a failed case shows what its workers said."""
+    shown = []
+    for path in sorted(run.glob("worker-*.log"), key=lambda p: int(p.stem.split("-")[1])):
+        tail = path.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+        shown += [f"--- {path.name} (last {len(tail)} lines)", *tail]
+    return shown
+
+
 @pytest.mark.parametrize(("backend", "scenario"), CASES)
 async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
     url, schema, server = _store(backend, tmp_path)
@@ -73,7 +86,7 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
         if server is not None:
             server.stop()
     hung = [f.read_text() for f in sorted((tmp_path / "run").glob("hung-*.txt"))]
-    assert report.ok, "\n".join([report.summary(), *lines, *hung])
+    assert report.ok, "\n".join([report.summary(), *lines, *hung, *_worker_logs(tmp_path / "run")])
     assert report.enqueued == report.terminal == report.succeeded
     assert report.enqueued >= SMOKE.tasks + SMOKE.flows + SMOKE.gathers
     assert report.names["chaos_gather"].tasks == SMOKE.gathers

@@ -70,7 +70,7 @@ from conveyor.model import Attempt, Outcome, Task, TaskState
 LedgerEvent = Literal["start", "end"]
 FaultKind = Literal["kill", "stop", "cont", "spawn", "term", "hung"]
 LEDGER_EVENTS: frozenset[str] = frozenset({"start", "end"})
-FAULT_EVENTS: frozenset[str] = frozenset({"kill", "stop", "cont", "spawn", "term", "hung"})
+FAULT_EVENTS: frozenset[str] = frozenset({"kill", "stop", "cont", "spawn", "term", "hung", "exit"})
 # A later attempt is expected after these outcomes (a reclaim or a retry).
 RETRYABLE = frozenset({Outcome.LEASE_LOST, Outcome.INTERRUPTED, Outcome.TIMED_OUT, Outcome.FAILED})
 DEFAULT_RECLAIM_SLACK = 1.0

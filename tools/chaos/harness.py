@@ -141,6 +141,8 @@ class Workers:
         self.faults = workdir / "faults.jsonl"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.stopped: set[int] = set()
+        self.told: set[int] = set()
+        """Workers sent SIGKILL or SIGTERM: their exits are the faults'."""
         self.spawned = 0
         self.cluster: tuple[str, str] | None = None
         """The local PostgreSQL cluster (version, name) a scenario restarts."""
@@ -185,7 +187,24 @@ class Workers:
 
     def signal(self, proc: subprocess.Popen[bytes], event: str, signum: int) -> None:
         self.record(event, proc.pid)
+        if signum in (signal.SIGKILL, signal.SIGTERM):
+            self.told.add(proc.pid)
         proc.send_signal(signum)
+
+    def replace_exited(self) -> list[tuple[int, int]]:
+        """Replace every worker that exited without being told to (as a
+        supervisor would; a worker whose store cannot be reached at start
+        exits with code 2), recording ``exit``; return (pid, exit code) of each."""
+        exited = []
+        for proc in list(self.procs):
+            code = proc.poll()
+            if code is None or proc.pid in self.told:
+                continue
+            self.told.add(proc.pid)
+            self.record("exit", proc.pid)
+            exited.append((proc.pid, code))
+            self.spawn()
+        return exited
 
     def heal(self) -> None:
         """Continue every stopped worker; replace every dead one."""
@@ -581,6 +600,31 @@ async def run(
             proxy.stop()
 
 
+async def _fault_window(
+    client: App,
+    workers: Workers,
+    fault: Fault | None,
+    rng: random.Random,
+    background: Sequence[asyncio.Task[Any]],
+    scenario: str,
+    log: Callable[[str], None],
+) -> float:
+    """Apply ``fault`` every fault interval until the work is done or the
+    profile's fault seconds are over, replacing the workers that exit on
+    their own meanwhile; return the seconds it lasted."""
+    profile = workers.profile
+    started = time.monotonic()
+    while time.monotonic() - started < profile.fault_seconds:
+        if await unfinished(client) == 0 and all(b.done() for b in background):
+            break
+        for pid, code in workers.replace_exited():
+            log(f"{scenario}: worker pid {pid} exited with code {code}; replaced")
+        if fault is not None:
+            await fault(workers, rng)
+        await asyncio.sleep(profile.fault_interval)
+    return time.monotonic() - started
+
+
 async def _run(
     url: str,
     scenario: str,
@@ -614,14 +658,8 @@ async def _run(
         if chosen.cpu:
             background.append(asyncio.create_task(hold_gil_in_threads(client, work, profile)))
         try:
-            started = time.monotonic()
-            while time.monotonic() - started < profile.fault_seconds:
-                if await unfinished(client) == 0 and all(b.done() for b in background):
-                    break
-                if fault is not None:
-                    await fault(workers, rng)
-                await asyncio.sleep(profile.fault_interval)
-            log(f"{scenario}: faults over after {time.monotonic() - started:.1f}s; settling")
+            seconds = await _fault_window(client, workers, fault, rng, background, scenario, log)
+            log(f"{scenario}: faults over after {seconds:.1f}s; settling")
             if proxy is not None:
                 proxy.restore()
             workers.heal()

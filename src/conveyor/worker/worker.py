@@ -209,14 +209,31 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._loop, self._loop_thread = loop, threading.get_ident()
         backend = self.backend = self.client.make_backend(
-            pool_size=self.config.connections(), sweep_interval=self.config.poll_interval
+            pool_size=self.config.connections(),
+            sweep_interval=self.config.poll_interval,
+            migrate=False,  # in _enter, which waits out a store lost after this connect
         )
-        await backend.open()
+        await backend.open()  # a store that cannot be reached at all fails at once
         try:
-            await self._register(backend)
+            await self._enter(backend)
         except BaseException:
             await backend.close()
             raise
+        listener: asyncio.Task[None] | None = None
+        try:  # whatever started is stopped, and the backend closed, however this ends
+            listener = self._start_parts(backend, loop)
+            self._install_signals(loop)
+            await self._claim_loop(backend)
+        finally:
+            await self._shutdown(backend, listener)
+            self._remove_signals(loop)
+
+    def _start_parts(
+        self, backend: Backend, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Task[None] | None:
+        """Start the heartbeat, completer, cancel watch, pruner, scheduler,
+        turns and hand-offs; return the wake-up listener's task (None: the
+        backend has no notifications)."""
         self.heartbeat = Heartbeat(
             HeartbeatConfig(self.id, self.config.lease, self.config.heartbeat_interval),
             lambda: self.client.make_backend(pool_size=1, migrate=False),
@@ -259,21 +276,21 @@ class Worker:
                 backend, self.schedules, self.tasks, self.client.max_payload_bytes, self.events
             )
             self.scheduler.start()
-        listener = None
         if Capability.NOTIFICATIONS in backend.capabilities:
             self._take_turns(backend)
             self._stand_by(backend)
-            listener = loop.create_task(self._listen(backend), name="conveyor-listener")
-        self._install_signals(loop)
-        try:
-            await self._claim_loop(backend)
-        finally:
-            await self._shutdown(backend, listener)
-            self._remove_signals(loop)
+            return loop.create_task(self._listen(backend), name="conveyor-listener")
+        return None
 
-    async def _register(self, backend: Backend) -> None:
-        """Enter the workers table; a database that is unavailable for a while
-        (SQLite's write lock held elsewhere, a failover) is waited for."""
+    async def _enter(self, backend: Backend) -> None:
+        """Apply the migrations and enter the workers table. The store was
+        reached when the backend opened; one that is unavailable for a while
+        since (SQLite's write lock held elsewhere, a failover, a connection
+        cut) is waited for, with back-off, as it is once the worker runs.
+        Each registration is bounded by the lease, like a claim: a
+        connection that swallows packets is given up and another tried. A
+        migration is not bounded (it may wait for another worker's, or build
+        an index on a large table)."""
         info = WorkerInfo(
             id=self.id,
             host=socket.gethostname(),
@@ -286,12 +303,14 @@ class Worker:
         delay = RETRY_MIN
         while True:
             try:
-                await backend.register_worker(info)
+                await backend.migrate()
+                async with asyncio.timeout(self.config.lease):
+                    await backend.register_worker(info)
                 self.outage.ok("registration")
                 return
-            except BackendUnavailableError as exc:
+            except (BackendUnavailableError, TimeoutError) as exc:
                 if self._stopping:
-                    raise
+                    raise BackendUnavailableError(f"stopped while starting: {reason(exc)}") from exc
                 self.outage.failed("registration", exc)
                 await self._sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)

@@ -285,7 +285,11 @@ class PostgresBackend(FlowControl):
 
     async def open(self) -> None:
         """Connect, or raise BackendUnavailableError within the connect
-        timeout with the cause in one line (the URL's password hidden)."""
+        timeout with the cause in one line (the URL's password hidden).
+        Then apply the migrations (unless built with ``migrate=False``): a
+        connection lost meanwhile raises BackendUnavailableError too. No
+        connection is left open when it raises (an open pool left behind
+        would keep reconnecting, and hold its event loop's shutdown)."""
         if self._pool is not None:
             return
         # One connection first: a refused connection, a missing database or
@@ -307,8 +311,13 @@ class PostgresBackend(FlowControl):
                 raise self._unreachable(exc) from exc
             raise
         self._pool = pool
-        if self._auto_migrate:
+        if not self._auto_migrate:
+            return
+        try:
             await self.migrate()
+        except BaseException:
+            await self.close()
+            raise
 
     def _unreachable(self, exc: BaseException) -> BackendUnavailableError:
         cause = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
@@ -338,7 +347,7 @@ class PostgresBackend(FlowControl):
                     await conn.close()
 
     async def migrate(self) -> list[int]:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             return await apply_migrations(conn, self.schema)
 
     async def destroy(self) -> None:

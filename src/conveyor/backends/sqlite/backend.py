@@ -125,9 +125,16 @@ class SQLiteBackend(FlowControl):
         return f"sqlite:///{self.path}"
 
     async def open(self) -> None:
+        """Open the file (creating it) and apply the migrations, unless built
+        with ``migrate=False``. Nothing is left open when it raises."""
         await self._db.open()
-        if self._auto_migrate:
+        if not self._auto_migrate:
+            return
+        try:
             await self.migrate()
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         await self._db.close()

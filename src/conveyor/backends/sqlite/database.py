@@ -99,12 +99,18 @@ class Database:
         self._thread: ThreadPoolExecutor | None = None
 
     async def open(self) -> None:
+        """Connect in the connection's own thread; when that fails (the file
+        locked, unreadable, not a database), the thread is ended too."""
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="conveyor-sqlite")
         if self._conn is None:
-            self._conn = await self._in_thread(
-                connect, self.path, self._busy_timeout, self._synchronous
-            )
+            try:
+                self._conn = await self._in_thread(
+                    connect, self.path, self._busy_timeout, self._synchronous
+                )
+            except BaseException:
+                await self.close()
+                raise
 
     async def close(self) -> None:
         thread, self._thread = self._thread, None
