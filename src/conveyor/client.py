@@ -151,6 +151,7 @@ class Client(Controls):
             weakref.WeakKeyDictionary()
         )
         self._closers: dict[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = {}
+        self._guards: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
         atexit.register(_close_at_exit, weakref.ref(self))
         os.register_at_fork(after_in_child=functools.partial(_forget_after_fork, weakref.ref(self)))
         # Validates the URL and schema now; runs sync enqueues on callers' connections.
@@ -220,11 +221,15 @@ class Client(Controls):
                 found = self.make_backend()
                 await found.open()
                 self._backends[loop] = found
-                # Closed when the loop shuts down (asyncio.run finalizes async
-                # generators), for code that never calls aclose().
+                # Closed when the loop shuts down, for code that never calls
+                # aclose(): at the cancellation of every task (asyncio.run's
+                # first step), or when async generators are finalized.
                 closer = _close_with_loop(self, loop, found)
                 await closer.__anext__()
                 self._closers[loop] = closer
+                self._guards[loop] = loop.create_task(
+                    _close_when_cancelled(self, loop, closer), name="conveyor-close-at-loop-end"
+                )
         return found
 
     async def aclose(self) -> None:
@@ -232,6 +237,10 @@ class Client(Controls):
         loop = asyncio.get_running_loop()
         self._closers.pop(loop, None)
         found = self._backends.pop(loop, None)
+        guard = self._guards.pop(loop, None)
+        if guard is not None:
+            guard.cancel()  # it closes ``found``, through its closer
+            await asyncio.wait([guard])
         if found is not None:
             await found.close()
 
@@ -613,7 +622,41 @@ async def _close_with_loop(
             client._closers.pop(loop, None)
         if current is backend:
             del client._backends[loop]
+            guard = client._guards.pop(loop, None)  # this backend's: finalized first
+            if guard is not None and guard is not asyncio.current_task():
+                guard.cancel()
         await backend.close()
+
+
+async def _close_when_cancelled(
+    client: Client, loop: asyncio.AbstractEventLoop, closer: AsyncGenerator[None, None]
+) -> None:
+    """Wait until cancelled, then finish ``closer`` (which closes its backend).
+
+    A loop's shutdown (``asyncio.run``, ``asyncio.Runner``) cancels every
+    task and waits for them all before it finalizes async generators. A
+    psycopg pool that is reconnecting then (after a lost connection) takes
+    its task's cancellation for a failed connect and goes on: that shutdown
+    would never end. Closing the pool here, at this task's cancellation,
+    stops the pool's tasks, and the shutdown ends."""
+    try:
+        await loop.create_future()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None:
+            # Taken: the closing below is this task's answer to it. The
+            # backend's close tells a cancellation of its own from the
+            # loop's tasks (a pool's) cancelled around it by that count.
+            task.uncancel()
+        if client._guards.get(loop) is task:
+            del client._guards[loop]
+        # A no-op when finished; RuntimeError when finishing now (it cancelled us).
+        with contextlib.suppress(RuntimeError):
+            await closer.aclose()
+        raise
+    # A loop closed without cancelling its tasks drops this one unfinished
+    # (GeneratorExit when collected): nothing can be awaited then, and the
+    # closer is finalized with the loop's async generators, if ever.
 
 
 def _forget_after_fork(ref: weakref.ref[Client]) -> None:
@@ -623,6 +666,7 @@ def _forget_after_fork(ref: weakref.ref[Client]) -> None:
         INHERITED_AT_FORK.append(dict(client._backends))
         client._backends = weakref.WeakKeyDictionary()
         client._opening = weakref.WeakKeyDictionary()
+        client._guards = {}
 
 
 def _close_at_exit(ref: weakref.ref[Client]) -> None:

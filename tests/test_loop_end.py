@@ -1,0 +1,86 @@
+"""The async API's backend closes when its event loop ends, and the loop does end.
+
+Each case is a program of its own (a subprocess), since what is tested is
+how that program's event loop shuts down: that it ends at all, and what it
+says on the way.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PG_URL
+
+ROOT = Path(__file__).resolve().parents[1]
+EXIT_BOUND = 60.0
+"""Seconds a program may take to end: far above what it needs (about one),
+far below forever."""
+
+NEVER_CLOSED_AFTER_A_CUT = """
+import asyncio, sys, uuid
+import conveyor
+from tools.proxy import Proxy
+
+proxy = Proxy(sys.argv[1])
+proxy.start()
+app = conveyor.App(proxy.url, schema=sys.argv[2], allow_unregistered=True)
+
+async def main() -> None:
+    await app.enqueue_async("job", {})
+    proxy.cut()  # the pool's connection is reset: it reconnects in the background
+    try:
+        await app.enqueue_async("job", {})
+    except conveyor.BackendUnavailableError:
+        print("lost", flush=True)
+
+asyncio.run(main())  # no aclose(): the loop's end closes the backend
+print("ended", flush=True)
+"""
+
+ENDED_BY_HAND = """
+import asyncio, gc, sys, threading
+import conveyor
+
+app = conveyor.App(sys.argv[1], allow_unregistered=True)
+
+async def main() -> None:
+    await app.enqueue_async("job", {})
+
+loop = asyncio.new_event_loop()
+loop.run_until_complete(main())
+loop.run_until_complete(loop.shutdown_asyncgens())
+loop.close()
+gc.collect()
+left = [t.name for t in threading.enumerate() if t.name.startswith("conveyor-sqlite")]
+print("sqlite threads left:", left, flush=True)
+"""
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", script, *args],
+            capture_output=True,
+            text=True,
+            timeout=EXIT_BOUND,
+            cwd=ROOT,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the program never ended: {exc.stdout!r} {exc.stderr!r}")
+
+
+def test_a_program_that_never_closes_its_app_ends_after_a_lost_connection(schema: str) -> None:
+    done = _run(NEVER_CLOSED_AFTER_A_CUT, PG_URL, schema)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["lost", "ended"], done.stderr[-2000:]
+
+
+def test_a_loop_ended_by_hand_closes_the_backend_and_leaves_no_task(tmp_path: Path) -> None:
+    done = _run(ENDED_BY_HAND, f"sqlite:///{tmp_path / 'tasks.db'}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sqlite threads left: []" in done.stdout, done.stdout
+    assert "Task was destroyed but it is pending" not in done.stderr, done.stderr
