@@ -284,3 +284,32 @@ async def test_a_renewal_swallowed_by_the_network_is_logged_with_a_reason(
         assert await beat.run_once(backend) is None  # bounded by the interval (0.2 s)
     [failed] = [r.getMessage() for r in caplog.records if "(heartbeat)" in r.getMessage()]
     assert failed.startswith("store unreachable (heartbeat): no answer in time (TimeoutError)")
+
+
+STOP_BOUND = 60.0
+"""Seconds a worker may take to stop with every connection stranded: each
+statement of its shutdown is bounded by the lease, then psycopg gives up the
+query it cancels (up to 10 s); far below forever."""
+
+
+async def test_a_worker_stops_while_its_connections_are_stranded(
+    app: conveyor.App, proxied: conveyor.App, proxy: Proxy
+) -> None:
+    async def quick(n: int) -> int:
+        return n
+
+    _register(quick, app, proxied)
+    async with app:
+        first = await app.enqueue_async("quick", {"n": 1})
+        worker = proxied.worker(lease=1.5, poll_interval=0.1, handle_signals=False)
+        running = asyncio.create_task(worker.run())
+        try:
+            await wait_terminal(app, [first.id], timeout=10)
+            assert proxy.strand()  # the pool's idle connections too: its shutdown writes on them
+            worker.request_stop()
+            done, _ = await asyncio.wait([running], timeout=STOP_BOUND)
+            assert done, "the worker never stopped with its connections stranded"
+        finally:
+            proxy.cut()
+            await asyncio.wait([running], timeout=30)
+    running.result()

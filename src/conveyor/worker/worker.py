@@ -790,8 +790,9 @@ class Worker:
             await self.completer.stop()
         if self.heartbeat is not None:
             self.heartbeat.stop()
-        with contextlib.suppress(Exception):
-            await backend.stop_worker(self.id)
+        with contextlib.suppress(Exception):  # TimeoutError included
+            async with asyncio.timeout(self.config.lease):  # a stranded connection: given up
+                await backend.stop_worker(self.id)
         await backend.close()
         log.info(
             "worker %s stopped: %d claims returned, %d tasks started, %d of them handed off",
