@@ -60,6 +60,7 @@ import platform
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -309,6 +310,8 @@ class BackendResult:
     messages: int | None = None
     messages_per_s: float | None = None
     send_to_poll_p50_ms: float | None = None
+    step_rounds: list[tuple[float, float]] = field(default_factory=list)
+    """(processed/s, steps/s) of each ``--step-rounds`` round, in order."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -338,14 +341,26 @@ async def enqueue_all(app: App, tasks: int, batch: int) -> tuple[list[int], floa
     return ids, time.perf_counter() - started
 
 
-async def verify_drain(app: App, ids: Sequence[int]) -> list[str]:
+async def stored(app: App) -> dict[TaskState, int]:
+    """How many ``TASK_NAME`` tasks the store holds, by state."""
+    found: dict[TaskState, int] = dict.fromkeys(TaskState, 0)
+    for count in await app.count_tasks_async():
+        if count.name == TASK_NAME:
+            found[count.state] += count.count
+    return found
+
+
+async def verify_drain(app: App, ids: Sequence[int], before: dict[TaskState, int]) -> list[str]:
+    """Every task of ``ids`` ran once and succeeded, and no other was stored
+    since ``before`` (the store's counts when they were enqueued)."""
     problems: list[str] = []
-    everything = await app.list_tasks_async(limit=len(ids) + 1)
-    succeeded = await app.list_tasks_async(state=TaskState.SUCCEEDED, limit=len(ids) + 1)
-    if len(everything) != len(ids):
-        problems.append(f"{len(everything)} tasks stored, {len(ids)} enqueued")
-    if {t.id for t in succeeded} != set(ids):
-        problems.append(f"{len(succeeded)} of {len(ids)} tasks succeeded")
+    after = await stored(app)
+    added = sum(after.values()) - sum(before.values())
+    succeeded = after[TaskState.SUCCEEDED] - before[TaskState.SUCCEEDED]
+    if added != len(ids):
+        problems.append(f"{added} tasks stored, {len(ids)} enqueued")
+    if succeeded != len(ids):
+        problems.append(f"{succeeded} of {len(ids)} tasks succeeded")
     sample = random.Random(0).sample(list(ids), min(SAMPLE, len(ids)))
     found = [attempt_problem(await app.get_async(task_id), task_id) for task_id in sample]
     wrong = [problem for problem in found if problem is not None]
@@ -359,6 +374,7 @@ async def throughput(
 ) -> None:
     name = target.backend
     log(f"[{name}] enqueueing {args.tasks} tasks in batches of {args.batch}")
+    before = await stored(app)
     ids, result.enqueue_seconds = await enqueue_all(app, args.tasks, args.batch)
     result.enqueue_per_s = len(ids) / result.enqueue_seconds
     log(f"[{name}] enqueued in {result.enqueue_seconds:.3f}s; draining ({result.note})")
@@ -373,7 +389,7 @@ async def throughput(
     result.drain_seconds = time.perf_counter() - started
     if result.drain_exit_code != 0:
         result.problems.append(f"the drain worker exited with {result.drain_exit_code}")
-    result.problems += await verify_drain(app, ids)
+    result.problems += await verify_drain(app, ids, before)
     if not result.problems:
         result.processed_per_s = len(ids) / result.drain_seconds
         log(f"[{name}] drained in {result.drain_seconds:.3f}s")
@@ -547,6 +563,41 @@ def worker_note(target: Target, args: argparse.Namespace) -> str:
     return f"1 worker process, concurrency {args.concurrency}"
 
 
+async def step_rounds(
+    target: Target, app: App, args: argparse.Namespace, result: BackendResult
+) -> None:
+    """Steps next to plain tasks, ``--step-rounds`` times in one store: each
+    round a plain drain and a workflow drain, in turn first (so that a drift
+    of the machine's speed weighs on both); the first round is the run's own
+    drains above. processed/s and steps/s become the medians of the rounds."""
+    result.step_rounds.append(_rates(result))
+    for n in range(1, args.step_rounds):
+        phases = [throughput, workflows] if n % 2 == 0 else [workflows, throughput]
+        for phase in phases:
+            await phase(target, app, args, result)
+            if not result.ok:
+                return
+        result.step_rounds.append(_rates(result))
+    result.processed_per_s = statistics.median(p for p, _ in result.step_rounds)
+    result.steps_per_s = statistics.median(s for _, s in result.step_rounds)
+
+
+def _rates(result: BackendResult) -> tuple[float, float]:
+    """(processed/s, steps/s), both measured."""
+    plain, steps = result.processed_per_s, result.steps_per_s
+    assert plain is not None
+    assert steps is not None
+    return plain, steps
+
+
+def step_ratios(result: BackendResult) -> str:
+    """The steps/plain ratio of each round, and of the medians."""
+    ratios = ", ".join(f"{s / p:.0%}" for p, s in result.step_rounds)
+    plain, steps = _rates(result)
+    medians = steps / plain
+    return f"{result.backend}: steps/plain by round {ratios}; of the medians {medians:.0%}"
+
+
 async def run_backend(backend: str, args: argparse.Namespace, tag: str) -> BackendResult:
     async with prepared(backend, args, tag) as target:
         result = BackendResult(
@@ -561,6 +612,8 @@ async def run_backend(backend: str, args: argparse.Namespace, tag: str) -> Backe
                     await latency(target, app, args, result)
                 if result.ok:
                     await workflows(target, app, args, result)
+                if result.ok and args.step_rounds > 1:
+                    await step_rounds(target, app, args, result)
                 if result.ok:
                     await pingpong(target, app, args, result)
         except Exception as error:  # report it, clean up, go on with the next backend
@@ -635,7 +688,8 @@ async def run(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=args.worker_log_level)
     env = await describe(args)
     results = [await run_backend(backend, args, tag) for backend in args.backends]
-    text = "\n".join([*summary(env, args), "", table(results)])
+    rounds = [step_ratios(r) for r in results if r.ok and len(r.step_rounds) > 1]
+    text = "\n".join([*summary(env, args), "", table(results), *rounds])
     if args.json:
         log(text)
         report = {
@@ -729,6 +783,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=positive_float,
         default=600.0,
         help="seconds per worker run (default %(default)s)",
+    )
+    parser.add_argument(
+        "--step-rounds",
+        type=positive_int,
+        default=1,
+        help="plain and workflow drains this many times, taking turns; report the medians"
+        " and each round's steps/plain (default %(default)s)",
     )
     parser.add_argument(
         "--worker-log-level", type=log_level, default="WARNING", help="the workers' --log-level"
