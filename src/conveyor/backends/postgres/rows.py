@@ -193,6 +193,25 @@ def _int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def _quoted(value: object) -> str:
+    """One element of an array literal: NULL, or the value's text in double
+    quotes with its backslashes and double quotes escaped (the literal's
+    only special characters inside quotes)."""
+    if value is None:
+        return "NULL"
+    text = value.isoformat() if isinstance(value, datetime) else str(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _array(values: Iterable[object]) -> str:
+    """An array literal of any values that may be None (text, JSON texts,
+    numbers, timestamps), for a parameter the statement casts (``::text[]``,
+    ``::float8[]``...). psycopg's list dumper looks up a dumper per element
+    in Python: for the sixteen columns of ``finish`` it took about a tenth of
+    a workflow step's time in the worker."""
+    return "{" + ",".join(map(_quoted, values)) + "}"
+
+
 def _plain_success(completion: Completion) -> bool:
     return (
         completion.outcome is Outcome.SUCCEEDED
@@ -226,24 +245,24 @@ def finish_args(
     return {
         "now": now,
         "worker_id": worker_id,
-        "ids": [c.token.task_id for c in completions],
-        "attempts": [c.token.attempt for c in completions],
-        "states": [c.next_state.value for c in completions],
-        "outcomes": [c.outcome.value for c in completions],
-        "delays": [
+        "ids": _int_array(c.token.task_id for c in completions),
+        "attempts": _int_array(c.token.attempt for c in completions),
+        "states": _array(c.next_state.value for c in completions),
+        "outcomes": _array(c.outcome.value for c in completions),
+        "delays": _array(
             m.delay if m else c.retry_delay for c, m in zip(completions, moves, strict=True)
-        ],
-        "results": [c.result for c in completions],
-        "error_types": [c.error.type if c.error else None for c in completions],
-        "error_messages": [c.error.message if c.error else None for c in completions],
-        "tracebacks": [c.error.traceback if c.error else None for c in completions],
-        "steps": [m.step if m else None for m in moves],
-        "step_states": [m.state if m else None for m in moves],
-        "run_ats": [m.run_at if m else None for m in moves],
-        "max_attempts": [m.max_attempts if m else None for m in moves],
-        "retry_policies": [retry_json(m.retry) if m else None for m in moves],
-        "timeouts": [m.timeout if m else None for m in moves],
-        "leases": [m.lease if m else None for m in moves],
+        ),
+        "results": _array(c.result for c in completions),
+        "error_types": _array(c.error.type if c.error else None for c in completions),
+        "error_messages": _array(c.error.message if c.error else None for c in completions),
+        "tracebacks": _array(c.error.traceback if c.error else None for c in completions),
+        "steps": _array(m.step if m else None for m in moves),
+        "step_states": _array(m.state if m else None for m in moves),
+        "run_ats": _array(m.run_at if m else None for m in moves),
+        "max_attempts": _array(m.max_attempts if m else None for m in moves),
+        "retry_policies": _array(retry_json(m.retry) if m else None for m in moves),
+        "timeouts": _array(m.timeout if m else None for m in moves),
+        "leases": _array(m.lease if m else None for m in moves),
     }
 
 
