@@ -7,12 +7,16 @@ says on the way.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import threading
+import uuid
 from pathlib import Path
 
 import pytest
 
+import conveyor
 from tests.conftest import PG_URL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,3 +88,22 @@ def test_a_loop_ended_by_hand_closes_the_backend_and_leaves_no_task(tmp_path: Pa
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sqlite threads left: []" in done.stdout, done.stdout
     assert "Task was destroyed but it is pending" not in done.stderr, done.stderr
+
+
+async def test_a_backend_replaced_by_use_on_the_same_loop_is_closed(tmp_path: Path) -> None:
+    def sqlite_threads() -> int:
+        return sum(t.name.startswith("conveyor-sqlite") for t in threading.enumerate())
+
+    before = sqlite_threads()
+    app = conveyor.App(f"sqlite:///{tmp_path / 'first.db'}", allow_unregistered=True)
+    await app.enqueue_async("job", {})  # opens a SQLite backend on this loop
+    assert sqlite_threads() == before + 1
+    app.use(f"memory://{uuid.uuid4().hex}")
+    await app.enqueue_async("job", {})  # opens a memory backend on the same loop
+    for _ in range(100):
+        if sqlite_threads() == before:
+            break
+        await asyncio.sleep(0.02)
+    assert sqlite_threads() == before, "the replaced SQLite backend is still open"
+    await app.aclose()
+    app.close()

@@ -181,7 +181,8 @@ class Client(Controls):
 
         ``schema`` None keeps the current one. The sync API's backend is
         closed now; one opened on another event loop is no longer used and
-        closes when that loop ends. Handles taken before read the new store.
+        closes when that loop ends, or when that loop opens the new store.
+        Handles taken before read the new store.
         A worker already running keeps the store it opened: call this while
         none runs. Raises ConfigurationError for an invalid URL, changing
         nothing."""
@@ -227,6 +228,12 @@ class Client(Controls):
                 closer = _close_with_loop(self, loop, found)
                 await closer.__anext__()
                 self._closers[loop] = closer
+                replaced = self._guards.get(loop)
+                if replaced is not None:
+                    # A backend this loop opened before use(), no longer used:
+                    # closed now (its guard, only held here, would otherwise be
+                    # collected while it waits, and never close it).
+                    replaced.cancel()
                 self._guards[loop] = loop.create_task(
                     _close_when_cancelled(self, loop, closer), name="conveyor-close-at-loop-end"
                 )
