@@ -3,7 +3,8 @@
 The tree::
 
     ConveyorError
-    ├── ConfigurationError          bad URL, schema name, option or registration
+    ├── ConfigurationError          bad URL, schema name, task or queue name, option
+    │                               or registration (raised before any I/O)
     │   └── DuplicateTaskError      a task name registered twice
     ├── PayloadError                a payload or result is not strict JSON
     │   └── PayloadTooLargeError    the encoded payload exceeds the cap
@@ -15,8 +16,10 @@ The tree::
     │   └── NoInboxError            a message sent to a task that has no inbox
     ├── ResultTimeoutError          ``handle.result(timeout=…)`` ran out of time
     ├── TaskFailedError             ``handle.result()`` of a task that failed or was cancelled
-    ├── BackendError                the backend failed in a way the caller must see
-    │   └── BackendUnavailableError the backend cannot be reached now (retry later)
+    ├── BackendError                the store refused the operation for good (a
+    │   │                           constraint, a value over a limit): do not repeat it
+    │   └── BackendUnavailableError the store cannot serve now (connection lost, server
+    │                               down or busy): repeat it later, with the same key
     └── StopAttempt                 raised inside a handler whose attempt must stop
         ├── LeaseLostError          the worker no longer holds the lease
         ├── CancelledByRequest      someone cancelled the task while it ran
@@ -34,6 +37,12 @@ The tree::
 
 Every class in the tree is exported from ``conveyor``.
 
+Each backend sorts its store's errors into ``BackendUnavailableError`` and
+a plain ``BackendError`` in one place, by cause (PostgreSQL's SQLSTATE,
+SQLite's result code, Redis's reply), not by the driver's class; the
+message is one line and never echoes the row the store refused (see
+docs/guarantees.md, "Errors by cause").
+
 ``StopAttempt`` derives from ``BaseException`` on purpose: a handler's broad
 ``except Exception`` must not swallow the order to stop.
 """
@@ -49,7 +58,8 @@ class ConveyorError(Exception):
 
 
 class ConfigurationError(ConveyorError):
-    """A URL, schema name, option or registration is invalid."""
+    """A URL, schema name, task or queue name, option or registration is
+    invalid. Raised before any I/O."""
 
 
 class DuplicateTaskError(ConfigurationError):
@@ -118,7 +128,10 @@ class TaskFailedError(ConveyorError):
 
 
 class BackendError(ConveyorError):
-    """The backend failed; the operation may or may not have been applied."""
+    """The store refused the operation for good (a constraint, a value over
+    one of its limits, a statement it does not allow): repeating it fails
+    the same way; a write it refused was not applied. Its subclass
+    BackendUnavailableError is the transient case."""
 
 
 class BackendUnavailableError(BackendError):

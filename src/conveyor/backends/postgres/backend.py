@@ -22,7 +22,7 @@ import psycopg
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from conveyor.backends.postgres import handoffs, listen, queries, scripts, turns
+from conveyor.backends.postgres import failures, handoffs, listen, queries, scripts, turns
 from conveyor.backends.postgres.flow import FlowControl
 from conveyor.backends.postgres.inboxes import (
     applied,
@@ -41,7 +41,6 @@ from conveyor.backends.postgres.rows import (
     ordered_ids,
 )
 from conveyor.backends.postgres.transactions import (
-    UNAVAILABLE,
     PostgresSyncTransaction,
     PostgresTransaction,
 )
@@ -67,6 +66,7 @@ from conveyor.backends.protocol import (
     WorkerInfo,
     WorkFilter,
 )
+from conveyor.backends.refusals import one_line
 from conveyor.backends.stored import (
     attempt_row,
     claimed_task,
@@ -320,8 +320,9 @@ class PostgresBackend(FlowControl):
             raise
 
     def _unreachable(self, exc: BaseException) -> BackendUnavailableError:
-        cause = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        return BackendUnavailableError(f"cannot connect to {redacted(self.url)}: {cause}")
+        return BackendUnavailableError(
+            f"cannot connect to {redacted(self.url)}: {one_line(str(exc))}"
+        )
 
     async def close(self) -> None:
         pools = [p for p in (self._claim_pool, self._pool) if p is not None]
@@ -361,16 +362,12 @@ class PostgresBackend(FlowControl):
         self, pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
     ) -> AsyncIterator[AsyncConnection[Any]]:
         """A connection of ``pool`` (the main pool by default); psycopg errors
-        come out as conveyor's."""
+        come out as conveyor's, classified by cause (see :mod:`.failures`)."""
         try:
             async with (pool or self.pool).connection() as conn:
                 yield conn
-        except (*UNAVAILABLE, PoolTimeout) as exc:
-            raise BackendUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
-        except psycopg.Error as exc:
-            if exc.sqlstate is None:  # raised here, not by the server
-                raise BackendError(f"a stored value cannot be read: {exc}") from exc
-            raise BackendError(f"PostgreSQL refused the statement: {exc}") from exc
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise failures.translated(exc) from exc
 
     async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         async with self._connection() as conn:

@@ -15,36 +15,32 @@ from typing import TYPE_CHECKING, Any, LiteralString
 import psycopg
 from psycopg import AsyncConnection
 
+from conveyor.backends.postgres import failures
 from conveyor.backends.postgres.inboxes import finish_with_effects
 from conveyor.backends.postgres.rows import finish_args
 from conveyor.backends.protocol import Completion
-from conveyor.errors import BackendError, BackendUnavailableError
+from conveyor.errors import BackendError
 
 ATTEMPT_END = "set local enable_seqscan to off"
 """Before conveyor's own statements end an attempt transaction: the
 session's planner settings again, which its handler ran without (see
 ``NO_SEQSCAN`` in the backend)."""
 
-UNAVAILABLE = (
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-    # The server ended a session left idle in a transaction (see backend.py).
-    psycopg.errors.IdleInTransactionSessionTimeout,
-)
-"""Errors that mean the connection, not the statement, failed."""
-
 
 @contextlib.contextmanager
 def translated_errors() -> Iterator[None]:
-    """A lost connection becomes BackendUnavailableError (the commit's fate is
-    then unknown). Other errors (the handler's own constraint failing at
-    COMMIT, say) pass through as they are: they are the attempt's error."""
+    """A lost connection (or a server that cannot serve now, see
+    :mod:`.failures`; the server ended a session left idle in a transaction,
+    too) becomes BackendUnavailableError: the commit's fate is then unknown.
+    Other errors pass through as they are: they are the attempt's error (the
+    handler's own constraint failing at COMMIT, a value over a limit, a
+    serialization failure or a deadlock of its transaction)."""
     try:
         yield
-    except UNAVAILABLE as exc:
-        if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
+    except psycopg.Error as exc:
+        if failures.rolled_back(exc) or not failures.unavailable(exc):
             raise
-        raise BackendUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
+        raise failures.translated(exc) from exc
 
 
 if TYPE_CHECKING:

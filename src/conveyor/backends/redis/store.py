@@ -24,6 +24,7 @@ from conveyor.backends.redis import (
     persistence,
 )
 from conveyor.backends.redis.scripts import Scripts
+from conveyor.backends.refusals import one_line
 from conveyor.backends.urlquery import with_query
 from conveyor.errors import (
     BackendError,
@@ -37,17 +38,61 @@ _CHECKED: set[str] = set()
 log = logging.getLogger("conveyor.redis")
 
 
+UNAVAILABLE_REPLIES = frozenset(
+    [
+        "LOADING",
+        "BUSY",
+        "READONLY",
+        "MASTERDOWN",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "NOREPLICAS",
+        "MISCONF",
+        "OOM",
+    ]
+)
+"""The error codes of a server that cannot serve now: loading its data,
+running a long script, a replica or a master without its link, a cluster
+reconfiguring, writes stopped because the last snapshot failed (MISCONF),
+or its memory full (OOM: with ``maxmemory`` and no eviction, Redis refuses
+writes until memory is freed; pruning finished tasks, or more memory,
+lets them through again, as a full disk does on SQLite and PostgreSQL)."""
+_REPLY_CLASSES = (
+    redis_errors.ReadOnlyError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.TryAgainError,
+    redis_errors.ClusterDownError,
+)
+"""redis-py's classes for some of those codes (it strips the code from the
+message); the others keep the code as the message's first word."""
+
+
+def unavailable(exc: redis_errors.RedisError) -> bool:
+    """Whether ``exc`` says the server cannot serve now (no connection, no
+    answer in time, or a reply in ``UNAVAILABLE_REPLIES``), rather than that
+    it refuses the operation for good (a script's error, a value refused)."""
+    if isinstance(exc, redis_errors.ConnectionError | redis_errors.TimeoutError):
+        return True  # LOADING included (BusyLoadingError)
+    if isinstance(exc, _REPLY_CLASSES):
+        return True
+    if isinstance(exc, redis_errors.ResponseError):
+        code = str(exc).split(" ", 1)[0]
+        return code in UNAVAILABLE_REPLIES
+    return False
+
+
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
-    """redis-py's errors as conveyor's: no connection (or a server still
-    loading its data) is BackendUnavailableError, worth retrying; a script or
-    command the server refused is BackendError."""
+    """redis-py's errors as conveyor's, by the server's reply: see
+    :func:`unavailable` for BackendUnavailableError (worth retrying);
+    anything else (a script that fails, a value refused, a command not
+    allowed) is a permanent BackendError. The message is one line."""
     try:
         yield
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-        raise BackendUnavailableError(f"Redis is unavailable: {exc}") from exc
     except redis_errors.RedisError as exc:
-        raise BackendError(f"Redis refused the operation: {exc}") from exc
+        if unavailable(exc):
+            raise BackendUnavailableError(f"Redis is unavailable: {one_line(str(exc))}") from exc
+        raise BackendError(f"Redis refused the operation: {one_line(str(exc))}") from exc
 
 
 class RedisStore:
@@ -76,7 +121,10 @@ class RedisStore:
         self._base = keys.base(self.prefix)
         self._url = with_query(url, query)
         host = parts.hostname or "localhost"
-        port = f":{parts.port}" if parts.port else ""
+        try:
+            port = f":{parts.port}" if parts.port else ""
+        except ValueError as exc:
+            raise ConfigurationError(f"the Redis URL's port does not parse: {exc}") from None
         self._server = f"{host}{port}"
         self._location = f"{parts.scheme}://{host}{port}{parts.path or '/0'}?prefix={self.prefix}"
         self._client: aioredis.Redis | None = None

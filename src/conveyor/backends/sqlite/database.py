@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from conveyor.backends.refusals import one_line
 from conveyor.errors import BackendError, BackendUnavailableError, ConfigurationError
 
 P = ParamSpec("P")
@@ -33,7 +34,22 @@ SYNCHRONOUS = {"full": "pragma synchronous = full", "normal": "pragma synchronou
 completion survives a power cut. ``normal`` may lose the last commits on a
 power cut (never on a process crash) and is faster."""
 
-_UNAVAILABLE = ("locked", "busy", "disk i/o", "unable to open", "readonly", "full")
+UNAVAILABLE_CODES = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+    }
+)
+"""SQLite's primary result codes of a store that cannot serve now: the file
+locked by another connection (busy, locked), out of memory, read-only (its
+permissions or its directory's), an I/O error, a full disk, a file that
+cannot be opened (see :func:`translated_errors`)."""
 
 
 def check_version() -> None:
@@ -62,17 +78,28 @@ def connect(path: str, busy_timeout: float, synchronous: str) -> sqlite3.Connect
     return conn
 
 
+def unavailable(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` says the store cannot serve now (its result code is
+    one of ``UNAVAILABLE_CODES``), rather than that it refuses for good."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in UNAVAILABLE_CODES
+
+
 @contextlib.contextmanager
 def translated_errors() -> Iterator[None]:
-    """sqlite3 errors as conveyor's: a lock held too long or a failing disk is
-    BackendUnavailableError (worth retrying); anything else BackendError."""
+    """sqlite3 errors as conveyor's, by SQLite's result code, not by the
+    driver's class or the message's words: a lock held too long, a failing
+    or full disk, a file that cannot be opened is BackendUnavailableError
+    (worth retrying); anything else (a constraint, a value too big, a
+    datatype mismatch, a corrupt file, a value the driver cannot bind) is a
+    permanent BackendError. The message is one line (see
+    :mod:`conveyor.backends.refusals`)."""
     try:
         yield
     except sqlite3.Error as exc:
-        text = str(exc).lower()
-        if isinstance(exc, sqlite3.OperationalError) and any(s in text for s in _UNAVAILABLE):
-            raise BackendUnavailableError(f"SQLite is unavailable: {exc}") from exc
-        raise BackendError(f"SQLite refused the statement: {exc}") from exc
+        if unavailable(exc):
+            raise BackendUnavailableError(f"SQLite is unavailable: {one_line(str(exc))}") from exc
+        raise BackendError(f"SQLite refused the statement: {one_line(str(exc))}") from exc
 
 
 @contextlib.contextmanager
