@@ -128,7 +128,11 @@ class App(Client):
         :class:`conveyor.Concurrency`), ``rate`` how many start per period
         (see :class:`conveyor.RateLimit`).
 
-        Raises DuplicateTaskError if the name is taken.
+        ``name`` (default: the handler's ``__name__``) and ``queue`` are 1 to
+        200 printable characters (no newline or other control character, no
+        NUL, no lone surrogate), the rule of every task, queue, pause and
+        schedule name. Raises ConfigurationError for one that breaks it, and
+        DuplicateTaskError if the name is taken.
         """
         options = TaskOptions(
             queue=queue,
@@ -142,7 +146,7 @@ class App(Client):
         )
 
         def register(handler: Callable[..., Any]) -> TaskDef:
-            task_name = self._free_name(name or handler.__name__)
+            task_name = self._free_name(handler.__name__ if name is None else name)
             executor: Executor
             if process:
                 executor = "process"
@@ -188,7 +192,7 @@ class App(Client):
         )
 
         def register(handler: F) -> Coroutine:
-            task_name = self._free_name(name or handler.__name__)
+            task_name = self._free_name(handler.__name__ if name is None else name)
             found = Coroutine(self, handler, task_name, options)
             self.tasks[task_name] = found
             return found

@@ -12,7 +12,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from conveyor.errors import LONGEST_PAUSE, ConfigurationError, TaskNotFoundError
@@ -291,6 +291,10 @@ MAX_SECONDS = LONGEST_PAUSE
 """The longest duration conveyor takes (a delay, lease, timeout or retry
 interval): 100 years. Anything longer is a mistake, and a time that far
 ahead would not fit the stores' timestamps (or Python's ``datetime``)."""
+EARLIEST_RUN_AT = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_RUN_AT = datetime(9999, 12, 30, tzinfo=UTC)
+"""The run times every store holds (PostgreSQL's ``tasks_run_at_in_range``);
+an enqueue's ``run_at`` outside them raises ConfigurationError."""
 MAX_ATTEMPTS = 1_000_000_000
 """The largest ``max_attempts``; attempt counters are 32-bit integers."""
 MAX_COUNTER = 2_147_483_645
@@ -649,18 +653,34 @@ class Pause:
 
 
 MAX_NAME = 200
-"""The longest queue or task name a pause (and a schedule) takes."""
+"""The longest task, queue, pause or schedule name, in characters."""
+
+
+def check_name(what: str, name: object) -> str:
+    """``name`` checked by the one rule of every task, queue, pause and
+    schedule name: a string of 1 to ``MAX_NAME`` printable characters
+    (``str.isprintable``: no newline, tab or other control character, no
+    NUL, no lone surrogate, no format character, no separator but the
+    space), which every store holds and every listing shows on one line.
+    Else ConfigurationError naming ``what``. No I/O."""
+    if isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isprintable():
+        return name
+    shown = (
+        repr(name[:60]) + ("..." if len(name) > 60 else "")
+        if isinstance(name, str)
+        else (type(name).__name__)
+    )
+    raise ConfigurationError(
+        f"{what} must be 1 to {MAX_NAME} printable characters (no newline, control "
+        f"character, NUL or lone surrogate), not {shown}"
+    )
 
 
 def check_pause(kind: object, name: object) -> tuple[PauseKind, str]:
     """``kind`` and ``name`` of a pause, checked: a :class:`PauseKind` (or its
-    value) and a non-empty name of printable text; else ConfigurationError."""
+    value) and a name by :func:`check_name`; else ConfigurationError."""
     try:
         checked = PauseKind(kind if isinstance(kind, str) else "")
     except ValueError:
         raise ConfigurationError(f"a pause is of a 'queue' or a 'task', not {kind!r}") from None
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not name.isprintable():
-        raise ConfigurationError(
-            f"a paused {checked.value} name must be 1 to {MAX_NAME} printable characters"
-        )
-    return checked, name
+    return checked, check_name(f"a paused {checked.value} name", name)

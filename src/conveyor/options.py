@@ -20,11 +20,14 @@ from typing import Any, Literal, TypedDict
 
 from conveyor.errors import ConfigurationError
 from conveyor.model import (
+    EARLIEST_RUN_AT,
+    LATEST_RUN_AT,
     MIN_LEASE_SECONDS,
     RetryPolicy,
     check_duration,
     check_idempotency_key,
     check_key,
+    check_name,
 )
 
 UniqueScope = Literal["pending", "active", "stored"]
@@ -254,8 +257,8 @@ class EnqueueOptions:
     rate: RateLimit | None = None
 
     def __post_init__(self) -> None:
-        if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
-            raise ConfigurationError("queue must be a non-empty string")
+        if self.queue is not None:
+            check_name("queue", self.queue)
         if self.priority is not None:
             check_priority(self.priority)
         self._check_due()
@@ -277,6 +280,12 @@ class EnqueueOptions:
                 raise ConfigurationError("run_at must be a datetime")
             if self.run_at.tzinfo is None:
                 raise ConfigurationError("run_at must be timezone-aware")
+            if not EARLIEST_RUN_AT <= self.run_at <= LATEST_RUN_AT:
+                raise ConfigurationError(
+                    f"run_at must be from {EARLIEST_RUN_AT.date()} to "
+                    f"{LATEST_RUN_AT.date()} UTC (what every store holds), "
+                    f"not {self.run_at.isoformat()}"
+                )
         if self.delay is not None:
             seconds = self.delay
             if isinstance(seconds, timedelta):

@@ -71,7 +71,7 @@ from cronsim import CronSim, CronSimError
 
 from conveyor.backends.protocol import StoredSchedule
 from conveyor.errors import ConfigurationError, ConveyorError
-from conveyor.model import MAX_IDEMPOTENCY_KEY, MAX_NAME, MAX_SECONDS
+from conveyor.model import MAX_IDEMPOTENCY_KEY, MAX_SECONDS, check_name
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 """The origin of interval slots."""
@@ -120,12 +120,8 @@ class Schedule:
     grace: float = 60.0
 
     def __post_init__(self) -> None:
-        for label, text in (("name", self.name), ("task", self.task)):
-            if not isinstance(text, str) or not 0 < len(text) <= MAX_NAME or not text.isprintable():
-                raise ConfigurationError(
-                    f"a schedule's {label} must be 1 to {MAX_NAME} printable characters, "
-                    f"not {text!r}"
-                )
+        check_name("a schedule's name", self.name)
+        check_name("a schedule's task", self.task)
         where = f"schedule {self.name!r}"
         if (self.cron is None) == (self.every is None):
             raise ConfigurationError(f"{where} needs exactly one of cron= and every=")

@@ -47,6 +47,7 @@ from conveyor.model import (
     RetryPolicy,
     batch_keys,
     check_duration,
+    check_name,
 )
 from conveyor.options import (
     NO_OPTIONS,
@@ -118,8 +119,7 @@ class TaskOptions:
         check_kind("unique", self.unique, Unique)
         check_kind("concurrency", self.concurrency, Concurrency)
         check_kind("rate", self.rate, RateLimit)
-        if not self.queue or not isinstance(self.queue, str):
-            raise ConfigurationError("queue must be a non-empty string")
+        check_name("queue", self.queue)
         check_priority(self.priority)
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigurationError("retry must be a conveyor.RetryPolicy")
@@ -231,7 +231,7 @@ class TaskDef(Generic[P, R]):
     ) -> None:
         self.client = client
         self.fn = fn
-        self.name = name
+        self.name = check_name("a task name", name)
         self.defaults = defaults
         self.executor = executor
         self.signature = inspect.signature(fn)

@@ -48,6 +48,7 @@ from conveyor.model import (
     RetryPolicy,
     Task,
     TaskState,
+    check_name,
 )
 
 
@@ -318,6 +319,10 @@ class TaskFilter:
         for name, value in (("before", self.before), ("parent", self.parent)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigurationError(f"{name} must be a task id")
+        if self.name is not None:
+            check_name("a task name", self.name)
+        if self.queue is not None:
+            check_name("queue", self.queue)
 
 
 ACTIVITY_SCAN = 100_000

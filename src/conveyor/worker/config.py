@@ -7,7 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conveyor.errors import ConfigurationError
-from conveyor.model import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS, check_duration
+from conveyor.model import (
+    DEFAULT_LEASE_SECONDS,
+    MIN_LEASE_SECONDS,
+    check_duration,
+    check_name,
+)
 from conveyor.retention import DEFAULT_RETENTION, Retention
 
 DEFAULT_CONCURRENCY = 10
@@ -102,6 +107,11 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ConfigurationError("concurrency must be at least 1")
+        if self.queues is not None:
+            if isinstance(self.queues, str):
+                raise ConfigurationError("queues must be a sequence of queue names, not a string")
+            for queue in self.queues:
+                check_name("a worker's queue", queue)
         check_duration("lease", self.lease, minimum=MIN_LEASE_SECONDS)
         if self.heartbeat_interval is not None and not 0 < self.heartbeat_interval < self.lease:
             raise ConfigurationError(
