@@ -27,12 +27,24 @@ DEFAULT_URL = "sqlite:///conveyor.db"
 
 
 def resolve_url(url: str | None) -> str:
-    """Return ``url``; when it is None, ``CONVEYOR_URL``, else ``DEFAULT_URL``."""
+    """Return ``url``; when it is None, ``CONVEYOR_URL``, else ``DEFAULT_URL``.
+    Raises ConfigurationError for a URL that does not parse (a bracket left
+    open around an IPv6 address, say)."""
     if url is not None:
         if not url:
             raise ConfigurationError("the backend URL is empty")
-        return url
-    return os.environ.get(URL_ENV) or DEFAULT_URL
+        return parsed(url)
+    return parsed(os.environ.get(URL_ENV) or DEFAULT_URL)
+
+
+def parsed(url: str) -> str:
+    """``url``, if it parses as a URL; else ConfigurationError (which does
+    not show the URL: it may hold a password)."""
+    try:
+        urlsplit(url)
+    except ValueError as exc:
+        raise ConfigurationError(f"the backend URL does not parse: {exc}") from None
+    return url
 
 
 def sqlite_path(url: str) -> str | None:
@@ -46,7 +58,7 @@ def sqlite_path(url: str) -> str | None:
 
 def backend_from_url(url: str, **options: Any) -> Backend:
     """Build the backend a URL names; ``?schema=NAME`` sets the PostgreSQL schema."""
-    parts = urlsplit(url)
+    parts = urlsplit(parsed(url))
     scheme = parts.scheme.lower()
     if scheme in ("postgresql", "postgres"):
         from conveyor.backends.postgres import PostgresBackend

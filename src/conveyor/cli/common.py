@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import re
 import sys
@@ -140,6 +141,17 @@ def require_store(url: str | None) -> None:
         )
 
 
+def parse_json(text: str, what: str) -> Any:
+    """``text`` decoded as JSON; a command line that is not JSON, or nested
+    too deeply for Python to decode, ends the command with one line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{what} is not JSON: {exc}")
+    except RecursionError:
+        fail(f"{what} is nested too deeply to decode")
+
+
 def parse_duration(text: str) -> float | None:
     """Seconds of a duration such as ``90s``, ``15m``, ``2h``, ``7d``; None
     if ``text`` is not one."""
@@ -151,10 +163,14 @@ def parse_duration(text: str) -> float | None:
 
 def parse_time(text: str, now: datetime, option: str) -> datetime:
     """An ISO 8601 time (UTC unless it has an offset), or a duration before
-    ``now``: ``90s``, ``15m``, ``2h``, ``7d``."""
+    ``now``: ``90s``, ``15m``, ``2h``, ``7d`` (one that reaches before the
+    year 1 ends the command with one line)."""
     seconds = parse_duration(text)
     if seconds is not None:
-        return now - timedelta(seconds=seconds)
+        try:
+            return now - timedelta(seconds=seconds)
+        except OverflowError:
+            fail(f"{option} reaches back before the year 1: {text[:40]!r}")
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

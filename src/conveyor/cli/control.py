@@ -20,6 +20,7 @@ from conveyor.cli.common import (
     fail,
     json_option,
     open_client,
+    parse_json,
     parse_time,
     serving,
     state_choice,
@@ -80,10 +81,7 @@ def enqueue(
     the stored one's).
 
     Without --app, warns when no live worker serves NAME on its queue."""
-    try:
-        args = json.loads(args_json)
-    except json.JSONDecodeError as exc:
-        fail(f"--args is not JSON: {exc}")
+    args = parse_json(args_json, "--args")
     if not isinstance(args, dict):
         fail("--args must be a JSON object")
     due = parse_time(run_at, datetime.now(UTC), "--run-at") if run_at is not None else None
@@ -133,10 +131,7 @@ def send(
 ) -> None:
     """Send MESSAGE (JSON text) to coroutine task TASK_ID (it wakes if it
     waits); prints the message id."""
-    try:
-        body = json.loads(message)
-    except json.JSONDecodeError as exc:
-        fail(f"MESSAGE is not JSON: {exc}")
+    body = parse_json(message, "MESSAGE")
     message_id = with_client(
         url, schema, lambda app: app.send(task_id, body, idempotency_key=idempotency_key)
     )

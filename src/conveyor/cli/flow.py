@@ -21,6 +21,7 @@ from conveyor.cli.common import (
 )
 from conveyor.cli.shapes import pause_json, schedule_json
 from conveyor.durations import relative, span
+from conveyor.errors import ConveyorError
 from conveyor.model import Task
 from conveyor.retention import Retention
 from conveyor.schedules import next_stored_slot
@@ -122,12 +123,15 @@ def prune(
     workers older than their age ('forever' keeps them), as workers do on
     their own every minute. Never an unfinished task, nor a finished one
     whose parent is still alive."""
-    retention = Retention(
-        succeeded=_age(succeeded, "--succeeded"),
-        failed=_age(failed, "--failed"),
-        cancelled=_age(cancelled, "--cancelled"),
-        workers=_age(workers, "--workers"),
-    )
+    try:
+        retention = Retention(
+            succeeded=_age(succeeded, "--succeeded"),
+            failed=_age(failed, "--failed"),
+            cancelled=_age(cancelled, "--cancelled"),
+            workers=_age(workers, "--workers"),
+        )
+    except ConveyorError as exc:  # an age past the longest duration
+        fail(exc)
     done = with_client(url, schema, lambda app: app.prune(retention, dry_run=dry_run))
     if as_json:
         click.echo(json.dumps({"tasks": done.tasks, "workers": done.workers, "dry_run": dry_run}))
