@@ -129,6 +129,10 @@ def test_an_enqueue_with_a_bad_name_or_queue_stores_nothing(app: conveyor.App, b
         app.enqueue(bad)
     with pytest.raises(ConfigurationError):
         app.enqueue("elsewhere", queue=bad)
+    task = send.new_tasks([{}])[0]
+    task.queue = bad  # built by hand, around the checks of new_tasks
+    with pytest.raises(ConfigurationError):
+        app.enqueue_new([task])
     assert app.list_tasks() == []
 
 

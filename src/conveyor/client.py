@@ -52,6 +52,7 @@ from conveyor.model import (
     Task,
     TaskState,
     check_idempotency_key,
+    check_name,
     findable,
     stored_id,
 )
@@ -293,7 +294,9 @@ class Client(Controls):
         """Store tasks already checked and encoded (``TaskDef.new_tasks``,
         ``Workflow.new_workflow``), all or none; handles in order, once
         durable. With ``connection`` (a sync native connection), inside the
-        caller's transaction: stored if it commits."""
+        caller's transaction: stored if it commits. A task or queue name
+        that breaks the name rule raises ConfigurationError before any I/O."""
+        checked_names(tasks)
         if connection is not None:
             statements = self._transactional(self._statements)
             tracing = self.tracing
@@ -313,6 +316,7 @@ class Client(Controls):
     ) -> list[TaskHandle]:
         """Async form of :meth:`enqueue_new` (``connection``: an async native
         connection, or a ``sqlite3.Connection`` used on the caller's thread)."""
+        checked_names(tasks)
         tracing = self.tracing
         if tracing is None:
             return await self._enqueue_new_async(tasks, connection)
@@ -604,6 +608,14 @@ class Client(Controls):
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied."""
         return self.portal.run(self.migrate_async())
+
+
+def checked_names(tasks: Sequence[NewTask]) -> None:
+    """Every task's name and queue by the name rule (see ``check_name``):
+    tasks built by hand reach the store through here too."""
+    for task in tasks:
+        check_name("a task name", task.name)
+        check_name("queue", task.queue)
 
 
 def _stamped(chunks: Iterator[list[NewTask]], span: EnqueueStamp) -> Iterator[list[NewTask]]:
