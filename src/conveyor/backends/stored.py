@@ -30,6 +30,7 @@ from conveyor.errors import (
     TaskNotFoundError,
 )
 from conveyor.model import (
+    MAX_ATTEMPTS,
     Attempt,
     LeaseToken,
     Message,
@@ -62,6 +63,12 @@ CORRUPT_COUNTER = (
 )
 """Why a quarantine ended a task ``failed``; a template (see
 :func:`corrupt_counter_message`)."""
+CORRUPT_FIELD = (
+    "the task cannot run: its field {field} does not read ({value}): written around conveyor"
+)
+"""Why a store (Redis) set a task aside: a field of its hash is missing or
+holds what no claim can compute with (NaN, an infinity, a number out of its
+bounds, text); a template of the field's name and its stored value."""
 
 SQL_TEXTS: Mapping[str, str] = {
     "lease_expired_error": LEASE_EXPIRED_ERROR,
@@ -70,6 +77,7 @@ SQL_TEXTS: Mapping[str, str] = {
     "cancelled_meanwhile": CANCELLED_MEANWHILE,
     "crash_budget_spent": CRASH_BUDGET_SPENT,
     "corrupt_counter": CORRUPT_COUNTER,
+    "corrupt_field": CORRUPT_FIELD,
 }
 """The texts SQL statements name as ``{text:NAME}``. A template's holes
 (``{spent}``) become the statement's columns of those names."""
@@ -85,6 +93,11 @@ def lease_lost_message(cancelled: bool, spent: int, max_attempts: int) -> str:
 def corrupt_counter_message(attempt: object, spent: object) -> str:
     """Why a task whose counter stands at the limit ended failed."""
     return CORRUPT_COUNTER.format(attempt=attempt, spent=spent)
+
+
+def corrupt_field_message(field: str, value: str) -> str:
+    """Why a task whose field ``field`` holds ``value`` (as shown) was set aside."""
+    return CORRUPT_FIELD.format(field=field, value=value)
 
 
 def transition_result(
@@ -193,7 +206,7 @@ def stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
         return _retry_policy(text)
     except Exception:
         log.error("a task's stored retry policy does not decode: %r; using defaults", text)
-        return RetryPolicy(max_attempts=max(max_attempts, 1))
+        return RetryPolicy(max_attempts=min(max(max_attempts, 1), MAX_ATTEMPTS))
 
 
 def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:

@@ -61,6 +61,7 @@ Limits, stated plainly:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -70,6 +71,7 @@ from conveyor.backends.protocol import (
     ClaimParams,
     Completion,
     EnqueueParams,
+    ErrorInfo,
     FinishParams,
     FinishResult,
     FireParams,
@@ -88,6 +90,7 @@ from conveyor.backends.redis.inspector import RedisInspector
 from conveyor.backends.redis.store import translated
 from conveyor.backends.stored import (
     CANCELLED_MEANWHILE,
+    CORRUPT_TASK_ERROR,
     CRASH_BUDGET_SPENT,
     LEASE_EXPIRED,
     LEASE_EXPIRED_ERROR,
@@ -103,6 +106,8 @@ from conveyor.model import (
     Outcome,
     TaskState,
 )
+
+log = logging.getLogger("conveyor.redis")
 
 PRIORITY_RANGE = range(-(2**31), 2**31)
 """The priorities the claim order's fixed-width members hold (32-bit, as
@@ -168,7 +173,34 @@ class RedisBackend(RedisInspector, RedisControl):
             *dict.fromkeys(params.names),
         ]
         found = await self._run("claim", args)
-        return rows.claimed_tasks(found, params.worker_id)
+        claimed, unread = rows.claimed_tasks(found, params.worker_id)
+        if unread:
+            await self._set_aside(unread)
+        return claimed
+
+    async def _set_aside(self, unread: Sequence[rows.Unread]) -> None:
+        """Claimed rows that do not read end ``failed`` (``CorruptTask``),
+        each fenced by its token; one without a token that reads waits out
+        its lease, and the claim that meets it sets it aside. Never raises:
+        the rest of the claim runs either way."""
+        failures = []
+        for bad in unread:
+            log.error("%s", bad.why)
+            if bad.token is not None:
+                failures.append(
+                    Completion(
+                        token=bad.token,
+                        outcome=Outcome.FAILED,
+                        next_state=TaskState.FAILED,
+                        error=ErrorInfo(CORRUPT_TASK_ERROR, bad.why),
+                    )
+                )
+        if not failures:
+            return
+        try:
+            await self.finish(FinishParams(failures[0].token.worker_id, failures))
+        except Exception as exc:
+            log.error("claimed rows that do not read were not set aside: %r", exc)
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         """One script for the batch: each lease renewed if live, else lost;

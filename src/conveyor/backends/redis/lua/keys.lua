@@ -151,7 +151,7 @@ local function key_room(key, now)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now)) do
     local t = redis.call('HMGET', key_task(id), 'state', 'cancel_requested', 'spent',
       'max_attempts')
-    local spent, max_attempts = tonumber(t[3]), tonumber(t[4])
+    local spent, max_attempts = number('spent', t[3]), number('max_attempts', t[4])
     if t[1] ~= 'in_progress' then
       redis.call('ZREM', leases, id)  -- left by a writer that did not know keys
     elseif not (t[2] == '1' or (spent and max_attempts and spent >= max_attempts)) then
