@@ -43,8 +43,9 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
     applied to what the indexes give, ``PAGE`` ids per round trip, so a rare
     name or queue costs a walk of that state's tasks (or of all of them) down
     to ``limit`` matches. A task is taken from an index only while its hash
-    holds that index's state: one that moves during the read is listed once
-    at most. A ``parent`` filter reads that parent's index of children
+    holds that index's state (or holds no state it could have moved to:
+    written around conveyor, it is listed as corrupt): one that moves during
+    the read is listed once at most. A ``parent`` filter reads that parent's index of children
     instead (``{p}:children:ID``), the other filters applied to it."""
     indexes: list[tuple[str, str | None]]  # each index, and the state its tasks hold
     if task_filter.parent is not None:
@@ -75,10 +76,18 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
                 pipe.hgetall(keys.task(prefix, task_id))
             hashes = await pipe.execute()
         for (task_id, state), fields in zip(page, hashes, strict=True):
-            if fields and state in (None, fields.get("state")) and _matches(fields, task_filter):
+            if fields and _in_state(fields, state) and _matches(fields, task_filter):
                 found.append(rows.task(task_id, fields, ()))
         top = f"({page[-1][0]}"
     return found[: task_filter.limit]
+
+
+def _in_state(fields: dict[str, str], state: str | None) -> bool:
+    """Whether a task found in the index of ``state`` is listed from it: it
+    still holds that state, or (written around conveyor) no state at all,
+    which no move gives: it is listed as corrupt where it was found."""
+    stored = fields.get("state")
+    return state in (None, stored) or stored not in _STATE_NAMES
 
 
 def _matches(fields: dict[str, str], task_filter: TaskFilter) -> bool:
