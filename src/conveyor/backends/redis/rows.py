@@ -237,9 +237,29 @@ def _token(row: Sequence[str], worker_id: str) -> LeaseToken | None:
         return None
 
 
+def utf8(text: str) -> bool:
+    """Whether ``text`` was UTF-8 in the store: the client reads bytes that
+    are not as lone surrogates (see :mod:`.connect`)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_CLAIMED_TEXTS = ((2, "name"), (3, "queue"), (4, "payload"), (7, "retry"), (11, "step"))
+
+
 def _claimed(row: Sequence[str], worker_id: str, expiries: dict[str, datetime]) -> ClaimedTask:
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
     timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
+    for position, field in _CLAIMED_TEXTS:
+        if not utf8(row[position]):
+            raise ValueError(f"task {task_id}'s field {field!r} is not UTF-8")
+    if not utf8(trace):
+        trace = ""  # a trace context that does not read starts a new trace
     budget = int(max_attempts)
     expires_at = expiries.get(expires)
     if expires_at is None:
@@ -291,7 +311,18 @@ class _Fields:
         if value is None:
             self._bad(name, "is missing")
             return ""
-        return value
+        return self._readable(name, value)
+
+    def optional_text(self, name: str) -> str | None:
+        value = self.fields.get(name)
+        return None if value is None else self._readable(name, value)
+
+    def _readable(self, name: str, value: str) -> str:
+        """The text, its bytes that were not UTF-8 shown as U+FFFD."""
+        if utf8(value):
+            return value
+        self._bad(name, "is not UTF-8")
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
     def integer(self, name: str, low: int = -(2**63), high: int = 2**63 - 1) -> int:
         text = self.fields.get(name)
@@ -356,7 +387,7 @@ def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...])
     attempt log saying why: ``CorruptTask``)."""
     f = _Fields(task_id, fields)
     max_attempts = f.integer("max_attempts", 1, 2**31 - 1) or 1
-    result = fields.get("result")
+    result = f.optional_text("result")
     payload = codec.decode_for_display(f.text("payload"))
     listed = Task(
         id=task_id,
@@ -374,15 +405,15 @@ def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...])
         result=codec.decode_for_display(result) if result is not None else None,
         created_at=f.moment("created_at"),
         finished_at=f.optional_moment("finished_at"),
-        worker_id=fields.get("worker_id"),
+        worker_id=f.optional_text("worker_id"),
         lease_expires_at=f.optional_moment("lease_expires_at"),
         cancel_requested=fields.get("cancel_requested") == "1",
         attempts=attempts,
-        step=fields.get("step"),
+        step=f.optional_text("step"),
         parent_id=f.optional_integer("parent_id"),
         inbox=fields.get("inbox") == "1",
-        idempotency_key=fields.get("idempotency_key"),
-        concurrency_key=fields.get("concurrency_key"),
+        idempotency_key=f.optional_text("idempotency_key"),
+        concurrency_key=f.optional_text("concurrency_key"),
     )
     if not f.unread:
         return listed
@@ -405,7 +436,7 @@ def attempts(task_id: int, fields: Mapping[str, str], log: Sequence[str]) -> tup
         outcome=Outcome.IN_PROGRESS,
         started_at=f.moment("started_at"),
         finished_at=None,
-        step=fields.get("step"),
+        step=f.optional_text("step"),
     )
     if f.unread:
         return tuple(ended)
