@@ -6,6 +6,7 @@ bounds, and listings read times no ``datetime`` can hold.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -31,7 +32,7 @@ from conveyor.backends.sqlite.backend import SQL as SQLITE_SQL
 from conveyor.model import MAX_SECONDS
 from tests.cli_harness import Cli
 from tests.conftest import PG_URL, REDIS_URL, drop_redis_prefix, schema_for
-from tests.worker.helpers import RunningWorker, wait_terminal
+from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 
 LIMIT = 2_147_483_646
 """A counter standing here cannot be claimed again: the next would not fit."""
@@ -517,3 +518,55 @@ async def test_a_redis_task_whose_any_field_does_not_read_is_set_aside_alone(
     assert len(json.loads(cli.ok("tasks", "--json", "--limit", "1000"))) == len(listed)
     some = next(c[0] for c in cases if c[1] == "priority" and c[2] == "nan")
     assert "corrupt" in cli.ok("show", str(some))
+
+
+async def test_a_redis_task_corrupted_while_it_runs_is_set_aside_by_its_heartbeat_or_completion(
+    redis_app: tuple[conveyor.App, str],
+) -> None:
+    """Fields written around conveyor while the task runs: a lease of its own
+    that does not read is met by the heartbeat, the others by the completion
+    (or, when its fence itself does not read, by the sweep once its lease
+    expires). Each ends failed (CorruptTask); the tasks beside them succeed."""
+    app, prefix = redis_app
+    release = asyncio.Event()
+    started: set[int] = set()
+
+    @app.task(retry=RetryPolicy(max_attempts=2, initial_interval=0, jitter=0))
+    async def hold(n: int) -> int:
+        started.add(n)
+        await release.wait()
+        return n
+
+    beaten = [("lease", v) for v in BAD_NUMBERS]
+    finished = [(f, v) for f in ("spent", "attempt", "started_at") for v in BAD_NUMBERS[:4]]
+    finished += [("parent_id", "nan"), ("priority", "inf"), ("queue", None), ("name", None)]
+    cases = beaten + finished
+    async with app:
+        handles = await app.enqueue_many_async(hold, [{"n": n} for n in range(len(cases) + 10)])
+        client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+        try:
+            async with RunningWorker(app, concurrency=len(handles), lease=1.5):
+                await wait_for(lambda: _true(len(started) == len(handles)), 30)
+                for handle, (field, value) in zip(handles, cases, strict=False):
+                    if value is None:
+                        await client.hdel(redis_keys.task(prefix, handle.id), field)
+                    else:
+                        await client.hset(redis_keys.task(prefix, handle.id), field, value)
+                beaten_ids = [h.id for h in handles[: len(beaten)]]
+                await wait_terminal(app, beaten_ids, 30)
+                release.set()
+                ended = await wait_terminal(app, [h.id for h in handles], 30)
+        finally:
+            await client.aclose()
+        listed = await app.list_tasks_async(limit=1000)
+    assert len(listed) == len(handles)
+    for task, (field, value) in zip(ended, cases, strict=False):
+        where = f"task {task.id}, {field} = {value!r}"
+        assert task.state is TaskState.FAILED, where
+        assert task.attempts[-1].error_type == "CorruptTask", where
+    fine = ended[len(cases) :]
+    assert all((t.state, t.result) == (TaskState.SUCCEEDED, t.payload["n"]) for t in fine)
+
+
+async def _true(value: bool) -> bool:
+    return value
