@@ -153,6 +153,31 @@ async def test_a_task_at_the_counter_limit_fails_alone_while_its_queue_moves_on(
         assert "stands at the limit" in (last.error_message or "")
 
 
+async def test_a_budget_beyond_the_api_s_with_a_policy_that_does_not_decode_runs_alone(
+    app: conveyor.App, store: Store
+) -> None:
+    """A row whose retry policy does not decode runs with the default policy
+    and its own budget, cut to the largest the API takes: a budget above it
+    (the column allows it) failed the decode of the whole claimed batch."""
+
+    @app.task()
+    async def job(n: int) -> int:
+        return n
+
+    async with app:
+        good = await app.enqueue_many_async(job, [{"n": n} for n in range(20)])
+        odd = await job.options(priority=10).enqueue_async(n=-1)
+        policy = "%s::jsonb" if store.kind == "postgres" else "%s"
+        store.execute(
+            f"update {{tasks}} set max_attempts = 2e9, retry_policy = {policy} where id = %s",
+            "{}" if store.kind == "postgres" else "not json",
+            odd.id,
+        )
+        async with RunningWorker(app, concurrency=8):
+            ended = await wait_terminal(app, [h.id for h in [*good, odd]], 20)
+    assert all((t.state, t.result) == (TaskState.SUCCEEDED, t.payload["n"]) for t in ended)
+
+
 async def test_a_running_task_at_the_counter_limit_fails_when_its_lease_expires(
     app: conveyor.App, store: Store
 ) -> None:
@@ -491,9 +516,11 @@ async def test_a_redis_task_whose_any_field_does_not_read_is_set_aside_alone(
                     await client.hdel(redis_keys.task(prefix, task_id), field)
                 else:
                     await client.hset(redis_keys.task(prefix, task_id), field, value)
-            # Listings read every one of them, before and after.
+            # Listings and counts read every one of them, before and after.
             listed = await app.list_tasks_async(limit=1000)
             assert len(listed) == len(good) + len(cases)
+            counted = await app.count_tasks_async()
+            assert sum(c.count for c in counted) == len(listed)
             async with RunningWorker(app, concurrency=16, queues=["default", "dead"]):
                 ids = [h.id for h in good] + [c[0] for c in cases]
                 ended = await wait_terminal(app, ids, 60)
@@ -501,7 +528,8 @@ async def test_a_redis_task_whose_any_field_does_not_read_is_set_aside_alone(
         finally:
             await client.aclose()
         listed = await app.list_tasks_async(limit=1000)
-    assert len(listed) == len(good) + len(cases)
+        counted = await app.count_tasks_async()
+    assert len(listed) == len(good) + len(cases) == sum(c.count for c in counted)
     fine, bad = ended[: len(good)], ended[len(good) :]
     assert all((t.state, t.result) == (TaskState.SUCCEEDED, n) for n, t in enumerate(fine))
     for task, (task_id, field, value, reads) in zip(bad, cases, strict=True):

@@ -71,7 +71,6 @@ from conveyor.backends.protocol import (
     ClaimParams,
     Completion,
     EnqueueParams,
-    ErrorInfo,
     FinishParams,
     FinishResult,
     FireParams,
@@ -90,10 +89,10 @@ from conveyor.backends.redis.inspector import RedisInspector
 from conveyor.backends.redis.store import translated
 from conveyor.backends.stored import (
     CANCELLED_MEANWHILE,
-    CORRUPT_TASK_ERROR,
     CRASH_BUDGET_SPENT,
     LEASE_EXPIRED,
     LEASE_EXPIRED_ERROR,
+    Unread,
     key_scan,
 )
 from conveyor.errors import (
@@ -178,29 +177,18 @@ class RedisBackend(RedisInspector, RedisControl):
             await self._set_aside(unread)
         return claimed
 
-    async def _set_aside(self, unread: Sequence[rows.Unread]) -> None:
+    async def _set_aside(self, unread: Sequence[Unread]) -> None:
         """Claimed rows that do not read end ``failed`` (``CorruptTask``),
-        each fenced by its token; one without a token that reads waits out
-        its lease, and the claim that meets it sets it aside. Never raises:
-        the rest of the claim runs either way."""
-        failures = []
-        for bad in unread:
-            log.error("%s", bad.why)
-            if bad.token is not None:
-                failures.append(
-                    Completion(
-                        token=bad.token,
-                        outcome=Outcome.FAILED,
-                        next_state=TaskState.FAILED,
-                        error=ErrorInfo(CORRUPT_TASK_ERROR, bad.why),
-                    )
-                )
+        each fenced by its token; one without a token waits out its lease,
+        and the claim that meets it sets it aside. Never raises: the rest of
+        the claim runs either way."""
+        failures = [c for c in (bad.completion() for bad in unread) if c is not None]
         if not failures:
             return
         try:
             await self.finish(FinishParams(failures[0].token.worker_id, failures))
         except Exception as exc:
-            log.error("claimed rows that do not read were not set aside: %r", exc)
+            log.error("claimed rows that do not read were not set aside: %s", exc)
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         """One script for the batch: each lease renewed if live, else lost;

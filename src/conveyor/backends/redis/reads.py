@@ -76,17 +76,16 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
                 pipe.hgetall(keys.task(prefix, task_id))
             hashes = await pipe.execute()
         for (task_id, state), fields in zip(page, hashes, strict=True):
-            if fields and _in_state(fields, state) and _matches(fields, task_filter):
+            if fields and _in_state(fields.get("state"), state) and _matches(fields, task_filter):
                 found.append(rows.task(task_id, fields, ()))
         top = f"({page[-1][0]}"
     return found[: task_filter.limit]
 
 
-def _in_state(fields: dict[str, str], state: str | None) -> bool:
-    """Whether a task found in the index of ``state`` is listed from it: it
-    still holds that state, or (written around conveyor) no state at all,
-    which no move gives: it is listed as corrupt where it was found."""
-    stored = fields.get("state")
+def _in_state(stored: str | None, state: str | None) -> bool:
+    """Whether a task holding ``stored`` found in the index of ``state`` is
+    listed from it: it still holds that state, or (written around conveyor)
+    no state at all, which no move gives: it is listed where it was found."""
     return state in (None, stored) or stored not in _STATE_NAMES
 
 
@@ -130,8 +129,9 @@ async def count_tasks(client: aioredis.Redis, prefix: str) -> list[TaskCount]:
     """Every task's state, queue and name, read ``PAGE`` at a time from each
     state's index (as the protocol says: no index holds the three together).
     A task is counted under the index it was found in, and only while its
-    hash holds that state: one that moves during the read is counted once at
-    most."""
+    hash holds that state (or no state: see :func:`list_tasks`): one that
+    moves during the read is counted once at most. A queue or name that is
+    missing (written around conveyor) counts as ""."""
     found: Counter[tuple[str, str, str]] = Counter()
     for state in _STATE_NAMES:
         top = "+inf"
@@ -147,8 +147,8 @@ async def count_tasks(client: aioredis.Redis, prefix: str) -> list[TaskCount]:
                     pipe.hmget(keys.task(prefix, int(task_id)), "state", "queue", "name")
                 rows_ = await pipe.execute()
             for stored, queue, name in rows_:
-                if stored == state and queue is not None and name is not None:
-                    found[(state, queue, name)] += 1
+                if _in_state(stored, state):
+                    found[(state, queue or "", name or "")] += 1
             top = f"({ids[-1]}"
     return [TaskCount(TaskState(s), q, n, c) for (s, q, n), c in sorted(found.items())]
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -53,8 +53,8 @@ from conveyor.backends.protocol import (
     Transition,
     WorkerInfo,
 )
-from conveyor.backends.stored import retry_json, stored_retry_policy
-from conveyor.errors import BackendError, ConveyorError
+from conveyor.backends.stored import Unread, claimed_rows, retry_json, stored_retry_policy
+from conveyor.errors import BackendError
 from conveyor.model import (
     Attempt,
     LeaseToken,
@@ -198,15 +198,6 @@ def send_args(deliveries: Sequence[Delivery]) -> list[str]:
     return args
 
 
-@dataclass(frozen=True, slots=True)
-class Unread:
-    """A claimed row that does not read: its lease token when its id and
-    attempt do (the claim may then end it), and why."""
-
-    token: LeaseToken | None
-    why: str
-
-
 def claimed_tasks(
     found: Sequence[Sequence[str]], worker_id: str
 ) -> tuple[list[ClaimedTask], list[Unread]]:
@@ -217,24 +208,10 @@ def claimed_tasks(
     mostly share a lease expiry: each distinct one is converted once.
 
     The script checked every number it hands out; a row that still does not
-    read here is set apart, alone, with why (:class:`Unread`): the rest of
-    the claim runs."""
+    read here (text that is not UTF-8) is set apart, alone, with why
+    (:class:`~conveyor.backends.stored.Unread`): the rest of the claim runs."""
     expiries: dict[str, datetime] = {}
-    claimed: list[ClaimedTask] = []
-    unread: list[Unread] = []
-    for row in found:
-        try:
-            claimed.append(_claimed(row, worker_id, expiries))
-        except (ValueError, TypeError, IndexError, OverflowError, ConveyorError) as exc:
-            unread.append(Unread(_token(row, worker_id), f"a claimed row does not read: {exc}"))
-    return claimed, unread
-
-
-def _token(row: Sequence[str], worker_id: str) -> LeaseToken | None:
-    try:
-        return LeaseToken(task_id=int(row[0]), attempt=int(row[1]), worker_id=worker_id)
-    except (ValueError, TypeError, IndexError):
-        return None
+    return claimed_rows(found, lambda row: _claimed(row, worker_id, expiries), worker_id)
 
 
 def utf8(text: str) -> bool:

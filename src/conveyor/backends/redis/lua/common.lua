@@ -1,6 +1,8 @@
 -- common.lua: composed in front of every operation's script when the scripts
 -- are loaded (conveyor.backends.redis.scripts), so that key names, the
--- clock, claim order and the attempt log are written once.
+-- clock, the bounds of a task's numbers, claim order and the attempt log
+-- are written once. The table TEXTS (the attempt log's texts, from
+-- conveyor.backends.stored) is composed in front of it.
 --
 -- KEYS[1] is the store's base, "{prefix}" (see begin). Every key below starts with it,
 -- so all of one store's keys share one hash tag and one cluster slot: a
