@@ -748,3 +748,25 @@ async def test_an_attempt_row_holds_any_text_of_its_error_and_worker(
         error.traceback,
     )
     assert (attempt.number, attempt.started_at, attempt.finished_at) == (1, T0, T0)
+
+
+async def test_a_keyed_task_s_limit_that_does_not_read_never_reaches_its_key(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    """A keyed task whose limit was written around conveyor while it ran, and
+    that is retried: its limit counts as none given, so the key (its row's
+    room read from it) keeps handing out tasks, and the claim that meets the
+    task sets it aside."""
+    [task_id] = await enqueue(store, keyed("k", limit=2))
+    [claimed] = await claim(store)
+    await raw.hset(keys.task(store.prefix, task_id), "concurrency_limit", "nan")
+    retry = Completion(claimed.token, Outcome.FAILED, TaskState.PENDING, retry_delay=0)
+    done = await store.finish(FinishParams("w1", [retry], now=T0))
+    assert done.applied == {claimed.token}
+    assert await raw.hget(keys.concurrency(store.prefix, "k"), "max_running") != "nan"
+    more = await enqueue(store, keyed("k", limit=2), keyed("k", limit=2))
+    found = await claim(store, at=later(1))
+    assert sorted(c.token.task_id for c in found) == more
+    task = await store.get_task(task_id)
+    assert task is not None and task.state is TaskState.FAILED
+    assert task.attempts[-1].error_type == "CorruptTask"
