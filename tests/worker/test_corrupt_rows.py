@@ -542,6 +542,9 @@ async def test_a_redis_task_whose_any_field_does_not_read_is_set_aside_alone(
         assert isinstance(value, bytes) or str(task_id) in corrupt, where
         last = task.attempts[-1]
         assert (last.outcome, last.error_type) == (Outcome.FAILED, "CorruptTask"), where
+        assert field in (last.error_message or ""), where
+        if value is None:
+            assert "(missing)" in (last.error_message or ""), where
     cli = Cli(REDIS_URL, prefix)
     assert len(json.loads(cli.ok("tasks", "--json", "--limit", "1000"))) == len(listed)
     some = next(c[0] for c in cases if c[1] == "priority" and c[2] == "nan")
@@ -591,7 +594,11 @@ async def test_a_redis_task_corrupted_while_it_runs_is_set_aside_by_its_heartbea
     for task, (field, value) in zip(ended, cases, strict=False):
         where = f"task {task.id}, {field} = {value!r}"
         assert task.state is TaskState.FAILED, where
-        assert task.attempts[-1].error_type == "CorruptTask", where
+        last = task.attempts[-1]
+        assert last.error_type == "CorruptTask", where
+        assert f"field {field} " in (last.error_message or ""), where
+        if value is None:
+            assert "(missing)" in (last.error_message or ""), where
     fine = ended[len(cases) :]
     assert all((t.state, t.result) == (TaskState.SUCCEEDED, t.payload["n"]) for t in fine)
 

@@ -51,7 +51,8 @@ for _, c in ipairs(cjson.decode(ARGV[3])) do
   local field, value = unreadable(FENCED, f)
   if fenced then seen[id] = true end
   if fenced and (field or not running) then
-    corrupt[#corrupt + 1] = {id, f[5], field or 'started_at', field and value or f[11]}
+    if not field then field, value = 'started_at', f[11] end
+    corrupt[#corrupt + 1] = {id, f[5], unread_message(field, value)}
     applied[#applied + 1] = 0
   elseif fenced then
     -- Read once: a task's unique scope (but for a release, which a second
@@ -140,7 +141,7 @@ for _, h in ipairs(held) do
 end
 for _, id in ipairs(endings) do ended(id, now) end
 for _, bad in ipairs(corrupt) do
-  set_aside(bad[1], bad[2], worker, unread_message(bad[3], bad[4]), now)
+  set_aside(bad[1], bad[2], worker, bad[3], now)
 end
 for _, h in ipairs(held) do
   if h.effects and redis.call('EXISTS', key_inbox(h.id)) == 1 then wake(h.id, now) end
