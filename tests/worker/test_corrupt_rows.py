@@ -18,8 +18,10 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis as sync_redis
 import redis.asyncio as aioredis
 from psycopg import sql
+from starlette.testclient import TestClient
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskState
@@ -29,6 +31,7 @@ from conveyor.backends.redis import keys as redis_keys
 from conveyor.backends.sqlfiles import migrations as sql_migrations
 from conveyor.backends.sqlite import migrate as sqlite_migrate
 from conveyor.backends.sqlite.backend import SQL as SQLITE_SQL
+from conveyor.dashboard import create_app
 from conveyor.model import MAX_SECONDS
 from tests.cli_harness import Cli
 from tests.conftest import PG_URL, REDIS_URL, drop_redis_prefix, schema_for
@@ -547,6 +550,7 @@ async def test_a_redis_task_whose_any_field_does_not_read_is_set_aside_alone(
             assert "(missing)" in (last.error_message or ""), where
     cli = Cli(REDIS_URL, prefix)
     assert len(json.loads(cli.ok("tasks", "--json", "--limit", "1000"))) == len(listed)
+    assert cli.ok("tasks", "--limit", "1000").count("\n") > len(listed)
     some = next(c[0] for c in cases if c[1] == "priority" and c[2] == "nan")
     assert "corrupt" in cli.ok("show", str(some))
 
@@ -605,3 +609,31 @@ async def test_a_redis_task_corrupted_while_it_runs_is_set_aside_by_its_heartbea
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def test_the_dashboard_shows_a_corrupt_redis_task_and_its_neighbours(
+    redis_app: tuple[conveyor.App, str],
+) -> None:
+    """The dashboard reads through the same functions: a hash that does not
+    read is a task shown as corrupt, and the list around it still shows."""
+    app, prefix = redis_app
+
+    @app.task()
+    async def job(n: int) -> int:
+        return n
+
+    handles = app.enqueue_many(job, [{"n": n} for n in range(3)])
+    client = sync_redis.Redis.from_url(REDIS_URL)
+    try:
+        client.hset(redis_keys.task(prefix, handles[0].id), "priority", "nan")
+        client.hdel(redis_keys.task(prefix, handles[1].id), "state")
+        client.hset(redis_keys.task(prefix, handles[2].id), "name", b"\xff")
+    finally:
+        client.close()
+    with TestClient(create_app(app)) as page:
+        listed = page.get("/tasks")
+        assert listed.status_code == 200
+        for handle in handles:
+            assert f"/tasks/{handle.id}" in listed.text
+            shown = page.get(f"/tasks/{handle.id}")
+            assert shown.status_code == 200 and "corrupt" in shown.text
