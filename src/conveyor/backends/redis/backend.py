@@ -57,6 +57,11 @@ Limits, stated plainly:
   hashes one page at a time; no read is an atomic snapshot of the store.
 - No transactional enqueue and no attempt transactions: a Redis write cannot
   join a caller's SQL transaction.
+- A hash has no column types: every script checks the numbers it reads of
+  a task in their bounds before it writes, and a task that does not read
+  (written around conveyor) is set aside alone, ended ``failed``
+  (``CorruptTask``); reads show it as corrupt (see :mod:`.rows`). A name or
+  queue changed to another valid one cannot be told from a real one.
 """
 
 from __future__ import annotations
@@ -153,7 +158,9 @@ class RedisBackend(RedisInspector, RedisControl):
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         """One script (``claim.lua``): see :meth:`Backend.claim`. Every claim
-        looks for expired leases of its queues."""
+        looks for expired leases of its queues. A task whose stored fields do
+        not read is set aside alone (ended failed, ``CorruptTask``): by the
+        script, or, for a row that does not decode here, by a completion."""
         if params.limit <= 0 or not params.names or not params.queues:
             return []
         queues = list(dict.fromkeys(params.queues))
