@@ -224,14 +224,16 @@ STATE_CHANGES: tuple[StateChange, ...] = (
         TaskState.PENDING,
         Cause.QUARANTINE,
         TaskState.FAILED,
-        "SQL backends: a due task whose attempt or spent counter stands at the 32-bit limit "
-        "(written around conveyor) ends with a `CorruptTask` attempt",
+        "SQL backends and Redis: a due task whose attempt or spent counter stands at the "
+        "32-bit limit (written around conveyor) ends with a `CorruptTask` attempt; on Redis, so "
+        "does a task a field of whose hash does not read",
     ),
     StateChange(
         TaskState.IN_PROGRESS,
         Cause.QUARANTINE,
         TaskState.FAILED,
-        "SQL backends: the same, for such a task whose lease expired",
+        "SQL backends and Redis: the same, for such a task whose lease expired (Redis: or "
+        "that its heartbeat or completion meets)",
     ),
 )
 """Every legal move of a task, and only those: the task state machine,

@@ -194,16 +194,16 @@ async def test_destroy_deletes_exactly_its_prefix(raw: aioredis.Redis) -> None:
         await mine.close()
 
 
-async def test_a_task_hash_missing_a_field_is_a_typed_error(
+async def test_a_task_hash_missing_a_field_reads_as_corrupt_and_is_set_aside(
     store: RedisBackend, raw: aioredis.Redis
 ) -> None:
     stateless, counterless, healthy = await enqueue(store, new(), new(priority=9), new())
     await raw.hdel(f"{{{store.prefix}}}:task:{stateless}", "state")
-    with pytest.raises(BackendError, match=f"task {stateless} .*'state' is missing"):
-        await store.get_task(stateless)
-    # A claim that meets a task whose counters do not read sets it aside
-    # (out of the claim order, into the corrupt set) instead of failing:
-    # it blocks nothing behind it, and is claimed never again.
+    read = await store.get_task(stateless)
+    assert read is not None and read.payload["corrupt"] == ["its field 'state' is missing"]
+    # A claim that meets a task whose fields do not read sets it aside (out
+    # of the claim order, into the corrupt set, ended failed) instead of
+    # failing: it blocks nothing behind it, and is claimed never again.
     await raw.hdel(f"{{{store.prefix}}}:task:{counterless}", "attempt")
     await raw.hdel(f"{{{store.prefix}}}:task:{stateless}", "spent")
     assert [c.token.task_id for c in await claim(store)] == [healthy]
@@ -212,8 +212,10 @@ async def test_a_task_hash_missing_a_field_is_a_typed_error(
         str(stateless),
         str(counterless),
     }
-    with pytest.raises(BackendError, match=f"task {counterless} .*'attempt' is missing"):
-        await store.get_task(counterless)
+    task = await store.get_task(counterless)
+    assert task is not None and task.state is TaskState.FAILED
+    assert task.payload["corrupt"] == ["its field 'attempt' is missing"]
+    assert task.attempts[-1].error_type == "CorruptTask"
 
 
 async def test_a_priority_beyond_32_bits_is_refused_and_stores_nothing(
@@ -522,22 +524,23 @@ async def test_a_layout_4_store_s_running_attempts_move_into_their_hashes(
         await reopened.close()
 
 
-async def test_a_running_task_whose_start_does_not_read_is_set_aside_at_reclaim(
+async def test_a_running_task_whose_start_does_not_read_is_set_aside_at_its_completion(
     store: RedisBackend, raw: aioredis.Redis
 ) -> None:
-    """The running attempt lives in the hash: one whose start does not read
-    cannot be finished (the completion is rejected, nothing written), and
-    the claim that meets its expired lease sets the task aside."""
+    """The running attempt lives in the hash: a completion whose fence holds
+    but whose start does not read is rejected, and its task set aside: it
+    ends failed, its attempt log saying why."""
     [task_id] = await enqueue(store, new())
     [claimed] = await claim(store)
     await raw.hset(keys.task(store.prefix, task_id), "started_at", "soon")
     result = await store.finish(FinishParams("w1", [success(claimed.token)], now=T0))
     assert result.rejected == {claimed.token}
-    assert await raw.hget(keys.task(store.prefix, task_id), "state") == "in_progress"
-    assert await claim(store, "w2", at=later(2 * LEASE)) == []
     assert await raw.smembers(f"{keys.base(store.prefix)}:corrupt") == {str(task_id)}
-    with pytest.raises(BackendError, match=f"task {task_id} is corrupt in Redis"):
-        await store.get_task(task_id)
+    task = await store.get_task(task_id)
+    assert task is not None and task.state is TaskState.FAILED
+    last = task.attempts[-1]
+    assert (last.number, last.error_type) == (1, "CorruptTask")
+    assert "started_at" in (last.error_message or "")
 
 
 def keyed(key: str, limit: int = 1, **fields: object) -> NewTask:
@@ -745,3 +748,25 @@ async def test_an_attempt_row_holds_any_text_of_its_error_and_worker(
         error.traceback,
     )
     assert (attempt.number, attempt.started_at, attempt.finished_at) == (1, T0, T0)
+
+
+async def test_a_keyed_task_s_limit_that_does_not_read_never_reaches_its_key(
+    store: RedisBackend, raw: aioredis.Redis
+) -> None:
+    """A keyed task whose limit was written around conveyor while it ran, and
+    that is retried: its limit counts as none given, so the key (its row's
+    room read from it) keeps handing out tasks, and the claim that meets the
+    task sets it aside."""
+    [task_id] = await enqueue(store, keyed("k", limit=2))
+    [claimed] = await claim(store)
+    await raw.hset(keys.task(store.prefix, task_id), "concurrency_limit", "nan")
+    retry = Completion(claimed.token, Outcome.FAILED, TaskState.PENDING, retry_delay=0)
+    done = await store.finish(FinishParams("w1", [retry], now=T0))
+    assert done.applied == {claimed.token}
+    assert await raw.hget(keys.concurrency(store.prefix, "k"), "max_running") != "nan"
+    more = await enqueue(store, keyed("k", limit=2), keyed("k", limit=2))
+    found = await claim(store, at=later(1))
+    assert sorted(c.token.task_id for c in found) == more
+    task = await store.get_task(task_id)
+    assert task is not None and task.state is TaskState.FAILED
+    assert task.attempts[-1].error_type == "CorruptTask"

@@ -1,7 +1,7 @@
 """Every backend writes the very texts of ``conveyor.backends.stored`` in the
 attempt log when it ends an attempt itself: a reclaim, a spent crash budget,
-a cancel found at a reclaim and (SQL backends) a quarantine. Redis sets a
-corrupt task aside instead, writing nothing (checked here too)."""
+a cancel found at a reclaim and a quarantine (Redis: also of a task whose
+fields do not read, which the SQL stores' columns refuse)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from conveyor.backends.stored import (
     LEASE_EXPIRED,
     LEASE_EXPIRED_ERROR,
     corrupt_counter_message,
+    corrupt_field_message,
     lease_lost_message,
 )
-from conveyor.errors import BackendError
 from conveyor.model import Attempt, Outcome, RetryPolicy, TaskState
 from tests.conftest import REDIS_URL
 
@@ -117,9 +117,9 @@ async def test_a_quarantine_logs_the_shared_text(backend: Backend) -> None:
         pytest.skip("the memory store has no counter limit: nothing to quarantine")
     task_id = await enqueue(backend)
     if type(backend).__name__ == "RedisBackend":
-        await check_set_aside_in_redis(backend, task_id)
-        return
-    await write_around(backend, "update {tasks} set attempt = %s where id = %s", LIMIT, task_id)
+        await set_in_redis(backend, task_id, "attempt", str(LIMIT))
+    else:
+        await write_around(backend, "update {tasks} set attempt = %s where id = %s", LIMIT, task_id)
     assert await claim(backend, "w1") == []
     state, attempts_ = await attempts(backend, task_id)
     assert state is TaskState.FAILED
@@ -131,28 +131,43 @@ async def test_a_quarantine_logs_the_shared_text(backend: Backend) -> None:
     )
 
 
-async def check_set_aside_in_redis(backend: Backend, task_id: int) -> None:
-    """Redis has no counter limit (an attempt counter at LIMIT is claimed as
-    any other), and a claim that meets a task whose counters do not read
-    sets it aside rather than failing it: into ``{p}:corrupt`` (see
-    ``conveyor.backends.redis.keys``), out of every claim index, its hash
-    untouched and no attempt or text written. It blocks nothing behind it,
-    no claim takes it again, and reading it is a typed error."""
+async def set_in_redis(backend: Backend, task_id: int, field: str, value: str) -> None:
     prefix: str = backend.prefix  # type: ignore[attr-defined]
-    task_key = keys.task(prefix, task_id)
     client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
-        await client.hset(task_key, "attempt", "not a number")
-        written = await client.hgetall(task_key)
-        behind = await enqueue(backend)
-        assert await claim(backend, "w1") == [behind]
-        assert await claim(backend, "w2", 2 * LEASE) == [behind]  # a reclaim, never task_id
+        await client.hset(keys.task(prefix, task_id), field, value)
+    finally:
+        await client.aclose()
+
+
+async def test_redis_sets_a_task_whose_field_does_not_read_aside_with_the_shared_text(
+    backend: Backend,
+) -> None:
+    """A claim that meets a task whose counters do not read sets it aside:
+    into ``{p}:corrupt`` (see ``conveyor.backends.redis.keys``), out of
+    every claim index, ended failed with the shared text, its other fields
+    as they were. It blocks nothing behind it and no claim takes it again."""
+    if type(backend).__name__ != "RedisBackend":
+        pytest.skip("the SQL stores' columns refuse such values (see test_corrupt_rows)")
+    prefix: str = backend.prefix  # type: ignore[attr-defined]
+    task_id = await enqueue(backend)
+    await set_in_redis(backend, task_id, "attempt", "not a number")
+    behind = await enqueue(backend)
+    assert await claim(backend, "w1") == [behind]
+    assert await claim(backend, "w2", 2 * LEASE) == [behind]  # a reclaim, never task_id
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
         assert await client.smembers(f"{keys.base(prefix)}:corrupt") == {str(task_id)}
-        assert await client.hgetall(task_key) == written
-        assert await client.llen(keys.attempts(prefix, task_id)) == 0
+        assert await client.hget(keys.task(prefix, task_id), "attempt") == "not a number"
         assert await client.zscore(keys.pending(prefix, "q"), str(task_id)) is None
     finally:
         await client.aclose()
     assert await backend.next_due_at(["q"]) is None
-    with pytest.raises(BackendError, match=f"task {task_id} is corrupt in Redis"):
-        await backend.get_task(task_id)
+    state, [only] = await attempts(backend, task_id)
+    assert state is TaskState.FAILED
+    assert (only.number, only.outcome, only.error_type, only.error_message) == (
+        1,
+        Outcome.FAILED,
+        CORRUPT_TASK_ERROR,
+        corrupt_field_message("attempt", "'not a number'"),
+    )

@@ -6,29 +6,36 @@ bounds, and listings read times no ``datetime`` can hold.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
 import sqlite3
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import redis as sync_redis
+import redis.asyncio as aioredis
 from psycopg import sql
+from starlette.testclient import TestClient
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskState
 from conveyor.backends.postgres import queries as pg_queries
+from conveyor.backends.protocol import ClaimParams
+from conveyor.backends.redis import keys as redis_keys
 from conveyor.backends.sqlfiles import migrations as sql_migrations
 from conveyor.backends.sqlite import migrate as sqlite_migrate
 from conveyor.backends.sqlite.backend import SQL as SQLITE_SQL
+from conveyor.dashboard import create_app
 from conveyor.model import MAX_SECONDS
 from tests.cli_harness import Cli
-from tests.conftest import PG_URL, schema_for
-from tests.worker.helpers import RunningWorker, wait_terminal
+from tests.conftest import PG_URL, REDIS_URL, drop_redis_prefix, schema_for
+from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 
 LIMIT = 2_147_483_646
 """A counter standing here cannot be claimed again: the next would not fit."""
@@ -147,6 +154,31 @@ async def test_a_task_at_the_counter_limit_fails_alone_while_its_queue_moves_on(
         last = bad.attempts[-1]
         assert (last.outcome, last.error_type) == (Outcome.FAILED, "CorruptTask")
         assert "stands at the limit" in (last.error_message or "")
+
+
+async def test_a_budget_beyond_the_api_s_with_a_policy_that_does_not_decode_runs_alone(
+    app: conveyor.App, store: Store
+) -> None:
+    """A row whose retry policy does not decode runs with the default policy
+    and its own budget, cut to the largest the API takes: a budget above it
+    (the column allows it) failed the decode of the whole claimed batch."""
+
+    @app.task()
+    async def job(n: int) -> int:
+        return n
+
+    async with app:
+        good = await app.enqueue_many_async(job, [{"n": n} for n in range(20)])
+        odd = await job.options(priority=10).enqueue_async(n=-1)
+        policy = "%s::jsonb" if store.kind == "postgres" else "%s"
+        store.execute(
+            f"update {{tasks}} set max_attempts = 2e9, retry_policy = {policy} where id = %s",
+            "{}" if store.kind == "postgres" else "not json",
+            odd.id,
+        )
+        async with RunningWorker(app, concurrency=8):
+            ended = await wait_terminal(app, [h.id for h in [*good, odd]], 20)
+    assert all((t.state, t.result) == (TaskState.SUCCEEDED, t.payload["n"]) for t in ended)
 
 
 async def test_a_running_task_at_the_counter_limit_fails_when_its_lease_expires(
@@ -336,3 +368,272 @@ def test_enqueue_refuses_durations_beyond_a_hundred_years(options: dict[str, obj
     with pytest.raises(conveyor.ConfigurationError):
         app.enqueue(job, {}, **options)  # type: ignore[arg-type]
     assert app.list_tasks() == []
+
+
+# ---------------------------------------------------------------------------
+# Redis: a task's hash holds any text. Every field of it, written around
+# conveyor with what no claim can compute with, is set aside alone.
+# ---------------------------------------------------------------------------
+
+BAD_NUMBERS = ("nan", "inf", "-inf", "1e400", "1e300", "abc", "", "-1")
+BAD_TEXTS: tuple[str | bytes | None, ...] = (None, "", "\x01garbage{", b"\xff\xfe{")
+"""None: the field is deleted; bytes: not UTF-8."""
+PENDING_NUMBERS = (
+    "priority",
+    "run_at",
+    "attempt",
+    "spent",
+    "max_attempts",
+    "timeout",
+    "lease",
+    "parent_id",
+    "created_at",
+    "finished_at",
+    "lease_expires_at",
+    "started_at",
+    "unique_until",
+    "concurrency_limit",
+    "rate_limit",
+    "rate_period",
+)
+"""Every numeric field of a task's hash (``conveyor.backends.redis.rows``)."""
+TEXTS = (
+    "name",
+    "queue",
+    "payload",
+    "state",
+    "retry",
+    "worker_id",
+    "result",
+    "step",
+    "cancel_requested",
+    "inbox",
+    "idempotency_key",
+    "unique_scope",
+    "concurrency_key",
+    "trace_context",
+)
+"""Every other field of it."""
+CLAIM_READS = {
+    "priority",
+    "run_at",
+    "attempt",
+    "spent",
+    "max_attempts",
+    "timeout",
+    "lease",
+    "parent_id",
+    "concurrency_limit",
+    "name",
+    "queue",
+    "state",
+}
+"""What a claim reads of a pending task: one of these that does not read sets
+the task aside (but for a negative priority or run time, which are fine)."""
+RUNNING_READS = {
+    "priority",
+    "run_at",
+    "attempt",
+    "spent",
+    "max_attempts",
+    "started_at",
+    "name",
+    "state",
+    "worker_id",
+}
+"""What the expired-lease sweep reads of a running task."""
+
+
+def _must_set_aside(field: str, value: str | bytes | None, reads: set[str]) -> bool:
+    if isinstance(value, bytes) and field in ("payload", "retry", "step"):
+        return reads is CLAIM_READS  # what a claim hands the worker is UTF-8
+    if field not in reads:
+        return False
+    if value == "-1" and field in ("priority", "run_at"):
+        return False
+    return field != "worker_id" or value is None  # any text is a worker's id
+
+
+@pytest.fixture
+def redis_app(request: pytest.FixtureRequest) -> Iterator[tuple[conveyor.App, str]]:
+    """An App on a Redis store of the test's own, and its key prefix."""
+    prefix = schema_for("redis", request)
+    application = conveyor.App(REDIS_URL, schema=prefix)
+    yield application, prefix
+    application.close()
+    drop_redis_prefix(prefix)
+
+
+async def test_a_redis_task_whose_any_field_does_not_read_is_set_aside_alone(
+    redis_app: tuple[conveyor.App, str],
+) -> None:
+    """Pending tasks (claimed), delayed ones (promoted) and running ones of a
+    worker that died (the expired-lease sweep), each with one field of its
+    hash written around conveyor, beside healthy ones: every healthy task
+    succeeds, each corrupt one ends (those a claim cannot compute with
+    `failed`, CorruptTask), nothing stays in progress, and listings read.
+    (A name changed to another name is a task of that name: no store can
+    tell, so it is not a case here.)"""
+    app, prefix = redis_app
+
+    @app.task(retry=RetryPolicy(max_attempts=2, initial_interval=0, jitter=0))
+    async def job(n: int) -> int:
+        return n
+
+    cases: list[tuple[int, str, str | bytes | None, set[str]]] = []
+    async with app:
+        client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+        backend = await app.backend()
+        try:
+            good = await app.enqueue_many_async(job, [{"n": n} for n in range(40)])
+            fields = [(f, v) for f in PENDING_NUMBERS for v in BAD_NUMBERS]
+            fields += [(f, v) for f in TEXTS for v in BAD_TEXTS]
+            # Pending, due: met by the claim's hand-out.
+            for field, value in fields:
+                handle = await job.options(priority=5).enqueue_async(n=-1)
+                cases.append((handle.id, field, value, CLAIM_READS))
+            # Delayed: met when a claim promotes them.
+            delayed = [(f, v) for f in ("run_at", "priority") for v in BAD_NUMBERS[:7]]
+            for field, value in [*delayed, ("name", None), ("name", "")]:
+                handle = await job.options(delay=0.5).enqueue_async(n=-2)
+                cases.append((handle.id, field, value, {"run_at", "priority", "name"}))
+            # Running under a worker that is gone, its lease expired: the sweep.
+            running_fields = [
+                (f, v)
+                for f in sorted(RUNNING_READS - {"name", "worker_id"})
+                for v in BAD_NUMBERS[:4]
+            ]
+            running_fields += [("name", None), ("name", ""), ("worker_id", None)]
+            running = await app.enqueue_many_async(
+                job, [{"n": -3} for _ in running_fields], queue="dead"
+            )
+            past = datetime.now(UTC) - timedelta(hours=1)
+            taken = await backend.claim(
+                ClaimParams("gone", ["job"], ["dead"], len(running), 1.0, now=past)
+            )
+            assert len(taken) == len(running)
+            for handle, (field, value) in zip(running, running_fields, strict=True):
+                cases.append((handle.id, field, value, RUNNING_READS))
+            for task_id, field, value, _reads in cases:
+                if value is None:
+                    await client.hdel(redis_keys.task(prefix, task_id), field)
+                else:
+                    await client.hset(redis_keys.task(prefix, task_id), field, value)
+            # Listings and counts read every one of them, before and after.
+            listed = await app.list_tasks_async(limit=1000)
+            assert len(listed) == len(good) + len(cases)
+            counted = await app.count_tasks_async()
+            assert sum(c.count for c in counted) == len(listed)
+            async with RunningWorker(app, concurrency=16, queues=["default", "dead"]):
+                ids = [h.id for h in good] + [c[0] for c in cases]
+                ended = await wait_terminal(app, ids, 60)
+            corrupt = await client.smembers(f"{redis_keys.base(prefix)}:corrupt")
+        finally:
+            await client.aclose()
+        listed = await app.list_tasks_async(limit=1000)
+        counted = await app.count_tasks_async()
+    assert len(listed) == len(good) + len(cases) == sum(c.count for c in counted)
+    fine, bad = ended[: len(good)], ended[len(good) :]
+    assert all((t.state, t.result) == (TaskState.SUCCEEDED, n) for n, t in enumerate(fine))
+    for task, (task_id, field, value, reads) in zip(bad, cases, strict=True):
+        if not _must_set_aside(field, value, reads):
+            continue
+        where = f"task {task_id}, {field} = {value!r}"
+        assert task.state is TaskState.FAILED, where
+        # The scripts note what they set aside; the worker ends what the
+        # scripts cannot tell (bytes that are not UTF-8) by its completion.
+        assert isinstance(value, bytes) or str(task_id) in corrupt, where
+        last = task.attempts[-1]
+        assert (last.outcome, last.error_type) == (Outcome.FAILED, "CorruptTask"), where
+        assert field in (last.error_message or ""), where
+        if value is None:
+            assert "(missing)" in (last.error_message or ""), where
+    cli = Cli(REDIS_URL, prefix)
+    assert len(json.loads(cli.ok("tasks", "--json", "--limit", "1000"))) == len(listed)
+    assert cli.ok("tasks", "--limit", "1000").count("\n") > len(listed)
+    some = next(c[0] for c in cases if c[1] == "priority" and c[2] == "nan")
+    assert "corrupt" in cli.ok("show", str(some))
+
+
+async def test_a_redis_task_corrupted_while_it_runs_is_set_aside_by_its_heartbeat_or_completion(
+    redis_app: tuple[conveyor.App, str],
+) -> None:
+    """Fields written around conveyor while the task runs: a lease of its own
+    that does not read is met by the heartbeat, the others by the completion
+    (or, when its fence itself does not read, by the sweep once its lease
+    expires). Each ends failed (CorruptTask); the tasks beside them succeed."""
+    app, prefix = redis_app
+    release = asyncio.Event()
+    started: set[int] = set()
+
+    @app.task(retry=RetryPolicy(max_attempts=2, initial_interval=0, jitter=0))
+    async def hold(n: int) -> int:
+        started.add(n)
+        await release.wait()
+        return n
+
+    beaten = [("lease", v) for v in BAD_NUMBERS]
+    finished = [(f, v) for f in ("spent", "attempt", "started_at") for v in BAD_NUMBERS[:4]]
+    finished += [("parent_id", "nan"), ("priority", "inf"), ("queue", None), ("name", None)]
+    cases = beaten + finished
+    async with app:
+        handles = await app.enqueue_many_async(hold, [{"n": n} for n in range(len(cases) + 10)])
+        client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+        try:
+            async with RunningWorker(app, concurrency=len(handles), lease=1.5):
+                await wait_for(lambda: _true(len(started) == len(handles)), 30)
+                for handle, (field, value) in zip(handles, cases, strict=False):
+                    if value is None:
+                        await client.hdel(redis_keys.task(prefix, handle.id), field)
+                    else:
+                        await client.hset(redis_keys.task(prefix, handle.id), field, value)
+                beaten_ids = [h.id for h in handles[: len(beaten)]]
+                await wait_terminal(app, beaten_ids, 30)
+                release.set()
+                ended = await wait_terminal(app, [h.id for h in handles], 30)
+        finally:
+            await client.aclose()
+        listed = await app.list_tasks_async(limit=1000)
+    assert len(listed) == len(handles)
+    for task, (field, value) in zip(ended, cases, strict=False):
+        where = f"task {task.id}, {field} = {value!r}"
+        assert task.state is TaskState.FAILED, where
+        last = task.attempts[-1]
+        assert last.error_type == "CorruptTask", where
+        assert f"field {field} " in (last.error_message or ""), where
+        if value is None:
+            assert "(missing)" in (last.error_message or ""), where
+    fine = ended[len(cases) :]
+    assert all((t.state, t.result) == (TaskState.SUCCEEDED, t.payload["n"]) for t in fine)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def test_the_dashboard_shows_a_corrupt_redis_task_and_its_neighbours(
+    redis_app: tuple[conveyor.App, str],
+) -> None:
+    """The dashboard reads through the same functions: a hash that does not
+    read is a task shown as corrupt, and the list around it still shows."""
+    app, prefix = redis_app
+
+    @app.task()
+    async def job(n: int) -> int:
+        return n
+
+    handles = app.enqueue_many(job, [{"n": n} for n in range(3)])
+    client = sync_redis.Redis.from_url(REDIS_URL)
+    try:
+        client.hset(redis_keys.task(prefix, handles[0].id), "priority", "nan")
+        client.hdel(redis_keys.task(prefix, handles[1].id), "state")
+        client.hset(redis_keys.task(prefix, handles[2].id), "name", b"\xff")
+    finally:
+        client.close()
+    with TestClient(create_app(app)) as page:
+        listed = page.get("/tasks")
+        assert listed.status_code == 200
+        for handle in handles:
+            assert f"/tasks/{handle.id}" in listed.text
+            shown = page.get(f"/tasks/{handle.id}")
+            assert shown.status_code == 200 and "corrupt" in shown.text

@@ -6,8 +6,9 @@ import logging
 
 import pytest
 
-from conveyor.errors import BackendUnavailableError
-from conveyor.worker.outage import Outage
+from conveyor.errors import BackendError, BackendUnavailableError
+from conveyor.worker.outage import Outage, answered
+from conveyor.worker.texts import reason
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
@@ -49,3 +50,27 @@ def test_a_new_outage_after_recovery_is_said_again(caplog: pytest.LogCaptureFixt
         "store unreachable (completion): gone; retrying with back-off"
     ] * 2
     assert outage.logged == 2
+
+
+def test_a_refusal_of_the_store_is_no_outage_and_is_said_once_per_cause(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A claim the store answered (refused, or with a reply that does not
+    read) is not "store unreachable": the store is there."""
+    outage = Outage()
+    refused = BackendError("Redis refused the operation: value is not a valid float")
+    assert answered(refused) and answered(ValueError("invalid literal for int()"))
+    assert not answered(BackendUnavailableError("gone")) and not answered(TimeoutError())
+    with caplog.at_level(logging.DEBUG, logger="conveyor.worker"):
+        for _ in range(5):
+            outage.refused("claim", refused)
+        outage.refused("claim", ValueError("invalid literal"))
+        outage.ok("claim")
+        outage.refused("claim", ValueError("invalid literal"))
+    said = [(level, text) for level, text in lines(caplog) if level != "DEBUG"]
+    assert said == [
+        ("ERROR", f"the store refused the claim (it answered): {reason(refused)}"),
+        ("ERROR", "the store refused the claim (it answered): invalid literal"),
+        ("ERROR", "the store refused the claim (it answered): invalid literal"),
+    ]
+    assert not outage.down and outage.failures == 0 and outage.logged == 0

@@ -5,7 +5,7 @@ Pure functions: no connection, no I/O. Each backend first brings its rows
 to Python values (timestamps as aware datetimes), then maps them here.
 
 The texts a store writes in the attempt log when it ends an attempt itself
-(a reclaim, a spent crash budget, a quarantine) are defined here once, for
+(a reclaim, a spent crash budget, a quarantine, a task set aside) are defined here once, for
 every backend: the memory store and SQLite's Python code use them directly,
 and SQL statements name them as ``{text:NAME}`` (see :data:`SQL_TEXTS`),
 composed in as SQL literals when the statements are loaded
@@ -16,20 +16,29 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import ActivityBucket, ClaimedTask, StoredSchedule
+from conveyor.backends.protocol import (
+    ActivityBucket,
+    ClaimedTask,
+    Completion,
+    ErrorInfo,
+    StoredSchedule,
+)
 from conveyor.errors import (
     ConfigurationError,
+    ConveyorError,
     InvalidTransitionError,
     NoInboxError,
     TaskFinishedError,
     TaskNotFoundError,
 )
 from conveyor.model import (
+    MAX_ATTEMPTS,
     Attempt,
     LeaseToken,
     Message,
@@ -62,6 +71,12 @@ CORRUPT_COUNTER = (
 )
 """Why a quarantine ended a task ``failed``; a template (see
 :func:`corrupt_counter_message`)."""
+CORRUPT_FIELD = (
+    "the task cannot run: its field {field} does not read ({value}): written around conveyor"
+)
+"""Why a store (Redis) set a task aside: a field of its hash is missing or
+holds what no claim can compute with (NaN, an infinity, a number out of its
+bounds, text); a template of the field's name and its stored value."""
 
 SQL_TEXTS: Mapping[str, str] = {
     "lease_expired_error": LEASE_EXPIRED_ERROR,
@@ -70,6 +85,7 @@ SQL_TEXTS: Mapping[str, str] = {
     "cancelled_meanwhile": CANCELLED_MEANWHILE,
     "crash_budget_spent": CRASH_BUDGET_SPENT,
     "corrupt_counter": CORRUPT_COUNTER,
+    "corrupt_field": CORRUPT_FIELD,
 }
 """The texts SQL statements name as ``{text:NAME}``. A template's holes
 (``{spent}``) become the statement's columns of those names."""
@@ -85,6 +101,11 @@ def lease_lost_message(cancelled: bool, spent: int, max_attempts: int) -> str:
 def corrupt_counter_message(attempt: object, spent: object) -> str:
     """Why a task whose counter stands at the limit ended failed."""
     return CORRUPT_COUNTER.format(attempt=attempt, spent=spent)
+
+
+def corrupt_field_message(field: str, value: str) -> str:
+    """Why a task whose field ``field`` holds ``value`` (as shown) was set aside."""
+    return CORRUPT_FIELD.format(field=field, value=value)
 
 
 def transition_result(
@@ -193,10 +214,59 @@ def stored_retry_policy(text: str, max_attempts: int) -> RetryPolicy:
         return _retry_policy(text)
     except Exception:
         log.error("a task's stored retry policy does not decode: %r; using defaults", text)
-        return RetryPolicy(max_attempts=max(max_attempts, 1))
+        return RetryPolicy(max_attempts=min(max(max_attempts, 1), MAX_ATTEMPTS))
 
 
-def claimed_task(row: tuple[Any, ...], worker_id: str) -> ClaimedTask:
+@dataclass(frozen=True, slots=True)
+class Unread:
+    """A claimed row that does not read (written around conveyor): its lease
+    token when its id and attempt read (the claim may then end it), and why."""
+
+    token: LeaseToken | None
+    why: str
+
+    def completion(self) -> Completion | None:
+        """The completion that ends it ``failed`` (``CorruptTask``), fenced
+        by its token; None without one."""
+        if self.token is None:
+            return None
+        return Completion(
+            token=self.token,
+            outcome=Outcome.FAILED,
+            next_state=TaskState.FAILED,
+            error=ErrorInfo(CORRUPT_TASK_ERROR, self.why),
+        )
+
+
+def claimed_rows(
+    found: Iterable[Sequence[Any]],
+    decode: Callable[[Sequence[Any]], ClaimedTask],
+    worker_id: str,
+) -> tuple[list[ClaimedTask], list[Unread]]:
+    """Each row of a claim decoded on its own: one that does not read is set
+    apart with why (and logged), never the rest of the claim. A row's first
+    two columns are its task id and attempt number."""
+    claimed: list[ClaimedTask] = []
+    unread: list[Unread] = []
+    for row in found:
+        try:
+            claimed.append(decode(row))
+        except (ValueError, TypeError, LookupError, ArithmeticError, ConveyorError) as exc:
+            why = f"a claimed row does not read (written around conveyor): {exc}"
+            log.error("task %r: %s", row[0] if row else None, why)
+            unread.append(Unread(_token(row, worker_id), why))
+    return claimed, unread
+
+
+def _token(row: Sequence[Any], worker_id: str) -> LeaseToken | None:
+    try:
+        task_id, attempt = int(row[0]), int(row[1])
+    except (ValueError, TypeError, LookupError):
+        return None
+    return LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id)
+
+
+def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:
     """A row of a claim: id, attempt, name, queue, payload, spent, max_attempts,
     retry policy, timeout, lease, lease expiry (a datetime), step, parent id,
     run time (a datetime), trace context, and (PostgreSQL) the inbox read

@@ -70,7 +70,7 @@ from conveyor.worker.completer import Completer
 from conveyor.worker.config import WorkerConfig
 from conveyor.worker.dump import state_dump
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
-from conveyor.worker.outage import Outage
+from conveyor.worker.outage import Outage, answered
 from conveyor.worker.processes import ProcessPool
 from conveyor.worker.pruner import Pruner
 from conveyor.worker.scheduler import Scheduler
@@ -509,7 +509,10 @@ class Worker:
         """Start a returned claim's tasks, or note its failure."""
         if isinstance(outcome.result, BaseException):
             pace.failed(now)
-            self.outage.failed("claim", outcome.result)
+            if answered(outcome.result):
+                self.outage.refused("claim", outcome.result)
+            else:
+                self.outage.failed("claim", outcome.result)
             return
         self.outage.ok("claim")
         self.claims_made += 1

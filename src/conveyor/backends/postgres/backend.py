@@ -68,7 +68,9 @@ from conveyor.backends.protocol import (
 )
 from conveyor.backends.refusals import one_line
 from conveyor.backends.stored import (
+    Unread,
     attempt_row,
+    claimed_rows,
     claimed_task,
     key_scan,
     message_row,
@@ -520,7 +522,24 @@ class PostgresBackend(FlowControl):
                 rows += plain
                 if not keyed_first and look and len(rows) < params.limit:
                     rows += await self._claim_keyed(conn, args, params.limit - len(rows), waiting)
-        return [claimed_task(row, params.worker_id) for row in rows]
+        worker = params.worker_id
+        claimed, unread = claimed_rows(rows, lambda row: claimed_task(row, worker), worker)
+        if unread:
+            await self._set_aside(worker, unread)
+        return claimed
+
+    async def _set_aside(self, worker_id: str, unread: Sequence[Unread]) -> None:
+        """Claimed rows that do not read end ``failed`` (``CorruptTask``),
+        each fenced by its token, so that the rest of the claim runs and they
+        are not claimed again. Never raises: a row left as it is waits out
+        its lease."""
+        failures = [c for c in (bad.completion() for bad in unread) if c is not None]
+        if not failures:
+            return
+        try:
+            await self.finish(FinishParams(worker_id, failures))
+        except Exception as exc:
+            log.error("claimed rows that do not read were not set aside: %s", exc)
 
     async def _claim_keyed(
         self,

@@ -57,10 +57,16 @@ Limits, stated plainly:
   hashes one page at a time; no read is an atomic snapshot of the store.
 - No transactional enqueue and no attempt transactions: a Redis write cannot
   join a caller's SQL transaction.
+- A hash has no column types: every script checks the numbers it reads of
+  a task in their bounds before it writes, and a task that does not read
+  (written around conveyor) is set aside alone, ended ``failed``
+  (``CorruptTask``); reads show it as corrupt (see :mod:`.rows`). A name or
+  queue changed to another valid one cannot be told from a real one.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -91,6 +97,7 @@ from conveyor.backends.stored import (
     CRASH_BUDGET_SPENT,
     LEASE_EXPIRED,
     LEASE_EXPIRED_ERROR,
+    Unread,
     key_scan,
 )
 from conveyor.errors import (
@@ -103,6 +110,8 @@ from conveyor.model import (
     Outcome,
     TaskState,
 )
+
+log = logging.getLogger("conveyor.redis")
 
 PRIORITY_RANGE = range(-(2**31), 2**31)
 """The priorities the claim order's fixed-width members hold (32-bit, as
@@ -149,7 +158,9 @@ class RedisBackend(RedisInspector, RedisControl):
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         """One script (``claim.lua``): see :meth:`Backend.claim`. Every claim
-        looks for expired leases of its queues."""
+        looks for expired leases of its queues. A task whose stored fields do
+        not read is set aside alone (ended failed, ``CorruptTask``): by the
+        script, or, for a row that does not decode here, by a completion."""
         if params.limit <= 0 or not params.names or not params.queues:
             return []
         queues = list(dict.fromkeys(params.queues))
@@ -168,7 +179,23 @@ class RedisBackend(RedisInspector, RedisControl):
             *dict.fromkeys(params.names),
         ]
         found = await self._run("claim", args)
-        return rows.claimed_tasks(found, params.worker_id)
+        claimed, unread = rows.claimed_tasks(found, params.worker_id)
+        if unread:
+            await self._set_aside(unread)
+        return claimed
+
+    async def _set_aside(self, unread: Sequence[Unread]) -> None:
+        """Claimed rows that do not read end ``failed`` (``CorruptTask``),
+        each fenced by its token; one without a token waits out its lease,
+        and the claim that meets it sets it aside. Never raises: the rest of
+        the claim runs either way."""
+        failures = [c for c in (bad.completion() for bad in unread) if c is not None]
+        if not failures:
+            return
+        try:
+            await self.finish(FinishParams(failures[0].token.worker_id, failures))
+        except Exception as exc:
+            log.error("claimed rows that do not read were not set aside: %s", exc)
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         """One script for the batch: each lease renewed if live, else lost;

@@ -11,6 +11,11 @@
 - The wake-up listener's connection waits without a command timeout (it is
   silent until something is published); its keepalives find a dead peer,
   and workers poll as well.
+- Replies are decoded as UTF-8 with ``surrogateescape``: a stored value
+  that is not UTF-8 (written around conveyor) reads with its bad bytes as
+  lone surrogates instead of failing the whole reply (a claim of many
+  tasks, a listing); :mod:`.rows` sets such a task aside, or shows it as
+  corrupt.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import redis.asyncio as aioredis
 
 CONNECT_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0
+ENCODING_ERRORS = "surrogateescape"
 
 
 def client(url: str) -> aioredis.Redis:
@@ -26,6 +32,7 @@ def client(url: str) -> aioredis.Redis:
     return aioredis.Redis.from_url(
         url,
         decode_responses=True,
+        encoding_errors=ENCODING_ERRORS,
         socket_connect_timeout=CONNECT_TIMEOUT,
         socket_timeout=COMMAND_TIMEOUT,
         socket_keepalive=True,
@@ -35,5 +42,9 @@ def client(url: str) -> aioredis.Redis:
 def listener(url: str) -> aioredis.Redis:
     """A client for the wake-up subscription: no command timeout."""
     return aioredis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT, socket_keepalive=True
+        url,
+        decode_responses=True,
+        encoding_errors=ENCODING_ERRORS,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        socket_keepalive=True,
     )

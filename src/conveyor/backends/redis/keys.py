@@ -34,8 +34,9 @@ key                             type   holds
 ``{p}:leases:Q``                zset   running tasks of queue Q (score: lease
                                        expiry in ms), for heartbeats and reclaim
 ``{p}:corrupt``                 set    ids of tasks whose fields did not read (written
-                                       around conveyor), set aside by a claim: out
-                                       of every claim index, their hashes untouched
+                                       around conveyor), set aside by the script that
+                                       met them: out of every claim index, ended
+                                       failed (CorruptTask), their other fields kept
 ``{p}:state:S``                 zset   the ids of the tasks in state S (score: the
                                        id), written with every state change: the
                                        inspector's lists by state, bulk retries

@@ -43,8 +43,9 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
     applied to what the indexes give, ``PAGE`` ids per round trip, so a rare
     name or queue costs a walk of that state's tasks (or of all of them) down
     to ``limit`` matches. A task is taken from an index only while its hash
-    holds that index's state: one that moves during the read is listed once
-    at most. A ``parent`` filter reads that parent's index of children
+    holds that index's state (or holds no state it could have moved to:
+    written around conveyor, it is listed as corrupt): one that moves during
+    the read is listed once at most. A ``parent`` filter reads that parent's index of children
     instead (``{p}:children:ID``), the other filters applied to it."""
     indexes: list[tuple[str, str | None]]  # each index, and the state its tasks hold
     if task_filter.parent is not None:
@@ -75,10 +76,17 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
                 pipe.hgetall(keys.task(prefix, task_id))
             hashes = await pipe.execute()
         for (task_id, state), fields in zip(page, hashes, strict=True):
-            if fields and state in (None, fields.get("state")) and _matches(fields, task_filter):
+            if fields and _in_state(fields.get("state"), state) and _matches(fields, task_filter):
                 found.append(rows.task(task_id, fields, ()))
         top = f"({page[-1][0]}"
     return found[: task_filter.limit]
+
+
+def _in_state(stored: str | None, state: str | None) -> bool:
+    """Whether a task holding ``stored`` found in the index of ``state`` is
+    listed from it: it still holds that state, or (written around conveyor)
+    no state at all, which no move gives: it is listed where it was found."""
+    return state in (None, stored) or stored not in _STATE_NAMES
 
 
 def _matches(fields: dict[str, str], task_filter: TaskFilter) -> bool:
@@ -121,8 +129,9 @@ async def count_tasks(client: aioredis.Redis, prefix: str) -> list[TaskCount]:
     """Every task's state, queue and name, read ``PAGE`` at a time from each
     state's index (as the protocol says: no index holds the three together).
     A task is counted under the index it was found in, and only while its
-    hash holds that state: one that moves during the read is counted once at
-    most."""
+    hash holds that state (or no state: see :func:`list_tasks`): one that
+    moves during the read is counted once at most. A queue or name that is
+    missing (written around conveyor) counts as ""."""
     found: Counter[tuple[str, str, str]] = Counter()
     for state in _STATE_NAMES:
         top = "+inf"
@@ -138,8 +147,8 @@ async def count_tasks(client: aioredis.Redis, prefix: str) -> list[TaskCount]:
                     pipe.hmget(keys.task(prefix, int(task_id)), "state", "queue", "name")
                 rows_ = await pipe.execute()
             for stored, queue, name in rows_:
-                if stored == state and queue is not None and name is not None:
-                    found[(state, queue, name)] += 1
+                if _in_state(stored, state):
+                    found[(state, queue or "", name or "")] += 1
             top = f"({ids[-1]}"
     return [TaskCount(TaskState(s), q, n, c) for (s, q, n), c in sorted(found.items())]
 

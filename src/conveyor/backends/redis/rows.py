@@ -24,15 +24,21 @@ a task holding a unique key, ``idempotency_key``, ``unique_scope`` and
 ``tasks`` (JSON lists), ``concurrency``, ``started_at``, ``last_seen_at``
 and ``stopped_at`` (ms) and ``beat_seconds``.
 
-A stored value that does not read (a field missing or not a number: written
-around conveyor) raises :class:`~conveyor.errors.BackendError` naming the
-task and the field, never a bare KeyError or ValueError.
+A task's field that does not read (missing, or not a number in its bounds:
+written around conveyor) never fails a read: the task reads with a neutral
+value there and says so in its payload (see :func:`task`); a claimed row
+that does not read is set apart alone (see :func:`claimed_tasks`). Other
+stored values that do not read (an attempt row, a message, a pause, a
+worker) raise :class:`~conveyor.errors.BackendError` naming what and why,
+never a bare KeyError or ValueError.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -47,7 +53,7 @@ from conveyor.backends.protocol import (
     Transition,
     WorkerInfo,
 )
-from conveyor.backends.stored import retry_json, stored_retry_policy
+from conveyor.backends.stored import Unread, claimed_rows, retry_json, stored_retry_policy
 from conveyor.errors import BackendError
 from conveyor.model import (
     Attempt,
@@ -192,63 +198,122 @@ def send_args(deliveries: Sequence[Delivery]) -> list[str]:
     return args
 
 
-def claimed_tasks(found: Sequence[Sequence[str]], worker_id: str) -> list[ClaimedTask]:
+def claimed_tasks(
+    found: Sequence[Sequence[str]], worker_id: str
+) -> tuple[list[ClaimedTask], list[Unread]]:
     """The rows of ``claim.lua``, each: id, attempt, name, queue, payload,
     spent, max_attempts, retry policy, timeout, lease, lease expiry, step,
     parent id (optional ones as :func:`opt` writes them), run time ("" if
     it does not read), trace context (optional). Tasks of one claim
-    mostly share a lease expiry: each distinct one is converted once."""
+    mostly share a lease expiry: each distinct one is converted once.
+
+    The script checked every number it hands out; a row that still does not
+    read here (text that is not UTF-8) is set apart, alone, with why
+    (:class:`~conveyor.backends.stored.Unread`): the rest of the claim runs."""
     expiries: dict[str, datetime] = {}
-    claimed: list[ClaimedTask] = []
-    for row in found:
-        task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
-        timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
-        budget = int(max_attempts)
-        expires_at = expiries.get(expires)
-        if expires_at is None:
-            expires_at = expiries[expires] = moment(int(expires))
-        claimed.append(
-            ClaimedTask(
-                token=LeaseToken(task_id=int(task_id), attempt=int(attempt), worker_id=worker_id),
-                name=name,
-                queue=queue,
-                payload=payload,
-                spent=int(spent),
-                max_attempts=budget,
-                retry=stored_retry_policy(retry, budget),
-                timeout=float(timeout[1:]) if timeout else None,
-                lease=float(lease[1:]) if lease else None,
-                lease_expires_at=expires_at,
-                step=step[1:] if step else None,
-                parent_id=int(parent_id[1:]) if parent_id else None,
-                run_at=moment(int(run_at)) if run_at.isdigit() else None,
-                trace=trace[1:] if trace else None,
-            )
-        )
-    return claimed
+    return claimed_rows(found, lambda row: _claimed(row, worker_id, expiries), worker_id)
+
+
+def utf8(text: str) -> bool:
+    """Whether ``text`` was UTF-8 in the store: the client reads bytes that
+    are not as lone surrogates (see :mod:`.connect`)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_CLAIMED_TEXTS = ((2, "name"), (3, "queue"), (4, "payload"), (7, "retry"), (11, "step"))
+
+
+def _claimed(row: Sequence[str], worker_id: str, expiries: dict[str, datetime]) -> ClaimedTask:
+    task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
+    timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
+    for position, field in _CLAIMED_TEXTS:
+        if not utf8(row[position]):
+            raise ValueError(f"task {task_id}'s field {field!r} is not UTF-8")
+    if not utf8(trace):
+        trace = ""  # a trace context that does not read starts a new trace
+    budget = int(max_attempts)
+    expires_at = expiries.get(expires)
+    if expires_at is None:
+        expires_at = expiries[expires] = moment(int(expires))
+    return ClaimedTask(
+        token=LeaseToken(task_id=int(task_id), attempt=int(attempt), worker_id=worker_id),
+        name=name,
+        queue=queue,
+        payload=payload,
+        spent=int(spent),
+        max_attempts=budget,
+        retry=stored_retry_policy(retry, budget),
+        timeout=_finite(timeout[1:]) if timeout else None,
+        lease=_finite(lease[1:]) if lease else None,
+        lease_expires_at=expires_at,
+        step=step[1:] if step else None,
+        parent_id=int(parent_id[1:]) if parent_id else None,
+        run_at=moment(int(run_at)) if run_at.isdigit() else None,
+        trace=trace[1:] if trace else None,
+    )
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"not a finite number: {text!r}")
+    return value
+
+
+CORRUPT = "corrupt"
+"""The key of the payload a task that does not read is listed with."""
 
 
 class _Fields:
-    """A task's hash, read field by field; a bad field is a BackendError."""
+    """A task's hash, read field by field. A field that does not read takes
+    a neutral value (text "", number 0, the epoch, None) and is noted in
+    ``unread``, so that one corrupt hash never fails a read of many."""
 
     def __init__(self, task_id: int, fields: Mapping[str, str]) -> None:
         self.task_id = task_id
         self.fields = fields
+        self.unread: list[str] = []
 
-    def corrupt(self, name: str, why: str) -> BackendError:
-        return BackendError(f"task {self.task_id} is corrupt in Redis: its field {name!r} {why}")
+    def _bad(self, name: str, why: str) -> None:
+        self.unread.append(f"its field {name!r} {why}")
 
     def text(self, name: str) -> str:
         value = self.fields.get(name)
         if value is None:
-            raise self.corrupt(name, "is missing")
-        return value
+            self._bad(name, "is missing")
+            return ""
+        return self._readable(name, value)
 
-    def integer(self, name: str) -> int:
+    def optional_text(self, name: str) -> str | None:
+        value = self.fields.get(name)
+        return None if value is None else self._readable(name, value)
+
+    def _readable(self, name: str, value: str) -> str:
+        """The text, its bytes that were not UTF-8 shown as U+FFFD."""
+        if utf8(value):
+            return value
+        self._bad(name, "is not UTF-8")
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+    def integer(self, name: str, low: int = -(2**63), high: int = 2**63 - 1) -> int:
+        text = self.fields.get(name)
+        if text is None:
+            self._bad(name, "is missing")
+            return 0
         try:
-            return int(self.text(name))
+            value = int(text)
         except ValueError:
-            raise self.corrupt(name, f"is not an integer: {self.fields[name]!r}") from None
+            value = None
+        if value is None or not low <= value <= high:
+            self._bad(name, f"does not read: {text!r}")
+            return 0
+        return value
 
     def optional_integer(self, name: str) -> int | None:
         return self.integer(name) if name in self.fields else None
@@ -256,73 +321,102 @@ class _Fields:
     def optional_seconds(self, name: str) -> float | None:
         if name not in self.fields:
             return None
+        text = self.fields[name]
         try:
-            return float(self.fields[name])
+            value = float(text)
         except ValueError:
-            raise self.corrupt(name, f"is not a number: {self.fields[name]!r}") from None
+            value = math.nan
+        if not math.isfinite(value):
+            self._bad(name, f"does not read: {text!r}")
+            return None
+        return value
+
+    def moment(self, name: str) -> datetime:
+        value = self.integer(name, _EARLIEST_MS, _LATEST_MS)
+        return moment(value)
 
     def optional_moment(self, name: str) -> datetime | None:
-        value = self.optional_integer(name)
-        return None if value is None else moment(value)
+        return self.moment(name) if name in self.fields else None
 
     def state(self) -> TaskState:
         text = self.text("state")
         try:
             return TaskState(text)
         except ValueError:
-            raise self.corrupt("state", f"is not a state: {text!r}") from None
+            if text:
+                self._bad("state", f"is not a state: {text!r}")
+            return TaskState.FAILED
+
+
+_EARLIEST_MS = ms(datetime.min.replace(tzinfo=UTC))
+_LATEST_MS = ms(datetime.max.replace(tzinfo=UTC))
 
 
 def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...]) -> Task:
-    """The task stored in ``fields`` (its hash), with ``attempts``."""
+    """The task stored in ``fields`` (its hash), with ``attempts``.
+
+    A hash some of whose fields do not read (written around conveyor) is
+    still a task, so that a listing goes on and the task can be found: each
+    such field takes a neutral value (text "", number 0, the epoch, no
+    state: ``failed``), and its payload is shown as ``{"corrupt": [why,
+    ...], "payload": the stored payload}`` (as text when it does not decode).
+    A claim that meets such a task sets it aside (it ends ``failed``, its
+    attempt log saying why: ``CorruptTask``)."""
     f = _Fields(task_id, fields)
-    max_attempts = f.integer("max_attempts")
-    result = fields.get("result")
-    return Task(
+    max_attempts = f.integer("max_attempts", 1, 2**31 - 1) or 1
+    result = f.optional_text("result")
+    payload = codec.decode_for_display(f.text("payload"))
+    listed = Task(
         id=task_id,
         name=f.text("name"),
         queue=f.text("queue"),
-        payload=codec.decode_for_display(f.text("payload")),
+        payload=payload,
         state=f.state(),
-        priority=f.integer("priority"),
-        run_at=moment(f.integer("run_at")),
-        attempt=f.integer("attempt"),
+        priority=f.integer("priority", -(2**31), 2**31 - 1),
+        run_at=f.moment("run_at"),
+        attempt=f.integer("attempt", 0),
         max_attempts=max_attempts,
         retry=stored_retry_policy(f.text("retry"), max_attempts),
         timeout=f.optional_seconds("timeout"),
         lease=f.optional_seconds("lease"),
         result=codec.decode_for_display(result) if result is not None else None,
-        created_at=moment(f.integer("created_at")),
+        created_at=f.moment("created_at"),
         finished_at=f.optional_moment("finished_at"),
-        worker_id=fields.get("worker_id"),
+        worker_id=f.optional_text("worker_id"),
         lease_expires_at=f.optional_moment("lease_expires_at"),
         cancel_requested=fields.get("cancel_requested") == "1",
         attempts=attempts,
-        step=fields.get("step"),
+        step=f.optional_text("step"),
         parent_id=f.optional_integer("parent_id"),
         inbox=fields.get("inbox") == "1",
-        idempotency_key=fields.get("idempotency_key"),
-        concurrency_key=fields.get("concurrency_key"),
+        idempotency_key=f.optional_text("idempotency_key"),
+        concurrency_key=f.optional_text("concurrency_key"),
     )
+    if not f.unread:
+        return listed
+    return replace(listed, payload={CORRUPT: f.unread, "payload": payload})
 
 
 def attempts(task_id: int, fields: Mapping[str, str], log: Sequence[str]) -> tuple[Attempt, ...]:
     """A task's attempts: the rows of its log (``{p}:attempts:ID``, the ended
     ones), then the running one, which lives in its hash (``attempt``,
-    ``worker_id``, ``started_at``, ``step``) while it is in progress."""
+    ``worker_id``, ``started_at``, ``step``) while it is in progress (left
+    out when those do not read: :func:`task` says so)."""
     ended = [attempt(task_id, text) for text in log]
     if fields.get("state") != TaskState.IN_PROGRESS.value:
         return tuple(ended)
     f = _Fields(task_id, fields)
     running = Attempt(
         task_id=task_id,
-        number=f.integer("attempt"),
+        number=f.integer("attempt", 0),
         worker_id=f.text("worker_id"),
         outcome=Outcome.IN_PROGRESS,
-        started_at=moment(f.integer("started_at")),
+        started_at=f.moment("started_at"),
         finished_at=None,
-        step=fields.get("step"),
+        step=f.optional_text("step"),
     )
+    if f.unread:
+        return tuple(ended)
     return (*ended, running)
 
 

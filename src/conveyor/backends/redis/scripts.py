@@ -1,10 +1,11 @@
 """The Lua scripts of the Redis backend: one file per atomic operation.
 
 Each operation's file in ``lua/`` is composed at load after the shared
-files, in order: ``common.lua`` (key names, the clock, claim order, the
-attempt log, inserts, inboxes, wakes, ends and cancels) and ``keys.lua``
-(concurrency keys and rate limits), read once per process from the
-package's files.
+parts, in order: the table ``TEXTS`` (the attempt log's texts of
+:mod:`conveyor.backends.stored`), ``common.lua`` (key names, the clock,
+the bounds of a task's numbers, claim order, the attempt log, inserts,
+inboxes, wakes, ends and cancels) and ``keys.lua`` (concurrency keys and
+rate limits), read once per process from the package's files.
 :class:`Scripts` registers them with a client: redis-py's script objects
 run them by SHA (EVALSHA) and, when the server does not know a script (a
 restart, a SCRIPT FLUSH, another server behind the same address), load it
@@ -23,6 +24,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
+
+from conveyor.backends.stored import SQL_TEXTS
 
 SHARED = ("common", "keys")
 """The files composed in front of every operation's own, in this order."""
@@ -59,11 +62,26 @@ def _operation(name: str, body: str) -> str:
     return f"local function operation_{name}(KEYS, ARGV)\n  begin(KEYS[1])\n{body}\nend\n"
 
 
+def _lua_texts() -> str:
+    """The texts a script writes in the attempt log (:data:`SQL_TEXTS`), as
+    the Lua table ``TEXTS`` composed in front of the shared files: written
+    once, in Python, for every backend."""
+    entries = []
+    for name, text in sorted(SQL_TEXTS.items()):
+        if not (text.isascii() and text.isprintable()):
+            raise ValueError(f"the text {name!r} must be printable ASCII")
+        quoted = text.replace("\\", "\\\\").replace("'", "\\'")
+        entries.append(f"  {name} = '{quoted}',\n")
+    return "local TEXTS = {\n" + "".join(entries) + "}\n"
+
+
 @functools.cache
 def _texts() -> tuple[str, Mapping[str, str]]:
     """The shared files, and each operation's own file, as read once."""
     folder = resources.files(__package__) / "lua"
-    shared = "".join((folder / f"{name}.lua").read_text(encoding="utf-8") + "\n" for name in SHARED)
+    shared = _lua_texts() + "".join(
+        (folder / f"{name}.lua").read_text(encoding="utf-8") + "\n" for name in SHARED
+    )
     own = {name: (folder / f"{name}.lua").read_text(encoding="utf-8") for name in OPERATIONS}
     return shared, own
 

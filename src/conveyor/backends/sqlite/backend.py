@@ -68,6 +68,7 @@ from conveyor.backends.sqlite.statements import SQL
 from conveyor.backends.sqlite.statements import clock as _clock
 from conveyor.backends.stored import (
     LEASE_EXPIRED,
+    claimed_rows,
     corrupt_counter_message,
     lease_lost_message,
     transition_result,
@@ -257,7 +258,21 @@ class SQLiteBackend(FlowControl):
         conn.execute(SQL["claim_log"], {"now": now, "ids": ids, "worker_id": params.worker_id})
         order = {task_id: index for index, (task_id, _state) in enumerate(picked)}
         taken.sort(key=lambda row: order[row[0]])
-        return [rows.claimed_task(row, params.worker_id) for row in taken]
+        worker = params.worker_id
+        claimed, unread = claimed_rows(taken, lambda row: rows.claimed_task(row, worker), worker)
+        for bad in unread:
+            if bad.token is not None:
+                self._set_aside(conn, bad.token, bad.why, now)
+        return claimed
+
+    @staticmethod
+    def _set_aside(conn: sqlite3.Connection, token: LeaseToken, why: str, now: float) -> None:
+        """A claimed row that does not read ends failed in the claim's own
+        transaction, its attempt saying why (``CorruptTask``): the rest of
+        the claim runs."""
+        conn.execute(SQL["quarantine_end"], {"task_id": token.task_id, "now": now})
+        args = {"task_id": token.task_id, "number": token.attempt, "now": now, "message": why}
+        conn.execute(SQL["quarantine_log"], {**args, "worker_id": token.worker_id})
 
     @staticmethod
     def _quarantine(conn: sqlite3.Connection, params: ClaimParams, scope: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ local f = redis.call('HMGET', key_task(id), 'state', 'queue', 'name', 'priority'
 local state = f[1]
 if not state then return {'', ''} end
 if (state == 'pending' or state == 'waiting')
-    and not (f[2] and f[3] and tonumber(f[4]) and tonumber(f[5])) then
+    and not (f[2] and f[3] and number('priority', f[4]) and number('run_at', f[5])) then
   return redis.error_reply(
     'task ' .. id .. ' is corrupt: its queue, name, priority or run_at does not read')
 end

@@ -39,20 +39,22 @@ for i = 11 + queue_count, #ARGV do names[ARGV[i]] = true end
 queues, names = served(queues, names)
 gather_indexes()
 
--- Due delayed tasks move to the ready set of their name.
+-- Due delayed tasks move to the ready set of their name; one whose fields
+-- do not read is set aside (set_aside in common.lua).
+local PROMOTED = {'name', 'priority', 'run_at', 'state', 'concurrency_limit', 'rate_limit',
+  'rate_period'}
 local function promote(queue)
   local delayed = key_delayed(queue)
   local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now)
   if #due == 0 then return end
   for _, id in ipairs(due) do
-    local f = redis.call('HMGET', key_task(id), 'name', 'priority', 'run_at', 'state')
-    local priority, run_at = tonumber(f[2]), tonumber(f[3])
-    if f[4] == 'pending' then
-      if f[1] and priority and run_at then
-        index_pending(id, queue, f[1], priority, run_at, now, nil, nil, true)
-      else
-        set_aside(id, queue, 'name, priority or run_at')
-      end
+    local f = redis.call('HMGET', key_task(id), unpack(PROMOTED))
+    local field, value = unreadable(PROMOTED, f)
+    if field then
+      set_aside(id, queue, worker, unread_message(field, value), now)
+    elseif f[4] == 'pending' then
+      local priority, run_at = number('priority', f[2]), number('run_at', f[3])
+      index_pending(id, queue, f[1], priority, run_at, now, nil, nil, true)
     end
   end
   redis.call('ZREMRANGEBYSCORE', delayed, '-inf', now)
@@ -72,23 +74,33 @@ local function end_expired(id, queue, cancelled, spent, max_attempts, running)
   ended(id, now)
 end
 
+-- The expired leases of a queue: a task whose fields do not read is set
+-- aside, whatever its name (no worker could run it: a missing name is no
+-- worker's); the others of this claim's names end or are reclaimed.
+local SWEPT = {'name', 'cancel_requested', 'spent', 'max_attempts', 'priority', 'run_at',
+  'attempt', 'worker_id', 'started_at', 'step', 'state'}
 local candidates = {}
 for _, queue in ipairs(queues) do
   promote(queue)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', key_leases(queue), '-inf', now)) do
-    local f = redis.call('HMGET', key_task(id),
-      'name', 'cancel_requested', 'spent', 'max_attempts', 'priority', 'run_at',
-      'attempt', 'worker_id', 'started_at', 'step')
-    if names[f[1]] then
+    local f = redis.call('HMGET', key_task(id), unpack(SWEPT))
+    local field, value = unreadable(SWEPT, f)
+    local running = running_attempt(f[7], f[8], f[9], f[10])
+    if not field and f[11] == 'in_progress' and not running then
+      field = f[8] and 'started_at' or 'worker_id'
+      value = f[8] and f[9] or nil
+    end
+    if field then
+      set_aside(id, queue, worker, unread_message(field, value), now)
+    elseif f[11] ~= 'in_progress' then
+      redis.call('ZREM', key_leases(queue), id)  -- left by a writer around conveyor
+    elseif names[f[1]] then
       local cancelled = f[2] == '1'
-      local spent, max_attempts = tonumber(f[3]), tonumber(f[4])
-      local priority, run_at = tonumber(f[5]), tonumber(f[6])
-      local running = running_attempt(f[7], f[8], f[9], f[10])
-      if not (spent and max_attempts and priority and run_at and running) then
-        set_aside(id, queue, 'counters, priority, run_at or running attempt')
-      elseif cancelled or spent >= max_attempts then
+      local spent, max_attempts = number('spent', f[3]), number('max_attempts', f[4])
+      if cancelled or spent >= max_attempts then
         end_expired(id, queue, cancelled, spent, max_attempts, running)
       else
+        local priority, run_at = number('priority', f[5]), number('run_at', f[6])
         candidates[#candidates + 1] = {order_member(priority, run_at, id), queue, f[1], true}
       end
     end
@@ -112,19 +124,33 @@ local keyed, keys_read = keyed_due(served_queues, names, now, limit, key_scan)
 for _, candidate in ipairs(keyed) do candidates[#candidates + 1] = candidate end
 table.sort(candidates, function(a, b) return a[1] < b[1] end)
 
--- Hand out the head of the order. A ready task whose counters do not read
--- is set aside instead, and this claim takes one task fewer. Ready tasks
--- leave their ready sets together, per queue and name, after the loop.
+-- Hand out the head of the order. A task whose fields do not read, or that
+-- is not what the index it was found in says (its name, queue or state), or
+-- whose counter stands at the limit (the next attempt would not fit), is set
+-- aside instead, and this claim takes one task fewer. Ready tasks leave
+-- their ready sets together, per queue and name, after the loop. What goes
+-- back is the checked values, written out again (so that '1e3' or '0x1f'
+-- reach the worker as numbers it reads).
+local HANDED = {
+  'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
+  'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope', 'run_at',
+  'trace_context', 'name', 'queue', 'state', 'priority',
+}
+local function misplaced(f, queue, name, reclaim)
+  if f[15] ~= name then return 'name', f[15] end
+  if f[16] ~= queue then return 'queue', f[16] end
+  if f[17] ~= (reclaim and 'in_progress' or 'pending') then return 'state', f[17] end
+  return nil
+end
+local function seconds_text(value)
+  return value and '=' .. string.format('%.17g', value) or ''
+end
 local claimed, taken, leaving = {}, {}, {}
 for i = 1, math.min(limit, #candidates) do
   local member, queue, name, reclaim, key_member, flow_key = unpack(candidates[i])
   local id = member_id(member)
   local key = key_task(id)
-  local f = redis.call('HMGET', key,
-    'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
-    'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope', 'run_at',
-    'trace_context')
-  local attempt, spent = tonumber(f[1]), tonumber(f[2])
+  local f = redis.call('HMGET', key, unpack(HANDED))
   if flow_key then
     unready_keyed(id, flow_key, queue, name, key_member)
   elseif not reclaim then
@@ -138,13 +164,24 @@ for i = 1, math.min(limit, #candidates) do
     out.ids[#out.ids + 1] = id
   end
   local running = reclaim and read_running(id)
-  if not (attempt and spent and f[5] and tonumber(f[6]) and f[7]) or (reclaim and not running) then
-    set_aside(id, queue, 'counters, payload or retry policy')
+  local field, value = unreadable(HANDED, f)
+  if not field then field, value = misplaced(f, queue, name, reclaim) end
+  local attempt, spent = number('attempt', f[1]), number('spent', f[2])
+  if field then
+    set_aside(id, queue, worker, unread_message(field, value), now)
+  elseif reclaim and not running then
+    local r = redis.call('HMGET', key, 'worker_id', 'started_at')
+    set_aside(id, queue, worker,
+      unread_message(r[1] and 'started_at' or 'worker_id', r[1] and r[2] or nil), now)
+  elseif attempt >= MAX_COUNTER or spent >= MAX_COUNTER then
+    set_aside(id, queue, worker,
+      fill(TEXTS.corrupt_counter, {attempt = f[1], spent = f[2]}), now)
   else
     if reclaim then close_attempt(id, now, 'lease_lost', LOST_ERROR, LOST, nil, running) end
     attempt, spent = attempt + 1, spent + 1
-    local lease = tonumber(f[3]) or default_lease
-    local expires = now + math.floor(lease * 1000 + 0.5)
+    local lease, timeout = number('lease', f[3]), number('timeout', f[8])
+    local expires = now + math.floor((lease or default_lease) * 1000 + 0.5)
+    local parent, run_at = number('parent_id', f[9]), number('run_at', f[13])
     move_state(id, reclaim and 'in_progress' or 'pending', 'in_progress', f[12],
       'attempt', attempt, 'spent', spent, 'worker_id', worker, 'lease_expires_at', expires,
       'started_at', now)
@@ -157,9 +194,10 @@ for i = 1, math.min(limit, #candidates) do
       taken[flow_key] = took
     end
     claimed[#claimed + 1] = {
-      tostring(id), tostring(attempt), name, queue, f[5], tostring(spent), f[6], f[7],
-      f[8] and '=' .. f[8] or '', f[3] and '=' .. f[3] or '', tostring(expires),
-      f[4] and '=' .. f[4] or '', f[9] and '=' .. f[9] or '', f[13] or '',
+      tostring(id), string.format('%d', attempt), name, queue, f[5], string.format('%d', spent),
+      string.format('%d', number('max_attempts', f[6])), f[7], seconds_text(timeout),
+      seconds_text(lease), string.format('%d', expires), f[4] and '=' .. f[4] or '',
+      parent and '=' .. string.format('%d', parent) or '', string.format('%d', run_at),
       f[14] and '=' .. f[14] or '',
     }
   end

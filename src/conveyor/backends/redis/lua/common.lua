@@ -1,6 +1,8 @@
 -- common.lua: composed in front of every operation's script when the scripts
 -- are loaded (conveyor.backends.redis.scripts), so that key names, the
--- clock, claim order and the attempt log are written once.
+-- clock, the bounds of a task's numbers, claim order and the attempt log
+-- are written once. The table TEXTS (the attempt log's texts, from
+-- conveyor.backends.stored) is composed in front of it.
 --
 -- KEYS[1] is the store's base, "{prefix}" (see begin). Every key below starts with it,
 -- so all of one store's keys share one hash tag and one cluster slot: a
@@ -75,6 +77,92 @@ local function opt(text)
 end
 
 local TERMINAL = {succeeded = true, failed = true, cancelled = true}
+local STATES = {
+  pending = true, in_progress = true, waiting = true,
+  succeeded = true, failed = true, cancelled = true,
+}
+
+-- A task's hash may hold any text when it was written around conveyor, and
+-- Lua's tonumber takes 'nan', 'inf', '1e400' and '0x1f': arithmetic on one
+-- of those, a ZADD of it or a string.format of it fails a script halfway
+-- (Redis does not roll back what it already wrote), and an infinite lease
+-- never expires. So every numeric field of a task is read through `number`:
+-- nil unless finite and within the field's bounds, the bounds the SQL
+-- stores hold by CHECK constraints and triggers (docs/guarantees.md, item
+-- 16): counters 0 to 2,147,483,646, max_attempts 1 to 10^9 (as the API),
+-- 32-bit priorities, times in years 1 to 9999 (ms), a lease of 0.5 s to
+-- 100 years, a timeout up to 100 years.
+-- {lowest, highest, integer, lowest excluded}
+local MAX_SECONDS = 3155760000
+local EARLIEST_MS, LATEST_MS = -62135510400000, 253402128000000
+local MAX_COUNTER = 2147483646
+local TIME_BOUNDS = {EARLIEST_MS, LATEST_MS, true}
+local BOUNDS = {
+  attempt = {0, MAX_COUNTER, true},
+  spent = {0, MAX_COUNTER, true},
+  max_attempts = {1, 1000000000, true},  -- conveyor.model.MAX_ATTEMPTS
+  priority = {-2147483648, 2147483647, true},
+  run_at = TIME_BOUNDS,
+  created_at = TIME_BOUNDS,
+  finished_at = TIME_BOUNDS,
+  started_at = TIME_BOUNDS,
+  lease_expires_at = TIME_BOUNDS,
+  unique_until = TIME_BOUNDS,
+  lease = {0.5, MAX_SECONDS, false},
+  timeout = {0, MAX_SECONDS, false, true},
+  parent_id = {1, 999999999999999, true},
+  concurrency_limit = {1, 2147483647, true},
+  rate_limit = {1, 2147483647, true},
+  rate_period = {0, MAX_SECONDS, false, true},
+}
+local function number(field, text)
+  local v = tonumber(text)
+  local b = BOUNDS[field]
+  if not v or v ~= v or v < b[1] or v > b[2] or (b[3] and v ~= math.floor(v))
+      or (b[4] and v <= b[1]) then
+    return nil
+  end
+  return v
+end
+
+-- Fields without which a task cannot run, nor be indexed.
+local REQUIRED = {
+  name = true, queue = true, payload = true, state = true, priority = true, run_at = true,
+  attempt = true, spent = true, max_attempts = true, retry = true,
+}
+-- The first of `fields` whose value (in `values`, an HMGET's reply) does not
+-- read, and that value (nil: missing): a required one missing, a name,
+-- queue or state empty, a state unknown, a number out of its bounds. nil
+-- when every one reads.
+local function unreadable(fields, values)
+  for i, field in ipairs(fields) do
+    local text = values[i]
+    if not text then
+      if REQUIRED[field] then return field, nil end
+    elseif BOUNDS[field] then
+      if not number(field, text) then return field, text end
+    elseif field == 'state' then
+      if not STATES[text] then return field, text end
+    elseif text == '' and (field == 'name' or field == 'queue') then
+      return field, text
+    end
+  end
+  return nil
+end
+
+-- Why a field does not read, for the attempt log (TEXTS from
+-- conveyor.backends.stored, composed in front of this file): the stored
+-- value cut short, its bytes beyond printable ASCII shown as '?'.
+local function fill(template, holes)
+  return (string.gsub(template, '{([%w_]+)}', function(hole) return holes[hole] end))
+end
+local function unread_message(field, value)
+  local shown = 'missing'
+  if value then
+    shown = "'" .. string.sub((string.gsub(value, '[^%w%p ]', '?')), 1, 40) .. "'"
+  end
+  return fill(TEXTS.corrupt_field, {field = field, value = shown})
+end
 
 -- Concurrency keys and rate limits, defined in keys.lua (composed after
 -- this file): a keyed pending task's indexes, and a keyed task's lease.
@@ -102,7 +190,7 @@ local function key_holder(name, key, now)
   if not id then return nil end
   local f = redis.call('HMGET', key_task(id), 'state', 'unique_until')
   if not f[1] then return nil end
-  local period_end = tonumber(f[2])
+  local period_end = number('unique_until', f[2])
   if period_end and period_end <= now then return nil end
   return id
 end
@@ -246,7 +334,7 @@ end
 -- The task is no longer finished in `state` (retried, or deleted).
 local function unmark_finished(id, state)
   local task = key_task(id)
-  local finished_at = tonumber(redis.call('HGET', task, 'finished_at'))
+  local finished_at = number('finished_at', redis.call('HGET', task, 'finished_at'))
   if finished_at and state then
     redis.call('ZREM', key_finished(state), finished_member(finished_at, id))
   end
@@ -360,7 +448,7 @@ local RUNNING_FIELDS = {'attempt', 'worker_id', 'started_at', 'step'}
 -- The running attempt of task id from its hash fields (attempt, worker_id,
 -- started_at, step), or nil when they do not read.
 local function running_attempt(attempt, worker, started_at, step)
-  attempt, started_at = tonumber(attempt), tonumber(started_at)
+  attempt, started_at = number('attempt', attempt), number('started_at', started_at)
   if not (attempt and worker and started_at) then return nil end
   return {number = attempt, worker_id = worker, started_at = started_at, step = step}
 end
@@ -386,27 +474,48 @@ local function close_attempt(id, now, outcome, error_type, message, traceback, r
     outcome, now, json_text(error_type), json_text(message), json_text(traceback)))
 end
 
--- Every script checks what it reads before it writes anything: Redis does
--- not roll back a script that fails halfway. A task whose stored fields do
--- not read (written around conveyor) is set aside by a claim that meets it:
--- out of the claim indexes of its queue, into the corrupt set, its hash
--- untouched, and a warning in the server's log; it then blocks nothing, and
--- reading it raises a typed error.
-local function set_aside(id, queue, why)
-  redis.call('SADD', KEY_CORRUPT, id)
-  redis.call('ZREM', key_delayed(queue), id)
-  redis.call('ZREM', key_pending(queue), id)
-  redis.call('ZREM', key_leases(queue), id)
-  drop_keyed(id, true)
-  redis.log(redis.LOG_WARNING,
-    'conveyor: task ' .. id .. ' of ' .. BASE .. ' set aside, its ' .. why .. ' does not read')
-end
-
 -- The attempt is over: no owner, no lease.
 local function end_lease(id, queue, key)
   redis.call('HDEL', key_task(id), 'worker_id', 'lease_expires_at', 'started_at')
   redis.call('ZREM', key_leases(queue), id)
   drop_keyed(id, nil, key)
+end
+
+-- Every script checks what it reads before it writes anything: Redis does
+-- not roll back a script that fails halfway. A task whose stored fields do
+-- not read (written around conveyor) is set aside alone by the script that
+-- meets it (a claim, a heartbeat, a completion): out of every index of its
+-- queue and key, into the corrupt set, and ended `failed` with an attempt
+-- row saying why (CorruptTask; its running attempt's when it ran, else one
+-- of its own); its other fields stay as they were, its parent hears of its
+-- end, and a warning goes to the server's log. It then blocks nothing and
+-- stays readable. `queue` is its queue's name (the index it was met in),
+-- `worker` the worker whose script met it, `message` why.
+local ended
+local function set_aside(id, queue, worker, message, now)
+  local task = key_task(id)
+  local f = redis.call('HMGET', task, 'state', 'attempt', 'worker_id', 'started_at', 'step')
+  local state = f[1]
+  redis.call('SADD', KEY_CORRUPT, id)
+  redis.call('ZREM', key_delayed(queue), id)
+  redis.call('ZREM', key_pending(queue), id)
+  redis.call('ZREM', key_leases(queue), id)
+  drop_keyed(id, true)
+  if TERMINAL[state] then return end
+  local number_ = number('attempt', f[2]) or 0
+  local running = {number = number_, worker_id = worker, started_at = now, step = f[5] or nil}
+  if state == 'in_progress' then
+    running.worker_id = f[3] or worker
+    running.started_at = number('started_at', f[4]) or now
+  else
+    running.number = number_ + 1
+  end
+  close_attempt(id, now, 'failed', TEXTS.corrupt_task_error, message, nil, running)
+  finish_task(id, STATES[state] and state or nil, 'failed', now)
+  end_lease(id, queue)
+  ended(id, now)
+  redis.log(redis.LOG_WARNING,
+    'conveyor: task ' .. id .. ' of ' .. BASE .. ' set aside (failed): ' .. message)
 end
 
 -- A task's fields, 22 arguments from index i of args (ARGV, or a spawn's
@@ -498,7 +607,7 @@ local function replace_holder(id, a, i, now)
   local task = key_task(id)
   local f = redis.call('HMGET', task, 'state', 'queue', 'name', 'priority', 'run_at')
   if f[1] ~= 'pending' then return end
-  local priority, run_at = tonumber(f[4]), tonumber(f[5])
+  local priority, run_at = number('priority', f[4]), number('run_at', f[5])
   if not (f[2] and f[3] and priority and run_at) then
     redis.log(redis.LOG_WARNING,
       'conveyor: task ' .. id .. ' of ' .. BASE .. ' not replaced, its fields do not read')
@@ -586,7 +695,7 @@ end
 local function wake(id, now)
   local f = redis.call('HMGET', key_task(id), 'state', 'queue', 'name', 'priority', 'run_at')
   local state, queue, name = f[1], f[2], f[3]
-  local priority, run_at = tonumber(f[4]), tonumber(f[5])
+  local priority, run_at = number('priority', f[4]), number('run_at', f[5])
   if state ~= 'waiting' and not (state == 'pending' and run_at and run_at > now) then return end
   if not (queue and name and priority and run_at) then
     redis.log(redis.LOG_WARNING,
@@ -612,7 +721,7 @@ end
 -- live children are cancelled too (a running one has its cancel requested),
 -- each of them ending in turn.
 local cancel_task
-local function ended(id, now)
+ended = function(id, now)
   local f = redis.call('HMGET', key_task(id), 'parent_id', 'name', 'state', 'result')
   local parent = f[1]
   if parent then
@@ -639,12 +748,13 @@ cancel_task = function(id, now)
   local f = redis.call('HMGET', key, 'state', 'queue', 'name', 'priority', 'run_at')
   local state = f[1]
   if state == 'pending' or state == 'waiting' then
-    if not (f[2] and f[3] and tonumber(f[4]) and tonumber(f[5])) then
+    local priority, run_at = number('priority', f[4]), number('run_at', f[5])
+    if not (f[2] and f[3] and priority and run_at) then
       redis.log(redis.LOG_WARNING, 'conveyor: task ' .. id .. ' of ' .. BASE
         .. ' not cancelled, its queue, name, priority or run_at does not read')
       return nil
     end
-    unindex_pending(id, f[2], f[3], tonumber(f[4]), tonumber(f[5]))
+    unindex_pending(id, f[2], f[3], priority, run_at)
     finish_task(id, state, 'cancelled', now)
     ended(id, now)
     return 'cancelled'
@@ -686,7 +796,7 @@ local function forget_task(id)
   local f = redis.call('HMGET', key, 'state', 'queue', 'name', 'priority', 'run_at', 'parent_id')
   local state, queue = f[1], f[2]
   if state == 'pending' then
-    unindex_pending(id, queue, f[3], tonumber(f[4]), tonumber(f[5]))
+    unindex_pending(id, queue, f[3], number('priority', f[4]), number('run_at', f[5]))
   elseif queue then
     redis.call('ZREM', key_leases(queue), id)
     drop_keyed(id)

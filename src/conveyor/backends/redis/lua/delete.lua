@@ -10,7 +10,8 @@ local parent = parent_state(id)
 if state == 'in_progress' or (not TERMINAL[state] and parent and ALIVE[parent]) then
   return {0, state, parent or ''}
 end
-if state == 'pending' and not (f[2] and f[3] and tonumber(f[4]) and tonumber(f[5])) then
+if state == 'pending'
+    and not (f[2] and f[3] and number('priority', f[4]) and number('run_at', f[5])) then
   return redis.error_reply(
     'task ' .. id .. ' is corrupt: its queue, name, priority or run_at does not read')
 end

@@ -32,27 +32,35 @@ end
 
 gather_indexes()
 
--- Every fence is checked before anything is written.
-local held, applied, seen = {}, {}, {}
+-- Every fence is checked before anything is written. A task whose fence
+-- holds (this attempt, this worker, a live lease) but whose other fields do
+-- not read is set aside (set_aside in common.lua) and its completion
+-- rejected; one whose fence fields do not read is rejected, unwritten: its
+-- lease expires and a claim sets it aside. So is a second completion of one
+-- task.
+local FENCED = {'state', 'attempt', 'worker_id', 'lease_expires_at', 'queue', 'name',
+  'priority', 'unique_scope', 'concurrency_key', 'parent_id', 'started_at', 'step', 'spent'}
+local held, applied, seen, corrupt = {}, {}, {}, {}
 for _, c in ipairs(cjson.decode(ARGV[3])) do
   local id, attempt = c[1], c[2]
-  local f = redis.call('HMGET', key_task(id), 'state', 'attempt', 'worker_id',
-    'lease_expires_at', 'queue', 'name', 'priority', 'unique_scope', 'concurrency_key',
-    'parent_id', 'started_at', 'step')
-  local expires = tonumber(f[4])
-  -- A task whose fields do not read is rejected, unwritten: its lease
-  -- expires and a claim sets it aside. So is a second completion of one task.
+  local f = redis.call('HMGET', key_task(id), unpack(FENCED))
+  local expires = number('lease_expires_at', f[4])
+  local fenced = not seen[id] and f[1] == 'in_progress' and number('attempt', f[2]) == attempt
+    and f[3] == worker and expires and expires > now and f[5] and f[5] ~= ''
   local running = running_attempt(f[2], f[3], f[11], f[12])
-  if not seen[id] and f[1] == 'in_progress' and running and running.number == attempt
-      and f[3] == worker and expires and expires > now
-      and f[5] and f[6] and tonumber(f[7]) then
-    seen[id] = true
+  local field, value = unreadable(FENCED, f)
+  if fenced then seen[id] = true end
+  if fenced and (field or not running) then
+    if not field then field, value = 'started_at', f[11] end
+    corrupt[#corrupt + 1] = {id, f[5], unread_message(field, value)}
+    applied[#applied + 1] = 0
+  elseif fenced then
     -- Read once: a task's unique scope (but for a release, which a second
     -- one repeats harmlessly), concurrency key and parent stay as they are
     -- in this script.
-    held[#held + 1] = {c = c, id = id, queue = f[5], name = f[6], priority = tonumber(f[7]),
-      scope = f[8], flow_key = f[9], parent = f[10], running = running,
-      effects = given(c[11])}
+    held[#held + 1] = {c = c, id = id, queue = f[5], name = f[6],
+      priority = number('priority', f[7]), scope = f[8], flow_key = f[9], parent = f[10],
+      running = running, effects = given(c[11])}
     applied[#applied + 1] = 1
   else
     applied[#applied + 1] = 0
@@ -132,6 +140,9 @@ for _, h in ipairs(held) do
   if complete(h) then endings[#endings + 1] = h.id end
 end
 for _, id in ipairs(endings) do ended(id, now) end
+for _, bad in ipairs(corrupt) do
+  set_aside(bad[1], bad[2], worker, bad[3], now)
+end
 for _, h in ipairs(held) do
   if h.effects and redis.call('EXISTS', key_inbox(h.id)) == 1 then wake(h.id, now) end
 end

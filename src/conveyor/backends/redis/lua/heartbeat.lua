@@ -3,7 +3,8 @@
 -- heartbeat's. ARGV: now, worker id, lease (seconds), then a task id and an
 -- attempt number per lease. Returns per lease 0 (lost), 1 (renewed) or 2
 -- (renewed, and its task's cancel was requested). A registered worker is
--- marked seen, whether or not it holds leases.
+-- marked seen, whether or not it holds leases. A held task whose own lease
+-- does not read is set aside (0: its worker stops it).
 local now = clock(ARGV[1])
 local worker = ARGV[2]
 if redis.call('EXISTS', key_worker(worker)) == 1 then
@@ -17,16 +18,22 @@ for i = 4, #ARGV, 2 do
   local f = redis.call('HMGET', key,
     'state', 'attempt', 'worker_id', 'lease_expires_at', 'lease', 'queue', 'cancel_requested',
     'concurrency_key')
-  local expires = tonumber(f[4])
+  local expires = number('lease_expires_at', f[4])
   local flag = 0
-  if f[1] == 'in_progress' and tonumber(f[2]) == attempt and f[3] == worker
+  if f[1] == 'in_progress' and number('attempt', f[2]) == attempt and f[3] == worker
       and expires and expires > now and f[6] then
-    local lease = tonumber(f[5]) or default_lease
-    expires = now + math.floor(lease * 1000 + 0.5)
-    redis.call('HSET', key, 'lease_expires_at', expires)
-    redis.call('ZADD', key_leases(f[6]), expires, id)
-    if f[8] then lease_keyed(id, f[8], expires) end
-    flag = f[7] == '1' and 2 or 1
+    -- A lease of its own that does not read (written around conveyor since
+    -- the claim) sets the task aside: no lease can be computed from it.
+    if f[5] and not number('lease', f[5]) then
+      set_aside(id, f[6], worker, unread_message('lease', f[5]), now)
+    else
+      local lease = number('lease', f[5]) or default_lease
+      expires = now + math.floor(lease * 1000 + 0.5)
+      redis.call('HSET', key, 'lease_expires_at', expires)
+      redis.call('ZADD', key_leases(f[6]), expires, id)
+      if f[8] then lease_keyed(id, f[8], expires) end
+      flag = f[7] == '1' and 2 or 1
+    end
   end
   found[#found + 1] = flag
 end

@@ -84,9 +84,14 @@ local function ensure_key(key, limit, rate, period, now, staying)
 end
 
 -- A keyed task becomes pending (index_pending in common.lua calls this).
+-- Its limit and rate are read in their bounds (number in common.lua): one
+-- that does not read (written around conveyor) counts as none given, and
+-- never reaches the key's row.
 index_keyed = function(id, key, queue, name, priority, run_at, now, staying)
   local f = redis.call('HMGET', key_task(id), 'concurrency_limit', 'rate_limit', 'rate_period')
-  ensure_key(key, f[1], f[2], f[3], now, staying)
+  local function read(field, text) return number(field, text) and text or nil end
+  ensure_key(key, read('concurrency_limit', f[1]), read('rate_limit', f[2]),
+    read('rate_period', f[3]), now, staying)
   redis.call('SADD', key_concurrency_pending(key), id)
   if run_at <= now then
     local member = keyed_member(priority, run_at, id, queue, name)
@@ -151,7 +156,7 @@ local function key_room(key, now)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now)) do
     local t = redis.call('HMGET', key_task(id), 'state', 'cancel_requested', 'spent',
       'max_attempts')
-    local spent, max_attempts = tonumber(t[3]), tonumber(t[4])
+    local spent, max_attempts = number('spent', t[3]), number('max_attempts', t[4])
     if t[1] ~= 'in_progress' then
       redis.call('ZREM', leases, id)  -- left by a writer that did not know keys
     elseif not (t[2] == '1' or (spent and max_attempts and spent >= max_attempts)) then

@@ -21,11 +21,11 @@ for s = 8, #ARGV do
     if #ids == 0 then break end
     for _, id in ipairs(ids) do
       local f = redis.call('HMGET', key_task(id), 'name', 'queue', 'created_at', 'priority')
-      local created = tonumber(f[3])
-      if f[1] and f[2] and tonumber(f[4]) and created
+      local created = number('created_at', f[3])
+      if f[1] and f[2] and number('priority', f[4]) and created
           and (not name or f[1] == name) and (not queue or f[2] == queue)
           and (not since or created >= since) and (not before or created < before) then
-        chosen[#chosen + 1] = {tonumber(id), state, f[2], f[1], tonumber(f[4])}
+        chosen[#chosen + 1] = {tonumber(id), state, f[2], f[1], number('priority', f[4])}
         found = found + 1
         if found >= limit then break end
       end

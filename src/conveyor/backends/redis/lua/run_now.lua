@@ -7,7 +7,7 @@ local f = redis.call('HMGET', key, 'state', 'queue', 'name', 'priority', 'run_at
 local state = f[1]
 if not state then return {'', ''} end
 if state ~= 'pending' then return {'', state} end
-local priority, run_at = tonumber(f[4]), tonumber(f[5])
+local priority, run_at = number('priority', f[4]), number('run_at', f[5])
 if not (f[2] and f[3] and priority and run_at) then
   return redis.error_reply(
     'task ' .. id .. ' is corrupt: its queue, name, priority or run_at does not read')
