@@ -116,3 +116,9 @@ def _cut_messages(formatted: tb_module.TracebackException, limit: int) -> None:
             for linked in (current.__cause__, current.__context__, *(current.exceptions or ()))
             if linked is not None
         ]
+
+
+def first_line(text: str) -> str:
+    """The first line of ``text`` (a store's error adds DETAIL and HINT lines)."""
+    line, _, rest = text.partition("\n")
+    return line.rstrip() if rest else line
