@@ -21,12 +21,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from conveyor.backends.protocol import Backend, HeartbeatParams, HeartbeatResult
+from conveyor.errors import BackendUnavailableError
 from conveyor.model import LeaseToken
 from conveyor.worker.config import beat_interval
 from conveyor.worker.outage import Outage
+from conveyor.worker.texts import reason
 
 log = logging.getLogger("conveyor.worker.heartbeat")
 
@@ -113,7 +115,7 @@ class Heartbeat:
         try:
             # Bounded: a call stuck on a dead connection must not hold back fencing.
             async with asyncio.timeout(self.interval()):
-                result = await backend.heartbeat(params)
+                result = await self._renew(backend, params)
         except Exception as exc:
             self.outage.failed("heartbeat", exc)
             self.fence_untrusted()
@@ -130,6 +132,40 @@ class Heartbeat:
         if result.renewed or result.lost or result.cancel_requested:
             self._report(result)  # renewals too: the worker's events tell of them
         return result
+
+    async def _renew(self, backend: Backend, params: HeartbeatParams) -> HeartbeatResult:
+        """One beat. A batch the store refuses (an error that does not say
+        the store is away: a task's stored fields a script cannot use, say)
+        is split in halves, each renewed on its own, so that one lease the
+        store will not renew never costs the others theirs; that one is
+        reported lost (its handler is stopped, and its task reclaimed when
+        its lease expires)."""
+        try:
+            return await backend.heartbeat(params)
+        except BackendUnavailableError:
+            raise
+        except Exception as exc:
+            tokens = list(params.tokens)
+            if not tokens:
+                raise
+            if len(tokens) == 1:
+                [token] = tokens
+                log.error(
+                    "the store refuses to renew this lease (%s); it is given up",
+                    reason(exc),
+                    extra={"task_id": token.task_id, "attempt": token.attempt},
+                )
+                with contextlib.suppress(Exception):  # the worker is still seen
+                    await backend.heartbeat(replace(params, tokens=[]))
+                return HeartbeatResult(frozenset(), frozenset(tokens), frozenset())
+        half = len(tokens) // 2
+        first = await self._renew(backend, replace(params, tokens=tokens[:half]))
+        second = await self._renew(backend, replace(params, tokens=tokens[half:]))
+        return HeartbeatResult(
+            first.renewed | second.renewed,
+            first.lost | second.lost,
+            first.cancel_requested | second.cancel_requested,
+        )
 
     def fence_untrusted(self) -> frozenset[LeaseToken]:
         """Give up (report lost) every lease whose trust runs out within one interval."""

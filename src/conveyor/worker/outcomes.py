@@ -87,6 +87,25 @@ def snoozed(task: ClaimedTask, exc: BaseException, seconds: float | None) -> Com
     )
 
 
+REFUSED = "CompletionRefused"
+"""The error type of an attempt whose completion the store refused for good."""
+
+
+def refused(task: ClaimedTask, reason: str) -> Completion:
+    """The store refused for good to record the attempt's completion (with
+    ``reason``): the attempt failed, without its result, its next step or a
+    poll's effects, and the task follows its retry policy (``fatal`` and
+    ``retry_on`` name ``CompletionRefused``)."""
+    info = ErrorInfo(
+        type=REFUSED,
+        message=cut(f"the store refused this attempt's completion: {reason}", MAX_ERROR_MESSAGE),
+    )
+    if task.spent >= task.max_attempts or task.retry.gives_up_on((REFUSED,)):
+        return Completion(task.token, Outcome.FAILED, TaskState.FAILED, error=info)
+    delay = task.retry.delay(task.spent)
+    return Completion(task.token, Outcome.FAILED, TaskState.PENDING, error=info, retry_delay=delay)
+
+
 def succeeded(task: ClaimedTask, result: str) -> Completion:
     return Completion(task.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result=result)
 

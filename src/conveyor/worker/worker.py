@@ -84,6 +84,11 @@ log = logging.getLogger("conveyor.worker")
 ABANDON_SETTLE = 2.0
 """Seconds a shutdown gives the runners of abandoned handlers to end their
 attempt transactions before it goes on."""
+LAST_WRITES = 5.0
+"""Seconds a shutdown gives, once its handlers have ended or been given up,
+to the completions still unwritten, and as much to its exit from the
+workers table: what is not written by then is given up (the leases expire
+and the tasks are reclaimed)."""
 
 
 def _start_runner(
@@ -674,7 +679,7 @@ class Worker:
                 if self.events.active:
                     self._emit_ended(running, completion)
                 self._log_ending(running, completion)
-                self.completer.submit(completion)
+                self.completer.submit(completion, running.task)
         finally:
             self._runners.discard(asyncio.current_task(running.loop))
 
@@ -790,11 +795,12 @@ class Worker:
         if self.cancels is not None:
             await self.cancels.stop()
         if self.completer is not None:
-            await self.completer.stop()
+            await self.completer.stop(LAST_WRITES)
         if self.heartbeat is not None:
             self.heartbeat.stop()
         with contextlib.suppress(Exception):  # TimeoutError included
-            async with asyncio.timeout(self.config.lease):  # a stranded connection: given up
+            # A stranded connection, a store away: given up.
+            async with asyncio.timeout(min(self.config.lease, LAST_WRITES)):
                 await backend.stop_worker(self.id)
         await backend.close()
         log.info(
