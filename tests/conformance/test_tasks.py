@@ -7,6 +7,7 @@ behaviour is expected of every backend; capability gaps are asserted in
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -80,7 +81,7 @@ def later(seconds: float) -> datetime:
 async def test_claim_creates_attempt_rows_and_leases(backend: Backend) -> None:
     [task_id] = await enqueue(backend, new(payload={"a": 1}))
     [claimed] = await claim(backend)
-    assert claimed.token == LeaseToken(task_id, 1, "w1")
+    assert claimed.token == LeaseToken(task_id, 1, "w1", claimed.token.nonce)
     assert codec.decode(claimed.payload) == {"a": 1}
     assert claimed.lease_expires_at == later(LEASE)
     task = await backend.get_task(task_id)
@@ -149,8 +150,8 @@ async def test_only_registered_names_and_served_queues_are_claimed(
 async def test_heartbeat_renews_only_live_owned_leases(backend: Backend) -> None:
     await enqueue(backend, new(), new())
     first, second = await claim(backend)
-    stranger = LeaseToken(first.token.task_id, first.token.attempt, "w2")
-    wrong_attempt = LeaseToken(second.token.task_id, 7, "w1")
+    stranger = replace(first.token, worker_id="w2")
+    wrong_attempt = replace(second.token, attempt=7)
     result = await backend.heartbeat(
         HeartbeatParams(
             worker_id="w1", tokens=[first.token, wrong_attempt], lease=LEASE, now=later(5)
@@ -174,7 +175,7 @@ async def test_expired_lease_is_reclaimed_and_late_writes_change_nothing(
     [old] = await claim(backend, "w1")
     assert await claim(backend, "w2", at=later(LEASE - 0.001)) == []
     [new_claim] = await claim(backend, "w2", at=later(LEASE))
-    assert new_claim.token == LeaseToken(task_id, 2, "w2")
+    assert new_claim.token == LeaseToken(task_id, 2, "w2", new_claim.token.nonce)
 
     # The old owner's late heartbeat and completion are rejected, not raised.
     beat = await backend.heartbeat(
@@ -266,7 +267,7 @@ async def test_failure_retries_then_fails(backend: Backend) -> None:
 async def test_batched_finish_applies_each_by_its_own_fence(backend: Backend) -> None:
     ids = await enqueue(backend, *[new() for _ in range(5)])
     claimed = await claim(backend)
-    stale = LeaseToken(claimed[0].token.task_id, 99, "w1")
+    stale = replace(claimed[0].token, attempt=99)
     completions = [success(c.token, i) for i, c in enumerate(claimed[1:])] + [success(stale)]
     done = await backend.finish(FinishParams("w1", completions, now=later(1)))
     assert done.applied == {c.token for c in claimed[1:]}

@@ -157,6 +157,7 @@ def finish_arg(completions: Sequence[Completion]) -> str:
                 None if c.retry_delay is None else seconds_ms(c.retry_delay),
                 None if c.transition is None else _transition(c.transition),
                 None if c.effects is None else _effects(c.token.task_id, c.effects),
+                c.token.nonce,
             ]
         )
     return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
@@ -192,12 +193,13 @@ def send_args(deliveries: Sequence[Delivery]) -> list[str]:
     return args
 
 
-def claimed_tasks(found: Sequence[Sequence[str]], worker_id: str) -> list[ClaimedTask]:
+def claimed_tasks(found: Sequence[Sequence[str]], worker_id: str, nonce: str) -> list[ClaimedTask]:
     """The rows of ``claim.lua``, each: id, attempt, name, queue, payload,
     spent, max_attempts, retry policy, timeout, lease, lease expiry, step,
     parent id (optional ones as :func:`opt` writes them), run time ("" if
-    it does not read), trace context (optional). Tasks of one claim
-    mostly share a lease expiry: each distinct one is converted once."""
+    it does not read), trace context (optional); every lease of the claim
+    has its ``nonce``. Tasks of one claim mostly share a lease expiry: each
+    distinct one is converted once."""
     expiries: dict[str, datetime] = {}
     claimed: list[ClaimedTask] = []
     for row in found:
@@ -209,7 +211,7 @@ def claimed_tasks(found: Sequence[Sequence[str]], worker_id: str) -> list[Claime
             expires_at = expiries[expires] = moment(int(expires))
         claimed.append(
             ClaimedTask(
-                token=LeaseToken(task_id=int(task_id), attempt=int(attempt), worker_id=worker_id),
+                token=LeaseToken(int(task_id), int(attempt), worker_id, nonce),
                 name=name,
                 queue=queue,
                 payload=payload,

@@ -1,9 +1,10 @@
 -- finish: apply each completion whose lease is live (fenced as a heartbeat:
--- this attempt, this worker, not expired); the others change nothing. As on
--- the other backends (the memory store is the model): first every applied
--- poll's effects (consumed messages, spawned children, sends: a child's last
--- messages precede its end), then the completions, then the endings, then a
--- resting poll whose inbox still holds messages is due again.
+-- this attempt, this worker, this claim's nonce, not expired); the others
+-- change nothing. As on the other backends (the memory store is the model):
+-- first every applied poll's effects (consumed messages, spawned children,
+-- sends: a child's last messages precede its end), then the completions,
+-- then the endings, then a resting poll whose inbox still holds messages is
+-- due again.
 --
 -- A completion that would make a task pending or waiting after its cancel was
 -- requested ends it cancelled. A transition (a workflow's next step, a
@@ -20,7 +21,8 @@
 -- of step (opt), state, max_attempts, retry policy, timeout (opt), lease
 -- (opt), run_at (opt, ms), delay (ms)), effects (an array of the consumed
 -- message ids, the sends as [task id, body, trace context (opt)] and the spawns as TASK_FIELDS
--- arrays); null for none of those after the outcome. Returns per completion
+-- arrays); null for none of those after the outcome; the lease's nonce
+-- (last: see claim.lua). Returns per completion
 -- 1 (applied) or 0 (rejected).
 local now = clock(ARGV[1])
 local worker = ARGV[2]
@@ -38,13 +40,13 @@ for _, c in ipairs(cjson.decode(ARGV[3])) do
   local id, attempt = c[1], c[2]
   local f = redis.call('HMGET', key_task(id), 'state', 'attempt', 'worker_id',
     'lease_expires_at', 'queue', 'name', 'priority', 'unique_scope', 'concurrency_key',
-    'parent_id', 'started_at', 'step')
+    'parent_id', 'started_at', 'step', 'nonce')
   local expires = tonumber(f[4])
   -- A task whose fields do not read is rejected, unwritten: its lease
   -- expires and a claim sets it aside. So is a second completion of one task.
   local running = running_attempt(f[2], f[3], f[11], f[12])
   if not seen[id] and f[1] == 'in_progress' and running and running.number == attempt
-      and f[3] == worker and expires and expires > now
+      and f[3] == worker and f[13] == c[12] and expires and expires > now
       and f[5] and f[6] and tonumber(f[7]) then
     seen[id] = true
     -- Read once: a task's unique scope (but for a release, which a second
