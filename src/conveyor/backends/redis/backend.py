@@ -3,7 +3,9 @@
 Guarantees, as on the other backends: a claim is atomic (each task goes to
 one worker per lease; its attempt row exists when the claim returns; expired
 leases are reclaimed with the crash budget), heartbeats and completions are
-fenced by the lease token and a live lease, and the Redis server's clock
+fenced by the lease token (with its claim's random nonce: a server that
+lost its data and gives a task id out again never takes an older attempt
+for the new task's) and a live lease, and the Redis server's clock
 (``TIME``, read inside each script) is the only authority on lease expiry and
 due times; a params object's ``now`` overrides it, for tests only. Times are
 kept to the millisecond.
