@@ -22,7 +22,9 @@ from conveyor.backends.protocol import (
     FinishParams,
     HeartbeatParams,
     NewTask,
+    PruneParams,
     TaskFilter,
+    WorkerInfo,
     WorkFilter,
 )
 from conveyor.errors import InvalidTransitionError, TaskNotFoundError
@@ -166,6 +168,24 @@ async def test_heartbeat_renews_only_live_owned_leases(backend: Backend) -> None
     task = await backend.get_task(first.token.task_id)
     assert task is not None
     assert task.lease_expires_at == later(5 + LEASE)
+
+
+async def test_heartbeat_tells_a_worker_the_store_does_not_know(backend: Backend) -> None:
+    """A worker's heartbeat says whether the store knows it: not before it
+    registers, nor once its row is deleted (a restore, a wipe, a prune), so
+    that it registers again; its leases are renewed either way."""
+    await enqueue(backend, new())
+    [claimed] = await claim(backend)
+    beat = HeartbeatParams(worker_id="w1", tokens=[claimed.token], lease=LEASE, now=later(1))
+    unknown = await backend.heartbeat(beat)
+    assert not unknown.registered and unknown.renewed == {claimed.token}
+    info = WorkerInfo(id="w1", host="h", pid=1, queues=("default",), concurrency=1)
+    await backend.register_worker(info)
+    assert (await backend.heartbeat(beat)).registered
+    assert (await backend.heartbeat(replace(beat, tokens=[]))).registered
+    gone = await backend.prune(PruneParams({}, workers_before=later(10)))
+    assert gone.workers == 1
+    assert not (await backend.heartbeat(replace(beat, tokens=[]))).registered
 
 
 async def test_expired_lease_is_reclaimed_and_late_writes_change_nothing(
