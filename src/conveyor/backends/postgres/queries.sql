@@ -619,9 +619,9 @@ returning task_id;
 -- have been reclaimed. Each input lease comes back once: `live` if it is
 -- still the worker's, `renewed` if it was renewed now; one more row, with
 -- no task, when the worker is not registered (its row was deleted: it
--- registers again). A live lease whose row
--- is locked (its attempt transaction is committing) is skipped, not waited
--- for: one slow commit must not hold back the renewal of every other lease.
+-- registers again). A live lease whose row is locked (its attempt
+-- transaction is committing) is skipped, not waited for: one slow commit
+-- must not hold back the renewal of every other lease.
 --
 -- Planner note (heartbeat and finish): statistics about running tasks are
 -- nearly always stale (taken when few tasks ran), so any restriction that

@@ -302,8 +302,7 @@ class SQLiteBackend(FlowControl):
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         tokens = list(params.tokens)
-
-        registered = True
+        registered = True  # the worker's row was there
 
         def renew(conn: sqlite3.Connection) -> list[Any]:
             nonlocal registered
