@@ -51,6 +51,7 @@ class TaskContext:
         "_transaction",
         "attempt",
         "name",
+        "nonce",
         "parent_id",
         "payload",
         "queue",
@@ -75,12 +76,14 @@ class TaskContext:
         open_transaction_sync: Callable[[], Any] | None = None,
         parent_id: int | None = None,
         read_inbox: Callable[[], Awaitable[list[Message]]] | None = None,
+        nonce: str = "",
     ) -> None:
         self.task_id = task_id
         self.name = name
         self.queue = queue
         self.attempt = attempt
         self.worker_id = worker_id
+        self.nonce = nonce
         self.payload: dict[str, Any] = payload if payload is not None else {}
         self.step = step
         self.step_attempt = step_attempt if step_attempt is not None else attempt
@@ -99,8 +102,9 @@ class TaskContext:
 
     @property
     def lease_token(self) -> LeaseToken:
-        """The lease this attempt runs under: task id, attempt number, worker id."""
-        return LeaseToken(self.task_id, self.attempt, self.worker_id)
+        """The lease this attempt runs under: task id, attempt number, worker
+        id and its claim's nonce (see :class:`~conveyor.model.LeaseToken`)."""
+        return LeaseToken(self.task_id, self.attempt, self.worker_id, self.nonce)
 
     @property
     def should_stop(self) -> bool:

@@ -534,11 +534,18 @@ class LeaseToken:
 
     Attempt numbers grow by one at every claim of a task, so a token is never
     reused; every write a worker makes about a task is conditioned on it.
+
+    ``nonce`` is a random value of the claim that handed the lease out, where
+    the backend keeps one (Redis; "" elsewhere), checked with the rest: a
+    store that lost its data and hands a task id out again (a restart
+    without persistence) never takes an older attempt's token for the new
+    task's, even from the same worker with the same attempt number.
     """
 
     task_id: int
     attempt: int
     worker_id: str
+    nonce: str = ""
 
 
 @dataclass(frozen=True, slots=True)

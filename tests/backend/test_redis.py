@@ -770,3 +770,37 @@ async def test_a_keyed_task_s_limit_that_does_not_read_never_reaches_its_key(
     task = await store.get_task(task_id)
     assert task is not None and task.state is TaskState.FAILED
     assert task.attempts[-1].error_type == "CorruptTask"
+
+
+async def test_a_lease_of_a_task_the_store_forgot_never_fences_its_successor(
+    store: RedisBackend,
+) -> None:
+    """The store loses its keys (a restart without persistence) while task 1
+    runs; a new task is task 1 again, claimed by the same worker as attempt
+    1. The old token matches it in id, attempt and worker, but not in its
+    claim's nonce: its heartbeat finds the lease lost and its completion is
+    refused, while the new token's are applied."""
+    [task_id] = await enqueue(store, new())
+    [old] = await claim(store)
+    await store.destroy()  # every key of the store: its id counter too
+    assert await enqueue(store, new()) == [task_id]
+    [current] = await claim(store)
+    assert (current.token.task_id, current.token.attempt, current.token.worker_id) == (
+        old.token.task_id,
+        old.token.attempt,
+        old.token.worker_id,
+    )
+    assert current.token.nonce != old.token.nonce
+    beat = await store.heartbeat(
+        HeartbeatParams("w1", [old.token, current.token], LEASE, now=later(1))
+    )
+    assert (beat.lost, beat.renewed) == ({old.token}, {current.token})
+    assert await store.cancel(task_id) is TaskState.IN_PROGRESS
+    assert await store.cancel_requested("w1", [old.token, current.token]) == {current.token}
+    done = await store.finish(FinishParams("w1", [success(old.token, "old")], now=later(2)))
+    assert done.rejected == {old.token}
+    done = await store.finish(FinishParams("w1", [success(current.token, "new")], now=later(2)))
+    assert done.applied == {current.token}
+    task = await store.get_task(task_id)
+    assert task is not None and task.state is TaskState.SUCCEEDED
+    assert task.result == "new"

@@ -11,7 +11,9 @@ poll interval + 1 s. The kill, stop, term, net (PostgreSQL and Redis: a TCP
 proxy resets or black-holes the workers' connections), restart (PostgreSQL:
 immediate restarts of the local server; Redis: SIGKILL and restart of a
 server of the run's own, ``appendfsync always``) and gil cases must also
-show that their fault happened and was survived.
+show that their fault happened and was survived. The Redis data-loss run
+(``wipe``: a server without persistence restarted empty under running
+workers) has a checker of its own (:mod:`tools.chaos.wipe`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 from tests.conftest import PG_URL
 from tools.chaos.app import CPU_PROCESS_NAME, CPU_THREAD_NAME
 from tools.chaos.harness import SCENARIOS, SERVER_ONLY, SMOKE, redis_store, run
+from tools.chaos.wipe import forgetful_store, run_wipe
 from tools.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(600)
@@ -132,3 +135,19 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
             assert conn.execute("pragma integrity_check").fetchone() == ("ok",)
         finally:
             conn.close()
+
+
+async def test_redis_restart_with_data_loss(tmp_path: Path) -> None:
+    """The ``wipe`` run (:mod:`tools.chaos.wipe`): a Redis server without
+    persistence restarted empty, twice, under running workers with
+    attempts in flight, and tasks enqueued after each restart reusing the
+    forgotten tasks' ids. No attempt ever completes a task it was not
+    claimed for; what the last round enqueued all succeeds; every live
+    worker is registered again."""
+    server = forgetful_store(tmp_path)
+    try:
+        report = await run_wipe(server, tmp_path / "run")
+    finally:
+        server.stop()
+    assert report.ok, "\n".join([report.summary(), *_worker_logs(tmp_path / "run")])
+    assert report.wrong_completions == [] and report.lost_after_last_wipe == []

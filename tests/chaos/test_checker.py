@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from conveyor.model import DEFAULT_RETRY, Attempt, Outcome, Task, TaskState
+from tools.chaos.app import TAGGED_NAME
 from tools.chaos.checker import (
     Execution,
     Expected,
@@ -22,6 +23,7 @@ from tools.chaos.checker import (
     read_events,
     read_ledger,
 )
+from tools.chaos.wipe import check_wipe
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 EPOCH = T0.timestamp()
@@ -824,3 +826,36 @@ def test_a_unique_key_held_twice_or_answered_wrong_is_a_violation() -> None:
     assert breaches(stored, [agreed, {0: 1, 1: 7}]) == [7]  # answered a task not stored
     assert breaches(stored, [agreed, {0: 1}]) == [None]  # a key left unanswered
     assert breaches(stored, [agreed, None]) == [None]  # a racer that failed
+
+
+def tagged(task_id: int, tag: str, result: str | None) -> Task:
+    state = TaskState.SUCCEEDED if result is not None else TaskState.IN_PROGRESS
+    return replace(task(task_id, state), name=TAGGED_NAME, payload={"tag": tag}, result=result)
+
+
+def test_the_wipe_checker_finds_a_task_completed_by_an_attempt_of_another() -> None:
+    """Task 1 of round 0 is forgotten by the wipe at 10 s while its attempt
+    runs; the attempt ends at 11 s. Round 1's task 1 ends with round 0's
+    tag: a wrong completion. Without it, the run is clean."""
+    rounds = [{1: "old", 2: "old2"}, {1: "new"}]
+    ledger = [{"event": "end", "task": 1, "tag": "old", "at": 11.0}]
+    wrong = check_wipe(rounds, [[], [tagged(1, "new", "old")]], [10.0], ledger, [7], [7])
+    assert not wrong.ok
+    assert wrong.wrong_completions and "round 1 task 1" in wrong.wrong_completions[0]
+    assert (wrong.late_ends, wrong.reused_ids) == (1, 1)
+    clean = check_wipe(rounds, [[], [tagged(1, "new", "new")]], [10.0], ledger, [7], [7])
+    assert clean.ok, clean.summary()
+
+
+def test_the_wipe_checker_wants_the_last_round_done_and_every_worker_registered() -> None:
+    rounds = [{1: "old"}, {1: "new", 2: "other"}]
+    ledger = [{"event": "end", "task": 1, "tag": "old", "at": 11.0}]
+    held = [[], [tagged(1, "new", "new"), tagged(2, "other", None)]]
+    report = check_wipe(rounds, held, [10.0], ledger, [7, 8], [7])
+    assert report.lost_after_last_wipe == [2]
+    assert report.unregistered_pids == [8]
+    assert not report.ok
+    # A run whose wipe met no attempt in flight proves nothing.
+    done = [[], [tagged(1, "new", "new"), tagged(2, "other", "other")]]
+    idle = check_wipe(rounds, done, [10.0], [], [7], [7])
+    assert idle.late_ends == 0 and not idle.ok

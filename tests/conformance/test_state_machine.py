@@ -568,6 +568,8 @@ class BackendAgreement(RuleBasedStateMachine):
         # worker still believes it holds them (insertion-ordered, for replay).
         self.handed: list[LeaseToken] = []
         self.held: dict[LeaseToken, None] = {}
+        # The real backend's nonce of each token it handed out (model numbering).
+        self.nonces: dict[LeaseToken, str] = {}
         self.payloads = 0
         # Coroutine tasks (model ids), and the ids of the messages each
         # backend's inbox() showed when a coroutine task was claimed.
@@ -613,11 +615,12 @@ class BackendAgreement(RuleBasedStateMachine):
         return self.loop.run_until_complete(awaitable)
 
     def real_token(self, token: LeaseToken) -> LeaseToken:
-        return replace(token, task_id=self.to_real[token.task_id])
+        nonce = self.nonces.get(token, "")
+        return replace(token, task_id=self.to_real[token.task_id], nonce=nonce)
 
     def model_token(self, token: LeaseToken) -> LeaseToken:
         assert token.task_id in self.to_model, f"real backend returned unknown task {token}"
-        return replace(token, task_id=self.to_model[token.task_id])
+        return replace(token, task_id=self.to_model[token.task_id], nonce="")
 
     def model_tokens(self, tokens: Iterable[LeaseToken]) -> frozenset[LeaseToken]:
         return frozenset(self.model_token(t) for t in tokens)
@@ -1003,6 +1006,8 @@ class BackendAgreement(RuleBasedStateMachine):
         assert order == sorted(order), f"model claim out of order: {order}"
         want = [claimed_view(c, c.token) for c in expected]
         have = [claimed_view(c, self.model_token(c.token)) for c in got]
+        for c in got:
+            self.nonces[self.model_token(c.token)] = c.token.nonce
         if not merged:
             have.sort(key=lambda claimed: want.index(claimed) if claimed in want else limit)
         assert have == want, f"claim({worker}, limit={limit}, {queues}) at {self.now}"

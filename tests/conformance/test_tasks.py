@@ -7,6 +7,7 @@ behaviour is expected of every backend; capability gaps are asserted in
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -21,7 +22,9 @@ from conveyor.backends.protocol import (
     FinishParams,
     HeartbeatParams,
     NewTask,
+    PruneParams,
     TaskFilter,
+    WorkerInfo,
     WorkFilter,
 )
 from conveyor.errors import InvalidTransitionError, TaskNotFoundError
@@ -80,7 +83,7 @@ def later(seconds: float) -> datetime:
 async def test_claim_creates_attempt_rows_and_leases(backend: Backend) -> None:
     [task_id] = await enqueue(backend, new(payload={"a": 1}))
     [claimed] = await claim(backend)
-    assert claimed.token == LeaseToken(task_id, 1, "w1")
+    assert claimed.token == LeaseToken(task_id, 1, "w1", claimed.token.nonce)
     assert codec.decode(claimed.payload) == {"a": 1}
     assert claimed.lease_expires_at == later(LEASE)
     task = await backend.get_task(task_id)
@@ -149,8 +152,8 @@ async def test_only_registered_names_and_served_queues_are_claimed(
 async def test_heartbeat_renews_only_live_owned_leases(backend: Backend) -> None:
     await enqueue(backend, new(), new())
     first, second = await claim(backend)
-    stranger = LeaseToken(first.token.task_id, first.token.attempt, "w2")
-    wrong_attempt = LeaseToken(second.token.task_id, 7, "w1")
+    stranger = replace(first.token, worker_id="w2")
+    wrong_attempt = replace(second.token, attempt=7)
     result = await backend.heartbeat(
         HeartbeatParams(
             worker_id="w1", tokens=[first.token, wrong_attempt], lease=LEASE, now=later(5)
@@ -167,6 +170,24 @@ async def test_heartbeat_renews_only_live_owned_leases(backend: Backend) -> None
     assert task.lease_expires_at == later(5 + LEASE)
 
 
+async def test_heartbeat_tells_a_worker_the_store_does_not_know(backend: Backend) -> None:
+    """A worker's heartbeat says whether the store knows it: not before it
+    registers, nor once its row is deleted (a restore, a wipe, a prune), so
+    that it registers again; its leases are renewed either way."""
+    await enqueue(backend, new())
+    [claimed] = await claim(backend)
+    beat = HeartbeatParams(worker_id="w1", tokens=[claimed.token], lease=LEASE, now=later(1))
+    unknown = await backend.heartbeat(beat)
+    assert not unknown.registered and unknown.renewed == {claimed.token}
+    info = WorkerInfo(id="w1", host="h", pid=1, queues=("default",), concurrency=1)
+    await backend.register_worker(info)
+    assert (await backend.heartbeat(beat)).registered
+    assert (await backend.heartbeat(replace(beat, tokens=[]))).registered
+    gone = await backend.prune(PruneParams({}, workers_before=later(10)))
+    assert gone.workers == 1
+    assert not (await backend.heartbeat(replace(beat, tokens=[]))).registered
+
+
 async def test_expired_lease_is_reclaimed_and_late_writes_change_nothing(
     backend: Backend,
 ) -> None:
@@ -174,7 +195,7 @@ async def test_expired_lease_is_reclaimed_and_late_writes_change_nothing(
     [old] = await claim(backend, "w1")
     assert await claim(backend, "w2", at=later(LEASE - 0.001)) == []
     [new_claim] = await claim(backend, "w2", at=later(LEASE))
-    assert new_claim.token == LeaseToken(task_id, 2, "w2")
+    assert new_claim.token == LeaseToken(task_id, 2, "w2", new_claim.token.nonce)
 
     # The old owner's late heartbeat and completion are rejected, not raised.
     beat = await backend.heartbeat(
@@ -266,7 +287,7 @@ async def test_failure_retries_then_fails(backend: Backend) -> None:
 async def test_batched_finish_applies_each_by_its_own_fence(backend: Backend) -> None:
     ids = await enqueue(backend, *[new() for _ in range(5)])
     claimed = await claim(backend)
-    stale = LeaseToken(claimed[0].token.task_id, 99, "w1")
+    stale = replace(claimed[0].token, attempt=99)
     completions = [success(c.token, i) for i, c in enumerate(claimed[1:])] + [success(stale)]
     done = await backend.finish(FinishParams("w1", completions, now=later(1)))
     assert done.applied == {c.token for c in claimed[1:]}

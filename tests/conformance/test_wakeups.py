@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from conveyor import payload as codec
 from conveyor.backends.protocol import (
@@ -22,7 +23,7 @@ from conveyor.backends.protocol import (
     Transition,
     Wakeup,
 )
-from conveyor.model import LeaseToken, Outcome, RetryPolicy, TaskState
+from conveyor.model import Outcome, RetryPolicy, TaskState
 from tests.conformance.test_tasks import claim, enqueue, later, new
 
 WAIT = 10.0
@@ -123,8 +124,8 @@ async def test_a_cancel_of_a_running_task_reaches_its_worker(backend: Backend) -
     [task_id] = await enqueue(backend, new())
     [claimed] = await claim(backend)
     token = claimed.token
-    foreign = LeaseToken(task_id, token.attempt, "w2")
-    stale = LeaseToken(task_id, token.attempt - 1, "w1")
+    foreign = replace(token, worker_id="w2")
+    stale = replace(token, attempt=token.attempt - 1)
     assert await backend.cancel_requested("w1", [token]) == frozenset()
     async with listening(backend) as listener:
         assert await backend.cancel(task_id) is TaskState.IN_PROGRESS

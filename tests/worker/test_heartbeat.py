@@ -17,7 +17,7 @@ import pytest
 import conveyor
 from conveyor import RetryPolicy, TaskState
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.protocol import HeartbeatResult
+from conveyor.backends.protocol import HeartbeatResult, WorkerInfo
 from conveyor.model import LeaseToken
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
 from tests.worker.helpers import RunningWorker, wait_terminal
@@ -184,6 +184,10 @@ async def test_self_fencing_is_bounded_when_the_connection_black_holes(
     proxy = BlackHoleProxy()
     url = f"postgresql://127.0.0.1:{proxy.port}/test"
     reports: list[tuple[float, HeartbeatResult]] = []
+    # Registered: a heartbeat of an unknown worker reports it (to register again).
+    await backend.register_worker(
+        WorkerInfo(id="w", host="h", pid=1, queues=("default",), concurrency=1)
+    )
     beat = Heartbeat(
         HeartbeatConfig(worker_id="w", lease=1.0),
         lambda: PostgresBackend(url, schema=backend.schema, migrate=False, pool_size=1),

@@ -2,6 +2,10 @@
 
     python -m tools.chaos --backend postgres --scenario kill            # smoke profile
     python -m tools.chaos --backend sqlite --scenario all --profile soak
+    python -m tools.chaos --backend redis --scenario wipe               # data loss
+
+``wipe`` (Redis only, not part of ``all``) restarts a server without
+persistence empty under running workers (:mod:`tools.chaos.wipe`).
 
 Each run uses a fresh store (a throwaway PostgreSQL schema, a new SQLite file,
 a Redis server of its own with ``appendfsync always``)
@@ -21,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tools.chaos.harness import SCENARIOS, SERVER_ONLY, SMOKE, SOAK, redis_store, run
+from tools.chaos.wipe import forgetful_store, run_wipe
 from tools.redis_server import RedisServer
 
 PG_URL = "postgresql://127.0.0.1:5432/test"
@@ -49,6 +54,8 @@ async def main(args: argparse.Namespace) -> int:
     if args.backend == "sqlite":  # no network, no server to restart
         scenarios = [s for s in scenarios if s not in SERVER_ONLY]
     root = Path(args.workdir or tempfile.mkdtemp(prefix="conveyor-chaos-"))
+    if args.scenario == "wipe":
+        return await wipe(args.backend, root / "redis-wipe", args.seed)
     failed = False
     for scenario in scenarios:
         workdir = root / f"{args.backend}-{scenario}"
@@ -74,10 +81,26 @@ async def main(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+async def wipe(backend: str, workdir: Path, seed: int) -> int:
+    """The ``wipe`` run, on a Redis server of its own without persistence."""
+    if backend != "redis":
+        print("the wipe run needs --backend redis")
+        return 2
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    server = forgetful_store(workdir)
+    try:
+        report = await run_wipe(server, workdir / "run", seed=seed)
+    finally:
+        server.stop()
+    print(f"== redis / wipe ({workdir})")
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tools.chaos", description=__doc__)
     parser.add_argument("--backend", choices=("postgres", "sqlite", "redis"), default="postgres")
-    parser.add_argument("--scenario", choices=(*SCENARIOS, "all"), default="all")
+    parser.add_argument("--scenario", choices=(*SCENARIOS, "wipe", "all"), default="all")
     parser.add_argument("--profile", choices=("smoke", "soak"), default="smoke")
     parser.add_argument("--url", default=PG_URL, help="PostgreSQL URL (default %(default)s)")
     parser.add_argument("--workdir", help="where runs keep their files (default: a temp dir)")

@@ -25,6 +25,10 @@ The workload:
   missing between the first and the last.
 * ``chaos_race``: enqueued by racing processes (``tools.chaos.race``), each
   under the unique key ``race:K`` held while it is stored: one task per key.
+* ``chaos_tagged``: a plain task that sleeps and returns its ``tag``, a
+  value unique to the task as enqueued (the ``wipe`` run, :mod:`.wipe`: a
+  task that ends with another's tag was completed by an attempt it was not
+  claimed for). Its ledger lines carry the tag.
 * ``chaos_cpu_thread`` / ``chaos_cpu_process``: hold the GIL (one C call that
   does not release it) for ``hold_ms``; the thread handler only in its first
   attempt, since a thread handler's GIL-holding call starves its worker's
@@ -47,6 +51,7 @@ import conveyor
 from conveyor import App, RetryPolicy, TaskContext
 
 TASK_NAME = "chaos_work"
+TAGGED_NAME = "chaos_tagged"
 TICK_NAME = "chaos_tick"
 TICK_SECONDS = 1.0
 RACE_NAME = "chaos_race"
@@ -64,19 +69,20 @@ RETRY = RetryPolicy(max_attempts=50, initial_interval=0.05, max_interval=0.5, ji
 app = App()
 
 
-def record(event: str, ctx: TaskContext, seq: int = 0) -> None:
-    """Append one ledger line for this execution."""
-    line = json.dumps(
-        {
-            "event": event,
-            "task": ctx.task_id,
-            "attempt": ctx.attempt,
-            "seq": seq,
-            "worker": ctx.worker_id,
-            "pid": os.getpid(),
-            "at": time.time(),
-        }
-    )
+def record(event: str, ctx: TaskContext, seq: int = 0, tag: str | None = None) -> None:
+    """Append one ledger line for this execution (with the task's ``tag``, if any)."""
+    fields: dict[str, Any] = {
+        "event": event,
+        "task": ctx.task_id,
+        "attempt": ctx.attempt,
+        "seq": seq,
+        "worker": ctx.worker_id,
+        "pid": os.getpid(),
+        "at": time.time(),
+    }
+    if tag is not None:
+        fields["tag"] = tag
+    line = json.dumps(fields)
     fd = os.open(os.environ[LEDGER_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
@@ -92,6 +98,15 @@ async def chaos_work(ctx: TaskContext, i: int, sleep_ms: int) -> int:
     await asyncio.sleep(sleep_ms / 1000)
     record("end", ctx)
     return i
+
+
+@app.task(name=TAGGED_NAME, retry=RETRY)
+async def chaos_tagged(ctx: TaskContext, tag: str, sleep_ms: int) -> str:
+    """Sleep ``sleep_ms`` and return ``tag``."""
+    record("start", ctx, tag=tag)
+    await asyncio.sleep(sleep_ms / 1000)
+    record("end", ctx, tag=tag)
+    return tag
 
 
 @app.periodic(every=TICK_SECONDS, missed="all", catch_up=1000)

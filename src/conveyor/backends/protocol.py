@@ -194,11 +194,15 @@ class HeartbeatParams:
 class HeartbeatResult:
     """``renewed``: extended now. ``lost``: no longer this worker's. A token in
     neither is still held but could not be renewed this time (its row was
-    busy); its lease keeps the expiry it had."""
+    busy); its lease keeps the expiry it had. ``registered``: False when the
+    store no longer knows the worker (its registration was deleted: a store
+    restarted without its data, a restored backup, an operator), which then
+    registers again."""
 
     renewed: frozenset[LeaseToken]
     lost: frozenset[LeaseToken]
     cancel_requested: frozenset[LeaseToken]
+    registered: bool = True
 
 
 @dataclass(frozen=True, slots=True)

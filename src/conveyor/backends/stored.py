@@ -242,10 +242,12 @@ def claimed_rows(
     found: Iterable[Sequence[Any]],
     decode: Callable[[Sequence[Any]], ClaimedTask],
     worker_id: str,
+    nonce: str = "",
 ) -> tuple[list[ClaimedTask], list[Unread]]:
     """Each row of a claim decoded on its own: one that does not read is set
     apart with why (and logged), never the rest of the claim. A row's first
-    two columns are its task id and attempt number."""
+    two columns are its task id and attempt number; ``nonce`` is the claim's
+    part of every lease token (Redis; empty elsewhere)."""
     claimed: list[ClaimedTask] = []
     unread: list[Unread] = []
     for row in found:
@@ -254,16 +256,16 @@ def claimed_rows(
         except (ValueError, TypeError, LookupError, ArithmeticError, ConveyorError) as exc:
             why = f"a claimed row does not read (written around conveyor): {exc}"
             log.error("task %r: %s", row[0] if row else None, why)
-            unread.append(Unread(_token(row, worker_id), why))
+            unread.append(Unread(_token(row, worker_id, nonce), why))
     return claimed, unread
 
 
-def _token(row: Sequence[Any], worker_id: str) -> LeaseToken | None:
+def _token(row: Sequence[Any], worker_id: str, nonce: str) -> LeaseToken | None:
     try:
         task_id, attempt = int(row[0]), int(row[1])
     except (ValueError, TypeError, LookupError):
         return None
-    return LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id)
+    return LeaseToken(task_id, attempt, worker_id, nonce)
 
 
 def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:

@@ -129,7 +129,7 @@ class Heartbeat:
                     held.trusted_until = sent_at + held.seconds
             for token in result.lost:
                 self._leases.pop(token, None)
-        if result.renewed or result.lost or result.cancel_requested:
+        if result.renewed or result.lost or result.cancel_requested or not result.registered:
             self._report(result)  # renewals too: the worker's events tell of them
         return result
 

@@ -149,6 +149,7 @@ class Worker:
         self._loop_thread = 0
         self._wake: asyncio.Event | None = None
         self._hinted = False
+        self._registering: asyncio.Task[None] | None = None
         self.backend: Backend | None = None
         self.heartbeat: Heartbeat | None = None
         self.completer: Completer | None = None
@@ -296,15 +297,7 @@ class Worker:
         connection that swallows packets is given up and another tried. A
         migration is not bounded (it may wait for another worker's, or build
         an index on a large table)."""
-        info = WorkerInfo(
-            id=self.id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            queues=tuple(self.queues),
-            concurrency=self.config.concurrency,
-            tasks=tuple(self.names),
-            beat_seconds=self.config.longest_beat(),
-        )
+        info = self._info()
         delay = RETRY_MIN
         while True:
             try:
@@ -319,6 +312,45 @@ class Worker:
                 self.outage.failed("registration", exc)
                 await self._sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
+
+    def _info(self) -> WorkerInfo:
+        """This worker's row of the workers table."""
+        return WorkerInfo(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=tuple(self.queues),
+            concurrency=self.config.concurrency,
+            tasks=tuple(self.names),
+            beat_seconds=self.config.longest_beat(),
+        )
+
+    def _register_again(self) -> None:
+        """The store no longer knows this worker (its heartbeat said so: a
+        store restarted without its data, a restored backup, an operator
+        who deleted the row): register it again, one registration at a
+        time, never once the worker is stopping (its stop is recorded)."""
+        backend = self.backend
+        if self._stopping or self._registering is not None or backend is None:
+            return
+        self._registering = asyncio.get_running_loop().create_task(
+            self._register(backend), name="conveyor-register"
+        )
+
+    async def _register(self, backend: Backend) -> None:
+        """One registration, bounded by the lease; a failure waits for the
+        next heartbeat that finds the worker missing."""
+        try:
+            async with asyncio.timeout(self.config.lease):
+                await backend.register_worker(self._info())
+            log.warning("the store no longer knew worker %s: registered it again", self.id)
+            self.outage.ok("registration")
+        except (BackendUnavailableError, TimeoutError) as exc:
+            self.outage.failed("registration", exc)
+        except Exception:
+            log.exception("registering worker %s again failed", self.id)
+        finally:
+            self._registering = None
 
     def heartbeat_held(self) -> set[LeaseToken]:
         """The leases the heartbeat renews now (empty before it starts)."""
@@ -342,6 +374,8 @@ class Worker:
                     LeaseLostError(f"lease on task {token.task_id} attempt {token.attempt} lost")
                 )
         self._stop_cancelled(result.cancel_requested)
+        if not result.registered:
+            self._register_again()
 
     def _emit_heartbeat(self, result: HeartbeatResult) -> None:
         if result.renewed:
@@ -613,6 +647,7 @@ class Worker:
             open_transaction_sync=sync_opener,
             parent_id=task.parent_id,
             read_inbox=self._inbox_reader(backend, task),
+            nonce=task.token.nonce,
         )
         assert self._loop is not None
         running = RunningAttempt(
@@ -798,6 +833,8 @@ class Worker:
             await self.completer.stop(LAST_WRITES)
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self._registering is not None:
+            await cancel_and_wait(self._registering)
         with contextlib.suppress(Exception):  # TimeoutError included
             # A stranded connection, a store away: given up.
             async with asyncio.timeout(min(self.config.lease, LAST_WRITES)):

@@ -231,7 +231,8 @@ class Store:
     def heartbeat(self, params: HeartbeatParams, now: datetime) -> HeartbeatResult:
         """Extend exactly the leases this worker still holds (this attempt,
         this worker, not expired) by the task's lease length, else the
-        heartbeat's; every other token is lost. Marks the worker seen."""
+        heartbeat's; every other token is lost. Marks the worker seen, and
+        says whether it is registered."""
         renewed, cancel = set(), set()
         with self.lock:
             worker = self.workers.get(params.worker_id)
@@ -245,7 +246,10 @@ class Store:
                     if row.cancel_requested:
                         cancel.add(token)
         return HeartbeatResult(
-            frozenset(renewed), frozenset(params.tokens) - renewed, frozenset(cancel)
+            frozenset(renewed),
+            frozenset(params.tokens) - renewed,
+            frozenset(cancel),
+            worker is not None,
         )
 
     def cancel_requested(

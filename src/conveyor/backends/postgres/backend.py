@@ -584,12 +584,14 @@ class PostgresBackend(FlowControl):
                 "lease": params.lease,
             },
         )
-        by_token = {(int(r[0]), int(r[1])): r for r in rows}
+        # A row without a task is there only when the worker is not registered.
+        by_token = {(int(r[0]), int(r[1])): r for r in rows if r[0] is not None}
         live = {t for t in tokens if by_token[(t.task_id, t.attempt)][2]}
         return HeartbeatResult(
             renewed=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][3]),
             lost=frozenset(tokens) - live,
             cancel_requested=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][4]),
+            registered=len(by_token) == len(rows),
         )
 
     async def cancel_requested(

@@ -617,9 +617,11 @@ returning task_id;
 -- Renew every lease the worker still holds, fenced by the lease token, and
 -- mark the worker alive. A lease that already expired is not renewed: it may
 -- have been reclaimed. Each input lease comes back once: `live` if it is
--- still the worker's, `renewed` if it was renewed now. A live lease whose row
--- is locked (its attempt transaction is committing) is skipped, not waited
--- for: one slow commit must not hold back the renewal of every other lease.
+-- still the worker's, `renewed` if it was renewed now; one more row, with
+-- no task, when the worker is not registered (its row was deleted: it
+-- registers again). A live lease whose row is locked (its attempt
+-- transaction is committing) is skipped, not waited for: one slow commit
+-- must not hold back the renewal of every other lease.
 --
 -- Planner note (heartbeat and finish): statistics about running tasks are
 -- nearly always stale (taken when few tasks ran), so any restriction that
@@ -637,6 +639,7 @@ with clock as (
 seen as (
     update {schema}.workers w set last_seen_at = clock.now
     from clock where w.id = clock.worker_id
+    returning w.id
 ),
 leases as materialized (
     select l.id, l.attempt, clock.now, clock.worker_id
@@ -678,7 +681,10 @@ select l.id, l.attempt, v.id is not null as live, r.id is not null as renewed,
        coalesce(v.cancel_requested, false) as cancel_requested
 from leases l
 left join live v on v.id = l.id and v.attempt = l.attempt
-left join renewed r on r.id = l.id and r.attempt = l.attempt;
+left join renewed r on r.id = l.id and r.attempt = l.attempt
+union all
+select null, null, false, false, false
+where not exists (select from seen);
 
 -- name: part_finish_fence
 -- Part of both finishes: each completion's fence, its lease token and a live

@@ -3,7 +3,9 @@
 Guarantees, as on the other backends: a claim is atomic (each task goes to
 one worker per lease; its attempt row exists when the claim returns; expired
 leases are reclaimed with the crash budget), heartbeats and completions are
-fenced by the lease token and a live lease, and the Redis server's clock
+fenced by the lease token (with its claim's random nonce: a server that
+lost its data and gives a task id out again never takes an older attempt
+for the new task's) and a live lease, and the Redis server's clock
 (``TIME``, read inside each script) is the only authority on lease expiry and
 due times; a params object's ``now`` overrides it, for tests only. Times are
 kept to the millisecond.
@@ -67,6 +69,7 @@ Limits, stated plainly:
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -164,9 +167,10 @@ class RedisBackend(RedisInspector, RedisControl):
         if params.limit <= 0 or not params.names or not params.queues:
             return []
         queues = list(dict.fromkeys(params.queues))
+        nonce = secrets.token_hex(8)
         args = [
             rows.now_arg(params.now),
-            params.worker_id,
+            f"{nonce} {params.worker_id}",
             params.limit,
             repr(float(params.lease)),
             LEASE_EXPIRED_ERROR,
@@ -179,7 +183,7 @@ class RedisBackend(RedisInspector, RedisControl):
             *dict.fromkeys(params.names),
         ]
         found = await self._run("claim", args)
-        claimed, unread = rows.claimed_tasks(found, params.worker_id)
+        claimed, unread = rows.claimed_tasks(found, params.worker_id, nonce)
         if unread:
             await self._set_aside(unread)
         return claimed
@@ -198,16 +202,17 @@ class RedisBackend(RedisInspector, RedisControl):
             log.error("claimed rows that do not read were not set aside: %s", exc)
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
-        """One script for the batch: each lease renewed if live, else lost;
-        a registered worker is marked seen (even with no tokens)."""
+        """One script for the batch: each lease renewed if live (its nonce
+        too), else lost; a registered worker is marked seen (even with no
+        tokens), an unregistered one is told so."""
         tokens = list(params.tokens)
         args: list[Any] = [rows.now_arg(params.now), params.worker_id, repr(float(params.lease))]
         for token in tokens:
-            args += [token.task_id, token.attempt]
-        flags = await self._run("heartbeat", args)
+            args += [token.task_id, token.attempt, token.nonce]
+        *flags, registered = await self._run("heartbeat", args)
         renewed = frozenset(t for t, flag in zip(tokens, flags, strict=True) if flag)
         cancel = frozenset(t for t, flag in zip(tokens, flags, strict=True) if flag == 2)
-        return HeartbeatResult(renewed, frozenset(tokens) - renewed, cancel)
+        return HeartbeatResult(renewed, frozenset(tokens) - renewed, cancel, registered == 1)
 
     async def cancel_requested(
         self, worker_id: str, tokens: Sequence[LeaseToken]
@@ -218,13 +223,16 @@ class RedisBackend(RedisInspector, RedisControl):
         with translated():
             async with self._redis.pipeline(transaction=False) as pipe:
                 for t in tokens:
-                    fields = ("attempt", "worker_id", "cancel_requested")
+                    fields = ("attempt", "worker_id", "cancel_requested", "nonce")
                     pipe.hmget(keys.task(self.prefix, t.task_id), *fields)
                 found = await pipe.execute()
         return frozenset(
             t
-            for t, (attempt, worker, cancel) in zip(tokens, found, strict=True)
-            if attempt == str(t.attempt) and worker == worker_id and cancel == "1"
+            for t, (attempt, worker, cancel, nonce) in zip(tokens, found, strict=True)
+            if attempt == str(t.attempt)
+            and worker == worker_id
+            and cancel == "1"
+            and nonce == t.nonce
         )
 
     async def finish(self, params: FinishParams) -> FinishResult:

@@ -17,7 +17,8 @@ key                             type   holds
 ``{p}:task:ID``                 hash   one task's fields (see :mod:`.rows`)
 ``{p}:attempts:ID``             list   its attempt log: one JSON row per ended
                                        attempt (the running one is in the task's
-                                       hash: attempt, worker_id, started_at, step)
+                                       hash: attempt, worker_id, started_at, step,
+                                       and its lease's nonce)
 ``{p}:delayed:Q``               zset   pending tasks of queue Q not due yet
                                        (score: run_at in ms; member: the id)
 ``{p}:ready:LEN:Q:NAME``        zset   due pending tasks of queue Q and task NAME

@@ -163,6 +163,7 @@ def finish_arg(completions: Sequence[Completion]) -> str:
                 None if c.retry_delay is None else seconds_ms(c.retry_delay),
                 None if c.transition is None else _transition(c.transition),
                 None if c.effects is None else _effects(c.token.task_id, c.effects),
+                c.token.nonce,
             ]
         )
     return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
@@ -199,19 +200,22 @@ def send_args(deliveries: Sequence[Delivery]) -> list[str]:
 
 
 def claimed_tasks(
-    found: Sequence[Sequence[str]], worker_id: str
+    found: Sequence[Sequence[str]], worker_id: str, nonce: str
 ) -> tuple[list[ClaimedTask], list[Unread]]:
     """The rows of ``claim.lua``, each: id, attempt, name, queue, payload,
     spent, max_attempts, retry policy, timeout, lease, lease expiry, step,
     parent id (optional ones as :func:`opt` writes them), run time ("" if
-    it does not read), trace context (optional). Tasks of one claim
+    it does not read), trace context (optional); every lease of the claim
+    has its ``nonce``. Tasks of one claim
     mostly share a lease expiry: each distinct one is converted once.
 
     The script checked every number it hands out; a row that still does not
     read here (text that is not UTF-8) is set apart, alone, with why
     (:class:`~conveyor.backends.stored.Unread`): the rest of the claim runs."""
     expiries: dict[str, datetime] = {}
-    return claimed_rows(found, lambda row: _claimed(row, worker_id, expiries), worker_id)
+    return claimed_rows(
+        found, lambda row: _claimed(row, worker_id, nonce, expiries), worker_id, nonce
+    )
 
 
 def utf8(text: str) -> bool:
@@ -229,7 +233,9 @@ def utf8(text: str) -> bool:
 _CLAIMED_TEXTS = ((2, "name"), (3, "queue"), (4, "payload"), (7, "retry"), (11, "step"))
 
 
-def _claimed(row: Sequence[str], worker_id: str, expiries: dict[str, datetime]) -> ClaimedTask:
+def _claimed(
+    row: Sequence[str], worker_id: str, nonce: str, expiries: dict[str, datetime]
+) -> ClaimedTask:
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
     timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
     for position, field in _CLAIMED_TEXTS:
@@ -242,7 +248,7 @@ def _claimed(row: Sequence[str], worker_id: str, expiries: dict[str, datetime]) 
     if expires_at is None:
         expires_at = expiries[expires] = moment(int(expires))
     return ClaimedTask(
-        token=LeaseToken(task_id=int(task_id), attempt=int(attempt), worker_id=worker_id),
+        token=LeaseToken(int(task_id), int(attempt), worker_id, nonce),
         name=name,
         queue=queue,
         payload=payload,

@@ -317,10 +317,13 @@ class SQLiteBackend(FlowControl):
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
         tokens = list(params.tokens)
+        registered = True  # the worker's row was there
 
         def renew(conn: sqlite3.Connection) -> list[Any]:
+            nonlocal registered
             now = _clock(conn, params.now)
-            conn.execute(SQL["heartbeat_seen"], {"now": now, "worker_id": params.worker_id})
+            seen = conn.execute(SQL["heartbeat_seen"], {"now": now, "worker_id": params.worker_id})
+            registered = seen.rowcount > 0
             if not tokens:
                 return []
             return conn.execute(
@@ -339,6 +342,7 @@ class SQLiteBackend(FlowControl):
             renewed=renewed,
             lost=frozenset(tokens) - renewed,
             cancel_requested=frozenset(t for t in renewed if found[(t.task_id, t.attempt)]),
+            registered=registered,
         )
 
     async def finish(self, params: FinishParams) -> FinishResult:

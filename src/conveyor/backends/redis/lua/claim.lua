@@ -10,7 +10,9 @@
 -- key's room (keyed_due in keys.lua); a reclaim is not limited by its key
 -- (it replaces an attempt the key admitted) and spends no token.
 --
--- ARGV: now, worker id, limit, lease (seconds), the texts LEASE_EXPIRED_ERROR,
+-- ARGV: now, the claim's nonce and the worker id as one argument ("NONCE
+-- WORKER"; the nonce, a random value without spaces, is written with each
+-- lease: see RUNNING_FIELDS), limit, lease (seconds), the texts LEASE_EXPIRED_ERROR,
 -- LEASE_EXPIRED, CANCELLED_MEANWHILE and CRASH_BUDGET_SPENT (a template with
 -- {spent} and {max_attempts}) of conveyor.backends.stored, how many
 -- concurrency keys to read at most (key_scan), the number of queues, the
@@ -24,7 +26,7 @@
 -- concurrency keys are read; a full key costs its row and its expired
 -- leases, not its queued tasks.
 local now = clock(ARGV[1])
-local worker = ARGV[2]
+local nonce, worker = string.match(ARGV[2], '^(%S+) (.*)$')
 local limit = tonumber(ARGV[3])
 local default_lease = tonumber(ARGV[4])
 local LOST_ERROR, LOST, CANCELLED_MEANWHILE, BUDGET_SPENT = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
@@ -184,7 +186,7 @@ for i = 1, math.min(limit, #candidates) do
     local parent, run_at = number('parent_id', f[9]), number('run_at', f[13])
     move_state(id, reclaim and 'in_progress' or 'pending', 'in_progress', f[12],
       'attempt', attempt, 'spent', spent, 'worker_id', worker, 'lease_expires_at', expires,
-      'started_at', now)
+      'started_at', now, 'nonce', nonce)
     redis.call('ZADD', key_leases(queue), expires, id)
     if f[10] then lease_keyed(id, f[10], expires) end
     if flow_key then

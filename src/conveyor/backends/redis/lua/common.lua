@@ -442,7 +442,11 @@ end
 -- The running attempt lives in the task's hash until it ends: its number
 -- (attempt), worker (worker_id), start (started_at) and step (the task's
 -- step while it runs); a claim writes them with the lease, and its end
--- appends its row (one write per attempt, never a rewrite).
+-- appends its row (one write per attempt, never a rewrite). The lease's
+-- nonce (the claim's random value, in every lease token) lives there too:
+-- a store that lost its data and gives a task id out again (a restart
+-- without persistence, an older snapshot) never takes an older attempt of
+-- that id for the new task's, whatever the worker and attempt number.
 local RUNNING_FIELDS = {'attempt', 'worker_id', 'started_at', 'step'}
 
 -- The running attempt of task id from its hash fields (attempt, worker_id,
@@ -476,7 +480,7 @@ end
 
 -- The attempt is over: no owner, no lease.
 local function end_lease(id, queue, key)
-  redis.call('HDEL', key_task(id), 'worker_id', 'lease_expires_at', 'started_at')
+  redis.call('HDEL', key_task(id), 'worker_id', 'lease_expires_at', 'started_at', 'nonce')
   redis.call('ZREM', key_leases(queue), id)
   drop_keyed(id, nil, key)
 end

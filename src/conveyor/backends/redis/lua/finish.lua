@@ -1,9 +1,10 @@
 -- finish: apply each completion whose lease is live (fenced as a heartbeat:
--- this attempt, this worker, not expired); the others change nothing. As on
--- the other backends (the memory store is the model): first every applied
--- poll's effects (consumed messages, spawned children, sends: a child's last
--- messages precede its end), then the completions, then the endings, then a
--- resting poll whose inbox still holds messages is due again.
+-- this attempt, this worker, this claim's nonce, not expired); the others
+-- change nothing. As on the other backends (the memory store is the model):
+-- first every applied poll's effects (consumed messages, spawned children,
+-- sends: a child's last messages precede its end), then the completions,
+-- then the endings, then a resting poll whose inbox still holds messages is
+-- due again.
 --
 -- A completion that would make a task pending or waiting after its cancel was
 -- requested ends it cancelled. A transition (a workflow's next step, a
@@ -20,7 +21,8 @@
 -- of step (opt), state, max_attempts, retry policy, timeout (opt), lease
 -- (opt), run_at (opt, ms), delay (ms)), effects (an array of the consumed
 -- message ids, the sends as [task id, body, trace context (opt)] and the spawns as TASK_FIELDS
--- arrays); null for none of those after the outcome. Returns per completion
+-- arrays); null for none of those after the outcome; the lease's nonce
+-- (last: see claim.lua). Returns per completion
 -- 1 (applied) or 0 (rejected).
 local now = clock(ARGV[1])
 local worker = ARGV[2]
@@ -33,20 +35,21 @@ end
 gather_indexes()
 
 -- Every fence is checked before anything is written. A task whose fence
--- holds (this attempt, this worker, a live lease) but whose other fields do
+-- holds (this attempt, this worker, this claim's nonce, a live lease) but whose other fields do
 -- not read is set aside (set_aside in common.lua) and its completion
 -- rejected; one whose fence fields do not read is rejected, unwritten: its
 -- lease expires and a claim sets it aside. So is a second completion of one
 -- task.
 local FENCED = {'state', 'attempt', 'worker_id', 'lease_expires_at', 'queue', 'name',
-  'priority', 'unique_scope', 'concurrency_key', 'parent_id', 'started_at', 'step', 'spent'}
+  'priority', 'unique_scope', 'concurrency_key', 'parent_id', 'started_at', 'step', 'spent', 'nonce'}
 local held, applied, seen, corrupt = {}, {}, {}, {}
 for _, c in ipairs(cjson.decode(ARGV[3])) do
   local id, attempt = c[1], c[2]
   local f = redis.call('HMGET', key_task(id), unpack(FENCED))
   local expires = number('lease_expires_at', f[4])
   local fenced = not seen[id] and f[1] == 'in_progress' and number('attempt', f[2]) == attempt
-    and f[3] == worker and expires and expires > now and f[5] and f[5] ~= ''
+    and f[3] == worker and f[14] == c[12] and expires and expires > now
+    and f[5] and f[5] ~= ''
   local running = running_attempt(f[2], f[3], f[11], f[12])
   local field, value = unreadable(FENCED, f)
   if fenced then seen[id] = true end

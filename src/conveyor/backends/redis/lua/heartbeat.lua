@@ -1,27 +1,29 @@
 -- heartbeat: extend exactly the leases this worker still holds (this
--- attempt, this worker, not expired) by the task's lease length, else the
--- heartbeat's. ARGV: now, worker id, lease (seconds), then a task id and an
--- attempt number per lease. Returns per lease 0 (lost), 1 (renewed) or 2
--- (renewed, and its task's cancel was requested). A registered worker is
--- marked seen, whether or not it holds leases. A held task whose own lease
+-- attempt, this worker, this claim's nonce, not expired) by the task's lease
+-- length, else the heartbeat's. ARGV: now, worker id, lease (seconds), then
+-- a task id, an attempt number and a nonce per lease. Returns per lease 0
+-- (lost), 1 (renewed) or 2 (renewed, and its task's cancel was requested),
+-- then 1 if the worker is registered (marked seen now), else 0 (the store
+-- forgot it: the worker registers again). A held task whose own lease
 -- does not read is set aside (0: its worker stops it).
 local now = clock(ARGV[1])
 local worker = ARGV[2]
-if redis.call('EXISTS', key_worker(worker)) == 1 then
+local registered = redis.call('EXISTS', key_worker(worker))
+if registered == 1 then
   redis.call('HSET', key_worker(worker), 'last_seen_at', now)
 end
 local default_lease = tonumber(ARGV[3])
 local found = {}
-for i = 4, #ARGV, 2 do
+for i = 4, #ARGV, 3 do
   local id, attempt = ARGV[i], tonumber(ARGV[i + 1])
   local key = key_task(id)
   local f = redis.call('HMGET', key,
     'state', 'attempt', 'worker_id', 'lease_expires_at', 'lease', 'queue', 'cancel_requested',
-    'concurrency_key')
+    'concurrency_key', 'nonce')
   local expires = number('lease_expires_at', f[4])
   local flag = 0
   if f[1] == 'in_progress' and number('attempt', f[2]) == attempt and f[3] == worker
-      and expires and expires > now and f[6] then
+      and f[9] == ARGV[i + 2] and expires and expires > now and f[6] then
     -- A lease of its own that does not read (written around conveyor since
     -- the claim) sets the task aside: no lease can be computed from it.
     if f[5] and not number('lease', f[5]) then
@@ -37,4 +39,5 @@ for i = 4, #ARGV, 2 do
   end
   found[#found + 1] = flag
 end
+found[#found + 1] = registered
 return found

@@ -1,0 +1,106 @@
+"""A store that forgets: a worker whose registration is deleted under it
+registers again (every backend), and a Redis server restarted empty under
+a running worker never lets an attempt of a task it lost complete the new
+task that reuses its id."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import conveyor
+from conveyor.backends.protocol import PruneParams
+from conveyor.errors import BackendUnavailableError
+from conveyor.model import Outcome, TaskState
+from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
+from tools.redis_server import RedisServer
+
+
+async def _registered(app: conveyor.App, worker_id: str) -> bool:
+    return worker_id in {w.id for w in await app.list_workers_async()}
+
+
+async def test_a_worker_whose_registration_is_deleted_registers_again(
+    any_app: conveyor.App,
+) -> None:
+    """An operator (or a restored backup) deletes a live worker's row: its
+    next heartbeat finds it missing and the worker registers again."""
+    async with RunningWorker(any_app, lease=1.5) as worker:
+        await wait_for(lambda: _registered(any_app, worker.id))
+        backend = await any_app.backend()
+        later = datetime.now(UTC) + timedelta(hours=1)
+        assert (await backend.prune(PruneParams({}, workers_before=later))).workers == 1
+        assert not await _registered(any_app, worker.id)
+        await wait_for(lambda: _registered(any_app, worker.id))
+        [info] = [w for w in await any_app.list_workers_async() if w.id == worker.id]
+        assert info.stopped_at is None
+
+
+@pytest.fixture
+def forgetful(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis server of this test's own that keeps nothing across a restart."""
+    instance = RedisServer(tmp_path / "redis", appendonly=False)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.kill()
+
+
+async def test_an_attempt_of_a_task_lost_by_a_redis_restart_never_completes_its_successor(
+    forgetful: RedisServer,
+) -> None:
+    """The server restarts empty while an attempt of task 1 runs; a new
+    task, enqueued after, is task 1 again and is claimed by the same worker
+    as attempt 1. The old attempt ends first: its completion is refused
+    (the new task is not its task), and the new task stores its own
+    result. The worker, which the server forgot, registers again."""
+    app = conveyor.App(forgetful.url, schema="forgets")
+    started = {"old": threading.Event(), "new": threading.Event()}
+    release = {"old": threading.Event(), "new": threading.Event()}
+
+    @app.task
+    def hold(which: str) -> str:
+        started[which].set()
+        release[which].wait(30)
+        return which
+
+    async def enqueue_new() -> conveyor.TaskHandle[str]:
+        while True:  # the app's connection was cut by the restart: retried
+            try:
+                return await hold.enqueue_async("new")
+            except BackendUnavailableError:
+                await asyncio.sleep(0.05)
+
+    # A long lease: the heartbeat (every third of it) does not beat between
+    # the restart and the new task's claim, so the old attempt's completion
+    # is what meets the new task's lease.
+    try:
+        async with RunningWorker(app, lease=20.0) as worker:
+            await wait_for(lambda: _registered(app, worker.id))
+            old = await hold.enqueue_async("old")
+            assert await asyncio.to_thread(started["old"].wait, 10)
+
+            forgetful.kill()
+            forgetful.start()  # empty: no AOF, no snapshot
+            new = await enqueue_new()
+            assert new.id == old.id  # the id counter started again
+            assert await asyncio.to_thread(started["new"].wait, 20)
+
+            release["old"].set()  # the old attempt's completion goes first
+            await asyncio.sleep(0.5)
+            release["new"].set()
+            [task] = await wait_terminal(app, [new.id])
+            assert task.state is TaskState.SUCCEEDED
+            assert task.result == "new"
+            assert [(a.number, a.outcome) for a in task.attempts] == [(1, Outcome.SUCCEEDED)]
+            await wait_for(lambda: _registered(app, worker.id), timeout=30)
+    finally:
+        for event in release.values():
+            event.set()
+        await app.aclose()
