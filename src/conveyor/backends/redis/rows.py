@@ -206,8 +206,8 @@ def claimed_tasks(
     spent, max_attempts, retry policy, timeout, lease, lease expiry, step,
     parent id (optional ones as :func:`opt` writes them), run time ("" if
     it does not read), trace context (optional); every lease of the claim
-    has its ``nonce``. Tasks of one claim
-    mostly share a lease expiry: each distinct one is converted once.
+    has its ``nonce``. Tasks of one claim mostly share a lease expiry: each
+    distinct one is converted once.
 
     The script checked every number it hands out; a row that still does not
     read here (text that is not UTF-8) is set apart, alone, with why
