@@ -173,3 +173,17 @@ async def test_releases_of_apps_without_a_task_name_in_common_go_their_own_ways(
         ("nightly", "f2", clash.release),
         ("theirs", "t2", their_next.release),
     ]
+
+
+async def test_a_release_synced_again_rewrites_no_schedule(backend: Backend) -> None:
+    """A running worker's syncs keep its release live and leave its stored
+    schedules as they are (synced_at: when its release stored them)."""
+    assert await backend.sync_schedules(release(NEW, 0))
+    assert len(await backend.fire_schedule(fire_at("nightly", "f2", 5))) == 1
+    assert await backend.sync_schedules(release(NEW, 20))
+    _, stored = await backend.list_schedules()
+    assert [(s.name, s.synced_at) for s in stored] == [
+        ("every_hour", later(0)),
+        ("nightly", later(0)),
+    ]
+    assert stored[1].last_slot == later(5)

@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from conveyor.backends.protocol import (
-    RELEASE_LIFETIME,
     Backend,
     FireParams,
     ScheduleSync,
@@ -57,12 +56,11 @@ RETRY_SLEEP = 1.0
 RELEASE_REFRESH = 20.0
 """Seconds between a running worker's syncs while its schedules are stored
 as it defines them: a third of ``RELEASE_LIFETIME`` (60 s), so that its
-release stays live through two failed syncs."""
+release stays live while two syncs in a row fail."""
 RESYNC_SLEEP = LONGEST_SLEEP
 """Seconds a worker waits after a sync before it syncs again because the
 stored schedules are not its own (an older release's workers, refused while
 a newer one runs, try that often)."""
-assert 3 * RELEASE_REFRESH <= RELEASE_LIFETIME
 
 
 def stored(schedule: Schedule, definition: TaskDef, max_bytes: int) -> StoredSchedule:

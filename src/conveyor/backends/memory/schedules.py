@@ -34,8 +34,11 @@ def sync(store: Store, params: ScheduleSync, now: datetime) -> bool:
             return False
         for given in params.schedules:
             row = store.schedules.get(given.name)
-            if row is not None and outranks(row.release):
-                continue
+            if row is not None and (
+                outranks(row.release)
+                or (row.release, row.fingerprint) == (params.release, given.fingerprint)
+            ):
+                continue  # a newer release's, or stored by this release already
             last = row.last_slot if row is not None else now
             last_task = row.last_task_id if row is not None else None
             store.schedules[given.name] = dataclasses.replace(

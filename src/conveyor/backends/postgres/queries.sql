@@ -1305,7 +1305,9 @@ exists (select from {schema}.schedule_releases owner
 -- name: sync_schedule
 -- Store a schedule as a release defines it: a new one starts from now (it
 -- does not fire for slots before it existed); a changed one keeps its last
--- slot; one a newer live release stored stays as it is.
+-- slot; one a newer live release stored stays as it is, and so does one
+-- this release stored already (a running worker's syncs write no row then:
+-- synced_at is when its release stored it).
 insert into {schema}.schedules
     (name, task, cron, every_seconds, tz, missed, catch_up, args, fingerprint, last_slot,
      synced_at, release)
@@ -1318,7 +1320,9 @@ set task = excluded.task, cron = excluded.cron, every_seconds = excluded.every_s
     tz = excluded.tz, missed = excluded.missed, catch_up = excluded.catch_up,
     args = excluded.args, fingerprint = excluded.fingerprint, synced_at = excluded.synced_at,
     release = excluded.release
-where not {part_newer_owner};
+where ({schema}.schedules.release, {schema}.schedules.fingerprint)
+      is distinct from (excluded.release, excluded.fingerprint)
+  and not {part_newer_owner};
 
 -- name: drop_schedules
 -- Remove the stored schedules of these task names that the syncing release

@@ -561,7 +561,9 @@ set task = excluded.task, cron = excluded.cron, every_seconds = excluded.every_s
     tz = excluded.tz, missed = excluded.missed, catch_up = excluded.catch_up,
     args = excluded.args, fingerprint = excluded.fingerprint, synced_at = excluded.synced_at,
     release = excluded.release
-where not exists (select 1 from conveyor_schedule_releases owner
+where (conveyor_schedules.release is not excluded.release
+       or conveyor_schedules.fingerprint is not excluded.fingerprint)
+  and not exists (select 1 from conveyor_schedule_releases owner
                   where owner.release = conveyor_schedules.release
                     and owner.generation > :generation
                     and owner.seen_at >= :now - :lifetime);

@@ -6,9 +6,10 @@
 -- (synced at most the lifetime ago), of a greater generation, and shares one
 -- of its task names: then nothing else is written. A stored schedule that a
 -- live release of a greater generation stored is neither overwritten nor
--- dropped. ARGV: now, the release, its lifetime (ms), the number of
--- schedules, 4 fields per schedule (name, task, fingerprint, definition
--- JSON), then the app's task names. Returns 1, or 0 when superseded.
+-- dropped, and one this release stored already is left as it is.
+-- ARGV: now, the release, its lifetime (ms), the number of schedules, 4
+-- fields per schedule (name, task, fingerprint, definition JSON), then the
+-- app's task names. Returns 1, or 0 when superseded.
 local now = clock(ARGV[1])
 local release, lifetime, count = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local first_task = 5 + count * 4
@@ -55,7 +56,9 @@ for n = 0, count - 1 do
   given[name] = true
   local key = key_schedule(name)
   local exists = redis.call('EXISTS', key) == 1
-  if not exists or not outranks(redis.call('HGET', key, 'release') or false) then
+  local f = redis.call('HMGET', key, 'release', 'fingerprint')
+  local same = f[1] == release and f[2] == ARGV[a + 2]
+  if not exists or not (same or outranks(f[1] or false)) then
     if not exists then redis.call('HSET', key, 'last_slot', now) end
     redis.call('HSET', key, 'task', ARGV[a + 1], 'fingerprint', ARGV[a + 2],
       'definition', ARGV[a + 3], 'synced_at', now, 'release', release)
