@@ -530,6 +530,7 @@ def schedule_view(
         stamp(schedule.last_slot),
         model_id(last_task) if last_task is not None else None,
         stamp(schedule.synced_at),
+        schedule.release,
     )
 
 
@@ -1361,8 +1362,9 @@ class BackendAgreement(RuleBasedStateMachine):
         """Sync one or two schedules, dropping the stored ones of ``tasks``
         left out; not ``injected``: the stores stamp their own clock."""
         params = ScheduleSync(schedules, tasks, now=self.now if injected else None)
-        for backend in (self.model, self.real):
-            self.run(backend.sync_schedules(params))
+        applied = [self.run(b.sync_schedules(params)) for b in (self.model, self.real)]
+        assert applied[1] == applied[0], f"sync_schedules({params}) at {self.now}"
+        note(f"sync: {'applied' if applied[0] else 'superseded'}")
         self.schedules_agree(f"sync_schedules({params})")
 
     def schedules_agree(self, call: str) -> None:

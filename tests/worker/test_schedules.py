@@ -1,19 +1,22 @@
 """Schedules with real workers, on every backend: two workers fire each slot
-once, the missed-slot policies, a removed schedule stops, and a schedule's
-mistakes are refused when it is declared."""
+once, the missed-slot policies, a removed schedule stops, an old release
+never reverts a new one and a running worker stores its schedules again when
+they change under it, and a schedule's mistakes are refused when it is
+declared."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 import conveyor
-from conveyor.backends.protocol import ScheduleSync
+from conveyor.backends.protocol import RELEASE_LIFETIME, ScheduleSync
 from conveyor.errors import ConfigurationError, PayloadError
-from conveyor.worker.scheduler import Scheduler, stored
+from conveyor.worker.scheduler import RELEASE_REFRESH, RESYNC_SLEEP, Scheduler, stored
 from tests.worker.helpers import RunningWorker
 
 
@@ -106,3 +109,102 @@ def test_a_schedule_s_mistakes_are_refused_when_it_is_declared(app: conveyor.App
         app.schedule(job, every=60, args={"n": 2})
     assert app.schedule(job, every=60, args={"n": 2}, name="often").describe() == "every 60s"
     assert sorted(app.schedules) == ["job", "often"]
+
+
+def release_app(app: conveyor.App) -> conveyor.App:
+    """Another App on ``app``'s store: another release of the same app."""
+    return conveyor.App(app.url, schema=app._backend_options.get("schema"))
+
+
+async def synced(worker: conveyor.Worker) -> Scheduler:
+    """``worker``'s scheduler, once its first sync is done."""
+    while worker.scheduler is None or worker.scheduler.release is None:
+        await asyncio.sleep(0.05)
+    return worker.scheduler
+
+
+async def stored_schedules(app: conveyor.App) -> dict[str, str]:
+    _, rows = await (await app.backend()).list_schedules()
+    return {row.name: row.fingerprint for row in rows}
+
+
+async def test_an_old_release_that_starts_after_the_new_one_reverts_nothing(
+    app: conveyor.App,
+) -> None:
+    """A rolling deploy: the new release renames "hourly" and changes
+    "tick"; a worker of the old release starts after it, then goes. The new
+    release's running worker fires its schedules all along."""
+    new_app = release_app(app)
+    for release, n, hourly in ((app, 1, "hourly"), (new_app, 2, "every_hour")):
+
+        @release.task(name="tick")
+        async def tick(n: int) -> None:
+            return None
+
+        @release.task(name="report")
+        async def report() -> None:
+            return None
+
+        release.schedule(tick, every=1, args={"n": n}, name="tick")
+        release.schedule(report, every=3600, name=hourly)
+    new_schedules = {name: s.fingerprint() for name, s in new_app.schedules.items()}
+    async with app, new_app:
+        async with RunningWorker(app) as worker:  # the old release runs
+            await synced(worker)
+        async with RunningWorker(new_app):  # the rolling deploy
+            while await stored_schedules(new_app) != new_schedules:
+                await asyncio.sleep(0.05)
+            async with RunningWorker(app) as worker:  # an old worker restarts
+                assert (await synced(worker)).superseded
+            assert await stored_schedules(new_app) == new_schedules
+            gone = datetime.now(UTC)
+            fired_after: list[conveyor.Task] = []
+            for _ in range(300):  # the new worker fires a slot after the old one left
+                tasks = await new_app.list_tasks_async(name="tick", limit=100)
+                fired_after = [t for t in tasks if t.created_at > gone]
+                if fired_after:
+                    break
+                await asyncio.sleep(0.05)
+    assert fired_after and {t.payload["n"] for t in fired_after} == {2}
+
+
+async def test_a_running_worker_syncs_again_when_its_schedules_change_under_it(
+    app: conveyor.App,
+) -> None:
+    """Another release (an older one whose worker came back after this
+    one's lifetime, say) stores its own schedules: within its read interval
+    this worker stores its own again, and fires them."""
+
+    @app.task()
+    async def job() -> None:
+        return None
+
+    app.schedule(job, every=1, name="tick")
+    app.schedule(job, every=3600, name="hourly")
+    mine = {name: s.fingerprint() for name, s in app.schedules.items()}
+    clock = [0.0]
+    async with app:
+        backend = await app.backend()
+        other = ScheduleSync([], ["job"])  # a release of the same tasks, without schedules
+        assert await backend.sync_schedules(other)
+        scheduler = Scheduler(backend, app.schedules, app.tasks, 1 << 20, clock=lambda: clock[0])
+        assert await scheduler.sync()
+        assert await stored_schedules(app) == mine
+        # The other release syncs once this one looks gone: it drops them all.
+        later = datetime.now(UTC) + timedelta(seconds=RELEASE_LIFETIME + 1)
+        assert await backend.sync_schedules(replace(other, now=later))
+        assert await stored_schedules(app) == {}
+        clock[0] = RESYNC_SLEEP / 2
+        await scheduler.run_once()  # synced too recently to sync again
+        assert await stored_schedules(app) == {}
+        clock[0] = RESYNC_SLEEP
+        await scheduler.run_once()
+        assert await stored_schedules(app) == mine
+        assert not scheduler.superseded
+        # Nothing changed under it: it syncs again only to keep its release live.
+        clock[0] = RESYNC_SLEEP + RELEASE_REFRESH - 1
+        await scheduler.run_once()
+        assert scheduler._synced_at == RESYNC_SLEEP
+        clock[0] = RESYNC_SLEEP + RELEASE_REFRESH
+        await scheduler.run_once()
+        assert scheduler._synced_at == RESYNC_SLEEP + RELEASE_REFRESH

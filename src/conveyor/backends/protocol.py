@@ -33,6 +33,8 @@ Guarantees every implementation keeps (the conformance suite checks them):
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -437,18 +439,57 @@ class StoredSchedule:
     last_slot: datetime | None = None
     last_task_id: int | None = None
     synced_at: datetime | None = None
+    release: str | None = None
+    """The release that stored it (see :class:`ScheduleSync`); None for a
+    row stored before releases were recorded."""
+
+
+RELEASE_LIFETIME = 60.0
+"""Seconds a release outranks older ones after its last sync: a worker
+syncs its release at least every 20 s while it runs, so one that no worker
+has synced for a minute has no worker left (see :class:`ScheduleSync`)."""
+
+
+def release_of(schedules: Sequence[StoredSchedule], tasks: Sequence[str]) -> str:
+    """The release of an app's schedules: 16 hex digits of the SHA-256 of
+    its schedules' names and fingerprints and of its task names, whatever
+    their order. Two processes of one release (the same code) compute the
+    same; a change of any schedule or task name gives another."""
+    definition = {
+        "schedules": sorted([s.name, s.fingerprint] for s in schedules),
+        "tasks": sorted(set(tasks)),
+    }
+    text = json.dumps(definition, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSync:
-    """The schedules an app defines, synced when its worker starts: each is
-    stored (a new one starting from now, a changed one keeping its last
-    slot), and stored schedules of ``tasks`` (the app's task names) that it
-    no longer defines are removed."""
+    """The schedules an app defines, synced when its worker starts and
+    again while it runs: each is stored (a new one starting from now, a
+    changed one keeping its last slot), and stored schedules of ``tasks``
+    (the app's task names) that it no longer defines are removed.
+
+    ``release`` names this set of definitions (by default
+    :func:`release_of` them). The store records each release it is synced
+    with: its *generation*, a number the store gives it at its first sync
+    (greater than every earlier release's, and kept for good), and when it
+    was last synced. A release is *live* while its last sync is at most
+    ``lifetime`` seconds old. A sync changes nothing but that record when a
+    live release of a greater generation shares a task name with it (a
+    newer release of the same app runs: this one is older), and it never
+    overwrites nor deletes a stored schedule whose release is live and of a
+    greater generation (another app's newer release defines that name)."""
 
     schedules: Sequence[StoredSchedule]
     tasks: Sequence[str]
     now: datetime | None = None
+    release: str = ""
+    lifetime: float = RELEASE_LIFETIME
+
+    def __post_init__(self) -> None:
+        if not self.release:
+            object.__setattr__(self, "release", release_of(self.schedules, self.tasks))
 
 
 @dataclass(frozen=True, slots=True)
@@ -756,9 +797,11 @@ class Backend(Protocol):
         by. Stores that many processes share prune in one process at a time:
         a batch that finds another one under way returns ``busy``."""
 
-    async def sync_schedules(self, params: ScheduleSync) -> None:
-        """Store an app's schedules and drop those it removed (see
-        :class:`ScheduleSync`), in one transaction."""
+    async def sync_schedules(self, params: ScheduleSync) -> bool:
+        """Store an app's schedules and drop those it removed, unless a
+        newer live release of the app runs (see :class:`ScheduleSync`), in one
+        transaction. False: a newer live release refused the whole sync (only
+        this release's last sync was recorded)."""
 
     async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
         """The store's clock now, and every stored schedule by name."""

@@ -176,8 +176,8 @@ class MemoryBackend:
         self._notify_woken()
         return ids
 
-    async def sync_schedules(self, params: ScheduleSync) -> None:
-        schedules.sync(self._store, params, self._now(params.now))
+    async def sync_schedules(self, params: ScheduleSync) -> bool:
+        return schedules.sync(self._store, params, self._now(params.now))
 
     async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
         return self._now(None), schedules.listed(self._store)

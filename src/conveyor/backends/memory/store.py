@@ -77,6 +77,16 @@ _COMPLETION_CAUSES = {
 }
 
 
+@dataclass(slots=True)
+class ScheduleRelease:
+    """A release of schedules as the store records it: its generation (the
+    order of first syncs), its task names, and its last sync."""
+
+    generation: int
+    tasks: frozenset[str]
+    seen_at: datetime
+
+
 @dataclass
 class Store:
     """Tasks by id and the indexes a claim reads, inboxes, idempotency keys
@@ -99,6 +109,8 @@ class Store:
     workers are told after it."""
     pauses: Pauses = field(default_factory=Pauses)
     schedules: dict[str, StoredSchedule] = field(default_factory=dict)
+    releases: dict[str, ScheduleRelease] = field(default_factory=dict)
+    """The schedule releases synced so far, by name (see :mod:`.schedules`)."""
     concurrency: dict[str, concurrency_keys.KeyRow] = field(default_factory=dict)
     """Concurrency keys with pending tasks (see :mod:`.keys`)."""
 

@@ -53,14 +53,27 @@ class FlowControl:
     def _connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
         raise NotImplementedError  # the backend's own
 
-    async def sync_schedules(self, params: ScheduleSync) -> None:
+    async def sync_schedules(self, params: ScheduleSync) -> bool:
+        release = {
+            "release": params.release,
+            "tasks": list(dict.fromkeys(params.tasks)),
+            "now": params.now,
+            "lifetime": params.lifetime,
+        }
         async with self._connection() as conn, conn.transaction():
+            cursor = await conn.execute(self.sql["sync_release"], release)
+            generation, superseded = (await cursor.fetchall())[0]
+            if superseded:
+                return False
+            fence = {**release, "generation": generation}
             for stored in params.schedules:
-                await conn.execute(self.sql["sync_schedule"], schedule_args(stored, params.now))
+                await conn.execute(
+                    self.sql["sync_schedule"], {**schedule_args(stored, params.now), **fence}
+                )
             await conn.execute(
-                self.sql["drop_schedules"],
-                {"tasks": list(params.tasks), "names": [s.name for s in params.schedules]},
+                self.sql["drop_schedules"], {**fence, "names": [s.name for s in params.schedules]}
             )
+            return True
 
     async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
         rows = await self._fetchall("list_schedules", {})

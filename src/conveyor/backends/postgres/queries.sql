@@ -1278,30 +1278,69 @@ order by t.state;
 select count(*) from {schema}.workers
 where coalesce(stopped_at, last_seen_at) < %(workers_before)s::timestamptz;
 
+-- name: sync_release
+-- Record that a release of schedules synced now (its first sync gives it the
+-- next generation), and say whether a newer one supersedes it: a live
+-- release (synced within %(lifetime)s seconds) of a greater generation that
+-- shares one of its task names, a newer release of the same app. Then the
+-- sync writes nothing else.
+with synced as (
+    insert into {schema}.schedule_releases (release, tasks, seen_at)
+    values (%(release)s, %(tasks)s::text[],
+            coalesce(%(now)s::timestamptz, statement_timestamp()))
+    on conflict (release) do update set seen_at = excluded.seen_at
+    returning generation, seen_at
+)
+select generation,
+       exists (select from {schema}.schedule_releases newer
+               where newer.generation > synced.generation
+                 and newer.seen_at >= synced.seen_at - make_interval(secs => %(lifetime)s)
+                 and newer.tasks && %(tasks)s::text[])
+from synced;
+
+-- name: part_newer_owner
+-- Part of the writes of a sync: the stored schedule's release is live and
+-- of a greater generation than the syncing one's (another app's newer
+-- release stored that name), so the sync leaves the row alone.
+exists (select from {schema}.schedule_releases owner
+        where owner.release = {schema}.schedules.release
+          and owner.generation > %(generation)s
+          and owner.seen_at >= coalesce(%(now)s::timestamptz, statement_timestamp())
+                               - make_interval(secs => %(lifetime)s))
+
 -- name: sync_schedule
--- Store a schedule as an app defines it: a new one starts from now (it does
--- not fire for slots before it existed); a changed one keeps its last slot.
+-- Store a schedule as a release defines it: a new one starts from now (it
+-- does not fire for slots before it existed); a changed one keeps its last
+-- slot; one a newer live release stored stays as it is, and so does one
+-- this release stored already (a running worker's syncs write no row then:
+-- synced_at is when its release stored it).
 insert into {schema}.schedules
     (name, task, cron, every_seconds, tz, missed, catch_up, args, fingerprint, last_slot,
-     synced_at)
+     synced_at, release)
 values (%(name)s, %(task)s, %(cron)s, %(every)s, %(tz)s, %(missed)s, %(catch_up)s,
         %(args)s::jsonb, %(fingerprint)s,
         coalesce(%(now)s::timestamptz, statement_timestamp()),
-        coalesce(%(now)s::timestamptz, statement_timestamp()))
+        coalesce(%(now)s::timestamptz, statement_timestamp()), %(release)s)
 on conflict (name) do update
 set task = excluded.task, cron = excluded.cron, every_seconds = excluded.every_seconds,
     tz = excluded.tz, missed = excluded.missed, catch_up = excluded.catch_up,
-    args = excluded.args, fingerprint = excluded.fingerprint, synced_at = excluded.synced_at;
+    args = excluded.args, fingerprint = excluded.fingerprint, synced_at = excluded.synced_at,
+    release = excluded.release
+where ({schema}.schedules.release, {schema}.schedules.fingerprint)
+      is distinct from (excluded.release, excluded.fingerprint)
+  and not {part_newer_owner};
 
 -- name: drop_schedules
--- Remove the stored schedules of these task names that the syncing app no
--- longer defines (schedules of other apps' task names stay).
+-- Remove the stored schedules of these task names that the syncing release
+-- no longer defines (schedules of other apps' task names stay, and so do
+-- those a newer live release stored).
 delete from {schema}.schedules
-where task = any(%(tasks)s::text[]) and not (name = any(%(names)s::text[]));
+where task = any(%(tasks)s::text[]) and not (name = any(%(names)s::text[]))
+  and not {part_newer_owner};
 
 -- name: list_schedules
 select name, task, cron, every_seconds, tz, missed, catch_up, args::text, fingerprint,
-       last_slot, last_task_id, synced_at, statement_timestamp()
+       last_slot, last_task_id, synced_at, release, statement_timestamp()
 from {schema}.schedules
 order by name;
 

@@ -106,9 +106,9 @@ class RedisControl(RedisStore):
         found = await self._run("prune", rows.prune_args(params))
         return PruneResult(tasks=int(found[0]), workers=int(found[1]))
 
-    async def sync_schedules(self, params: ScheduleSync) -> None:
+    async def sync_schedules(self, params: ScheduleSync) -> bool:
         """Store an app's schedules in one script (see :class:`ScheduleSync`)."""
-        await self._run("sync_schedules", schedules.sync_args(params))
+        return bool(await self._run("sync_schedules", schedules.sync_args(params)))
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         """Hold a queue or task name back from every claim and reclaim (each

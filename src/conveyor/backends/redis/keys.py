@@ -53,6 +53,11 @@ key                             type   holds
                                        pause's time (ms); read by every claim
 ``{p}:schedules``               set    the names of the stored schedules
 ``{p}:schedule:NAME``           hash   one schedule (see :mod:`.schedules`)
+``{p}:schedule-releases``       zset   the releases of schedules ever synced (score:
+                                       their last sync, ms)
+``{p}:schedule-release:NAME``   hash   one release: its generation, task names and
+                                       last sync (see :mod:`.schedules`)
+``{p}:schedule-generations``    str    the last generation given to a release (INCR)
 ``{p}:message-ids``             str    the last message id given (INCR: ascending)
 ``{p}:inbox:ID``                zset   task ID's unread messages (score: message
                                        id; member: the JSON array ``[id, sender id
@@ -121,6 +126,9 @@ A task's hash may hold a ``trace_context`` field, and an inbox message a
 sixth element, the sender's trace context (``conveyor.tracing``); neither
 changes the layout: a message without a context keeps its five elements,
 so a process that predates them reads every store whose App is untraced.
+Neither do the schedule releases (a schedule's ``release`` field and the
+release keys): a process that predates them ignores them, and its syncs
+overwrite schedules whatever their release.
 """
 
 from __future__ import annotations
@@ -201,6 +209,18 @@ def schedules(prefix: str) -> str:
 
 def schedule(prefix: str, name: str) -> str:
     return f"{base(prefix)}:schedule:{name}"
+
+
+def schedule_releases(prefix: str) -> str:
+    return f"{base(prefix)}:schedule-releases"
+
+
+def schedule_release(prefix: str, name: str) -> str:
+    return f"{base(prefix)}:schedule-release:{name}"
+
+
+def schedule_generations(prefix: str) -> str:
+    return f"{base(prefix)}:schedule-generations"
 
 
 def pauses(prefix: str) -> str:

@@ -3,10 +3,17 @@
 Each schedule is a hash, ``{p}:schedule:NAME``, and its name a member of
 ``{p}:schedules``. The hash holds ``definition`` (the
 :class:`StoredSchedule` fields an app defines, as JSON written here and
-read back verbatim: Lua never re-encodes it), ``task`` and ``fingerprint``
-(which the scripts compare), and ``last_slot``, ``last_task_id`` and
-``synced_at`` (ms), which only the scripts write: ``last_slot`` only moves
-forward, in the script that enqueues the slot's tasks (``fire_schedule.lua``).
+read back verbatim: Lua never re-encodes it), ``task``, ``fingerprint`` and
+``release`` (which the scripts compare), and ``last_slot``,
+``last_task_id`` and ``synced_at`` (ms), which only the scripts write:
+``last_slot`` only moves forward, in the script that enqueues the slot's
+tasks (``fire_schedule.lua``).
+
+Each release of schedules synced is a hash, ``{p}:schedule-release:NAME``
+(``generation``, ``tasks`` as a JSON array, ``seen_at`` in ms), and a member
+of ``{p}:schedule-releases`` scored by its ``seen_at``, so that a sync reads
+only the live ones; ``{p}:schedule-generations`` holds the last generation
+given (see :class:`~conveyor.backends.protocol.ScheduleSync`).
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ _DEFINITION = ("name", "task", "cron", "every", "tz", "missed", "catch_up", "arg
 
 def sync_args(params: ScheduleSync) -> list[str]:
     """The arguments of ``sync_schedules.lua``."""
-    args = [rows.now_arg(params.now), str(len(params.schedules))]
+    lifetime = str(round(params.lifetime * 1000))
+    args = [rows.now_arg(params.now), params.release, lifetime, str(len(params.schedules))]
     for given in params.schedules:
         definition = {field: getattr(given, field) for field in _DEFINITION}
         args += [given.name, given.task, given.fingerprint, json.dumps(definition)]
@@ -44,6 +52,7 @@ def stored(name: str, fields: Mapping[str, str]) -> StoredSchedule:
             last_slot=None if last_slot is None else rows.moment(int(last_slot)),
             last_task_id=None if last_task is None else int(last_task),
             synced_at=rows.moment(int(fields["synced_at"])),
+            release=fields.get("release"),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise BackendError(

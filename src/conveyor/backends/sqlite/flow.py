@@ -116,17 +116,22 @@ class FlowControl:
     _db: Database
     _wake_key: str
 
-    async def sync_schedules(self, params: ScheduleSync) -> None:
-        def sync(conn: sqlite3.Connection) -> None:
+    async def sync_schedules(self, params: ScheduleSync) -> bool:
+        def sync(conn: sqlite3.Connection) -> bool:
             now = clock(conn, params.now)
+            tasks = json.dumps(list(dict.fromkeys(params.tasks)))
+            release = {"release": params.release, "tasks": tasks, "now": now}
+            generation = conn.execute(SQL["sync_release"], release).fetchone()[0]
+            fence = {**release, "generation": generation, "lifetime": params.lifetime}
+            if conn.execute(SQL["release_superseded"], fence).fetchone()[0]:
+                return False
             for stored in params.schedules:
-                conn.execute(SQL["sync_schedule"], schedule_args(stored, now))
+                conn.execute(SQL["sync_schedule"], {**schedule_args(stored, now), **fence})
             names = json.dumps([s.name for s in params.schedules])
-            conn.execute(
-                SQL["drop_schedules"], {"tasks": json.dumps(list(params.tasks)), "names": names}
-            )
+            conn.execute(SQL["drop_schedules"], {**fence, "names": names})
+            return True
 
-        await self._db.write(sync)
+        return await self._db.write(sync)
 
     async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
         def read(conn: sqlite3.Connection) -> tuple[datetime, list[StoredSchedule]]:
@@ -306,6 +311,7 @@ def _stored(row: tuple[Any, ...]) -> StoredSchedule:
         last_slot=rows.moment(row[9]),
         last_task_id=row[10],
         synced_at=rows.moment(row[11]),
+        release=row[12],
     )
 
 

@@ -531,27 +531,58 @@ where t.state = :state
 -- name: count_prunable_workers
 select count(*) from conveyor_workers where coalesce(stopped_at, last_seen_at) < :workers_before;
 
+-- name: sync_release
+-- Record that a release of schedules synced at :now (its first sync gives it
+-- the next generation: the rowid, one more than the greatest).
+insert into conveyor_schedule_releases (release, tasks, seen_at)
+values (:release, :tasks, :now)
+on conflict (release) do update set seen_at = excluded.seen_at
+returning generation;
+
+-- name: release_superseded
+-- Whether a newer release supersedes this one (see the PostgreSQL
+-- statement sync_release): live, of a greater generation, and sharing one
+-- of its task names (:tasks, a JSON array).
+select exists (select 1 from conveyor_schedule_releases newer
+               where newer.generation > :generation
+                 and newer.seen_at >= :now - :lifetime
+                 and exists (select 1 from json_each(newer.tasks) theirs
+                             where theirs.value in (select value from json_each(:tasks))));
+
 -- name: sync_schedule
--- Store a schedule as an app defines it (see the PostgreSQL statement).
+-- Store a schedule as a release defines it (see the PostgreSQL statement).
 insert into conveyor_schedules
     (name, task, cron, every_seconds, tz, missed, catch_up, args, fingerprint, last_slot,
-     synced_at)
-values (:name, :task, :cron, :every, :tz, :missed, :catch_up, :args, :fingerprint, :now, :now)
+     synced_at, release)
+values (:name, :task, :cron, :every, :tz, :missed, :catch_up, :args, :fingerprint, :now, :now,
+        :release)
 on conflict (name) do update
 set task = excluded.task, cron = excluded.cron, every_seconds = excluded.every_seconds,
     tz = excluded.tz, missed = excluded.missed, catch_up = excluded.catch_up,
-    args = excluded.args, fingerprint = excluded.fingerprint, synced_at = excluded.synced_at;
+    args = excluded.args, fingerprint = excluded.fingerprint, synced_at = excluded.synced_at,
+    release = excluded.release
+where (conveyor_schedules.release is not excluded.release
+       or conveyor_schedules.fingerprint is not excluded.fingerprint)
+  and not exists (select 1 from conveyor_schedule_releases owner
+                  where owner.release = conveyor_schedules.release
+                    and owner.generation > :generation
+                    and owner.seen_at >= :now - :lifetime);
 
 -- name: drop_schedules
 -- Remove the stored schedules of these task names (a JSON array) that the
--- syncing app (its schedule names, a JSON array) no longer defines.
+-- syncing release (its schedule names, a JSON array) no longer defines, but
+-- for those a newer live release stored.
 delete from conveyor_schedules
 where task in (select value from json_each(:tasks))
-  and name not in (select value from json_each(:names));
+  and name not in (select value from json_each(:names))
+  and not exists (select 1 from conveyor_schedule_releases owner
+                  where owner.release = conveyor_schedules.release
+                    and owner.generation > :generation
+                    and owner.seen_at >= :now - :lifetime);
 
 -- name: list_schedules
 select name, task, cron, every_seconds, tz, missed, catch_up, args, fingerprint,
-       last_slot, last_task_id, synced_at
+       last_slot, last_task_id, synced_at, release
 from conveyor_schedules
 order by name;
 

@@ -20,6 +20,7 @@
 -- it, so nothing may carry over from one call to the next.
 local BASE, KEY_IDS, KEY_CORRUPT, KEY_MESSAGE_IDS, KEY_WORKERS, KEY_QUEUES
 local KEY_PAUSES, KEY_SCHEDULES, KEY_CONCURRENCY_KEYS
+local KEY_SCHEDULE_RELEASES, KEY_SCHEDULE_GENERATIONS
 -- Pub/Sub channels (not keys): a queue where tasks became due, a task whose
 -- cancel was requested.
 local CHANNEL_WAKE, CHANNEL_CANCEL
@@ -34,6 +35,8 @@ local function begin(base)
   KEY_QUEUES = BASE .. ':queues'
   KEY_PAUSES = BASE .. ':pauses'
   KEY_SCHEDULES = BASE .. ':schedules'
+  KEY_SCHEDULE_RELEASES = BASE .. ':schedule-releases'
+  KEY_SCHEDULE_GENERATIONS = BASE .. ':schedule-generations'
   KEY_CONCURRENCY_KEYS = BASE .. ':concurrency-keys'
   CHANNEL_WAKE = BASE .. ':wake'
   CHANNEL_CANCEL = BASE .. ':cancel'
@@ -53,6 +56,7 @@ local function key_children(id) return BASE .. ':children:' .. id end
 local function key_state(state) return BASE .. ':state:' .. state end
 local function key_worker(id) return BASE .. ':worker:' .. id end
 local function key_schedule(name) return BASE .. ':schedule:' .. name end
+local function key_schedule_release(name) return BASE .. ':schedule-release:' .. name end
 local function key_finished(state) return BASE .. ':finished:' .. state end
 -- The name's length comes first: a name and a key may hold ':' themselves.
 local function key_unique(name, key)
