@@ -5,11 +5,13 @@ there is refused, never created."""
 
 from __future__ import annotations
 
+import http.cookiejar
 import re
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -28,6 +30,7 @@ from tools.redis_server import free_port
 DOC = ROOT / "docs" / "operations.md"
 ROLES = ("migrator", "worker", "producer", "reader")
 SETTLE_BOUND = 60.0
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
 def sql_blocks() -> list[str]:
@@ -210,6 +213,18 @@ def _dashboard_pages(reader: Cli, task_id: int) -> None:
             assert status == 200, (page, text[-2000:])
         status, metrics = _status(f"{base}/metrics")
         assert status == 200 and "conveyor_" in metrics
+        # An action the role may not take fails with a page that says why.
+        browser = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+        )
+        with browser.open(f"{base}/queues", timeout=10) as page:
+            token = CSRF.search(page.read().decode())
+        assert token is not None
+        form = urllib.parse.urlencode({"csrf_token": token.group(1), "queue": "default"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            browser.open(f"{base}/queues/pause", data=form.encode(), timeout=10)
+        assert refused.value.code == 500
+        assert "permission denied for table pauses" in refused.value.read().decode()
     except BaseException:
         server.terminate()
         print(server.communicate(timeout=30)[1][-3000:])
