@@ -201,3 +201,12 @@ def test_the_dashboard_of_a_store_not_there_says_so_and_makes_none(
     assert page.status_code == 503
     assert "conveyor migrate" in page.text
     assert not made(url, schema)
+
+
+def test_migrate_says_what_it_applied_and_then_only_reads(bare: tuple[str, str]) -> None:
+    url, schema = bare
+    with conveyor.App(url, schema=schema, migrate=False) as app:
+        applied = app.migrate()  # whatever the option: migrate() is the DDL path
+        assert applied and applied == sorted(applied)
+        assert app.migrate() == []
+        assert app.list_tasks() == []

@@ -154,13 +154,15 @@ class RedisStore:
         layout this one upgrades (:data:`keys.UPGRADED`, ``lua/open.lua``);
         a store of this layout is only read (one GET). Raises
         ConfigurationError for a store written with another layout. Returns
-        no versions: Redis has no numbered migrations."""
+        the layout version when it wrote it (Redis has no numbered
+        migrations: the layout stands for them), else nothing."""
         found = await self._layout()
-        if found != keys.LAYOUT_VERSION:
-            found = await self._run("open", [keys.LAYOUT_VERSION, *sorted(keys.UPGRADED)])
+        if found == keys.LAYOUT_VERSION:
+            return []
+        found = await self._run("open", [keys.LAYOUT_VERSION, *sorted(keys.UPGRADED)])
         if found != keys.LAYOUT_VERSION:
             raise self._other_layout(str(found))
-        return []
+        return [int(keys.LAYOUT_VERSION)]
 
     async def require_migrated(self) -> None:
         """Raise StoreNotReadyError unless the prefix holds a store of this
