@@ -139,7 +139,7 @@ def test_each_role_runs_with_the_documented_grants_alone(store: Store) -> None:
         assert again == ids[-1]
         ids.append(lp.add.options(unique=conveyor.Unique(key="u")).enqueue(5, 6).id)
         ids += [lp.keyed.enqueue(key="k").id for _ in range(2)]
-        outlive = lp.outlive.enqueue(2.5).id
+        outlive = lp.outlive.enqueue(4.0).id
         ids.append(outlive)
         parent = lp.parent.start({})
         ids.append(parent.id)

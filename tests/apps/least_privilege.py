@@ -16,7 +16,7 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-@app.task(lease=1.0)
+@app.task(lease=3.0)
 def outlive(seconds: float) -> str:
     """Runs past its lease: only the heartbeat's renewals keep it."""
     time.sleep(seconds)
