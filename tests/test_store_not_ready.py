@@ -210,3 +210,20 @@ def test_migrate_says_what_it_applied_and_then_only_reads(bare: tuple[str, str])
         assert applied and applied == sorted(applied)
         assert app.migrate() == []
         assert app.list_tasks() == []
+
+
+def test_a_sqlite_file_of_another_program_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("create table notes (body text)")
+        conn.execute("insert into notes values ('mine')")
+    conn.close()
+    before = other.read_bytes()
+    app = conveyor.App(f"sqlite:///{other}", migrate=False)
+    try:
+        with pytest.raises(conveyor.StoreNotReadyError, match="no conveyor store in sqlite:///"):
+            app.list_tasks()
+    finally:
+        app.close()
+    assert other.read_bytes() == before  # not switched to WAL, nothing added
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]

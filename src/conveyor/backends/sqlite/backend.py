@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -135,24 +136,39 @@ class SQLiteBackend(FlowControl):
 
     async def open(self) -> None:
         """Open the file (creating it) and apply the pending migrations; with
-        ``migrate=False``, refuse a file that does not exist (before
-        creating it) or is behind. Nothing is left open when it raises."""
-        if self._auto_migrate is False and not await asyncio.to_thread(os.path.exists, self.path):
+        ``migrate=False``, refuse a file that does not exist or is behind,
+        read on a read-only connection first: neither created nor changed
+        (a file of another program is not even switched to WAL). Nothing
+        is left open when it raises."""
+        if self._auto_migrate is False:
+            await asyncio.to_thread(self._require_file)
+        await self._db.open()
+        if not self._auto_migrate:
+            return
+        try:
+            await self.migrate()
+        except BaseException:
+            await self.close()
+            raise
+
+    def _require_file(self) -> None:
+        """Raise StoreNotReadyError unless the file exists with every
+        migration applied (read on a connection of its own, read-only)."""
+        if not os.path.exists(self.path):
             raise StoreNotReadyError(
                 f"no SQLite database at {self.path} (check --url or CONVEYOR_URL; "
                 "`conveyor migrate` or a worker creates it)"
             )
-        await self._db.open()
-        if self._auto_migrate is None:
-            return
-        try:
-            if self._auto_migrate:
-                await self.migrate()
-            else:
-                await self.require_migrated()
-        except BaseException:
-            await self.close()
-            raise
+        with translated_errors():
+            conn = sqlite3.connect(
+                f"file:{urllib.parse.quote(self.path)}?mode=ro",
+                uri=True,
+                timeout=self._busy_timeout,
+            )
+            try:
+                require_migrated(conn, SQL, self.location)
+            finally:
+                conn.close()
 
     async def close(self) -> None:
         await self._db.close()
