@@ -145,17 +145,30 @@ commands whose output a store shapes, not every one)."""
 
 @pytest.fixture(params=["postgres", "sqlite"])
 def cli(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> Iterator[Cli]:
-    """The real ``conveyor`` command on a fresh store: PostgreSQL (a new
-    schema) and SQLite (an empty file, which commands then migrate); with
-    :data:`CLI_ON_REDIS`, Redis too (a new key prefix, deleted after)."""
+    """The real ``conveyor`` command on a fresh, migrated store: PostgreSQL
+    (a new schema) and SQLite (a new file); with :data:`CLI_ON_REDIS`, Redis
+    too (a new key prefix, deleted after). Commands other than migrate and
+    worker refuse a store that is not there."""
+    yield from _cli(request, pg_url, tmp_path, migrated=True)
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def bare_cli(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> Iterator[Cli]:
+    """As ``cli``, on a store nothing has made yet: a schema that does not
+    exist, a SQLite file that does not exist."""
+    yield from _cli(request, pg_url, tmp_path, migrated=False)
+
+
+def _cli(
+    request: pytest.FixtureRequest, pg_url: str, tmp_path: Path, *, migrated: bool
+) -> Iterator[Cli]:
     schema = schema_for(request.param, request)
+    url = {"redis": REDIS_URL, "postgres": pg_url}.get(
+        request.param, f"sqlite:///{tmp_path / 'tasks.db'}"
+    )
+    if migrated:
+        with conveyor.App(url, schema=schema) as made:
+            made.migrate()
+    yield Cli(url, schema)
     if request.param == "redis":
-        yield Cli(REDIS_URL, schema)
         drop_redis_prefix(schema)
-        return
-    if request.param == "postgres":
-        yield Cli(pg_url, schema)
-        return
-    store = tmp_path / "tasks.db"
-    store.touch()  # commands other than migrate and worker refuse a missing file
-    yield Cli(f"sqlite:///{store}", schema)

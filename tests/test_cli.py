@@ -32,7 +32,8 @@ def test_migrate_twice_is_idempotent(cli: Cli) -> None:
     assert cli.ok("migrate").strip() == "schema is up to date"
 
 
-def test_first_migrate_reports_what_it_applied(cli: Cli) -> None:
+def test_first_migrate_reports_what_it_applied(bare_cli: Cli) -> None:
+    cli = bare_cli
     kind = "postgres" if cli.env["CONVEYOR_URL"].startswith("postgresql") else "sqlite"
     shipped = Path(conveyor.__file__).parent / "backends" / kind / "migrations"
     count = len(list(shipped.glob("*.sql")))

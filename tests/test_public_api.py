@@ -43,6 +43,7 @@ EXPECTED = [
     "Snooze",
     "StepError",
     "StopAttempt",
+    "StoreNotReadyError",
     "Suspend",
     "Task",
     "TaskContext",

@@ -48,6 +48,9 @@ class App(Client):
     ``max_payload_bytes`` caps encoded payloads (default 1 MiB).
     ``allow_unregistered`` lets ``enqueue`` take names this app has no
     handler for (a producer-only app); otherwise they raise UnknownTaskError.
+    ``migrate=False`` never creates or upgrades the store, here or in this
+    app's workers: a store missing or behind raises StoreNotReadyError (see
+    :class:`~conveyor.client.Client`).
     """
 
     def __init__(
@@ -58,9 +61,14 @@ class App(Client):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         allow_unregistered: bool = False,
         pool_size: int | None = None,
+        migrate: bool = True,
     ) -> None:
         super().__init__(
-            url, schema=schema, max_payload_bytes=max_payload_bytes, pool_size=pool_size
+            url,
+            schema=schema,
+            max_payload_bytes=max_payload_bytes,
+            pool_size=pool_size,
+            migrate=migrate,
         )
         self.allow_unregistered = allow_unregistered
         self.tasks: dict[str, TaskDef] = {}

@@ -117,6 +117,13 @@ class Client(Controls):
     ``conveyor``, or ``CONVEYOR_SCHEMA``). ``max_payload_bytes`` caps
     encoded payloads and messages (default 1 MiB). ``pool_size`` sizes a
     PostgreSQL pool.
+
+    ``migrate`` (default True): opening the store applies its pending
+    migrations, so the first use creates it; a current store is only read
+    (one query, no DDL). False: this client and its workers never create
+    or upgrade the store; opening one that is missing or behind raises
+    StoreNotReadyError (``conveyor migrate`` does it, at deploy, with a role
+    that may run DDL; see docs/operations.md for the grants of each role).
     """
 
     def __init__(
@@ -126,6 +133,7 @@ class Client(Controls):
         schema: str | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         pool_size: int | None = None,
+        migrate: bool = True,
     ) -> None:
         self.url = resolve_url(url)
         schema = schema if schema is not None else os.environ.get(SCHEMA_ENV) or None
@@ -135,6 +143,8 @@ class Client(Controls):
             self._backend_options["schema"] = schema
         if pool_size is not None:
             self._backend_options["pool_size"] = pool_size
+        if not migrate:
+            self._backend_options["migrate"] = False
         self.portal = Portal()
         self.events = EventBus()
         """This client's events, and its workers' (see :mod:`conveyor.events`)."""
@@ -160,16 +170,23 @@ class Client(Controls):
 
     # -- backends ------------------------------------------------------------
 
-    def rebind(self, url: str | None = None, *, schema: str | None = None) -> None:
+    def rebind(
+        self, url: str | None = None, *, schema: str | None = None, migrate: bool | None = None
+    ) -> None:
         """Point this client at another store (``url``) or PostgreSQL schema, as
-        ``conveyor worker --url/--schema`` does; None keeps the current one.
-        Only before the client has opened a backend: raises ConfigurationError
-        after."""
+        ``conveyor worker --url/--schema`` does, or change whether opening it
+        migrates (``migrate``, as in the constructor: ``--no-migrate``); None
+        keeps the current one. Only before the client has opened a backend:
+        raises ConfigurationError after."""
         if self._backends or self.portal.started:
             raise ConfigurationError("rebind() must come before the app opens its store")
         options = dict(self._backend_options)
         if schema is not None:
             options["schema"] = schema
+        if migrate is not None:
+            options.pop("migrate", None)
+            if not migrate:
+                options["migrate"] = False
         new_url = resolve_url(url) if url is not None else self.url
         statements = backend_from_url(new_url, **options)  # validates first
         self.url, self._backend_options, self._statements = new_url, options, statements
@@ -206,8 +223,15 @@ class Client(Controls):
         its password (and the PostgreSQL schema), an absolute SQLite path."""
         return self._statements.location
 
+    @property
+    def auto_migrate(self) -> bool:
+        """Whether opening the store applies its pending migrations (the
+        constructor's ``migrate``)."""
+        return bool(self._backend_options.get("migrate", True))
+
     def make_backend(self, **overrides: Any) -> Backend:
-        """A new, unopened backend for this client's URL."""
+        """A new, unopened backend for this client's URL (``migrate=None``:
+        one whose open only connects)."""
         return backend_from_url(self.url, **{**self._backend_options, **overrides})
 
     async def backend(self) -> Backend:
@@ -598,7 +622,7 @@ class Client(Controls):
 
     async def migrate_async(self) -> list[int]:
         """Async form of :meth:`migrate`."""
-        backend = self.make_backend(migrate=False)
+        backend = self.make_backend(migrate=None)
         await backend.open()
         try:
             return await backend.migrate()
@@ -606,7 +630,9 @@ class Client(Controls):
             await backend.close()
 
     def migrate(self) -> list[int]:
-        """Create or upgrade the schema; returns the migration versions applied."""
+        """Create or upgrade the schema, whatever this client's ``migrate``
+        option; returns the migration versions applied (none: it was
+        current, and only read)."""
         return self.portal.run(self.migrate_async())
 
 

@@ -5,7 +5,8 @@ The tree::
     ConveyorError
     ├── ConfigurationError          bad URL, schema name, task or queue name, option
     │                               or registration (raised before any I/O)
-    │   └── DuplicateTaskError      a task name registered twice
+    │   ├── DuplicateTaskError      a task name registered twice
+    │   └── StoreNotReadyError      no store there, or one behind: run ``conveyor migrate``
     ├── PayloadError                a payload or result is not strict JSON
     │   └── PayloadTooLargeError    the encoded payload exceeds the cap
     ├── UnknownTaskError            enqueue of a name the app has not registered
@@ -64,6 +65,14 @@ class ConfigurationError(ConveyorError):
 
 class DuplicateTaskError(ConfigurationError):
     """A task name was registered twice on one app."""
+
+
+class StoreNotReadyError(ConfigurationError):
+    """The URL and schema (or key prefix) name no conveyor store, or one with
+    migrations still to apply, and this client or command must not create
+    or upgrade it (``App(migrate=False)``, ``conveyor worker --no-migrate``,
+    the read commands and the dashboard). ``conveyor migrate`` creates or
+    upgrades it; nothing was written. Not worth retrying as it is."""
 
 
 class PayloadError(ConveyorError, ValueError):

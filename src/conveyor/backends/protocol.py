@@ -686,13 +686,25 @@ class Backend(Protocol):
         ...
 
     async def open(self) -> None:
-        """Connect; apply pending migrations unless told not to."""
+        """Connect, then as the backend's ``migrate`` option says: True (the
+        default) applies the pending migrations, creating the store at its
+        first use; False refuses a store that is missing or behind
+        (StoreNotReadyError) and creates nothing; None only connects (the
+        caller migrates, or reads what is there). Either check is one read
+        of the store's migration record; nothing is written unless a
+        migration is pending."""
 
     async def close(self) -> None:
         """Release every connection; the backend cannot be used afterwards."""
 
     async def migrate(self) -> list[int]:
-        """Apply pending schema migrations; return the versions applied now."""
+        """Apply pending schema migrations; return the versions applied now.
+        Reads the store's migration record first: a current store is never
+        written to (no DDL), so a role without DDL rights can call it."""
+
+    async def require_migrated(self) -> None:
+        """Raise StoreNotReadyError, naming the store, unless it exists with
+        every migration applied. Reads only; creates nothing."""
 
     async def destroy(self) -> None:
         """Delete everything this backend stores (tables, schema). Irreversible."""

@@ -9,9 +9,11 @@ Commands: ``migrate`` (``--sql`` to review first), ``worker``, ``enqueue``,
 Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
 (default ``CONVEYOR_SCHEMA``, then ``conveyor``); ``worker`` (and
 ``enqueue --app``) use the app's own store unless ``--url``/``--schema``
-are given. Only ``migrate``, ``worker`` and ``demo`` create a SQLite file;
-the others refuse one that does not exist. Errors are one line on stderr:
-exit code 1 for a failed operation, 2 for a store that cannot be reached
+are given. Only ``migrate``, ``worker`` (unless ``--no-migrate``) and
+``demo`` create or upgrade a store; the others refuse one that is not
+there (a SQLite file, a PostgreSQL schema, a Redis key prefix) or is
+behind, and never run DDL. Errors are one line on stderr: exit code 1 for
+a failed operation, 2 for a store that cannot be reached or is not there,
 or a malformed command line.
 """
 

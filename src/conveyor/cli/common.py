@@ -4,12 +4,19 @@ options it takes, and how it shows times.
 Every command takes ``--url`` (default ``CONVEYOR_URL``) and ``--schema``
 (default ``CONVEYOR_SCHEMA``, then ``conveyor``). A failed operation prints
 one line (``error: ...``) to stderr and exits 1; a store that cannot be
-reached (a PostgreSQL server down, a SQLite file that does not exist)
-exits 2, like a malformed command line (click's usage message).
+reached (a PostgreSQL server down) or is not there (a SQLite file that does
+not exist, a schema or key prefix that holds no store, or one whose
+migrations are behind) exits 2, like a malformed command line (click's
+usage message).
+
+Only ``migrate``, ``worker`` and ``demo`` create or upgrade a store: every
+other command opens it with ``migrate=False``, which reads the store's
+migration record and writes nothing (so a read-only role can run them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import json
@@ -26,7 +33,7 @@ from rich.console import Console
 from conveyor.app import App
 from conveyor.backends import resolve_url, sqlite_path
 from conveyor.backends.protocol import Inspector, WorkerInfo, inspector_of
-from conveyor.errors import BackendUnavailableError, ConveyorError
+from conveyor.errors import BackendUnavailableError, ConveyorError, StoreNotReadyError
 from conveyor.model import TaskState
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,9 +53,11 @@ state_choice = click.Choice(STATES, case_sensitive=False)
 
 
 def fail(problem: str | BaseException) -> NoReturn:
-    """One line on stderr; exit 2 when the store cannot be reached, else 1."""
+    """One line on stderr; exit 2 when the store cannot be reached or is not
+    there, else 1."""
     click.echo(f"error: {problem}", err=True)
-    sys.exit(EXIT_UNAVAILABLE if isinstance(problem, BackendUnavailableError) else EXIT_ERROR)
+    missing = isinstance(problem, BackendUnavailableError | StoreNotReadyError)
+    sys.exit(EXIT_UNAVAILABLE if missing else EXIT_ERROR)
 
 
 def warn(text: str) -> None:
@@ -93,19 +102,36 @@ def open_client(
     """The client of a command: the app at ``app_spec`` (rebound to ``url``
     and ``schema`` when given), else a client that takes any task name.
 
-    Unless ``create``, a SQLite file that does not exist is refused
-    (BackendUnavailableError: exit code 2) rather than created empty: a typo in a path,
-    or a relative path run from another directory, would otherwise show an
-    empty store."""
+    Unless ``create``, the client never creates or upgrades the store
+    (``migrate=False``): a SQLite file that does not exist, a schema or key
+    prefix that holds no store, or one behind, is refused with
+    StoreNotReadyError (exit code 2) rather than created empty: a typo in a
+    path or a schema, or a relative path run from another directory, would
+    otherwise show an empty store."""
     if app_spec:
         app = load_app(app_spec)
         if url is not None or schema is not None:
             app.rebind(url, schema=schema)
+        if not create:
+            app.rebind(migrate=False)
     else:
-        app = App(url, schema=schema, allow_unregistered=True)
+        app = App(url, schema=schema, allow_unregistered=True, migrate=create)
     if not create:
         require_store(app.url)
     return app
+
+
+def check_store(app: App) -> None:
+    """Raise StoreNotReadyError unless ``app``'s store is there and current
+    (read on a connection of its own, closed after): for a command that
+    serves the store (the dashboard) and must refuse a missing one at start."""
+
+    async def opened() -> None:
+        backend = app.make_backend(migrate=False, pool_size=1)
+        await backend.open()
+        await backend.close()
+
+    asyncio.run(opened())
 
 
 def with_client(url: str | None, schema: str | None, use: Callable[[App], T]) -> T:
@@ -121,8 +147,9 @@ def with_client(url: str | None, schema: str | None, use: Callable[[App], T]) ->
 @contextlib.asynccontextmanager
 async def read_side(app: App) -> AsyncIterator[Inspector | None]:
     """The store's read side (None: the backend has none), opened without
-    applying migrations: ``health`` and ``migrate --sql`` only read."""
-    backend = app.make_backend(migrate=False, pool_size=1)
+    applying or requiring migrations: ``health`` and ``migrate --sql`` only
+    read, and report a store that is missing or behind."""
+    backend = app.make_backend(migrate=None, pool_size=1)
     await backend.open()
     try:
         yield inspector_of(backend)
@@ -131,11 +158,11 @@ async def read_side(app: App) -> AsyncIterator[Inspector | None]:
 
 
 def require_store(url: str | None) -> None:
-    """Raise BackendUnavailableError if ``url`` names a SQLite file that does
-    not exist."""
+    """Raise StoreNotReadyError if ``url`` names a SQLite file that does not
+    exist."""
     path = sqlite_path(resolve_url(url))
     if path is not None and not os.path.exists(path):
-        raise BackendUnavailableError(
+        raise StoreNotReadyError(
             f"no SQLite database at {path} (check --url or CONVEYOR_URL; "
             "`conveyor migrate` or a worker creates it)"
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from conveyor.cli.common import backend_options, fail, open_client
+from conveyor.cli.common import backend_options, check_store, fail, open_client
 from conveyor.errors import ConfigurationError, ConveyorError
 
 
@@ -72,6 +72,7 @@ def dashboard(
         auth = None
     try:
         app = open_client(url, schema)
+        check_store(app)  # a missing store is refused here, not page by page
         web = create_app(app, auth=auth, read_only=read_only)
         click.echo(f"dashboard of {app.location} on http://{host}:{port}/", err=True)
         uvicorn.run(web, host=host, port=port, log_level="warning")

@@ -125,6 +125,12 @@ async def _pending(app: App) -> list[Migration]:
     "this many allocations (0: leave Python's collector as it is).",
 )
 @click.option(
+    "--no-migrate",
+    is_flag=True,
+    help="Never create or upgrade the store (no DDL): refuse one that is missing or behind "
+    "(run `conveyor migrate` at deploy, with a role that may).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(min=0, max=65535),
     help="Serve Prometheus metrics on this port (/metrics; the metrics extra).",
@@ -155,15 +161,19 @@ def worker(
     url: str | None,
     schema: str | None,
     gc_threshold: int,
+    no_migrate: bool,
     metrics_port: int | None,
     metrics_addr: str,
 ) -> None:
-    """Run a worker for the App at MODULE:ATTR (creates a SQLite file). It
+    """Run a worker for the App at MODULE:ATTR; it creates or upgrades the
+    store (a SQLite file too) unless --no-migrate or the app says not. It
     also fires the app's schedules and prunes finished tasks past their age
     (succeeded 1 day, failed and cancelled 14 days) unless told not to."""
     configure_logging(log_format, log_level)
     try:
         app = open_client(url, schema, app_spec, create=True)
+        if no_migrate:
+            app.rebind(migrate=False)
     except ConveyorError as exc:
         fail(exc)
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None

@@ -36,7 +36,12 @@ from conveyor.dashboard.security import (
     Csrf,
     without_token,
 )
-from conveyor.errors import ConfigurationError
+from conveyor.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    StoreNotReadyError,
+)
 
 DEFAULT_PAGE_SIZE = 50
 NAV = (
@@ -166,6 +171,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     )
 
 
+async def _store_error(request: Request, exc: Exception) -> Response:
+    """A store that refused (a role without the right for an action: see
+    docs/operations.md), is away or is not there: a page that says so in
+    one line (the first of the error: a server's DETAIL may echo a row),
+    503 when it is worth trying again, else 500."""
+    assert isinstance(exc, BackendError | StoreNotReadyError)
+    dashboard: Dashboard = request.app.state.dashboard
+    status = 503 if isinstance(exc, BackendUnavailableError | StoreNotReadyError) else 500
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return dashboard.render(request, "error.html", {"status": status, "message": message}, status)
+
+
 def create_app(
     app: App,
     *,
@@ -216,7 +233,9 @@ def create_app(
         Mount("/static", StaticFiles(packages=[("conveyor.dashboard", "static")]), name="static"),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-        HTTPException: _http_error
+        HTTPException: _http_error,
+        BackendError: _store_error,
+        StoreNotReadyError: _store_error,
     }
     web = Starlette(routes=routes, exception_handlers=handlers)
     web.state.dashboard = Dashboard(

@@ -217,7 +217,10 @@ class Worker:
         backend = self.backend = self.client.make_backend(
             pool_size=self.config.connections(),
             sweep_interval=self.config.poll_interval,
-            migrate=False,  # in _enter, which waits out a store lost after this connect
+            # Migrated in _enter, which waits out a store lost after this
+            # connect; a client that must not migrate refuses a store missing
+            # or behind here, creating nothing (not even a SQLite file).
+            migrate=None if self.client.auto_migrate else False,
         )
         await backend.open()  # a store that cannot be reached at all fails at once
         try:
@@ -242,7 +245,7 @@ class Worker:
         backend has no notifications)."""
         self.heartbeat = Heartbeat(
             HeartbeatConfig(self.id, self.config.lease, self.config.heartbeat_interval),
-            lambda: self.client.make_backend(pool_size=1, migrate=False),
+            lambda: self.client.make_backend(pool_size=1, migrate=None),
             lambda result: self._post(loop, result),
             self.outage,
         )
@@ -289,7 +292,9 @@ class Worker:
         return None
 
     async def _enter(self, backend: Backend) -> None:
-        """Apply the migrations and enter the workers table. The store was
+        """Apply the pending migrations (unless the client was built with
+        ``migrate=False``: its store was checked at open) and enter the
+        workers table. The store was
         reached when the backend opened; one that is unavailable for a while
         since (SQLite's write lock held elsewhere, a failover, a connection
         cut) is waited for, with back-off, as it is once the worker runs.
@@ -301,7 +306,8 @@ class Worker:
         delay = RETRY_MIN
         while True:
             try:
-                await backend.migrate()
+                if self.client.auto_migrate:
+                    await backend.migrate()
                 async with asyncio.timeout(self.config.lease):
                     await backend.register_worker(info)
                 self.outage.ok("registration")

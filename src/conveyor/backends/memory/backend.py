@@ -92,6 +92,10 @@ class MemoryBackend:
     async def migrate(self) -> list[int]:
         return []
 
+    async def require_migrated(self) -> None:
+        """Nothing to check: a store in memory has no schema, and is made by
+        its first use."""
+
     async def destroy(self) -> None:
         with _STORES_LOCK:
             _STORES.pop(self.name, None)

@@ -32,7 +32,11 @@ from conveyor.backends.postgres.inboxes import (
     spawning,
 )
 from conveyor.backends.postgres.loaders import ADAPTERS
-from conveyor.backends.postgres.migrate import apply_migrations, pending_migrations
+from conveyor.backends.postgres.migrate import (
+    apply_migrations,
+    pending_migrations,
+    require_migrated,
+)
 from conveyor.backends.postgres.rows import (
     enqueue_statement,
     finish_statement,
@@ -162,7 +166,14 @@ def _check_sync(connection: Any) -> None:
 
 
 class PostgresBackend(FlowControl):
-    """Tasks in PostgreSQL tables of one schema (default ``conveyor``)."""
+    """Tasks in PostgreSQL tables of one schema (default ``conveyor``).
+
+    ``migrate`` says what :meth:`open` does about the schema: True applies
+    the pending migrations (creating the schema at first use), False
+    refuses a schema that is missing or behind (StoreNotReadyError), None
+    only connects. Either check is one read of the migrations table; DDL
+    runs only for a pending migration, so a role with the grants of
+    docs/operations.md and no DDL right opens a current schema."""
 
     capabilities = frozenset(
         {
@@ -182,7 +193,7 @@ class PostgresBackend(FlowControl):
         *,
         schema: str = DEFAULT_SCHEMA,
         pool_size: int = DEFAULT_POOL_SIZE,
-        migrate: bool = True,
+        migrate: bool | None = True,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
     ) -> None:
         self.url = url
@@ -288,7 +299,8 @@ class PostgresBackend(FlowControl):
     async def open(self) -> None:
         """Connect, or raise BackendUnavailableError within the connect
         timeout with the cause in one line (the URL's password hidden).
-        Then apply the migrations (unless built with ``migrate=False``): a
+        Then apply the pending migrations (``migrate=True``), or refuse a
+        schema missing or behind (``migrate=False``: StoreNotReadyError); a
         connection lost meanwhile raises BackendUnavailableError too. No
         connection is left open when it raises (an open pool left behind
         would keep reconnecting, and hold its event loop's shutdown)."""
@@ -313,10 +325,13 @@ class PostgresBackend(FlowControl):
                 raise self._unreachable(exc) from exc
             raise
         self._pool = pool
-        if not self._auto_migrate:
+        if self._auto_migrate is None:
             return
         try:
-            await self.migrate()
+            if self._auto_migrate:
+                await self.migrate()
+            else:
+                await self.require_migrated()
         except BaseException:
             await self.close()
             raise
@@ -351,7 +366,13 @@ class PostgresBackend(FlowControl):
 
     async def migrate(self) -> list[int]:
         async with self._connection() as conn:
-            return await apply_migrations(conn, self.schema)
+            return await apply_migrations(conn, self.schema, self.sql)
+
+    async def require_migrated(self) -> None:
+        async with self._connection() as conn:
+            await require_migrated(
+                conn, self.sql, f'schema "{self.schema}" at {redacted(self.url)}'
+            )
 
     async def destroy(self) -> None:
         async with self.pool.connection() as conn:

@@ -1155,12 +1155,10 @@ from {schema}.messages
 where task_id = %(id)s
 order by id;
 
--- name: migrations_table_exists
-select exists (
-    select 1 from pg_tables where schemaname = %(schema)s::text and tablename = 'migrations'
-);
-
 -- name: applied_migrations
+-- What opening a store reads first, in one round trip and without DDL: a
+-- missing schema or table raises (undefined_table), which says the store
+-- is not there; only a version missing here makes anyone run DDL.
 select version from {schema}.migrations order by version;
 
 -- name: record_migration

@@ -112,9 +112,22 @@ class RedisInspector(RedisStore):
         return PruneResult(tasks=int(found[0]), workers=int(found[1]))
 
     async def pending_migrations(self) -> list[Migration]:
-        """None: a Redis store has no migrations (its layout version is
-        checked at ``open``)."""
-        return []
+        """A Redis store has no numbered migrations, only a key layout
+        version: one pending "migration" when the prefix holds no store or
+        one of an older layout (``conveyor migrate`` marks or converts it,
+        see ``lua/open.lua``); none when it is current. One GET; writes
+        nothing. Raises ConfigurationError for a store of another layout."""
+        found = await self._layout()
+        if found == keys.LAYOUT_VERSION:
+            return []
+        if found is not None and found not in keys.UPGRADED:
+            raise self._other_layout(found)
+        action = "marks this new store" if found is None else f"converts layout {found} to"
+        script = (
+            f"-- conveyor migrate {action} key layout {keys.LAYOUT_VERSION} "
+            "(lua/open.lua): Redis has no SQL to review\n"
+        )
+        return [Migration(int(keys.LAYOUT_VERSION), f"layout_{keys.LAYOUT_VERSION}", script)]
 
     async def count_unfinished(self, work: WorkFilter) -> int:
         queues = list(dict.fromkeys(work.queues))

@@ -30,6 +30,7 @@ from conveyor.errors import (
     BackendError,
     BackendUnavailableError,
     ConfigurationError,
+    StoreNotReadyError,
 )
 
 SCHEMES = ("redis", "rediss")
@@ -103,10 +104,22 @@ class RedisStore:
     ``functions`` (default True) runs the operations as Redis functions
     where the server has them (Redis 7 and later); False, or a server that
     refuses the library, runs them as scripts by SHA, which costs more
-    server time per call (see :mod:`.scripts`)."""
+    server time per call (see :mod:`.scripts`).
+
+    ``migrate`` says what :meth:`open` does about the store's layout: True
+    marks a new store with this layout's version (or converts an older
+    one); False refuses a prefix that holds no store, or one of an older
+    layout (StoreNotReadyError), and writes nothing; None only connects.
+    Either check is one GET of the layout key."""
 
     def __init__(
-        self, url: str, *, prefix: str | None = None, functions: bool = True, **_options: Any
+        self,
+        url: str,
+        *,
+        prefix: str | None = None,
+        functions: bool = True,
+        migrate: bool | None = True,
+        **_options: Any,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme.lower() not in SCHEMES:
@@ -130,31 +143,42 @@ class RedisStore:
         self._client: aioredis.Redis | None = None
         self._scripts: Scripts | None = None
         self._functions = functions
+        self._auto_migrate = migrate
 
     @property
     def location(self) -> str:
         return self._location
 
     async def open(self) -> None:
-        """Connect, and mark a new store with this layout's version, or
-        convert one of a layout this one upgrades (:data:`keys.UPGRADED`,
-        ``lua/open.lua``). Raises ConfigurationError for a store written with
-        another layout. No connection is left open when it raises."""
+        """Connect, then as ``migrate`` says (see the class): mark a new store
+        or convert an older one (:meth:`migrate`), or refuse one that is
+        missing or older (:meth:`require_migrated`). Raises
+        ConfigurationError for a store written with another layout. No
+        connection is left open when it raises."""
         client = connect.client(self._url)
         self._client, self._scripts = client, Scripts(client, functions=self._functions)
         try:
             with translated():
                 await self._scripts.load()
-            found = await self._run("open", [keys.LAYOUT_VERSION, *sorted(keys.UPGRADED)])
-            if found != keys.LAYOUT_VERSION:
-                raise ConfigurationError(
-                    f"the Redis store {self.location} has key layout {found!r}; "
-                    f"this conveyor reads layout {keys.LAYOUT_VERSION!r}"
-                )
+            if self._auto_migrate:
+                await self.migrate()
+            elif self._auto_migrate is False:
+                await self.require_migrated()
             await self._check_persistence(client)
         except BaseException:
             await self.close()
             raise
+
+    async def _layout(self) -> str | None:
+        with translated():
+            found = await self._redis.get(keys.layout(self.prefix))
+        return None if found is None else str(found)  # decode_responses: a str
+
+    def _other_layout(self, found: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"the Redis store {self.location} has key layout {found!r}; "
+            f"this conveyor reads layout {keys.LAYOUT_VERSION!r}"
+        )
 
     async def _check_persistence(self, client: aioredis.Redis) -> None:
         """Warn, once per process and server, of each persistence setting
@@ -174,8 +198,35 @@ class RedisStore:
             self._client = self._scripts = None
 
     async def migrate(self) -> list[int]:
-        """Nothing to migrate: the layout version is written at ``open``."""
-        return []
+        """Mark a new store with this layout's version, or convert one of a
+        layout this one upgrades (:data:`keys.UPGRADED`, ``lua/open.lua``);
+        a store of this layout is only read (one GET). Raises
+        ConfigurationError for a store written with another layout. Returns
+        the layout version when it wrote it (Redis has no numbered
+        migrations: the layout stands for them), else nothing."""
+        found = await self._layout()
+        if found == keys.LAYOUT_VERSION:
+            return []
+        found = await self._run("open", [keys.LAYOUT_VERSION, *sorted(keys.UPGRADED)])
+        if found != keys.LAYOUT_VERSION:
+            raise self._other_layout(str(found))
+        return [int(keys.LAYOUT_VERSION)]
+
+    async def require_migrated(self) -> None:
+        """Raise StoreNotReadyError unless the prefix holds a store of this
+        layout (an older one that :meth:`migrate` converts too); one GET."""
+        found = await self._layout()
+        if found is None:
+            raise StoreNotReadyError(
+                f"no conveyor store at {self.location}: run `conveyor migrate`"
+            )
+        if found in keys.UPGRADED:
+            raise StoreNotReadyError(
+                f"the conveyor store at {self.location} has the older key layout {found!r}: "
+                "run `conveyor migrate`"
+            )
+        if found != keys.LAYOUT_VERSION:
+            raise self._other_layout(found)
 
     async def destroy(self) -> None:
         """Delete every key of this store (those of its prefix), found with

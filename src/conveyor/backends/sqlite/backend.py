@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -63,7 +64,11 @@ from conveyor.backends.sqlite.inboxes import (
     rewake,
     send,
 )
-from conveyor.backends.sqlite.migrate import apply_migrations, pending_migrations
+from conveyor.backends.sqlite.migrate import (
+    apply_migrations,
+    pending_migrations,
+    require_migrated,
+)
 from conveyor.backends.sqlite.statements import SQL
 from conveyor.backends.sqlite.statements import clock as _clock
 from conveyor.backends.stored import (
@@ -74,7 +79,7 @@ from conveyor.backends.stored import (
     transition_result,
 )
 from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
-from conveyor.errors import ConfigurationError
+from conveyor.errors import ConfigurationError, StoreNotReadyError
 from conveyor.model import Attempt, LeaseToken, Message, Task, TaskState
 
 log = logging.getLogger("conveyor.sqlite")
@@ -88,7 +93,12 @@ CHANGE_BUSY_WINDOW = 1.0
 
 
 class SQLiteBackend(FlowControl):
-    """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``)."""
+    """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``).
+
+    ``migrate`` says what :meth:`open` does: True applies the pending
+    migrations (creating the file at first use), False refuses a file that
+    does not exist or is behind (StoreNotReadyError) and creates nothing,
+    None only opens the file (creating it)."""
 
     capabilities = frozenset(
         {Capability.TRANSACTIONAL_ENQUEUE, Capability.NOTIFICATIONS, Capability.INSPECT}
@@ -100,7 +110,7 @@ class SQLiteBackend(FlowControl):
         *,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: str = "full",
-        migrate: bool = True,
+        migrate: bool | None = True,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
         **_options: Any,
     ) -> None:
@@ -126,8 +136,13 @@ class SQLiteBackend(FlowControl):
         return f"sqlite:///{self.path}"
 
     async def open(self) -> None:
-        """Open the file (creating it) and apply the migrations, unless built
-        with ``migrate=False``. Nothing is left open when it raises."""
+        """Open the file (creating it) and apply the pending migrations; with
+        ``migrate=False``, refuse a file that does not exist or is behind,
+        read on a read-only connection first: neither created nor changed
+        (a file of another program is not even switched to WAL). Nothing
+        is left open when it raises."""
+        if self._auto_migrate is False:
+            await asyncio.to_thread(self._require_file)
         await self._db.open()
         if not self._auto_migrate:
             return
@@ -137,11 +152,33 @@ class SQLiteBackend(FlowControl):
             await self.close()
             raise
 
+    def _require_file(self) -> None:
+        """Raise StoreNotReadyError unless the file exists with every
+        migration applied (read on a connection of its own, read-only)."""
+        if not os.path.exists(self.path):
+            raise StoreNotReadyError(
+                f"no SQLite database at {self.path} (check --url or CONVEYOR_URL; "
+                "`conveyor migrate` or a worker creates it)"
+            )
+        with translated_errors():
+            conn = sqlite3.connect(
+                f"file:{urllib.parse.quote(self.path)}?mode=ro",
+                uri=True,
+                timeout=self._busy_timeout,
+            )
+            try:
+                require_migrated(conn, SQL, self.location)
+            finally:
+                conn.close()
+
     async def close(self) -> None:
         await self._db.close()
 
     async def migrate(self) -> list[int]:
         return await self._db.read(lambda conn: apply_migrations(conn, SQL))
+
+    async def require_migrated(self) -> None:
+        await self._db.read(lambda conn: require_migrated(conn, SQL, self.location))
 
     async def destroy(self) -> None:
         def drop(conn: sqlite3.Connection) -> None:

@@ -16,6 +16,7 @@ from typing import LiteralString
 from conveyor.backends import sqlfiles
 from conveyor.backends.protocol import Migration
 from conveyor.backends.sqlite.database import immediate
+from conveyor.errors import StoreNotReadyError
 
 log = logging.getLogger("conveyor.migrate")
 
@@ -58,6 +59,22 @@ def _up_to_date(conn: sqlite3.Connection, sql: Mapping[str, LiteralString], late
         return False
     row = conn.execute(sql["latest_migration"]).fetchone()
     return row is not None and row[0] is not None and row[0] >= latest
+
+
+def require_migrated(
+    conn: sqlite3.Connection, sql: Mapping[str, LiteralString], where: str
+) -> None:
+    """Raise StoreNotReadyError unless every migration is recorded in the
+    file (``where`` names it in the message). Reads only."""
+    if conn.execute(sql["migrations_table_exists"]).fetchone() is None:
+        raise StoreNotReadyError(f"no conveyor store in {where}: run `conveyor migrate`")
+    applied = {int(r[0]) for r in conn.execute(sql["applied_migrations"])}
+    behind = [m for m in sqlfiles.migrations(_PACKAGE) if m[0] not in applied]
+    if behind:
+        raise StoreNotReadyError(
+            f"the conveyor store in {where} lacks {len(behind)} migration(s), "
+            f"{behind[0][1]} first: run `conveyor migrate`"
+        )
 
 
 def pending_migrations(
