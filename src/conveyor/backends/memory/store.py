@@ -326,6 +326,7 @@ class Store:
         if state is TaskState.PENDING and row.run_at <= now:  # a next step, a release
             self.woken.add(row.queue)
         row.end_lease()
+        concurrency_keys.freed(self, row, now)
         row.finished_at = now if state.is_terminal else None
         row.close_attempt(now, c.outcome, c.error)
         return state.is_terminal

@@ -690,6 +690,26 @@ and t.attempt = i.attempt
 and t.worker_id = i.worker_id
 and t.lease_expires_at > i.now
 
+-- name: part_keys_freed
+-- Part of both finishes: each attempt of a concurrency key that ended (in
+-- `finished`, with its key and the statement's now) frees a slot of its
+-- key, so the idle workers of the queue of the key's next due task (in
+-- claim order, on the key's pending index) are told at once, as for a next
+-- step: without it a key's tasks would wait for a poll between each slot.
+keys_freed as (
+    select count(pg_notify({channel}, q.queue)) as n
+    from (select distinct h.queue
+          from (select distinct f.concurrency_key, f.now from finished f
+                where f.concurrency_key is not null) as k
+          cross join lateral (
+              select p.queue from {schema}.tasks p
+              where p.state = 'pending' and p.concurrency_key = k.concurrency_key
+                and p.run_at <= k.now
+              order by p.priority desc, p.run_at, p.id
+              limit 1
+          ) as h) as q
+)
+
 -- name: finish
 -- Record many attempt completions in one statement, each fenced by its lease
 -- token and a live lease; a late write from a lost lease changes nothing
@@ -751,7 +771,8 @@ finished as (
               case when i.step_state is null then t.step
                    else (select o.step from {schema}.tasks o where o.id = t.id) end as step,
               i.outcome, i.now, i.error_type, i.error_message, i.traceback,
-              t.queue, t.state, t.state = 'pending' and t.run_at <= i.now as due
+              t.queue, t.state, t.state = 'pending' and t.run_at <= i.now as due,
+              t.concurrency_key
 ),
 logged as (
     insert into {schema}.attempts
@@ -765,8 +786,9 @@ logged as (
 notified as (
     select count(pg_notify({channel}, q.queue)) as n
     from (select distinct queue from finished where due) as q
-)
-select f.id, f.attempt from finished f, notified;
+),
+{part_keys_freed}
+select f.id, f.attempt from finished f, notified, keys_freed;
 
 -- name: finish_succeeded
 -- The common case of finish, on its own: many plain successes (no next
@@ -775,22 +797,27 @@ select f.id, f.attempt from finished f, notified;
 -- send: ids and attempts as array literals, the results (JSON texts
 -- already) as one JSON array, zipped in order by ROWS FROM. It writes the
 -- task rows only: each succeeded attempt stays in its row (owner, start,
--- step; see attempt_log in migration 0018).
+-- step; see attempt_log in migration 0018). A keyed attempt's end wakes
+-- its key's next task's queue (part_keys_freed).
 with input as materialized (
     select i.*, coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
            %(worker_id)s::text as worker_id
     from rows from (unnest(%(ids)s::bigint[]), unnest(%(attempts)s::int[]),
                     jsonb_array_elements(%(results)s::jsonb))
         as i(id, attempt, result)
-)
-update {schema}.tasks t
-set state = 'succeeded',
-    result = i.result,
-    lease_expires_at = null,
-    finished_at = i.now
-from input i
-where {part_finish_fence}
-returning t.id, t.attempt;
+),
+finished as (
+    update {schema}.tasks t
+    set state = 'succeeded',
+        result = i.result,
+        lease_expires_at = null,
+        finished_at = i.now
+    from input i
+    where {part_finish_fence}
+    returning t.id, t.attempt, t.concurrency_key, i.now
+),
+{part_keys_freed}
+select f.id, f.attempt from finished f, keys_freed;
 
 -- name: cancel
 -- Cancel a task: pending and waiting ones at once; a running one is flagged

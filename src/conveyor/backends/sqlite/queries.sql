@@ -173,8 +173,9 @@ returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.cancel_reque
 -- the result. A task whose cancel was requested is not made pending or
 -- waiting again. A completion with a new state (a workflow's next step, a
 -- coroutine's poll) stores it, its options and run time, with a fresh budget.
--- Each row says whether its task is due at once (its queue's idle workers
--- are woken). :completions is a JSON array of objects (see rows.completions_json).
+-- Each row says whether its task is due at once, or held a concurrency
+-- key's slot that is free now (either way its queue's idle workers are
+-- woken; other processes see the commit). :completions is a JSON array of objects (see rows.completions_json).
 update conveyor_tasks
 set state = case when conveyor_tasks.cancel_requested and i.state in ('pending', 'waiting')
                  then 'cancelled' else i.state end,
@@ -216,7 +217,8 @@ where conveyor_tasks.id = i.id
   and conveyor_tasks.worker_id = :worker_id
   and conveyor_tasks.lease_expires_at > :now
 returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.parent_id, conveyor_tasks.queue,
-          conveyor_tasks.state = 'pending' and conveyor_tasks.run_at <= :now;
+          (conveyor_tasks.state = 'pending' and conveyor_tasks.run_at <= :now)
+          or conveyor_tasks.concurrency_key is not null;
 
 -- name: finish_log
 -- Close the attempts of the completions `finish` applied (only those are passed).
