@@ -1380,19 +1380,28 @@ select t.state, p.state
 from {schema}.tasks t left join {schema}.tasks p on p.id = t.parent_id
 where t.id = %(id)s;
 
+-- name: part_selected
+-- Part of the bulk actions: the tasks `t` of one selection (see
+-- TaskSelection): in %(states)s, ids above %(after)s (among %(ids)s when
+-- given), of the name, queue and creation window given (each optional).
+-- Each action reads it in its own statement, under the row locks it takes:
+-- a row changed since a caller listed it is judged as it is now.
+t.state = any(%(states)s::text[]) and t.id > %(after)s::bigint
+and (%(ids)s::bigint[] is null or t.id = any(%(ids)s::bigint[]))
+and (%(name)s::text is null or t.name = %(name)s::text)
+and (%(queue)s::text is null or t.queue = %(queue)s::text)
+and (%(since)s::timestamptz is null or t.created_at >= %(since)s::timestamptz)
+and (%(until)s::timestamptz is null or t.created_at < %(until)s::timestamptz)
+
 -- name: retry_many
--- One batch of a bulk retry: up to %(limit)s tasks in %(states)s with ids
--- above %(after)s, of the name, queue and creation window given (each
--- optional), oldest first, pending again now with a fresh budget (as
+-- One batch of a bulk retry: up to %(limit)s selected tasks (failed or
+-- cancelled), oldest first, pending again now with a fresh budget (as
 -- retry); rows locked by others are passed by. The ids moved, and their
--- queues' idle workers told.
+-- queues' idle workers told. FOR NO KEY UPDATE re-reads a row another
+-- transaction changed before it is locked, so the filter holds at the write.
 with chosen as materialized (
     select t.id from {schema}.tasks t
-    where t.state = any(%(states)s::text[]) and t.id > %(after)s::bigint
-      and (%(name)s::text is null or t.name = %(name)s::text)
-      and (%(queue)s::text is null or t.queue = %(queue)s::text)
-      and (%(since)s::timestamptz is null or t.created_at >= %(since)s::timestamptz)
-      and (%(until)s::timestamptz is null or t.created_at < %(until)s::timestamptz)
+    where {part_selected}
     order by t.id
     limit %(limit)s::int
     for no key update of t skip locked
@@ -1411,6 +1420,58 @@ notified as (
     from (select distinct queue from moved) as q
 )
 select array(select id from moved order by id), (select n from notified);
+
+-- name: cancel_many
+-- One batch of a bulk cancel: up to %(limit)s selected tasks (pending,
+-- waiting or running), oldest first, each as cancel: pending and waiting
+-- ones end now, a running one has its cancel requested and its worker is
+-- told. It waits for rows others hold (a heartbeat, a finish) rather than
+-- pass them by, and re-reads each once locked: a task that finished or
+-- moved meanwhile is left as it is. The ids cancelled.
+with chosen as materialized (
+    select t.id from {schema}.tasks t
+    where {part_selected}
+    order by t.id
+    limit %(limit)s::int
+    for no key update of t
+),
+cancelled as (
+    update {schema}.tasks t
+    set state = case when t.state = 'in_progress' then t.state else 'cancelled' end,
+        cancel_requested = (t.state = 'in_progress'),
+        finished_at = case when t.state = 'in_progress' then null
+                           else coalesce(%(now)s::timestamptz, statement_timestamp()) end
+    from chosen c
+    where t.id = c.id
+    returning t.id, t.state
+),
+notified as (
+    select count(pg_notify({cancel_channel}, c.id::text)) as n
+    from cancelled c where c.state = 'in_progress'
+)
+select array(select id from cancelled order by id), (select n from notified);
+
+-- name: delete_many
+-- One batch of a bulk delete: up to %(limit)s selected tasks (finished
+-- ones only: no parent waits for them), oldest first, with their attempts,
+-- messages and keys, as delete_task. It locks each row first and re-reads
+-- it: a task retried meanwhile is not deleted. The ids deleted.
+with chosen as materialized (
+    select t.id from {schema}.tasks t
+    where {part_selected}
+      and t.state in ('succeeded', 'failed', 'cancelled')
+    order by t.id
+    limit %(limit)s::int
+    for update of t
+),
+gone as (
+    delete from {schema}.tasks t using chosen c where t.id = c.id
+    returning t.id
+),
+attempts_gone as (
+    delete from {schema}.attempts a using gone g where a.task_id = g.id
+)
+select array(select id from gone order by id);
 
 -- name: keys_waiting
 -- Whether any concurrency key has pending tasks (a row of its own): only

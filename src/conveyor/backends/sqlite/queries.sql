@@ -591,14 +591,18 @@ from conveyor_tasks t left join conveyor_tasks p on p.id = t.parent_id
 where t.id = :id;
 
 -- name: retry_many
--- One batch of a bulk retry (see the PostgreSQL statement); :states is a
--- JSON array.
+-- One batch of a bulk retry (see the PostgreSQL statement). The bulk
+-- actions select their tasks in their own statement (see the PostgreSQL
+-- part_selected; :states and :ids are JSON arrays, :ids null for any),
+-- under the one writer: a task changed since a caller listed it is judged
+-- as it is now.
 update conveyor_tasks
 set state = 'pending', spent = 0, run_at = :now, cancel_requested = 0, result = null,
     finished_at = null
 where id in (
     select id from conveyor_tasks
     where state in (select value from json_each(:states)) and id > :after
+      and (:ids is null or id in (select value from json_each(:ids)))
       and (:name is null or name = :name)
       and (:queue is null or queue = :queue)
       and (:since is null or created_at >= :since)
@@ -606,6 +610,44 @@ where id in (
     order by id
     limit :limit
 )
+returning id;
+
+-- name: cancel_many
+-- One batch of a bulk cancel, each task as cancel (see the PostgreSQL
+-- statement); the triggers end children and tell parents as for one.
+update conveyor_tasks
+set state = case when state = 'in_progress' then state else 'cancelled' end,
+    cancel_requested = (state = 'in_progress'),
+    finished_at = case when state = 'in_progress' then null else :now end
+where id in (
+    select id from conveyor_tasks
+    where state in (select value from json_each(:states)) and id > :after
+      and (:ids is null or id in (select value from json_each(:ids)))
+      and (:name is null or name = :name)
+      and (:queue is null or queue = :queue)
+      and (:since is null or created_at >= :since)
+      and (:until is null or created_at < :until)
+    order by id
+    limit :limit
+)
+returning id, state;
+
+-- name: delete_many
+-- One batch of a bulk delete of finished tasks (see the PostgreSQL
+-- statement); attempts and messages go with them as for delete_task.
+delete from conveyor_tasks
+where id in (
+    select id from conveyor_tasks
+    where state in (select value from json_each(:states)) and id > :after
+      and (:ids is null or id in (select value from json_each(:ids)))
+      and (:name is null or name = :name)
+      and (:queue is null or queue = :queue)
+      and (:since is null or created_at >= :since)
+      and (:until is null or created_at < :until)
+    order by id
+    limit :limit
+)
+  and state in ('succeeded', 'failed', 'cancelled')
 returning id;
 
 -- name: open_keys
