@@ -52,7 +52,7 @@ async def test_a_bulk_retry_among_ids_keeps_to_them_and_to_its_other_filters(
 ) -> None:
     ids = await enqueue(backend, *(new() for _ in range(5)))
     await fail_all(backend)
-    among = [ids[4], ids[0], ids[2], 10**12]  # any order, an id no task has
+    among = [ids[4], ids[0], ids[2], ids[0], 10**12]  # any order, repeats, an id no task has
     first = await backend.retry_many(RetryMany(ids=among, limit=2))
     assert first == [ids[0], ids[2]]
     assert await backend.retry_many(RetryMany(ids=among, after=first[-1])) == [ids[4]]

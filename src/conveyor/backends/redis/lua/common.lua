@@ -674,11 +674,11 @@ local ALIVE = {pending = true, in_progress = true, waiting = true}
 -- A bulk action's selection (retry_many, cancel_many, delete_many), read in
 -- the script that acts on it, so that a task whose state changed since a
 -- caller listed it is judged by its state now: the tasks in `states` with
--- ids above `after` (among `ids`, a list of numbers, when given), of `name`
--- and `queue` and created in [since, before) where given (each nil when
--- not), at most `limit`, ascending by id, each as {id, state, queue, name,
--- priority}. A task whose queue, name, created_at or priority does not
--- read is passed over.
+-- ids above `after` (among `ids`, a list of numbers, repeats allowed, when
+-- given), of `name` and `queue` and created in [since, before) where given
+-- (each nil when not), at most `limit`, ascending by id, each once as {id,
+-- state, queue, name, priority}. A task whose queue, name, created_at or
+-- priority does not read is passed over.
 --
 -- Cost: with ids, one hash per id; without, each state's index is walked
 -- by id from `after`, SELECT_PAGE ids at a time, until `limit` tasks match:
@@ -701,10 +701,12 @@ local function select_tasks(states, after, limit, name, queue, since, before, id
     local wanted = {}
     for _, state in ipairs(states) do wanted[state] = true end
     table.sort(ids)
+    local last
     for _, id in ipairs(ids) do
       if #chosen >= limit then break end
-      local state = id > after and redis.call('HGET', key_task(id), 'state')
+      local state = id ~= last and id > after and redis.call('HGET', key_task(id), 'state')
       if state and wanted[state] then take(id, state) end
+      last = id
     end
     return chosen
   end
