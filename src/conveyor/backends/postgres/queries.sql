@@ -1425,15 +1425,17 @@ select array(select id from moved order by id), (select n from notified);
 -- One batch of a bulk cancel: up to %(limit)s selected tasks (pending,
 -- waiting or running), oldest first, each as cancel: pending and waiting
 -- ones end now, a running one has its cancel requested and its worker is
--- told. It waits for rows others hold (a heartbeat, a finish) rather than
--- pass them by, and re-reads each once locked: a task that finished or
--- moved meanwhile is left as it is. The ids cancelled.
+-- told. Rows locked by others (a heartbeat or a completion being written)
+-- are passed by, as retry_many does: waiting for them could deadlock with a
+-- completion that locks a batch in another order. A row another transaction
+-- changed is re-read once locked: a task that finished or moved meanwhile
+-- is left as it is. The ids cancelled.
 with chosen as materialized (
     select t.id from {schema}.tasks t
     where {part_selected}
     order by t.id
     limit %(limit)s::int
-    for no key update of t
+    for no key update of t skip locked
 ),
 cancelled as (
     update {schema}.tasks t
@@ -1455,14 +1457,15 @@ select array(select id from cancelled order by id), (select n from notified);
 -- One batch of a bulk delete: up to %(limit)s selected tasks (finished
 -- ones only: no parent waits for them), oldest first, with their attempts,
 -- messages and keys, as delete_task. It locks each row first and re-reads
--- it: a task retried meanwhile is not deleted. The ids deleted.
+-- it: a task retried meanwhile is not deleted; rows locked by others (a
+-- retry, a prune under way) are passed by. The ids deleted.
 with chosen as materialized (
     select t.id from {schema}.tasks t
     where {part_selected}
       and t.state in ('succeeded', 'failed', 'cancelled')
     order by t.id
     limit %(limit)s::int
-    for update of t
+    for update of t skip locked
 ),
 gone as (
     delete from {schema}.tasks t using chosen c where t.id = c.id

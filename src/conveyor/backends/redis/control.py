@@ -151,6 +151,6 @@ def _selection_args(selection: TaskSelection) -> list[Any]:
         rows.opt(selection.queue),
         rows.opt(None if selection.since is None else rows.ms(selection.since)),
         rows.opt(None if selection.until is None else rows.ms(selection.until)),
-        rows.opt(None if selection.ids is None else json.dumps(list(selection.ids))),
+        rows.opt(None if selection.ids is None else json.dumps([str(i) for i in selection.ids])),
         *dict.fromkeys(state.value for state in selection.states),
     ]

@@ -674,8 +674,8 @@ local ALIVE = {pending = true, in_progress = true, waiting = true}
 -- A bulk action's selection (retry_many, cancel_many, delete_many), read in
 -- the script that acts on it, so that a task whose state changed since a
 -- caller listed it is judged by its state now: the tasks in `states` with
--- ids above `after` (among `ids`, a list of numbers, repeats allowed, when
--- given), of `name` and `queue` and created in [since, before) where given
+-- ids above `after` (among `ids`, a list of decimal texts, repeats
+-- allowed, when given), of `name` and `queue` and created in [since, before) where given
 -- (each nil when not), at most `limit`, ascending by id, each once as {id,
 -- state, queue, name, priority}. A task whose queue, name, created_at or
 -- priority does not read is passed over.
@@ -700,13 +700,15 @@ local function select_tasks(states, after, limit, name, queue, since, before, id
   if ids then
     local wanted = {}
     for _, state in ipairs(states) do wanted[state] = true end
-    table.sort(ids)
+    table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
     local last
     for _, id in ipairs(ids) do
       if #chosen >= limit then break end
-      local state = id ~= last and id > after and redis.call('HGET', key_task(id), 'state')
+      local number = tonumber(id)
+      local state = number ~= last and number > after
+        and redis.call('HGET', key_task(id), 'state')
       if state and wanted[state] then take(id, state) end
-      last = id
+      last = number
     end
     return chosen
   end
@@ -732,7 +734,7 @@ end
 
 -- The selection of a bulk action from its arguments `args` (ARGV), from
 -- index i on: after, limit, name (opt), queue (opt), since (opt, ms), until
--- (opt, ms), ids (opt, a JSON array), then the states.
+-- (opt, ms), ids (opt, a JSON array of decimal texts), then the states.
 local function selection_args(args, i)
   local states = {}
   for s = i + 7, #args do states[#states + 1] = args[s] end
