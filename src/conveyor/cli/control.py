@@ -228,13 +228,14 @@ def _bulk(
                     targets = [t.id for t in _selected(app, states, name, queue, since, until)]
                     _print_dry_run(action, targets)
                     return
-                selection = {"states": states, "name": name, "queue": queue}
                 many = {
                     "cancel": app.cancel_many,
                     "retry": app.retry_many,
                     "delete": app.delete_many,
                 }[action]
-                done = many(**selection, since=since, until=until, batch=PAGE)
+                done = many(
+                    states=states, name=name, queue=queue, since=since, until=until, batch=PAGE
+                )
                 click.echo(f"{past} {len(done)} task(s)")
                 return
             if dry_run:
