@@ -9,12 +9,14 @@ form, and runs on the store the client talks to.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
 from conveyor.backends import Backend
 from conveyor.backends.protocol import (
+    CancelMany,
+    DeleteMany,
     Inspector,
     KeyInfo,
     PruneResult,
@@ -23,9 +25,12 @@ from conveyor.backends.protocol import (
 )
 from conveyor.errors import ConfigurationError
 from conveyor.events import EventBus, QueuePaused
-from conveyor.model import Pause, PauseKind, TaskState, stored_id
+from conveyor.model import Pause, PauseKind, TaskState, findable, stored_id
 from conveyor.portal import Portal
 from conveyor.retention import DEFAULT_RETENTION, Retention
+
+CANCELLABLE = (TaskState.PENDING, TaskState.WAITING, TaskState.IN_PROGRESS)
+"""The states a cancel takes."""
 
 
 class _Named(Protocol):
@@ -158,32 +163,29 @@ class Controls:
         queue: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        ids: Sequence[int] | None = None,
         batch: int = 500,
     ) -> list[int]:
         """Run again every failed (or, in ``states``, cancelled) task of
-        ``name`` and ``queue`` created in [``since``, ``until``), each filter
-        optional: pending now with a fresh budget, as :meth:`retry`, in
-        batches of ``batch`` in the store (one statement each, oldest first).
-        A task that fails again meanwhile is not retried twice by one call;
-        one locked by a worker at that moment is passed by. The ids retried."""
+        ``name`` and ``queue`` created in [``since``, ``until``) (and, with
+        ``ids``, among those), each filter optional: pending now with a
+        fresh budget, as :meth:`retry`, in batches of ``batch`` in the store
+        (one statement or script each, oldest first). Each batch reads its
+        filter in the same write as the retry: a task no longer in
+        ``states`` (one another operator cancelled after it failed) is left
+        as it is. A task that fails again meanwhile is not retried twice by
+        one call; one locked by a worker at that moment is passed by. The
+        ids retried. Raises ConfigurationError for a state that cannot be
+        retried."""
         backend = await self.backend()
         chosen = tuple(TaskState(s) for s in states)
-        done: list[int] = []
-        while True:
-            ids = await backend.retry_many(
-                RetryMany(
-                    states=chosen,
-                    name=name,
-                    queue=queue,
-                    since=since,
-                    until=until,
-                    after=done[-1] if done else 0,
-                    limit=batch,
-                )
+
+        async def one(after: int) -> list[int]:
+            return await backend.retry_many(
+                RetryMany(chosen, name, queue, since, until, _ids(ids), after, batch)
             )
-            done += ids
-            if len(ids) < batch:
-                return done
+
+        return await _batches(one, batch)
 
     def retry_many(
         self,
@@ -193,12 +195,125 @@ class Controls:
         queue: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        ids: Sequence[int] | None = None,
         batch: int = 500,
     ) -> list[int]:
         """Sync form of :meth:`retry_many_async`."""
         return self.portal.run(
             self.retry_many_async(
-                states=states, name=name, queue=queue, since=since, until=until, batch=batch
+                states=states,
+                name=name,
+                queue=queue,
+                since=since,
+                until=until,
+                ids=ids,
+                batch=batch,
+            )
+        )
+
+    async def cancel_many_async(
+        self,
+        *,
+        states: Sequence[TaskState | str] = CANCELLABLE,
+        name: str | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        ids: Sequence[int] | None = None,
+        batch: int = 500,
+    ) -> list[int]:
+        """Cancel every pending, waiting or running task (those of
+        ``states``) of ``name`` and ``queue`` created in [``since``,
+        ``until``) (and, with ``ids``, among those), as :meth:`cancel`, in
+        batches of ``batch`` in the store, oldest first. Each batch reads its
+        filter in the same write as the cancel: a task that finished, or
+        left ``states``, meanwhile is left as it is. The ids cancelled (a
+        running one has its cancel requested). Raises ConfigurationError
+        for a state that cannot be cancelled."""
+        backend = await self.backend()
+        chosen = tuple(TaskState(s) for s in states)
+
+        async def one(after: int) -> list[int]:
+            return await backend.cancel_many(
+                CancelMany(chosen, name, queue, since, until, _ids(ids), after, batch)
+            )
+
+        return await _batches(one, batch)
+
+    def cancel_many(
+        self,
+        *,
+        states: Sequence[TaskState | str] = CANCELLABLE,
+        name: str | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        ids: Sequence[int] | None = None,
+        batch: int = 500,
+    ) -> list[int]:
+        """Sync form of :meth:`cancel_many_async`."""
+        return self.portal.run(
+            self.cancel_many_async(
+                states=states,
+                name=name,
+                queue=queue,
+                since=since,
+                until=until,
+                ids=ids,
+                batch=batch,
+            )
+        )
+
+    async def delete_many_async(
+        self,
+        *,
+        states: Sequence[TaskState | str] = (TaskState.FAILED,),
+        name: str | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        ids: Sequence[int] | None = None,
+        batch: int = 500,
+    ) -> list[int]:
+        """Delete every finished task of ``states`` (default: failed ones)
+        of ``name`` and ``queue`` created in [``since``, ``until``) (and,
+        with ``ids``, among those), with its attempt log and messages, as
+        :meth:`delete`, in batches of ``batch`` in the store, oldest first.
+        Each batch reads its filter in the same write as the delete: a task
+        retried meanwhile is not deleted. The ids deleted. Raises
+        ConfigurationError for an unfinished state (delete those one by
+        one: a parent may wait for them)."""
+        backend = await self.backend()
+        chosen = tuple(TaskState(s) for s in states)
+
+        async def one(after: int) -> list[int]:
+            return await backend.delete_many(
+                DeleteMany(chosen, name, queue, since, until, _ids(ids), after, batch)
+            )
+
+        return await _batches(one, batch)
+
+    def delete_many(
+        self,
+        *,
+        states: Sequence[TaskState | str] = (TaskState.FAILED,),
+        name: str | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        ids: Sequence[int] | None = None,
+        batch: int = 500,
+    ) -> list[int]:
+        """Sync form of :meth:`delete_many_async`."""
+        return self.portal.run(
+            self.delete_many_async(
+                states=states,
+                name=name,
+                queue=queue,
+                since=since,
+                until=until,
+                ids=ids,
+                batch=batch,
             )
         )
 
@@ -211,3 +326,19 @@ class Controls:
     def list_keys(self, limit: int = 1000) -> list[KeyInfo]:
         """Sync form of :meth:`list_keys_async`."""
         return self.portal.run(self.list_keys_async(limit))
+
+
+def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:
+    """The ids a selection may hold (one no task can have selects nothing)."""
+    return None if ids is None else tuple(i for i in ids if findable(i))
+
+
+async def _batches(one: Callable[[int], Awaitable[list[int]]], batch: int) -> list[int]:
+    """Every batch of a bulk action, each after the last id of the one
+    before, until one comes back short: the ids acted on."""
+    done: list[int] = []
+    while True:
+        ids = await one(done[-1] if done else 0)
+        done += ids
+        if len(ids) < batch:
+            return done

@@ -791,17 +791,20 @@ async def test_the_inbox_statements_find_their_rows_by_key_beside_an_analyzed_ba
         assert _rows_read_from_tasks(nodes) <= 2 * n, name
 
 
-async def test_a_bulk_retry_batch_takes_its_rows_by_key_beside_analyzed_failures(
-    backend: PostgresBackend,
+@pytest.mark.parametrize("statement", ["retry_many", "cancel_many", "delete_many"])
+async def test_a_bulk_batch_takes_its_rows_by_key_beside_analyzed_failures(
+    backend: PostgresBackend, statement: str
 ) -> None:
-    """A bulk retry walks 100,000 failed tasks the statistics know of in
-    batches of 1,000: each batch moves the rows it chose by key, never
+    """A bulk retry (cancel, delete) walks 100,000 tasks the statistics know
+    of in batches of 1,000: each batch moves the rows it chose by key, never
     through a scan of the whole table (the generic plan guesses that its
     LIMIT passes a tenth of them)."""
-    await _fill(backend, 100_000, 0, "1 hour", state="failed")
+    state = "pending" if statement == "cancel_many" else "failed"
+    await _fill(backend, 100_000, 0, "1 hour", state=state)
     await _analyze(backend)
     args = {
-        "states": ["failed"],
+        "states": [state],
+        "ids": None,
         "after": 0,
         "name": None,
         "queue": None,
@@ -810,7 +813,7 @@ async def test_a_bulk_retry_batch_takes_its_rows_by_key_beside_analyzed_failures
         "limit": 1000,
         "now": None,
     }
-    nodes = await _generic_plan(backend, "retry_many", args)
+    nodes = await _generic_plan(backend, statement, args)
     assert "tasks" not in _scanned_tables(nodes)
     assert _rows_read_from_tasks(nodes) <= 2000
 

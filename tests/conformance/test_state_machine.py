@@ -122,6 +122,7 @@ from hypothesis.stateful import (
 from conveyor import payload as codec
 from conveyor.backends import Backend, backend_from_url
 from conveyor.backends.protocol import (
+    CancelMany,
     ClaimedTask,
     ClaimParams,
     Completion,
@@ -135,6 +136,7 @@ from conveyor.backends.protocol import (
     Inspector,
     NewTask,
     PruneParams,
+    RetryMany,
     ScheduleSync,
     SendParams,
     StoredSchedule,
@@ -1229,6 +1231,33 @@ class BackendAgreement(RuleBasedStateMachine):
         got = self.outcome(lambda: real.retry(self.to_real.get(task_id, task_id), now=self.now))
         assert got == expected, f"retry({task_id}) at {self.now}"
 
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data(), action=st.sampled_from(["retry", "cancel"]))
+    def bulk(self, data: st.DataObject, action: str) -> None:
+        """A bulk retry or cancel of a few tasks by id (any order, missing
+        ones too) and by state: every engine reads the filter in its own
+        write, as the model does under its lock."""
+        running = [t.task_id for t in self.held]
+        pool = [*self.ids, *running, *self.pruned[-1:], MISSING_ID]
+        ids = data.draw(st.lists(st.sampled_from(pool), max_size=4), label="ids")
+        kind = RetryMany if action == "retry" else CancelMany
+        allowed = sorted(kind.ALLOWED, key=lambda state: state.value)
+        states = tuple(data.draw(st.lists(st.sampled_from(allowed), min_size=1, unique=True)))
+        self.bulk_action(action, states, ids)
+
+    def bulk_action(self, action: str, states: tuple[TaskState, ...], ids: list[int]) -> None:
+        self.causes |= RULE_CAUSES[action]
+        model, real = self.model, self.real
+        real_ids = [self.real_id(i) for i in ids]
+        if action == "retry":
+            expected = self.run(model.retry_many(RetryMany(states, ids=ids, now=self.now)))
+            got = self.run(real.retry_many(RetryMany(states, ids=real_ids, now=self.now)))
+        else:
+            expected = self.run(model.cancel_many(CancelMany(states, ids=ids, now=self.now)))
+            got = self.run(real.cancel_many(CancelMany(states, ids=real_ids, now=self.now)))
+        note(f"{action}_many {[s.value for s in states]} of {ids}: {expected}")
+        assert got == [self.real_id(i) for i in expected], f"{action}_many at {self.now}"
+
     @rule(what=st.sampled_from(PAUSABLE))
     def pause(self, what: tuple[PauseKind, str]) -> None:
         kind, name = what
@@ -1596,6 +1625,18 @@ def test_replay_a_retry_that_ends_cancelled_keeps_its_run_at(kind: str) -> None:
         lambda m: m.claim("w1", limit=1, queues=QUEUES),
         lambda m: m.cancel_task(1),
         lambda m: m.send_finish("w1", [retry]),
+    )
+
+
+@pytest.mark.parametrize("kind", REAL_BACKENDS)
+def test_replay_a_bulk_cancel_among_repeated_ids_cancels_a_task_once(kind: str) -> None:
+    """A bulk cancel given one id twice answers it once (Redis's script
+    took it twice)."""
+    both = (TaskState.IN_PROGRESS, TaskState.PENDING)
+    replay(
+        kind,
+        lambda m: m.enqueue([Spec()], uniform=False),
+        lambda m: m.bulk_action("cancel", both, [1, 1]),
     )
 
 

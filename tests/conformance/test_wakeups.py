@@ -2,7 +2,8 @@
 
 A task made due at once by a completion (a workflow's next step, a release)
 wakes its queue like an enqueue does, or the next step would wait for the
-poll interval. A cancel of a running task reaches its worker as a
+poll interval. So does the end of an attempt of a concurrency key, for the
+queue of the key's next task. A cancel of a running task reaches its worker as a
 CancelHint, and ``cancel_requested`` tells which held leases it concerns.
 """
 
@@ -12,6 +13,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
+
+import pytest
 
 from conveyor import payload as codec
 from conveyor.backends.protocol import (
@@ -133,3 +136,27 @@ async def test_a_cancel_of_a_running_task_reaches_its_worker(backend: Backend) -
     assert isinstance(hint, CancelHint) and hint.task_id in (task_id, None)
     assert await backend.cancel_requested("w1", [token, stale]) == {token}
     assert await backend.cancel_requested("w2", [foreign]) == frozenset()
+
+
+@pytest.mark.parametrize("outcome", [Outcome.SUCCEEDED, Outcome.FAILED])
+@pytest.mark.parametrize("queue", ["default", "mail"])
+async def test_a_keyed_attempt_s_end_wakes_the_queue_of_its_key_s_next_task(
+    backend: Backend, outcome: Outcome, queue: str
+) -> None:
+    """The end of an attempt frees a slot of its concurrency key: the queue
+    of the key's next due task (here ``default``, whether the attempt's own
+    task was of it or of another queue) is woken at once, or that task would
+    wait for a poll. Plain successes and the general completion alike."""
+    first = replace(new(queue=queue), concurrency_key="k", concurrency_limit=1)
+    second = replace(new(), concurrency_key="k", concurrency_limit=1)
+    await enqueue(backend, first)
+    [claimed] = await claim(backend, queues=(queue,))
+    await enqueue(backend, second)
+    state = TaskState.SUCCEEDED if outcome is Outcome.SUCCEEDED else TaskState.FAILED
+    ended = Completion(
+        claimed.token, outcome, state, result="1" if state is TaskState.SUCCEEDED else None
+    )
+    async with listening(backend) as listener:
+        result = await backend.finish(FinishParams("w1", [ended], now=later(1)))
+        assert result.applied == {claimed.token}
+        await listener.expect(lambda w: w == "default")

@@ -174,6 +174,21 @@ def test_bulk_retry_of_failed_tasks(store: Store) -> None:
     assert app.list_tasks(state="failed") == []
 
 
+def test_retry_selected_leaves_a_task_cancelled_since_the_page_was_drawn(store: Store) -> None:
+    app, s = store
+    with TestClient(create_app(app)) as client:
+        token = csrf_of(client, "/failed")  # the page lists failed_more as failed...
+        raced = s.failed_more[0]
+        app.retry(raced)  # ...then another operator retries it and cancels it
+        app.cancel(raced)
+        ticked = [str(raced), str(s.cancelled), str(s.failed)]
+        page = client.post("/failed/retry", data={"csrf_token": token, "task": ticked})
+        assert "1 failed task(s) are pending again" in page.text
+    assert state_of(app, raced) is TaskState.CANCELLED
+    assert state_of(app, s.cancelled) is TaskState.CANCELLED
+    assert state_of(app, s.failed) is TaskState.PENDING
+
+
 def test_token_auth_refuses_then_lets_in(store: Store) -> None:
     app, s = store
     with TestClient(create_app(app, auth=token_auth("s3cret"))) as client:

@@ -67,3 +67,17 @@ async def test_a_call_s_own_concurrency_overrides_the_task_s(app: conveyor.App) 
 def test_a_bad_concurrency_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError, match="Concurrency"):
         Concurrency(**bad)  # type: ignore[arg-type]
+
+
+async def test_a_freed_slot_is_taken_at_once_not_at_the_next_poll(app: conveyor.App) -> None:
+    # A poll of 60 s: only wake-ups can move the drain on. Each completion
+    # that frees a slot of the key must make its next task claimed at once.
+    @app.task(concurrency=Concurrency(key="one", limit=2))
+    async def keyed(n: int) -> None:
+        await asyncio.sleep(0.01)
+
+    async with app:
+        handles = [await keyed.enqueue_async(n=n) for n in range(8)]
+        async with RunningWorker(app, concurrency=8, poll_interval=60):
+            tasks = await wait_terminal(app, [h.id for h in handles], timeout=30)
+    assert {t.state for t in tasks} == {TaskState.SUCCEEDED}

@@ -38,7 +38,7 @@ import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeAlias, runtime_checkable
 
 from conveyor.errors import ConfigurationError
 from conveyor.model import (
@@ -369,27 +369,79 @@ class TaskCount:
 
 
 @dataclass(frozen=True, slots=True)
-class RetryMany:
-    """One batch of a bulk retry: tasks in ``states`` (finished ones: failed,
-    cancelled) with ids above ``after``, of ``name`` and ``queue`` and created
-    in [``since``, ``until``) where given, at most ``limit``, oldest first."""
+class TaskSelection:
+    """Which tasks one batch of a bulk action takes: tasks in ``states``
+    with ids above ``after`` (and, with ``ids``, among them), of ``name``
+    and ``queue`` and created in [``since``, ``until``) where given, at most
+    ``limit``, oldest first.
 
-    states: Sequence[TaskState] = (TaskState.FAILED,)
+    Every engine reads the selection in the same write as the action
+    (PostgreSQL and SQLite: one statement; Redis: one script; memory: under
+    its lock): a task whose state changed since a caller listed it is judged
+    by its state then, so a bulk action never touches a task its filter no
+    longer selects. Each action says which ``states`` it takes (``ALLOWED``)."""
+
+    ALLOWED: ClassVar[frozenset[TaskState]] = frozenset()
+    ACTION: ClassVar[str] = "act on"
+
+    states: Sequence[TaskState] = ()
     name: str | None = None
     queue: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    ids: Sequence[int] | None = None
     after: int = 0
     limit: int = 500
     now: datetime | None = None
 
     def __post_init__(self) -> None:
-        if not self.states or not all(
-            s in (TaskState.FAILED, TaskState.CANCELLED) for s in self.states
-        ):
-            raise ConfigurationError("a bulk retry takes failed and cancelled tasks")
+        if not self.states or not all(s in self.ALLOWED for s in self.states):
+            allowed = ", ".join(sorted(s.value for s in self.ALLOWED))
+            raise ConfigurationError(f"a bulk {self.ACTION} takes tasks in: {allowed}")
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
             raise ConfigurationError("limit must be an integer, at least 1")
+        if self.ids is not None and not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in self.ids
+        ):
+            raise ConfigurationError("ids must be task ids")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryMany(TaskSelection):
+    """One batch of a bulk retry (see :class:`TaskSelection`): failed and
+    cancelled tasks (by default failed ones) pending again, as a retry."""
+
+    ALLOWED: ClassVar[frozenset[TaskState]] = frozenset({TaskState.FAILED, TaskState.CANCELLED})
+    ACTION: ClassVar[str] = "retry"
+
+    states: Sequence[TaskState] = (TaskState.FAILED,)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelMany(TaskSelection):
+    """One batch of a bulk cancel (see :class:`TaskSelection`): pending,
+    waiting and running tasks (by default all three), each as a cancel."""
+
+    ALLOWED: ClassVar[frozenset[TaskState]] = frozenset(
+        {TaskState.PENDING, TaskState.WAITING, TaskState.IN_PROGRESS}
+    )
+    ACTION: ClassVar[str] = "cancel"
+
+    states: Sequence[TaskState] = (TaskState.PENDING, TaskState.WAITING, TaskState.IN_PROGRESS)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMany(TaskSelection):
+    """One batch of a bulk delete (see :class:`TaskSelection`): finished
+    tasks only (an unfinished one may have a parent waiting for it: delete
+    those one by one), each as a delete."""
+
+    ALLOWED: ClassVar[frozenset[TaskState]] = frozenset(
+        {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED}
+    )
+    ACTION: ClassVar[str] = "delete"
+
+    states: Sequence[TaskState] = (TaskState.FAILED,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -783,6 +835,15 @@ class Backend(Protocol):
         """One batch of a bulk retry (see :class:`RetryMany`): each task
         pending again, due now, with a fresh budget, as :meth:`retry`; rows
         locked by others are passed by. The ids moved, in order."""
+
+    async def cancel_many(self, selection: CancelMany) -> list[int]:
+        """One batch of a bulk cancel (see :class:`CancelMany`), each task as
+        :meth:`cancel` (a running one has its cancel requested, its worker
+        told). The ids cancelled, in order."""
+
+    async def delete_many(self, selection: DeleteMany) -> list[int]:
+        """One batch of a bulk delete (see :class:`DeleteMany`), each task as
+        :meth:`delete`. The ids deleted, in order."""
 
     async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
         """The task (with its attempt log unless told not to), or None."""

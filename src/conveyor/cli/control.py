@@ -28,6 +28,7 @@ from conveyor.cli.common import (
     warn,
     with_client,
 )
+from conveyor.controls import CANCELLABLE
 from conveyor.errors import ConveyorError, InvalidTransitionError, TaskNotFoundError
 from conveyor.model import RetryPolicy, Task, TaskState
 from conveyor.options import EnqueueOptions
@@ -151,21 +152,33 @@ def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+ACTIONS = {
+    "cancel": ("cancelled", CANCELLABLE),
+    "retry": ("retried", (TaskState.FAILED, TaskState.CANCELLED)),
+    "delete": ("deleted", (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)),
+}
+"""Each bulk action: its past tense and the states it takes (without --state)."""
+
+
 def _selected(
     app: App,
-    state: str | None,
+    states: tuple[TaskState, ...],
     name: str | None,
     queue: str | None,
     since: datetime | None,
     until: datetime | None,
 ) -> Iterator[Task]:
-    """Every task the filters select, newest first, page by page."""
+    """Every task the filters select, newest first, page by page (a dry
+    run's preview: the action itself reads its filter in its own write)."""
     before = None
+    state = states[0] if len(states) == 1 else None
     while True:
         page = app.list_tasks(state=state, name=name, queue=queue, limit=PAGE, before=before)
         for task in page:
-            if (since is None or task.created_at >= since) and (
-                until is None or task.created_at < until
+            if (
+                task.state in states
+                and (since is None or task.created_at >= since)
+                and (until is None or task.created_at < until)
             ):
                 yield task
         if len(page) < PAGE:
@@ -180,39 +193,59 @@ def _bulk(
     dry_run: bool,
     url: str | None,
     schema: str | None,
+    confirm: Callable[[str], None] | None = None,
 ) -> None:
-    """Cancel or retry the tasks given by id, or every task the filters
-    select; tasks that cannot move (already ended, not failed) are counted,
-    not fatal."""
+    """Cancel, retry or delete the tasks given by id (one by one: one that
+    cannot move is counted, not fatal), or every task the filters select:
+    in batches in the store, each reading the filters in the same write as
+    its action, so a task whose state changed since the command started is
+    judged as it is then (a task cancelled meanwhile is not retried by
+    --state failed)."""
     now = datetime.now(UTC)
     since = parse_time(filters["since"], now, "--since") if filters["since"] else None
     until = parse_time(filters["until"], now, "--until") if filters["until"] else None
-    chosen = {k: filters[k] for k in ("state", "name", "queue")}
-    if not ids and not any(chosen.values()) and since is None and until is None:
+    name, queue, state = filters["name"], filters["queue"], filters["state"]
+    if not ids and not (state or name or queue) and since is None and until is None:
         fail(f"give task ids or a filter (--state, --name, --queue, --since, --until) to {action}")
-    if ids and (any(chosen.values()) or since or until):
+    if ids and (state or name or queue or since or until):
         fail("give task ids or filters, not both")
+    past, allowed = ACTIONS[action]
+    states = (TaskState(state),) if state else allowed
+    if state and states[0] not in allowed:
+        *most, last = (s.value for s in allowed)
+        fail(f"only {', '.join(most)} or {last} tasks can be {past}, not {state}")
+    if confirm is not None and not dry_run:
+        confirm(f"task {ids[0]} and its" if len(ids) == 1 else "the tasks selected and their")
     try:
         with open_client(url, schema) as app:
-            targets = (
-                list(ids)
-                if ids
-                else [t.id for t in _selected(app, **chosen, since=since, until=until)]
-            )
-            if dry_run:
-                _print_dry_run(action, targets)
+            if not ids:
+                if dry_run:
+                    targets = [t.id for t in _selected(app, states, name, queue, since, until)]
+                    _print_dry_run(action, targets)
+                    return
+                many = {
+                    "cancel": app.cancel_many,
+                    "retry": app.retry_many,
+                    "delete": app.delete_many,
+                }[action]
+                done = many(
+                    states=states, name=name, queue=queue, since=since, until=until, batch=PAGE
+                )
+                click.echo(f"{past} {len(done)} task(s)")
                 return
-            moved, refused = _apply(app, action, targets)
+            if dry_run:
+                _print_dry_run(action, list(ids))
+                return
+            moved, refused = _apply(app, action, list(ids))
     except ConveyorError as exc:
         fail(exc)
-    if len(targets) == 1 and not refused:
-        click.echo(f"task {targets[0]}: {moved[0][1]}")
+    if len(ids) == 1 and not refused:
+        click.echo(f"task {ids[0]}: {moved[0][1]}")
         return
     for _, problem in refused:
-        if len(targets) == 1:
+        if len(ids) == 1:
             fail(problem)
         warn(problem)
-    past = "cancelled" if action == "cancel" else "retried"
     click.echo(f"{past} {len(moved)} task(s); {len(refused)} could not be {past}")
 
 
@@ -227,13 +260,16 @@ def _apply(
 ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     moved: list[tuple[int, str]] = []
     refused: list[tuple[int, str]] = []
-    move = app.cancel if action == "cancel" else app.retry
     with Progress(console=errors, transient=True, disable=len(targets) < PAGE) as progress:
         bar = progress.add_task(action, total=len(targets))
         for task_id in targets:
             try:
-                state: TaskState = move(task_id)
-                moved.append((task_id, state.value))
+                if action == "delete":
+                    app.delete(task_id)
+                    moved.append((task_id, "deleted"))
+                else:
+                    state: TaskState = (app.cancel if action == "cancel" else app.retry)(task_id)
+                    moved.append((task_id, state.value))
             except (InvalidTransitionError, TaskNotFoundError) as exc:
                 refused.append((task_id, str(exc)))
             progress.advance(bar)
@@ -251,8 +287,9 @@ def cancel(
     schema: str | None,
     **filters: Any,
 ) -> None:
-    """Cancel tasks: by id, or every task the filters select. A running one is
-    told at once and stops within about a second."""
+    """Cancel tasks: by id, or every pending, waiting or running task the
+    filters select. A running one is told at once and stops within about a
+    second."""
     _bulk("cancel", task_ids, filters, dry_run, url, schema)
 
 
@@ -267,8 +304,9 @@ def retry(
     schema: str | None,
     **filters: Any,
 ) -> None:
-    """Run failed or cancelled tasks again: by id, or every task the filters
-    select (e.g. --state failed --name send_email --since 2h)."""
+    """Run failed or cancelled tasks again: by id, or every failed or
+    cancelled task the filters select (e.g. --state failed --name send_email
+    --since 2h)."""
     _bulk("retry", task_ids, filters, dry_run, url, schema)
 
 
@@ -282,13 +320,24 @@ def run_now(task_id: int, url: str | None, schema: str | None) -> None:
 
 
 @click.command()
-@click.argument("task_id", type=int)
+@click.argument("task_ids", type=int, nargs=-1)
 @click.option("--yes", is_flag=True, help="Do not ask first.")
+@filter_options
 @backend_options
-def delete(task_id: int, yes: bool, url: str | None, schema: str | None) -> None:
-    """Delete task TASK_ID with its attempt log and messages, for good (not a
-    running one: cancel it first)."""
-    if not yes:
-        click.confirm(f"delete task {task_id} and its history for good?", abort=True, err=True)
-    with_client(url, schema, lambda app: app.delete(task_id))
-    click.echo(f"task {task_id}: deleted")
+def delete(
+    task_ids: tuple[int, ...],
+    yes: bool,
+    dry_run: bool,
+    url: str | None,
+    schema: str | None,
+    **filters: Any,
+) -> None:
+    """Delete tasks with their attempt logs and messages, for good: by id
+    (not a running one: cancel it first), or every finished task the
+    filters select (e.g. --state failed --until 30d)."""
+
+    def ask(what: str) -> None:
+        if not yes:
+            click.confirm(f"delete {what} history for good?", abort=True, err=True)
+
+    _bulk("delete", task_ids, filters, dry_run, url, schema, ask)

@@ -101,8 +101,10 @@ async def _pause_or_resume(request: Request, *, paused: bool) -> Response:
 
 
 async def retry_selected(request: Request) -> Response:
-    """Retry the failed tasks ticked (``task`` fields); one that is no
-    longer failed or cancelled is passed by."""
+    """Retry the failed tasks ticked (``task`` fields), in batches in the
+    store (``retry_many`` among their ids) that read each task's state in
+    the same write: one that is no longer failed (retried, then cancelled,
+    by someone else since the page was drawn) is passed by."""
     form = await checked_form(request)
     chosen = form.getlist("task")
     if len(chosen) > MOST_SELECTED:
@@ -112,15 +114,8 @@ async def retry_selected(request: Request) -> Response:
         if not isinstance(value, str) or not value.isdigit() or len(value) > 18:
             raise HTTPException(400, f"Not a task id: {value!r}")
         ids.append(int(value))
-    app = dashboard_of(request).app
-    done = 0
-    for task_id in ids:
-        try:
-            await app.retry_async(task_id)
-        except (TaskNotFoundError, InvalidTransitionError):
-            continue  # retried or deleted meanwhile
-        done += 1
-    return _back(request, "failed", notice="retried_many", n=str(done))
+    done = await dashboard_of(request).app.retry_many_async(ids=ids)
+    return _back(request, "failed", notice="retried_many", n=str(len(done)))
 
 
 async def retry_all(request: Request) -> Response:

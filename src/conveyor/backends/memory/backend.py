@@ -22,9 +22,11 @@ from conveyor.backends.memory import reads, retention, schedules
 from conveyor.backends.memory.store import Store
 from conveyor.backends.protocol import (
     ActivityBucket,
+    CancelMany,
     Capability,
     ClaimedTask,
     ClaimParams,
+    DeleteMany,
     EnqueueParams,
     FinishParams,
     FinishResult,
@@ -179,6 +181,14 @@ class MemoryBackend:
         ids = self._store.retry_many(selection, self._now(selection.now))
         self._notify_woken()
         return ids
+
+    async def cancel_many(self, selection: CancelMany) -> list[int]:
+        ids = self._store.cancel_many(selection, self._now(selection.now))
+        self._notify_woken()
+        return ids
+
+    async def delete_many(self, selection: DeleteMany) -> list[int]:
+        return retention.delete_many(self._store, selection)
 
     async def sync_schedules(self, params: ScheduleSync) -> bool:
         return schedules.sync(self._store, params, self._now(params.now))

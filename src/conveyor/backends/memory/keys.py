@@ -76,6 +76,19 @@ def ensure(store: Store, row: Row, now: datetime | None = None) -> None:
         found.max_running = limit
 
 
+def freed(store: Store, row: Row, now: datetime) -> None:
+    """``row``'s attempt ended: a slot of its key is free, so the queues of
+    the key's due pending tasks are woken at once, as for a workflow's next
+    step (without it the key's tasks would wait for a poll between slots)."""
+    key = row.concurrency_key
+    if key is None:
+        return
+    for task_id in store.index.keyed_pending.get(key, ()):
+        waiting = store.tasks[task_id]
+        if waiting.run_at <= now:
+            store.woken.add(waiting.queue)
+
+
 def spent_lease(row: Row, now: datetime) -> bool:
     """A running task whose lease expired with nothing left to run: its next
     sweep ends it, and it takes no room of its key meanwhile."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conveyor.backends.memory.rows import Row
 from conveyor.backends.memory.store import Store
-from conveyor.backends.protocol import PruneParams, PruneResult
+from conveyor.backends.protocol import DeleteMany, PruneParams, PruneResult
 from conveyor.backends.stored import delete_refused
 from conveyor.model import TaskState
 
@@ -96,3 +96,12 @@ def delete(store: Store, task_id: int) -> None:
         if blocked:
             raise delete_refused(task_id, row.state, parent.state if parent else None)
         forget(store, row)
+
+
+def delete_many(store: Store, selection: DeleteMany) -> list[int]:
+    """One batch of a bulk delete (see :class:`DeleteMany`), each as :func:`delete`."""
+    with store.lock:
+        chosen = store.selected(selection)
+        for task_id in chosen:
+            forget(store, store.tasks[task_id])
+        return chosen

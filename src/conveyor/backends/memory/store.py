@@ -35,6 +35,7 @@ from conveyor.backends.memory.inboxes import Inboxes
 from conveyor.backends.memory.index import ClaimIndex
 from conveyor.backends.memory.rows import Row
 from conveyor.backends.protocol import (
+    CancelMany,
     ClaimedTask,
     ClaimParams,
     Completion,
@@ -48,6 +49,7 @@ from conveyor.backends.protocol import (
     NewTask,
     RetryMany,
     StoredSchedule,
+    TaskSelection,
     WorkerInfo,
 )
 from conveyor.backends.stored import (
@@ -342,6 +344,7 @@ class Store:
         if state is TaskState.PENDING and row.run_at <= now:  # a next step, a release
             self.woken.add(row.queue)
         row.end_lease()
+        concurrency_keys.freed(self, row, now)
         row.finished_at = now if state.is_terminal else None
         row.close_attempt(now, c.outcome, c.error)
         return state.is_terminal
@@ -491,18 +494,8 @@ class Store:
 
     def retry_many(self, selection: RetryMany, now: datetime) -> list[int]:
         """One batch of a bulk retry (see :class:`RetryMany`), each as :meth:`retry`."""
-        states = set(selection.states)
         with self.lock:
-            chosen = sorted(
-                row.id
-                for row in self.tasks.values()
-                if row.state in states
-                and row.id > selection.after
-                and selection.name in (None, row.name)
-                and selection.queue in (None, row.queue)
-                and (selection.since is None or row.created_at >= selection.since)
-                and (selection.until is None or row.created_at < selection.until)
-            )[: selection.limit]
+            chosen = self.selected(selection)
             for task_id in chosen:
                 row = self.tasks[task_id]
                 row.spent, row.run_at = 0, now
@@ -510,6 +503,32 @@ class Store:
                 row.cancel_requested, row.result, row.finished_at = False, None, None
                 self.woken.add(row.queue)
             return chosen
+
+    def cancel_many(self, selection: CancelMany, now: datetime) -> list[int]:
+        """One batch of a bulk cancel (see :class:`CancelMany`), each as :meth:`cancel`."""
+        with self.lock:
+            chosen = self.selected(selection)
+            for task_id in chosen:
+                row = self.tasks.get(task_id)
+                if row is not None and not row.state.is_terminal:  # a child cancelled before
+                    self._cancel(row, now)
+            return chosen
+
+    def selected(self, selection: TaskSelection) -> list[int]:
+        """The ids of the tasks ``selection`` takes now (the caller holds the lock)."""
+        states = set(selection.states)
+        among = None if selection.ids is None else set(selection.ids)
+        return sorted(
+            row.id
+            for row in self.tasks.values()
+            if row.state in states
+            and row.id > selection.after
+            and (among is None or row.id in among)
+            and selection.name in (None, row.name)
+            and selection.queue in (None, row.queue)
+            and (selection.since is None or row.created_at >= selection.since)
+            and (selection.until is None or row.created_at < selection.until)
+        )[: selection.limit]
 
     def _row(self, task_id: int) -> Row:
         row = self.tasks.get(task_id)

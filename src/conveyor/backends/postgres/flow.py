@@ -19,6 +19,8 @@ from conveyor.backends.postgres.inboxes import insert_tasks
 from conveyor.backends.protocol import (
     ACTIVITY_SCAN,
     ActivityBucket,
+    CancelMany,
+    DeleteMany,
     FireParams,
     KeyInfo,
     PruneParams,
@@ -27,6 +29,7 @@ from conveyor.backends.protocol import (
     RetryMany,
     ScheduleSync,
     StoredSchedule,
+    TaskSelection,
 )
 from conveyor.backends.stored import (
     activity_buckets,
@@ -115,17 +118,13 @@ class FlowControl:
         raise delete_refused(task_id, *(found[0] if found else (None, None)))
 
     async def retry_many(self, selection: RetryMany) -> list[int]:
-        args = {
-            "states": [s.value for s in selection.states],
-            "name": selection.name,
-            "queue": selection.queue,
-            "since": selection.since,
-            "until": selection.until,
-            "after": selection.after,
-            "limit": selection.limit,
-            "now": selection.now,
-        }
-        return list((await self._fetchall("retry_many", args))[0][0])
+        return list((await self._fetchall("retry_many", _selected(selection)))[0][0])
+
+    async def cancel_many(self, selection: CancelMany) -> list[int]:
+        return list((await self._fetchall("cancel_many", _selected(selection)))[0][0])
+
+    async def delete_many(self, selection: DeleteMany) -> list[int]:
+        return list((await self._fetchall("delete_many", _selected(selection)))[0][0])
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)
@@ -188,4 +187,19 @@ def _prune_args(params: PruneParams) -> dict[str, Any]:
         "befores": list(params.before.values()),
         "limit": params.limit,
         "workers_before": params.workers_before,
+    }
+
+
+def _selected(selection: TaskSelection) -> dict[str, Any]:
+    """The arguments of a bulk action's statement (``part_selected``)."""
+    return {
+        "states": [s.value for s in selection.states],
+        "ids": None if selection.ids is None else list(selection.ids),
+        "name": selection.name,
+        "queue": selection.queue,
+        "since": selection.since,
+        "until": selection.until,
+        "after": selection.after,
+        "limit": selection.limit,
+        "now": selection.now,
     }

@@ -696,6 +696,26 @@ and t.attempt = i.attempt
 and t.worker_id = i.worker_id
 and t.lease_expires_at > i.now
 
+-- name: part_keys_freed
+-- Part of both finishes: each attempt of a concurrency key that ended (in
+-- `finished`, with its key and the statement's now) frees a slot of its
+-- key, so the idle workers of the queue of the key's next due task (in
+-- claim order, on the key's pending index) are told at once, as for a next
+-- step: without it a key's tasks would wait for a poll between each slot.
+keys_freed as (
+    select count(pg_notify({channel}, q.queue)) as n
+    from (select distinct h.queue
+          from (select distinct f.concurrency_key, f.now from finished f
+                where f.concurrency_key is not null) as k
+          cross join lateral (
+              select p.queue from {schema}.tasks p
+              where p.state = 'pending' and p.concurrency_key = k.concurrency_key
+                and p.run_at <= k.now
+              order by p.priority desc, p.run_at, p.id
+              limit 1
+          ) as h) as q
+)
+
 -- name: finish
 -- Record many attempt completions in one statement, each fenced by its lease
 -- token and a live lease; a late write from a lost lease changes nothing
@@ -757,7 +777,8 @@ finished as (
               case when i.step_state is null then t.step
                    else (select o.step from {schema}.tasks o where o.id = t.id) end as step,
               i.outcome, i.now, i.error_type, i.error_message, i.traceback,
-              t.queue, t.state, t.state = 'pending' and t.run_at <= i.now as due
+              t.queue, t.state, t.state = 'pending' and t.run_at <= i.now as due,
+              t.concurrency_key
 ),
 logged as (
     insert into {schema}.attempts
@@ -771,8 +792,9 @@ logged as (
 notified as (
     select count(pg_notify({channel}, q.queue)) as n
     from (select distinct queue from finished where due) as q
-)
-select f.id, f.attempt from finished f, notified;
+),
+{part_keys_freed}
+select f.id, f.attempt from finished f, notified, keys_freed;
 
 -- name: finish_succeeded
 -- The common case of finish, on its own: many plain successes (no next
@@ -781,22 +803,27 @@ select f.id, f.attempt from finished f, notified;
 -- send: ids and attempts as array literals, the results (JSON texts
 -- already) as one JSON array, zipped in order by ROWS FROM. It writes the
 -- task rows only: each succeeded attempt stays in its row (owner, start,
--- step; see attempt_log in migration 0018).
+-- step; see attempt_log in migration 0018). A keyed attempt's end wakes
+-- its key's next task's queue (part_keys_freed).
 with input as materialized (
     select i.*, coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
            %(worker_id)s::text as worker_id
     from rows from (unnest(%(ids)s::bigint[]), unnest(%(attempts)s::int[]),
                     jsonb_array_elements(%(results)s::jsonb))
         as i(id, attempt, result)
-)
-update {schema}.tasks t
-set state = 'succeeded',
-    result = i.result,
-    lease_expires_at = null,
-    finished_at = i.now
-from input i
-where {part_finish_fence}
-returning t.id, t.attempt;
+),
+finished as (
+    update {schema}.tasks t
+    set state = 'succeeded',
+        result = i.result,
+        lease_expires_at = null,
+        finished_at = i.now
+    from input i
+    where {part_finish_fence}
+    returning t.id, t.attempt, t.concurrency_key, i.now
+),
+{part_keys_freed}
+select f.id, f.attempt from finished f, keys_freed;
 
 -- name: cancel
 -- Cancel a task: pending and waiting ones at once; a running one is flagged
@@ -1396,19 +1423,28 @@ select t.state, p.state
 from {schema}.tasks t left join {schema}.tasks p on p.id = t.parent_id
 where t.id = %(id)s;
 
+-- name: part_selected
+-- Part of the bulk actions: the tasks `t` of one selection (see
+-- TaskSelection): in %(states)s, ids above %(after)s (among %(ids)s when
+-- given), of the name, queue and creation window given (each optional).
+-- Each action reads it in its own statement, under the row locks it takes:
+-- a row changed since a caller listed it is judged as it is now.
+t.state = any(%(states)s::text[]) and t.id > %(after)s::bigint
+and (%(ids)s::bigint[] is null or t.id = any(%(ids)s::bigint[]))
+and (%(name)s::text is null or t.name = %(name)s::text)
+and (%(queue)s::text is null or t.queue = %(queue)s::text)
+and (%(since)s::timestamptz is null or t.created_at >= %(since)s::timestamptz)
+and (%(until)s::timestamptz is null or t.created_at < %(until)s::timestamptz)
+
 -- name: retry_many
--- One batch of a bulk retry: up to %(limit)s tasks in %(states)s with ids
--- above %(after)s, of the name, queue and creation window given (each
--- optional), oldest first, pending again now with a fresh budget (as
+-- One batch of a bulk retry: up to %(limit)s selected tasks (failed or
+-- cancelled), oldest first, pending again now with a fresh budget (as
 -- retry); rows locked by others are passed by. The ids moved, and their
--- queues' idle workers told.
+-- queues' idle workers told. FOR NO KEY UPDATE re-reads a row another
+-- transaction changed before it is locked, so the filter holds at the write.
 with chosen as materialized (
     select t.id from {schema}.tasks t
-    where t.state = any(%(states)s::text[]) and t.id > %(after)s::bigint
-      and (%(name)s::text is null or t.name = %(name)s::text)
-      and (%(queue)s::text is null or t.queue = %(queue)s::text)
-      and (%(since)s::timestamptz is null or t.created_at >= %(since)s::timestamptz)
-      and (%(until)s::timestamptz is null or t.created_at < %(until)s::timestamptz)
+    where {part_selected}
     order by t.id
     limit %(limit)s::int
     for no key update of t skip locked
@@ -1427,6 +1463,61 @@ notified as (
     from (select distinct queue from moved) as q
 )
 select array(select id from moved order by id), (select n from notified);
+
+-- name: cancel_many
+-- One batch of a bulk cancel: up to %(limit)s selected tasks (pending,
+-- waiting or running), oldest first, each as cancel: pending and waiting
+-- ones end now, a running one has its cancel requested and its worker is
+-- told. Rows locked by others (a heartbeat or a completion being written)
+-- are passed by, as retry_many does: waiting for them could deadlock with a
+-- completion that locks a batch in another order. A row another transaction
+-- changed is re-read once locked: a task that finished or moved meanwhile
+-- is left as it is. The ids cancelled.
+with chosen as materialized (
+    select t.id from {schema}.tasks t
+    where {part_selected}
+    order by t.id
+    limit %(limit)s::int
+    for no key update of t skip locked
+),
+cancelled as (
+    update {schema}.tasks t
+    set state = case when t.state = 'in_progress' then t.state else 'cancelled' end,
+        cancel_requested = (t.state = 'in_progress'),
+        finished_at = case when t.state = 'in_progress' then null
+                           else coalesce(%(now)s::timestamptz, statement_timestamp()) end
+    from chosen c
+    where t.id = c.id
+    returning t.id, t.state
+),
+notified as (
+    select count(pg_notify({cancel_channel}, c.id::text)) as n
+    from cancelled c where c.state = 'in_progress'
+)
+select array(select id from cancelled order by id), (select n from notified);
+
+-- name: delete_many
+-- One batch of a bulk delete: up to %(limit)s selected tasks (finished
+-- ones only: no parent waits for them), oldest first, with their attempts,
+-- messages and keys, as delete_task. It locks each row first and re-reads
+-- it: a task retried meanwhile is not deleted; rows locked by others (a
+-- retry, a prune under way) are passed by. The ids deleted.
+with chosen as materialized (
+    select t.id from {schema}.tasks t
+    where {part_selected}
+      and t.state in ('succeeded', 'failed', 'cancelled')
+    order by t.id
+    limit %(limit)s::int
+    for update of t skip locked
+),
+gone as (
+    delete from {schema}.tasks t using chosen c where t.id = c.id
+    returning t.id
+),
+attempts_gone as (
+    delete from {schema}.attempts a using gone g where a.task_id = g.id
+)
+select array(select id from gone order by id);
 
 -- name: keys_waiting
 -- Whether any concurrency key has pending tasks (a row of its own): only

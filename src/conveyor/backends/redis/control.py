@@ -4,14 +4,19 @@ schedules, pauses and workers, each one script (``lua/``)."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from typing import Any
 
 from conveyor.backends.protocol import (
+    CancelMany,
+    DeleteMany,
     PruneParams,
     PruneResult,
     RetryMany,
     ScheduleSync,
     SendParams,
+    TaskSelection,
     WorkerInfo,
 )
 from conveyor.backends.redis import (
@@ -62,19 +67,22 @@ class RedisControl(RedisStore):
             raise delete_refused(task_id, found[1] or None, found[2] or None)
 
     async def retry_many(self, selection: RetryMany) -> list[int]:
-        """One batch of a bulk retry in one script (``retry_many.lua``, which
-        says what it costs): the ids retried, ascending."""
-        args = [
-            rows.now_arg(selection.now),
-            selection.after,
-            selection.limit,
-            rows.opt(selection.name),
-            rows.opt(selection.queue),
-            rows.opt(None if selection.since is None else rows.ms(selection.since)),
-            rows.opt(None if selection.until is None else rows.ms(selection.until)),
-            *dict.fromkeys(state.value for state in selection.states),
-        ]
+        """One batch of a bulk retry in one script (``retry_many.lua``; what
+        its selection costs: ``select_tasks`` in ``common.lua``): the ids
+        retried, ascending."""
+        args = [rows.now_arg(selection.now), *_selection_args(selection)]
         return [int(task_id) for task_id in await self._run("retry_many", args)]
+
+    async def cancel_many(self, selection: CancelMany) -> list[int]:
+        """One batch of a bulk cancel in one script (``cancel_many.lua``):
+        the ids cancelled, ascending."""
+        args = [rows.now_arg(selection.now), *_selection_args(selection)]
+        return [int(task_id) for task_id in await self._run("cancel_many", args)]
+
+    async def delete_many(self, selection: DeleteMany) -> list[int]:
+        """One batch of a bulk delete in one script (``delete_many.lua``):
+        the ids deleted, ascending."""
+        return [int(i) for i in await self._run("delete_many", _selection_args(selection))]
 
     async def send(self, params: SendParams) -> list[int]:
         """Deliver every message in one script (``send.lua``), all or none,
@@ -131,3 +139,18 @@ class RedisControl(RedisStore):
     async def stop_worker(self, worker_id: str) -> None:
         """Mark a registered worker stopped (an unknown id changes nothing)."""
         await self._run("stop_worker", [rows.now_arg(None), worker_id])
+
+
+def _selection_args(selection: TaskSelection) -> list[Any]:
+    """A bulk action's selection as its script reads it (``selection_args``
+    in ``common.lua``)."""
+    return [
+        selection.after,
+        selection.limit,
+        rows.opt(selection.name),
+        rows.opt(selection.queue),
+        rows.opt(None if selection.since is None else rows.ms(selection.since)),
+        rows.opt(None if selection.until is None else rows.ms(selection.until)),
+        rows.opt(None if selection.ids is None else json.dumps([str(i) for i in selection.ids])),
+        *dict.fromkeys(state.value for state in selection.states),
+    ]

@@ -46,6 +46,8 @@ OPERATIONS = (
     "run_now",
     "delete",
     "retry_many",
+    "cancel_many",
+    "delete_many",
     "prune",
     "count_prunable",
     "sync_schedules",

@@ -420,7 +420,7 @@ class SQLiteBackend(FlowControl):
             # Sends, spawns and a child's end woke tasks the queues of which
             # this process does not know: every local worker looks.
             wake.notify_all(self._wake_key)
-        elif due:  # a workflow's next step, a release: due at once
+        elif due:  # a workflow's next step, a release, a key's freed slot
             wake.notify(self._wake_key, due)
         tokens = [c.token for c in completions]
         applied = frozenset(t for t in tokens if (t.task_id, t.attempt) in done)

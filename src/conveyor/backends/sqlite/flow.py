@@ -19,7 +19,9 @@ from conveyor.backends import wake
 from conveyor.backends.protocol import (
     ACTIVITY_SCAN,
     ActivityBucket,
+    CancelMany,
     ClaimParams,
+    DeleteMany,
     EnqueueParams,
     FireParams,
     KeyInfo,
@@ -29,6 +31,7 @@ from conveyor.backends.protocol import (
     RetryMany,
     ScheduleSync,
     StoredSchedule,
+    TaskSelection,
 )
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
@@ -189,9 +192,28 @@ class FlowControl:
             raise delete_refused(task_id, *refused)
 
     async def retry_many(self, selection: RetryMany) -> list[int]:
-        def retry(conn: sqlite3.Connection) -> list[int]:
+        ids = await self._act_on(selection, "retry_many")
+        if ids:
+            wake.notify_all(self._wake_key)
+        return ids
+
+    async def cancel_many(self, selection: CancelMany) -> list[int]:
+        ids = await self._act_on(selection, "cancel_many")
+        if ids:
+            wake.notify_all(self._wake_key)  # a parent may have an end message
+            wake.notify_cancel(self._wake_key, [None])  # running ones: see cancel
+        return ids
+
+    async def delete_many(self, selection: DeleteMany) -> list[int]:
+        return await self._act_on(selection, "delete_many")
+
+    async def _act_on(self, selection: TaskSelection, statement: str) -> list[int]:
+        """Run a bulk action's statement on one selection, in one write."""
+
+        def act(conn: sqlite3.Connection) -> list[int]:
             args = {
                 "states": json.dumps([s.value for s in selection.states]),
+                "ids": None if selection.ids is None else json.dumps(list(selection.ids)),
                 "name": selection.name,
                 "queue": selection.queue,
                 "since": rows.seconds(selection.since),
@@ -200,12 +222,9 @@ class FlowControl:
                 "limit": selection.limit,
                 "now": clock(conn, selection.now),
             }
-            return sorted(r[0] for r in conn.execute(SQL["retry_many"], args).fetchall())
+            return sorted(r[0] for r in conn.execute(SQL[statement], args).fetchall())
 
-        ids = await self._db.write(retry)
-        if ids:
-            wake.notify_all(self._wake_key)
-        return ids
+        return await self._db.write(act)
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)

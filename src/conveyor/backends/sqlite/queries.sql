@@ -173,8 +173,9 @@ returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.cancel_reque
 -- the result. A task whose cancel was requested is not made pending or
 -- waiting again. A completion with a new state (a workflow's next step, a
 -- coroutine's poll) stores it, its options and run time, with a fresh budget.
--- Each row says whether its task is due at once (its queue's idle workers
--- are woken). :completions is a JSON array of objects (see rows.completions_json).
+-- Each row says whether its task is due at once, or held a concurrency
+-- key's slot that is free now (either way its queue's idle workers are
+-- woken; other processes see the commit). :completions is a JSON array of objects (see rows.completions_json).
 update conveyor_tasks
 set state = case when conveyor_tasks.cancel_requested and i.state in ('pending', 'waiting')
                  then 'cancelled' else i.state end,
@@ -216,7 +217,8 @@ where conveyor_tasks.id = i.id
   and conveyor_tasks.worker_id = :worker_id
   and conveyor_tasks.lease_expires_at > :now
 returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.parent_id, conveyor_tasks.queue,
-          conveyor_tasks.state = 'pending' and conveyor_tasks.run_at <= :now;
+          (conveyor_tasks.state = 'pending' and conveyor_tasks.run_at <= :now)
+          or conveyor_tasks.concurrency_key is not null;
 
 -- name: finish_log
 -- Close the attempts of the completions `finish` applied (only those are passed).
@@ -620,14 +622,18 @@ from conveyor_tasks t left join conveyor_tasks p on p.id = t.parent_id
 where t.id = :id;
 
 -- name: retry_many
--- One batch of a bulk retry (see the PostgreSQL statement); :states is a
--- JSON array.
+-- One batch of a bulk retry (see the PostgreSQL statement). The bulk
+-- actions select their tasks in their own statement (see the PostgreSQL
+-- part_selected; :states and :ids are JSON arrays, :ids null for any),
+-- under the one writer: a task changed since a caller listed it is judged
+-- as it is now.
 update conveyor_tasks
 set state = 'pending', spent = 0, run_at = :now, cancel_requested = 0, result = null,
     finished_at = null
 where id in (
     select id from conveyor_tasks
     where state in (select value from json_each(:states)) and id > :after
+      and (:ids is null or id in (select value from json_each(:ids)))
       and (:name is null or name = :name)
       and (:queue is null or queue = :queue)
       and (:since is null or created_at >= :since)
@@ -635,6 +641,44 @@ where id in (
     order by id
     limit :limit
 )
+returning id;
+
+-- name: cancel_many
+-- One batch of a bulk cancel, each task as cancel (see the PostgreSQL
+-- statement); the triggers end children and tell parents as for one.
+update conveyor_tasks
+set state = case when state = 'in_progress' then state else 'cancelled' end,
+    cancel_requested = (state = 'in_progress'),
+    finished_at = case when state = 'in_progress' then null else :now end
+where id in (
+    select id from conveyor_tasks
+    where state in (select value from json_each(:states)) and id > :after
+      and (:ids is null or id in (select value from json_each(:ids)))
+      and (:name is null or name = :name)
+      and (:queue is null or queue = :queue)
+      and (:since is null or created_at >= :since)
+      and (:until is null or created_at < :until)
+    order by id
+    limit :limit
+)
+returning id, state;
+
+-- name: delete_many
+-- One batch of a bulk delete of finished tasks (see the PostgreSQL
+-- statement); attempts and messages go with them as for delete_task.
+delete from conveyor_tasks
+where id in (
+    select id from conveyor_tasks
+    where state in (select value from json_each(:states)) and id > :after
+      and (:ids is null or id in (select value from json_each(:ids)))
+      and (:name is null or name = :name)
+      and (:queue is null or queue = :queue)
+      and (:since is null or created_at >= :since)
+      and (:until is null or created_at < :until)
+    order by id
+    limit :limit
+)
+  and state in ('succeeded', 'failed', 'cancelled')
 returning id;
 
 -- name: open_keys

@@ -789,6 +789,79 @@ end
 
 local ALIVE = {pending = true, in_progress = true, waiting = true}
 
+-- A bulk action's selection (retry_many, cancel_many, delete_many), read in
+-- the script that acts on it, so that a task whose state changed since a
+-- caller listed it is judged by its state now: the tasks in `states` with
+-- ids above `after` (among `ids`, a list of decimal texts, repeats
+-- allowed, when given), of `name` and `queue` and created in [since, before) where given
+-- (each nil when not), at most `limit`, ascending by id, each once as {id,
+-- state, queue, name, priority}. A task whose queue, name, created_at or
+-- priority does not read is passed over.
+--
+-- Cost: with ids, one hash per id; without, each state's index is walked
+-- by id from `after`, SELECT_PAGE ids at a time, until `limit` tasks match:
+-- a rare name or queue costs a walk of that state's tasks.
+local SELECT_PAGE = 200
+local function select_tasks(states, after, limit, name, queue, since, before, ids)
+  local chosen = {}
+  local function take(id, state)
+    local f = redis.call('HMGET', key_task(id), 'name', 'queue', 'created_at', 'priority', 'state')
+    local created, priority = number('created_at', f[3]), number('priority', f[4])
+    if f[5] == state and f[1] and f[2] and priority and created
+        and (not name or f[1] == name) and (not queue or f[2] == queue)
+        and (not since or created >= since) and (not before or created < before) then
+      chosen[#chosen + 1] = {tonumber(id), state, f[2], f[1], priority}
+      return true
+    end
+    return false
+  end
+  if ids then
+    local wanted = {}
+    for _, state in ipairs(states) do wanted[state] = true end
+    table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
+    local last
+    for _, id in ipairs(ids) do
+      if #chosen >= limit then break end
+      local given = tonumber(id)
+      local state = given ~= last and given > after
+        and redis.call('HGET', key_task(id), 'state')
+      if state and wanted[state] then take(id, state) end
+      last = given
+    end
+    return chosen
+  end
+  for _, state in ipairs(states) do
+    local found, low = 0, '(' .. after
+    while found < limit do
+      local page = redis.call('ZRANGEBYSCORE', key_state(state), low, '+inf',
+        'LIMIT', 0, SELECT_PAGE)
+      if #page == 0 then break end
+      for _, id in ipairs(page) do
+        if take(id, state) then
+          found = found + 1
+          if found >= limit then break end
+        end
+      end
+      low = '(' .. page[#page]
+    end
+  end
+  table.sort(chosen, function(a, b) return a[1] < b[1] end)
+  for i = #chosen, limit + 1, -1 do chosen[i] = nil end
+  return chosen
+end
+
+-- The selection of a bulk action from its arguments `args` (ARGV), from
+-- index i on: after, limit, name (opt), queue (opt), since (opt, ms), until
+-- (opt, ms), ids (opt, a JSON array of decimal texts), then the states.
+local function selection_args(args, i)
+  local states = {}
+  for s = i + 7, #args do states[#states + 1] = args[s] end
+  local ids = opt(args[i + 6])
+  return select_tasks(states, tonumber(args[i]), tonumber(args[i + 1]), opt(args[i + 2]),
+    opt(args[i + 3]), tonumber(opt(args[i + 4]) or ''), tonumber(opt(args[i + 5]) or ''),
+    ids and cjson.decode(ids))
+end
+
 -- The state of task id's parent, or nil (no parent, or a parent gone).
 local function parent_state(id)
   local parent = redis.call('HGET', key_task(id), 'parent_id')

@@ -129,6 +129,7 @@ local function complete(h)
     move_state(id, 'in_progress', state, h.scope)
   end
   end_lease(id, h.queue, h.flow_key)
+  key_freed(h.flow_key)
   return TERMINAL[state] and (h.parent or state == 'cancelled')
 end
 

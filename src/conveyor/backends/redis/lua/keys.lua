@@ -135,6 +135,18 @@ drop_keyed = function(id, pending, key)
   end
 end
 
+-- An attempt of `key` (false or nil: none) ended: a slot of the key is
+-- free, so the queue of its next due task (the head of its ready set) is
+-- woken at once, as for a workflow's next step; without it the key's tasks
+-- would wait for a poll between each slot.
+local function key_freed(key)
+  if not key then return end
+  local head = redis.call('ZRANGE', key_concurrency_ready(key), 0, 0)[1]
+  if not head then return end
+  local _, queue = keyed_member_parts(head)
+  if queue then woke(queue) end
+end
+
 -- The bucket's tokens at `now` (nil: no rate), from the row's fields
 -- max_running, rate_limit, rate_period, tokens, refilled_at (f[1..5]).
 local function tokens_at(f, now)
