@@ -301,3 +301,65 @@ async def test_stop_gives_up_what_it_cannot_write_within_its_bound(
     assert recorded == []
     assert "3 completions were not written in the 0.2s a stop gives them" in caplog.text
     await asyncio.wait_for(completer.wait_idle(), 1)
+
+
+class _FirstFinishHeld:
+    """The real backend, but its first completion waits for ``released``."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self._backend = backend
+        self.released = asyncio.Event()
+        self._held = False
+
+    async def finish(self, params: FinishParams) -> FinishResult:
+        if not self._held:
+            self._held = True
+            await self.released.wait()
+        return await self._backend.finish(params)
+
+
+async def test_a_discarded_token_s_completions_are_neither_written_nor_reported(
+    backend: PostgresBackend,
+) -> None:
+    """A newer claim holds a token (the store gave it out again): its queued
+    completion is dropped before any write, and one being written when the
+    token is discarded is not reported to the worker (whose lease of that
+    token is the new claim's)."""
+    new = NewTask(
+        name="job", queue="default", payload="{}", priority=0, max_attempts=3, retry=RetryPolicy()
+    )
+    await backend.enqueue(EnqueueParams([new] * 3))
+    queued, writing, kept = await backend.claim(ClaimParams("w", ["job"], ["default"], 3, 30))
+    held = _FirstFinishHeld(backend)
+    recorded: dict[int, bool] = {}
+    completer = Completer(
+        cast(Backend, held),
+        "w",
+        lambda _token: True,
+        lambda c, applied: recorded.__setitem__(c.token.task_id, applied),
+    )
+    completer.start()
+
+    def success(claimed: ClaimedTask) -> Completion:
+        return Completion(claimed.token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result="1")
+
+    completer.submit(success(writing))
+    await asyncio.sleep(0.05)  # the first write is under way, held
+    completer.submit(success(queued))
+    completer.submit(success(kept))
+    completer.discard(queued.token)
+    completer.discard(writing.token)
+    held.released.set()
+    await asyncio.wait_for(completer.wait_idle(), 10)
+    await completer.stop()
+    assert recorded == {kept.token.task_id: True}
+    states = {}
+    for claimed in (queued, writing, kept):
+        task = await backend.get_task(claimed.token.task_id)
+        assert task is not None
+        states[claimed.token.task_id] = task.state
+    assert states == {
+        queued.token.task_id: TaskState.IN_PROGRESS,
+        writing.token.task_id: TaskState.SUCCEEDED,
+        kept.token.task_id: TaskState.SUCCEEDED,
+    }

@@ -1,22 +1,29 @@
 """A store that forgets: a worker whose registration is deleted under it
-registers again (every backend), and a Redis server restarted empty under
-a running worker never lets an attempt of a task it lost complete the new
-task that reuses its id."""
+registers again (every backend); a Redis server restarted empty under a
+running worker never lets an attempt of a task it lost complete the new
+task that reuses its id; and a PostgreSQL or SQLite store that gives an id
+out again (restored from a copy) under a running attempt makes its worker
+stop that attempt and drop its result."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
 import conveyor
 from conveyor.backends.protocol import PruneParams
 from conveyor.errors import BackendUnavailableError
 from conveyor.model import Outcome, TaskState
+from tests.conftest import PG_URL, backend_url, schema_for
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 from tools.redis_server import RedisServer
 
@@ -100,6 +107,71 @@ async def test_an_attempt_of_a_task_lost_by_a_redis_restart_never_completes_its_
             assert task.result == "new"
             assert [(a.number, a.outcome) for a in task.attempts] == [(1, Outcome.SUCCEEDED)]
             await wait_for(lambda: _registered(app, worker.id), timeout=30)
+    finally:
+        for event in release.values():
+            event.set()
+        await app.aclose()
+
+
+def _forget(kind: str, schema: str, path: Path, task_id: int) -> None:
+    """What a restore from a copy taken before ``task_id`` was enqueued does
+    to the store: the task, its attempts and its id are gone."""
+    if kind == "postgres":
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            tasks = sql.Identifier(schema, "tasks")
+            conn.execute(sql.SQL("delete from {} where id = %s").format(tasks), [task_id])
+            conn.execute(
+                sql.SQL("select setval(pg_get_serial_sequence({}, 'id'), %s, false)").format(
+                    sql.Literal(f'"{schema}".tasks')
+                ),
+                [task_id],
+            )
+        return
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("delete from conveyor_attempts where task_id = ?", [task_id])
+        conn.execute("delete from conveyor_tasks where id = ?", [task_id])
+        conn.execute(
+            "update sqlite_sequence set seq = ? where name = 'conveyor_tasks'", [task_id - 1]
+        )
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+async def test_an_attempt_of_a_task_lost_by_a_restore_never_completes_its_successor(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The store is set back under a running attempt of task N (as a restore
+    from an older copy does): a new task is task N again, and the same
+    worker claims it as attempt 1, the same lease token. The worker stops
+    the old attempt and drops its result, which would finish the new task:
+    the new task stores its own."""
+    schema = schema_for(kind, request)
+    url, options = backend_url(kind, schema, tmp_path)
+    app = conveyor.App(url, **options)
+    started = {"old": threading.Event(), "new": threading.Event()}
+    release = {"old": threading.Event(), "new": threading.Event()}
+
+    @app.task
+    def hold(which: str) -> str:
+        started[which].set()
+        release[which].wait(30)
+        return which
+
+    try:
+        async with RunningWorker(app, lease=20.0, concurrency=4):
+            old = await hold.enqueue_async("old")
+            assert await asyncio.to_thread(started["old"].wait, 10)
+            _forget(kind, schema, tmp_path / "conveyor.db", old.id)
+            new = await hold.enqueue_async("new")
+            assert new.id == old.id  # the id was given out again
+            assert await asyncio.to_thread(started["new"].wait, 20)
+
+            release["old"].set()  # the old attempt ends first
+            await asyncio.sleep(0.5)
+            release["new"].set()
+            [task] = await wait_terminal(app, [new.id])
+            assert task.state is TaskState.SUCCEEDED
+            assert task.result == "new"
+            assert [(a.number, a.outcome) for a in task.attempts] == [(1, Outcome.SUCCEEDED)]
     finally:
         for event in release.values():
             event.set()

@@ -56,6 +56,7 @@ class RunningAttempt:
         "max_result_bytes",
         "processes",
         "started",
+        "superseded",
         "task",
     )
 
@@ -81,6 +82,9 @@ class RunningAttempt:
         self._abandoned = False
         self.started = time.monotonic()
         """When the worker began the attempt (monotonic seconds)."""
+        self.superseded = False
+        """The store handed this attempt's lease token out again (it lost the
+        task: a restore, a wipe): nothing of this attempt is written."""
 
     @property
     def kind(self) -> str:

@@ -93,6 +93,10 @@ class Completer:
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._writing: list[Completion] = []
+        """The batch being written now."""
+        self._stale: set[LeaseToken] = set()
+        """Tokens of completions being written that a newer claim holds now."""
         self.flushes = 0
         self.refused = 0
         """Completions the store refused (each written again as a failure, or dropped)."""
@@ -107,6 +111,19 @@ class Completer:
             self._claimed[completion.token] = task
         self._idle.clear()
         self._ready.set()
+
+    def discard(self, token: LeaseToken) -> None:
+        """A newer claim holds ``token`` (the store gave it out again): the
+        completions of it still queued are dropped unwritten and unreported;
+        one being written now is not reported (its write is beyond recall)."""
+        kept = [c for c in self._queue if c.token != token]
+        dropped = len(self._queue) - len(kept)
+        if dropped:
+            self._queue = kept
+            self._unwritten -= dropped
+            self._claimed.pop(token, None)
+        if any(c.token == token for c in self._writing):
+            self._stale.add(token)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="conveyor-completer")
@@ -142,7 +159,11 @@ class Completer:
     async def flush_once(self) -> None:
         batch, self._queue = self._queue, []
         self._ready.clear()
-        await self._write(batch)
+        self._writing = batch
+        try:
+            await self._write(batch)
+        finally:
+            self._writing = []
 
     async def _write(self, batch: list[Completion], last_resort: bool = False) -> None:
         """Write ``batch``: retried whole while the store is away and the
@@ -241,6 +262,9 @@ class Completer:
     def _report(self, completion: Completion, applied: bool) -> None:
         """One completion's write is over (or that of the failure written in its place)."""
         self._unwritten -= 1
+        if completion.token in self._stale:  # a newer claim holds its token: not ours
+            self._stale.discard(completion.token)
+            return
         self._claimed.pop(completion.token, None)
         try:
             self._on_recorded(completion, applied)

@@ -633,6 +633,8 @@ class Worker:
             self._start(task, backend, handed_off)
 
     def _start(self, task: ClaimedTask, backend: Backend, handed_off: bool = False) -> None:
+        if task.token in self._running:
+            self._supersede(self._running[task.token])
         definition = self.tasks[task.name]
         self.claimed_count += 1
         opener = sync_opener = None
@@ -680,6 +682,24 @@ class Worker:
         if not runner.done():
             self._runners.add(runner)
 
+    def _supersede(self, stale: RunningAttempt) -> None:
+        """The store handed out a lease token this worker holds: it no longer
+        has the task of that attempt (a store restored from a copy, or a
+        server restarted without its data, gives its id out again), so the
+        new claim is of another task. The old attempt is stopped and nothing
+        of it is written: its completion, queued or to come, would finish the
+        new task. One already being written is beyond recall."""
+        token = stale.task.token
+        log.error(
+            "the store handed out again the lease of a running attempt: it lost that "
+            "task (restored or wiped); the old attempt is stopped and its result dropped",
+            extra={"task_id": token.task_id, "attempt": token.attempt},
+        )
+        stale.superseded = True
+        stale.stop(LeaseLostError(f"task {token.task_id} was lost by the store"))
+        if self.completer is not None:
+            self.completer.discard(token)
+
     def _inbox_reader(
         self, backend: Backend, task: ClaimedTask
     ) -> Callable[[], Awaitable[list[Message]]]:
@@ -708,12 +728,15 @@ class Worker:
                 log.exception("attempt crashed in the worker", extra={"task_id": token.task_id})
                 completion = None
             finally:
-                self._running.pop(token, None)
+                if self._running.get(token) is running:
+                    del self._running[token]
                 # In burst mode a completion may be the last one, or make work due
                 # that no wake-up announces: it counts as a hint.
                 self._hinted = self._hinted or self.config.burst
                 if self._wake is not None:
                     self._wake.set()
+            if running.superseded:
+                return  # the lease token is the new claim's now
             if completion is None:
                 self.heartbeat.release(token)
             else:
