@@ -398,6 +398,10 @@ class TaskSelection:
         if not self.states or not all(s in self.ALLOWED for s in self.states):
             allowed = ", ".join(sorted(s.value for s in self.ALLOWED))
             raise ConfigurationError(f"a bulk {self.ACTION} takes tasks in: {allowed}")
+        if self.name is not None:
+            check_name("a task name", self.name)
+        if self.queue is not None:
+            check_name("queue", self.queue)
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
             raise ConfigurationError("limit must be an integer, at least 1")
         if self.ids is not None and not all(
