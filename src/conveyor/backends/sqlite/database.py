@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
@@ -68,7 +69,7 @@ def connect(path: str, busy_timeout: float, synchronous: str) -> sqlite3.Connect
         conn = sqlite3.connect(
             path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
         )
-        conn.execute("pragma journal_mode = wal")
+        _wal(conn, busy_timeout)
         conn.execute(SYNCHRONOUS[synchronous])
         conn.execute("pragma foreign_keys = on")
         # A cancelled coroutine cancels its children, and theirs (migration 0003).
@@ -76,6 +77,27 @@ def connect(path: str, busy_timeout: float, synchronous: str) -> sqlite3.Connect
     except sqlite3.Error as exc:
         raise BackendUnavailableError(f"cannot open SQLite database {path!r}: {exc}") from exc
     return conn
+
+
+WAL_RETRY = 0.01
+"""Seconds between tries of switching a file to WAL while another
+connection holds it (see :func:`_wal`)."""
+
+
+def _wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """Put the file in WAL mode. Switching a new file needs it alone, and
+    SQLite answers "database is locked" at once, without its busy handler,
+    while another process or thread opens the same new file: tried again
+    until ``busy_timeout`` has passed, as any other write waits."""
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            conn.execute("pragma journal_mode = wal")
+            return
+        except sqlite3.OperationalError as exc:
+            if not unavailable(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(WAL_RETRY)
 
 
 def unavailable(exc: sqlite3.Error) -> bool:
