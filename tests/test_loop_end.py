@@ -59,6 +59,11 @@ loop.run_until_complete(main())
 loop.run_until_complete(loop.shutdown_asyncgens())
 loop.close()
 gc.collect()
+# The backend's thread was told to end (it is not joined on the loop): it
+# ends within moments, however loaded the machine.
+for thread in threading.enumerate():
+    if thread.name.startswith("conveyor-sqlite"):
+        thread.join(10)
 left = [t.name for t in threading.enumerate() if t.name.startswith("conveyor-sqlite")]
 print("sqlite threads left:", left, flush=True)
 """
