@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from conveyor.backends import sqlfiles
 from conveyor.backends.postgres import PostgresBackend, queries
 from conveyor.backends.protocol import (
     Completion,
@@ -72,7 +73,7 @@ def test_every_statement_stays_short_enough_for_psycopg_to_keep_it_parsed() -> N
 
     statements = queries.load("s" * 40)  # the longest schema name
     assert "claim" in statements
-    assert not [name for name in statements if name.startswith(queries.PART)]
+    assert not [name for name in statements if name.startswith(sqlfiles.PART)]
     too_long = {n: len(s) for n, s in statements.items() if len(s) > MAX_CACHED_STATEMENT_LENGTH}
     # The claim that also takes back expired leases runs once per poll
     # interval, not per claim: it must fit under the default schema name.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Mapping
 from importlib import resources
 from typing import LiteralString
 
@@ -99,6 +100,32 @@ def _without_comment_lines(body: LiteralString) -> LiteralString:
 def read_blocks(package: str, name: str) -> dict[str, LiteralString]:
     """Every named block of the file ``name`` in ``package``."""
     return parse_blocks(resources.files(package).joinpath(name).read_text(encoding="utf-8"))
+
+
+PART = "part_"
+"""A block named so is a part of statements, written in where they say
+``{part_...}``, not a statement of its own."""
+
+
+def with_parts(blocks: Mapping[str, LiteralString]) -> dict[str, LiteralString]:
+    """Every statement of ``blocks`` with the parts it names (``{part_...}``)
+    written in, parts within parts too (as text, before anything else is
+    composed); the parts themselves are left out."""
+    parts = {name: body for name, body in blocks.items() if name.startswith(PART)}
+    done: dict[str, LiteralString] = {}
+    for name, body in blocks.items():
+        if name.startswith(PART):
+            continue
+        for _ in range(len(parts) + 1):
+            named = [part for part in parts if "{" + part + "}" in body]
+            if not named:
+                break
+            for part in named:
+                body = body.replace("{" + part + "}", parts[part])
+        else:
+            raise ValueError(f"the parts of {name} name each other in a loop")
+        done[name] = body
+    return done
 
 
 def migrations(package: str) -> list[tuple[int, str, LiteralString]]:

@@ -42,11 +42,6 @@ def compose(template: LiteralString, schema: str) -> bytes:
     return composed.as_bytes(None)
 
 
-PART = "part_"
-"""A block named so is a part of statements, composed in where they say
-``{part_...}``, not a statement of its own."""
-
-
 def channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel of ``schema``'s wake-ups (the triggers of the
     migrations name it the same way): each payload is a queue name."""
@@ -77,27 +72,8 @@ def load(schema: str) -> Mapping[str, bytes]:
     }
     return {
         name: sql.SQL(body).format(**names).as_bytes(None)
-        for name, body in _with_parts(_BLOCKS).items()
-        if not name.startswith(PART)
+        for name, body in sqlfiles.with_parts(_BLOCKS).items()
     }
-
-
-def _with_parts(blocks: Mapping[str, LiteralString]) -> dict[str, LiteralString]:
-    """Every block with the parts it names (``{part_...}``) written in, parts
-    within parts too (as text, before anything is composed)."""
-    parts = {name: body for name, body in blocks.items() if name.startswith(PART)}
-    done: dict[str, LiteralString] = {}
-    for name, body in blocks.items():
-        for _ in range(len(parts) + 1):
-            named = [part for part in parts if "{" + part + "}" in body]
-            if not named:
-                break
-            for part in named:
-                body = body.replace("{" + part + "}", parts[part])
-        else:
-            raise ValueError(f"queries.sql: the parts of {name} name each other in a loop")
-        done[name] = body
-    return done
 
 
 def migrations() -> list[tuple[int, str, LiteralString]]:

@@ -621,23 +621,27 @@ select t.state, p.state
 from conveyor_tasks t left join conveyor_tasks p on p.id = t.parent_id
 where t.id = :id;
 
--- name: retry_many
--- One batch of a bulk retry (see the PostgreSQL statement). The bulk
--- actions select their tasks in their own statement (see the PostgreSQL
--- part_selected; :states and :ids are JSON arrays, :ids null for any),
--- under the one writer: a task changed since a caller listed it is judged
--- as it is now.
-update conveyor_tasks
-set state = 'pending', spent = 0, run_at = :now, cancel_requested = 0, result = null,
-    finished_at = null
-where id in (
-    select id from conveyor_tasks
-    where state in (select value from json_each(:states)) and id > :after
+-- name: part_selected
+-- The tasks a bulk action selects (see the PostgreSQL part_selected;
+-- :states and :ids are JSON arrays, :ids null for any). Each bulk action
+-- selects in its own statement, under the one writer: a task changed since
+-- a caller listed it is judged as it is now.
+state in (select value from json_each(:states)) and id > :after
       and (:ids is null or id in (select value from json_each(:ids)))
       and (:name is null or name = :name)
       and (:queue is null or queue = :queue)
       and (:since is null or created_at >= :since)
       and (:until is null or created_at < :until)
+
+-- name: retry_many
+-- One batch of a bulk retry (see the PostgreSQL statement), of the tasks
+-- part_selected selects.
+update conveyor_tasks
+set state = 'pending', spent = 0, run_at = :now, cancel_requested = 0, result = null,
+    finished_at = null
+where id in (
+    select id from conveyor_tasks
+    where {part_selected}
     order by id
     limit :limit
 )
@@ -652,12 +656,7 @@ set state = case when state = 'in_progress' then state else 'cancelled' end,
     finished_at = case when state = 'in_progress' then null else :now end
 where id in (
     select id from conveyor_tasks
-    where state in (select value from json_each(:states)) and id > :after
-      and (:ids is null or id in (select value from json_each(:ids)))
-      and (:name is null or name = :name)
-      and (:queue is null or queue = :queue)
-      and (:since is null or created_at >= :since)
-      and (:until is null or created_at < :until)
+    where {part_selected}
     order by id
     limit :limit
 )
@@ -669,12 +668,7 @@ returning id, state;
 delete from conveyor_tasks
 where id in (
     select id from conveyor_tasks
-    where state in (select value from json_each(:states)) and id > :after
-      and (:ids is null or id in (select value from json_each(:ids)))
-      and (:name is null or name = :name)
-      and (:queue is null or queue = :queue)
-      and (:since is null or created_at >= :since)
-      and (:until is null or created_at < :until)
+    where {part_selected}
     order by id
     limit :limit
 )

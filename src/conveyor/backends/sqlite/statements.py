@@ -10,7 +10,9 @@ from typing import LiteralString
 from conveyor.backends import sqlfiles
 from conveyor.backends.sqlite import rows
 
-SQL: Mapping[str, LiteralString] = sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
+SQL: Mapping[str, LiteralString] = sqlfiles.with_parts(
+    sqlfiles.read_blocks("conveyor.backends.sqlite", "queries.sql")
+)
 
 
 def clock(conn: sqlite3.Connection, now: datetime | None) -> float:
