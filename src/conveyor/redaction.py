@@ -28,8 +28,9 @@ message quotes it.
 Not hidden: a secret under a name none of the rules above names
 (``?sslkey=`` is a path; its passphrase is ``sslpassword``); a libpq
 keyword written without ``=`` (``password pw``, which libpq refuses
-anyway); a raw password of digits then a raw ``?name=``
-(``user:12?a=b@host`` reads as a host and port: percent-encode it).
+anyway); a raw password holding ``?name=`` or ``#name=`` that also
+holds an ``@`` before it or starts with digits (``user:a@b?c=d@host``
+and ``user:12?c=d@host`` read as a host and a query): percent-encode it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ _OPTIONS = frozenset({"sslpassword", "client_secret", "access_token"})
 _AUTHORITY = re.compile(r"//")
 _NETLOC_END = re.compile(r"[/?#]")
 _QUERY_STOP = re.compile(r"[?#\s]")
-_NAME_END = re.compile(r"[=\s]")
+_QUERY_NAME = re.compile(r"[A-Za-z_][\w.%-]*=")
 _QUERY_VALUE = re.compile(r"(?<=[?&])([^=&#\s]+)=(.*?)(?=&[^=&#\s]*=|\s|$)")
 _QUERY_BARE = re.compile(r"(?<=[?&])([^=&#\s]+)(?=[&#\s]|$)")
 _KEYWORD_VALUE = re.compile(r"(?<!\S)([A-Za-z_][\w.-]*)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
@@ -169,14 +170,11 @@ def _password_span(rest: str) -> tuple[int, int] | None:
 
 def _query_start(rest: str, end: int) -> int:
     """Where the query or the fragment begins in ``rest``, from ``end``: at
-    a ``?`` or ``#`` whose text up to its first ``=`` holds no ``@`` (one
-    that does is in a raw password: ``redis://:pa?ss@host``), or at a space
-    (a URL in a message ends there); else the end of ``rest``."""
+    a ``?`` or ``#`` followed by ``name=`` (one that is not, as in
+    ``redis://:pa?ss@host``, is in a raw password), or at a space (a URL in
+    a message ends there); else the end of ``rest``."""
     for stop in _QUERY_STOP.finditer(rest, end):
-        if stop[0].isspace():
-            return stop.start()
-        name = _first(rest, _NAME_END, stop.end())
-        if "@" not in rest[stop.end() : name]:
+        if stop[0].isspace() or _QUERY_NAME.match(rest, stop.end()):
             return stop.start()
     return len(rest)
 
