@@ -184,6 +184,7 @@ def test_a_url_conveyor_refuses_is_refused_without_its_secret(url: str) -> None:
         ("postgresql://ada:S%2FECRET@db/app", "postgresql://ada:***@db/app"),
         ("redis://:SE/CRET@cache:6379/0", "redis://cache:6379/0?prefix=conveyor"),
         ("redis://cache/0?password=SECRET", "redis://cache/0?prefix=conveyor"),
+        ("memory://:SECRET@tests", "memory://:***@tests"),
     ],
 )
 def test_each_backend_shows_its_location_without_secrets(url: str, shown: str) -> None:
