@@ -8,7 +8,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import conveyor
-from conveyor.backends.postgres.urls import DEFAULT_CONNECT_TIMEOUT, connect_timeout, redacted
+from conveyor.backends.postgres.urls import DEFAULT_CONNECT_TIMEOUT, connect_timeout
+from conveyor.redaction import redact_url
 from tests.cli_harness import Cli
 from tools.proxy import Proxy
 
@@ -78,11 +79,11 @@ def test_connect_timeouts_come_from_the_url() -> None:
 
 
 def test_urls_are_shown_without_their_password() -> None:
-    assert redacted("postgresql://ada:pw@db:5432/x?sslmode=require") == (
+    assert redact_url("postgresql://ada:pw@db:5432/x?sslmode=require") == (
         "postgresql://ada:***@db:5432/x?sslmode=require"
     )
-    assert redacted("postgresql://ada@db/x") == "postgresql://ada@db/x"
-    assert redacted("postgresql://:pw@db/x") == "postgresql://:***@db/x"
+    assert redact_url("postgresql://ada@db/x") == "postgresql://ada@db/x"
+    assert redact_url("postgresql://:pw@db/x") == "postgresql://:***@db/x"
 
 
 SOCKET_DIR = "/var/run/postgresql"

@@ -219,8 +219,9 @@ class Client(Controls):
 
     @property
     def location(self) -> str:
-        """Where this client's store is, as shown to people: the URL without
-        its password (and the PostgreSQL schema), an absolute SQLite path."""
+        """Where this client's store is, as shown to people: the URL with its
+        secrets shown as ``***`` (:func:`conveyor.redaction.redact_url`; and
+        the PostgreSQL schema), an absolute SQLite path."""
         return self._statements.location
 
     @property

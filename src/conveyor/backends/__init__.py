@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, urlsplit
 from conveyor.backends.protocol import Backend, Capability
 from conveyor.backends.urlquery import with_query
 from conveyor.errors import ConfigurationError
+from conveyor.redaction import redact_message, redact_url
 
 __all__ = ["Backend", "Capability", "backend_from_url", "resolve_url", "sqlite_path"]
 
@@ -38,12 +39,13 @@ def resolve_url(url: str | None) -> str:
 
 
 def parsed(url: str) -> str:
-    """``url``, if it parses as a URL; else ConfigurationError (which does
-    not show the URL: it may hold a password)."""
+    """``url``, if it parses as a URL; else ConfigurationError (which shows
+    no secret of the URL, though the parser's reason may quote its host)."""
     try:
         urlsplit(url)
     except ValueError as exc:
-        raise ConfigurationError(f"the backend URL does not parse: {exc}") from None
+        reason = redact_message(str(exc), url)
+        raise ConfigurationError(f"the backend URL does not parse: {reason}") from None
     return url
 
 
@@ -73,7 +75,7 @@ def backend_from_url(url: str, **options: Any) -> Backend:
 
         if parts.netloc:
             raise ConfigurationError(
-                f"invalid SQLite URL {url!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
+                f"invalid SQLite URL {redact_url(url)!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
             )
         return SQLiteBackend(parts.path[1:], **_sqlite_options(parts.query), **options)
     if scheme == "memory":
@@ -83,9 +85,12 @@ def backend_from_url(url: str, **options: Any) -> Backend:
         return MemoryBackend(name, **_memory_options(parts.query), **options)
     if scheme in ("redis", "rediss"):
         return _redis_backend(url, **options)
+    expected = "expected postgresql://, sqlite:///, redis:// or memory://"
+    if not parts.scheme:
+        # Not a URL at all: perhaps a libpq "host=... password=..." string.
+        raise ConfigurationError(f"the backend URL has no scheme ({expected})")
     raise ConfigurationError(
-        f"unsupported backend URL scheme {parts.scheme!r} in {url!r} "
-        "(expected postgresql://, sqlite:///, redis:// or memory://)"
+        f"unsupported backend URL scheme {parts.scheme!r} in {redact_url(url)!r} ({expected})"
     )
 
 

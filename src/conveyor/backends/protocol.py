@@ -737,8 +737,9 @@ class Backend(Protocol):
 
     @property
     def location(self) -> str:
-        """Where this backend stores, as shown to people: the URL without its
-        password (and the PostgreSQL schema), an absolute SQLite path."""
+        """Where this backend stores, as shown to people: the URL with its
+        secrets shown as ``***`` (:func:`conveyor.redaction.redact_url`; and
+        the PostgreSQL schema), an absolute SQLite path."""
         ...
 
     async def open(self) -> None:

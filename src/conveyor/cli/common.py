@@ -86,9 +86,15 @@ def load_app(spec: str) -> App:
     return app
 
 
+URL_HELP = (
+    "Backend URL (CONVEYOR_URL). Every local user can read a command line: "
+    "keep a password out of it (CONVEYOR_URL; for PostgreSQL ~/.pgpass or PGPASSWORD)."
+)
+
+
 def backend_options(fn: F) -> F:
     fn = click.option("--schema", envvar="CONVEYOR_SCHEMA", help="PostgreSQL schema.")(fn)
-    fn = click.option("--url", envvar="CONVEYOR_URL", help="Backend URL (CONVEYOR_URL).")(fn)
+    fn = click.option("--url", envvar="CONVEYOR_URL", help=URL_HELP)(fn)
     return fn
 
 

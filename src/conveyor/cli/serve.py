@@ -10,6 +10,7 @@ import click
 from conveyor.app import App
 from conveyor.backends.protocol import Migration
 from conveyor.cli.common import (
+    URL_HELP,
     backend_options,
     console,
     fail,
@@ -113,7 +114,10 @@ async def _pending(app: App) -> list[Migration]:
     "0: a fresh process per attempt).",
 )
 @click.option(
-    "--url", help="Backend URL, instead of the app's (an App() without one reads CONVEYOR_URL)."
+    "--url",
+    help="Backend URL, instead of the app's (an App() without one reads CONVEYOR_URL). "
+    "Every local user can read a command line: keep a password out of it "
+    "(CONVEYOR_URL; for PostgreSQL ~/.pgpass or PGPASSWORD).",
 )
 @click.option("--schema", help="PostgreSQL schema, instead of the app's (or CONVEYOR_SCHEMA).")
 @click.option(
@@ -214,7 +218,7 @@ def serve_metrics(app: App, running: Worker, port: int, addr: str) -> None:
 
 
 @click.command()
-@click.option("--url", envvar="CONVEYOR_URL", help="Backend URL (CONVEYOR_URL).")
+@click.option("--url", envvar="CONVEYOR_URL", help=URL_HELP)
 def demo(url: str | None) -> None:
     """Run a worker on a few example tasks and show what happened.
 

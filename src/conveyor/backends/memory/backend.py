@@ -51,6 +51,7 @@ from conveyor.backends.protocol import (
 )
 from conveyor.backends.stored import check_bucket_seconds
 from conveyor.model import LeaseToken, Message, Pause, PauseKind, Task, TaskState, check_pause
+from conveyor.redaction import redact_url
 
 _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()
@@ -83,7 +84,7 @@ class MemoryBackend:
 
     @property
     def location(self) -> str:
-        return f"memory://{self.name}"
+        return redact_url(f"memory://{self.name}")
 
     async def open(self) -> None:
         return None

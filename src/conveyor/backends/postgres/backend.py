@@ -48,7 +48,7 @@ from conveyor.backends.postgres.transactions import (
     PostgresSyncTransaction,
     PostgresTransaction,
 )
-from conveyor.backends.postgres.urls import connect_timeout, redacted
+from conveyor.backends.postgres.urls import connect_timeout
 from conveyor.backends.protocol import (
     Capability,
     ClaimedTask,
@@ -94,6 +94,7 @@ from conveyor.model import (
     Task,
     TaskState,
 )
+from conveyor.redaction import redact_message, redact_url
 
 log = logging.getLogger("conveyor.postgres")
 
@@ -294,7 +295,7 @@ class PostgresBackend(FlowControl):
 
     @property
     def location(self) -> str:
-        return f"{redacted(self.url)} (schema {self.schema})"
+        return f"{redact_url(self.url)} (schema {self.schema})"
 
     async def open(self) -> None:
         """Connect, or raise BackendUnavailableError within the connect
@@ -337,9 +338,8 @@ class PostgresBackend(FlowControl):
             raise
 
     def _unreachable(self, exc: BaseException) -> BackendUnavailableError:
-        return BackendUnavailableError(
-            f"cannot connect to {redacted(self.url)}: {one_line(str(exc))}"
-        )
+        reason = redact_message(one_line(str(exc)), self.url)
+        return BackendUnavailableError(f"cannot connect to {redact_url(self.url)}: {reason}")
 
     async def close(self) -> None:
         pools = [p for p in (self._claim_pool, self._pool) if p is not None]
@@ -371,7 +371,7 @@ class PostgresBackend(FlowControl):
     async def require_migrated(self) -> None:
         async with self._connection() as conn:
             await require_migrated(
-                conn, self.sql, f'schema "{self.schema}" at {redacted(self.url)}'
+                conn, self.sql, f'schema "{self.schema}" at {redact_url(self.url)}'
             )
 
     async def destroy(self) -> None:

@@ -1,4 +1,4 @@
-"""PostgreSQL URLs: the connect timeout they set, and how they are shown.
+"""PostgreSQL URLs: the connect timeout they set.
 
 ``connect_timeout`` is libpq's own URL parameter
 (``postgresql://host/db?connect_timeout=10``): it bounds each connection
@@ -8,12 +8,11 @@ it, conveyor uses ``DEFAULT_CONNECT_TIMEOUT``.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
-
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from conveyor.errors import ConfigurationError
+from conveyor.redaction import redact_message
 
 DEFAULT_CONNECT_TIMEOUT = 5
 """Seconds to connect before giving up, unless the URL sets ``connect_timeout``."""
@@ -25,7 +24,9 @@ def connect_timeout(url: str) -> int:
     try:
         value = conninfo_to_dict(url).get("connect_timeout")
     except psycopg.ProgrammingError as exc:
-        raise ConfigurationError(f"invalid PostgreSQL URL: {exc}") from None
+        # libpq's reason can quote a piece of the password.
+        reason = redact_message(str(exc).strip(), url)
+        raise ConfigurationError(f"invalid PostgreSQL URL: {reason}") from None
     if value is None:
         return DEFAULT_CONNECT_TIMEOUT
     try:
@@ -35,13 +36,3 @@ def connect_timeout(url: str) -> int:
     if seconds <= 0:
         raise ConfigurationError("connect_timeout must be at least 1 second")
     return max(seconds, 2)
-
-
-def redacted(url: str) -> str:
-    """``url`` with its password, if any, shown as ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -32,6 +32,7 @@ from conveyor.errors import (
     ConfigurationError,
     StoreNotReadyError,
 )
+from conveyor.redaction import redact_url
 
 SCHEMES = ("redis", "rediss")
 _CHECKED: set[str] = set()
@@ -123,7 +124,9 @@ class RedisStore:
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme.lower() not in SCHEMES:
-            raise ConfigurationError(f"a Redis URL starts with redis:// or rediss://, not {url!r}")
+            raise ConfigurationError(
+                f"a Redis URL starts with redis:// or rediss://, not {redact_url(url)!r}"
+            )
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
         in_url = query.pop("prefix", None)
         if prefix is not None and in_url is not None and prefix != in_url:
@@ -133,13 +136,17 @@ class RedisStore:
         self.prefix = keys.check_prefix(prefix or in_url or keys.DEFAULT_PREFIX)
         self._base = keys.base(self.prefix)
         self._url = with_query(url, query)
-        host = parts.hostname or "localhost"
+        # Where the store is, read from the URL with its secrets hidden: a
+        # password holding a raw "/" or "?" would otherwise spill into the
+        # host, the port or the path.
+        shown = urlsplit(redact_url(url))
+        host = shown.hostname or "localhost"
         try:
-            port = f":{parts.port}" if parts.port else ""
+            port = f":{shown.port}" if shown.port else ""
         except ValueError as exc:
             raise ConfigurationError(f"the Redis URL's port does not parse: {exc}") from None
         self._server = f"{host}{port}"
-        self._location = f"{parts.scheme}://{host}{port}{parts.path or '/0'}?prefix={self.prefix}"
+        self._location = f"{shown.scheme}://{host}{port}{shown.path or '/0'}?prefix={self.prefix}"
         self._client: aioredis.Redis | None = None
         self._scripts: Scripts | None = None
         self._functions = functions

@@ -81,6 +81,7 @@ from conveyor.backends.stored import (
 from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
 from conveyor.errors import ConfigurationError, StoreNotReadyError
 from conveyor.model import Attempt, LeaseToken, Message, Task, TaskState
+from conveyor.redaction import redact_url
 
 log = logging.getLogger("conveyor.sqlite")
 CHANGE_POLL_INTERVAL = 0.01
@@ -133,7 +134,7 @@ class SQLiteBackend(FlowControl):
 
     @property
     def location(self) -> str:
-        return f"sqlite:///{self.path}"
+        return redact_url(f"sqlite:///{self.path}")
 
     async def open(self) -> None:
         """Open the file (creating it) and apply the pending migrations; with
