@@ -123,7 +123,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
             {"status": status, "message": message, "signed_out": True},
             status,
         )
-    except Exception:
+    except Exception:  # the page itself failed: plain text then
         response = PlainTextResponse(message, status)
     secure_headers(response.headers, cacheable=False)
     return response
