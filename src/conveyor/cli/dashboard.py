@@ -127,11 +127,13 @@ def dashboard(
     if basic is not None:
         user, colon, password = basic.partition(":")
         if not colon or not user or not password:
-            raise click.BadParameter("expected USER:PASSWORD", param_hint="--basic")
+            hint = "--basic-file" if basic_file else "--basic"
+            raise click.BadParameter("expected USER:PASSWORD", param_hint=hint)
         auth = basic_auth(user, password)
     elif token is not None:
         if not token:
-            raise click.BadParameter("the token must not be empty", param_hint="--token")
+            hint = "--token-file" if token_file else "--token"
+            raise click.BadParameter("the token must not be empty", param_hint=hint)
         auth = token_auth(token)
     else:
         auth = None
