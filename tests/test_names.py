@@ -187,7 +187,7 @@ async def test_a_workflow_start_refuses_a_bad_queue(app: conveyor.App) -> None:
 @pytest.mark.parametrize("bad", ["a\x00b", "q" * 201, "a\nb"], ids=["nul", "long", "newline"])
 def test_the_dashboard_answers_400_to_a_bad_filter(bad: str) -> None:
     app = conveyor.App("memory://names-dashboard")
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=["testserver"])) as client:
         for field in ("queue", "name"):
             page = client.get("/tasks", params={field: bad})
             assert page.status_code == 400, (field, page.status_code)

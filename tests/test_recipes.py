@@ -421,7 +421,7 @@ def test_the_dashboard_mounts_next_to_django_as_its_docs_say(
     queue = django_site.tasks.queue
     application = Starlette(
         routes=[
-            Mount("/conveyor", app=create_app(queue)),
+            Mount("/conveyor", app=create_app(queue, allowed_hosts=["testserver"])),
             Mount("/", app=get_asgi_application()),
         ]
     )

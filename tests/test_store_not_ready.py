@@ -194,7 +194,7 @@ def test_the_dashboard_of_a_store_not_there_says_so_and_makes_none(
     url, schema = bare
     app = conveyor.App(url, schema=schema, migrate=False)
     try:
-        with TestClient(create_app(app)) as client:
+        with TestClient(create_app(app, allowed_hosts=["testserver"])) as client:
             page = client.get("/tasks")
     finally:
         app.close()

@@ -685,6 +685,30 @@ def check_name(what: str, name: object) -> str:
     )
 
 
+MAX_TASK_ID_DIGITS = 18
+"""The most digits a task id read from text may have (ids fit a signed 64-bit integer)."""
+
+
+def parse_task_id(text: object, what: str = "a task id") -> int:
+    """``text`` read as a task id: 1 to ``MAX_TASK_ID_DIGITS`` ASCII digits
+    (``0-9`` only: no sign, space, underscore, or other script's digits,
+    which ``str.isdigit`` and ``int`` would take). Else ConfigurationError
+    naming ``what``. The one rule of every place that reads an id from text
+    (the dashboard's addresses and forms, the command line). No I/O."""
+    if (
+        isinstance(text, str)
+        and 0 < len(text) <= MAX_TASK_ID_DIGITS
+        and text.isascii()
+        and text.isdigit()
+    ):
+        return int(text)
+    shown = repr(text[:30]) + ("..." if len(text) > 30 else "") if isinstance(text, str) else ""
+    raise ConfigurationError(
+        f"{what} must be a task id (1 to {MAX_TASK_ID_DIGITS} digits 0-9), not "
+        f"{shown or type(text).__name__}"
+    )
+
+
 def check_pause(kind: object, name: object) -> tuple[PauseKind, str]:
     """``kind`` and ``name`` of a pause, checked: a :class:`PauseKind` (or its
     value) and a name by :func:`check_name`; else ConfigurationError."""

@@ -15,6 +15,8 @@ from tests.conftest import backend_url, drop_redis_prefix, schema_for
 from tests.dashboard.seed import Seeded, seed_app
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+HOSTS = ["testserver"]
+"""The host name of Starlette's TestClient, for a dashboard with no auth hook."""
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])

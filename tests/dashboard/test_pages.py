@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 import conveyor
 from conveyor.dashboard import basic_auth, create_app, token_auth
 from conveyor.model import TaskState
-from tests.dashboard.conftest import csrf_of
+from tests.dashboard.conftest import HOSTS, csrf_of
 from tests.dashboard.seed import Seeded
 
 Store = tuple[conveyor.App, Seeded]
@@ -27,7 +27,7 @@ def state_of(app: conveyor.App, task_id: int) -> TaskState | None:
 
 def test_every_page_shows_the_store(store: Store) -> None:
     app, s = store
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
         page = client.get("/")
         assert page.status_code == 200
         assert "Tasks by queue and state" in page.text and "<svg" in page.text
@@ -66,7 +66,7 @@ def test_every_page_shows_the_store(store: Store) -> None:
 
 def test_a_task_page_shows_step_inbox_explanation_and_escapes(store: Store) -> None:
     app, s = store
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
         step = client.get(f"/tasks/{s.step}").text
         assert "charge" in step and "&#34;cart&#34;: 7" in step
         chat = client.get(f"/tasks/{s.chat}").text
@@ -96,7 +96,7 @@ def test_a_task_page_shows_step_inbox_explanation_and_escapes(store: Store) -> N
 )
 def test_bad_addresses_answer_with_a_page(store: Store, path: str, status: int, says: str) -> None:
     app, _ = store
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
         page = client.get(path)
     assert page.status_code == status
     assert says in page.text and "<nav>" in page.text
@@ -104,7 +104,7 @@ def test_bad_addresses_answer_with_a_page(store: Store, path: str, status: int, 
 
 def test_jump_to_a_task_by_id_and_page_with_before(store: Store) -> None:
     app, s = store
-    with TestClient(create_app(app, page_size=3)) as client:
+    with TestClient(create_app(app, page_size=3, allowed_hosts=HOSTS)) as client:
         jump = client.get("/tasks", params={"id": str(s.failed)}, follow_redirects=False)
         assert jump.status_code == 303 and jump.headers["location"].endswith(f"/tasks/{s.failed}")
         first = client.get("/tasks").text
@@ -116,7 +116,7 @@ def test_jump_to_a_task_by_id_and_page_with_before(store: Store) -> None:
 
 def test_a_post_without_the_csrf_token_changes_nothing(store: Store) -> None:
     app, s = store
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
         assert client.post(f"/tasks/{s.failed}/retry").status_code == 403
         csrf_of(client)  # the cookie, but a wrong field
         wrong = client.post(f"/tasks/{s.failed}/retry", data={"csrf_token": "forged"})
@@ -125,14 +125,16 @@ def test_a_post_without_the_csrf_token_changes_nothing(store: Store) -> None:
         assert client.post("/failed/retry-all").status_code == 403
     assert state_of(app, s.failed) is TaskState.FAILED
     assert app.pauses() == []
-    with TestClient(create_app(app)) as other:  # another client's token, without its cookie
-        token = csrf_of(TestClient(create_app(app)))
+    with TestClient(
+        create_app(app, allowed_hosts=HOSTS)
+    ) as other:  # another client's token, without its cookie
+        token = csrf_of(TestClient(create_app(app, allowed_hosts=HOSTS)))
         assert other.post(f"/tasks/{s.failed}/retry", data={"csrf_token": token}).status_code == 403
 
 
 def test_actions_change_the_store(store: Store) -> None:
     app, s = store
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
         token = csrf_of(client)
         page = client.post(f"/tasks/{s.failed}/retry", data={"csrf_token": token})
         assert page.status_code == 200 and "pending again" in page.text
@@ -159,7 +161,7 @@ def test_actions_change_the_store(store: Store) -> None:
 
 def test_bulk_retry_of_failed_tasks(store: Store) -> None:
     app, s = store
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
         token = csrf_of(client, "/failed")
         one = s.failed_more[0]
         page = client.post("/failed/retry", data={"csrf_token": token, "task": [str(one)]})
@@ -176,7 +178,7 @@ def test_bulk_retry_of_failed_tasks(store: Store) -> None:
 
 def test_retry_selected_leaves_a_task_cancelled_since_the_page_was_drawn(store: Store) -> None:
     app, s = store
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
         token = csrf_of(client, "/failed")  # the page lists failed_more as failed...
         raced = s.failed_more[0]
         app.retry(raced)  # ...then another operator retries it and cancels it
@@ -200,7 +202,7 @@ def test_token_auth_refuses_then_lets_in(store: Store) -> None:
         assert client.get("/static/dashboard.css").status_code == 200
         login = client.get("/tasks?token=s3cret&state=failed", follow_redirects=False)
         assert login.status_code == 303
-        assert login.headers["location"] == "http://testserver/tasks?state=failed"
+        assert login.headers["location"] == "/tasks?state=failed"
         assert "s3cret" not in login.headers["set-cookie"]
         assert client.get("/tasks").status_code == 200  # the cookie lets in from now on
     assert state_of(app, s.failed) is TaskState.FAILED
@@ -230,14 +232,14 @@ def test_an_async_auth_hook_is_awaited(store: Store) -> None:
 
 def test_read_only_shows_no_action_and_refuses_posts(store: Store) -> None:
     app, s = store
-    with TestClient(create_app(app, read_only=True)) as client:
+    with TestClient(create_app(app, read_only=True, allowed_hosts=HOSTS)) as client:
         page = client.get(f"/tasks/{s.failed}").text
         assert "read-only" in page and "<button" not in page
         assert "<button" not in client.get("/queues").text.split("<main>")[1]
         assert "Retry selected" not in client.get("/failed").text
-    with TestClient(create_app(app)) as writer:
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as writer:
         token = csrf_of(writer, "/queues")
-        with TestClient(create_app(app, read_only=True, secret="k")) as client:
+        with TestClient(create_app(app, read_only=True, secret="k", allowed_hosts=HOSTS)) as client:
             client.cookies.update(writer.cookies)
             refused = client.post(f"/tasks/{s.failed}/retry", data={"csrf_token": token})
             assert refused.status_code == 403 and "read-only" in refused.text
@@ -246,7 +248,7 @@ def test_read_only_shows_no_action_and_refuses_posts(store: Store) -> None:
 
 def test_mounted_under_a_prefix(store: Store) -> None:
     app, s = store
-    host = Starlette(routes=[Mount("/ops", app=create_app(app))])
+    host = Starlette(routes=[Mount("/ops", app=create_app(app, allowed_hosts=HOSTS))])
     with TestClient(host) as client:
         first = client.get("/ops/")
         assert "Path=/ops/" in first.headers["set-cookie"]
@@ -279,7 +281,7 @@ def test_mounted_in_fastapi(store: Store) -> None:
 
 def test_metrics_are_the_store_gauges(store: Store) -> None:
     app, _ = store
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
         scraped = client.get("/metrics")
     assert scraped.status_code == 200
     assert scraped.headers["content-type"].startswith("text/plain")

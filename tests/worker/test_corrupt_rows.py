@@ -630,7 +630,7 @@ def test_the_dashboard_shows_a_corrupt_redis_task_and_its_neighbours(
         client.hset(redis_keys.task(prefix, handles[2].id), "name", b"\xff")
     finally:
         client.close()
-    with TestClient(create_app(app)) as page:
+    with TestClient(create_app(app, allowed_hosts=["testserver"])) as page:
         listed = page.get("/tasks")
         assert listed.status_code == 200
         for handle in handles:

@@ -33,8 +33,13 @@ from rich.console import Console
 from conveyor.app import App
 from conveyor.backends import resolve_url, sqlite_path
 from conveyor.backends.protocol import Inspector, WorkerInfo, inspector_of
-from conveyor.errors import BackendUnavailableError, ConveyorError, StoreNotReadyError
-from conveyor.model import TaskState
+from conveyor.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    ConveyorError,
+    StoreNotReadyError,
+)
+from conveyor.model import TaskState, parse_task_id
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -50,6 +55,24 @@ errors = Console(stderr=True, width=None if sys.stderr.isatty() else PIPE_WIDTH)
 
 STATES = [state.value for state in TaskState]
 state_choice = click.Choice(STATES, case_sensitive=False)
+
+
+class TaskIdType(click.ParamType[int]):
+    """A task id on the command line, by :func:`conveyor.model.parse_task_id`
+    (ASCII digits only), so a bad one is a usage error, never a crash."""
+
+    name = "task id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return parse_task_id(value, "the value")
+        except ConfigurationError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+TASK_ID = TaskIdType()
 
 
 def fail(problem: str | BaseException) -> NoReturn:

@@ -14,6 +14,7 @@ from rich.progress import Progress
 from conveyor.app import App
 from conveyor.cli.common import (
     APP_ENV,
+    TASK_ID,
     backend_options,
     console,
     errors,
@@ -114,7 +115,7 @@ def enqueue(
 
 
 @click.command()
-@click.argument("task_id", type=int)
+@click.argument("task_id", type=TASK_ID)
 @click.argument("message")
 @click.option(
     "--idempotency-key",
@@ -277,7 +278,7 @@ def _apply(
 
 
 @click.command()
-@click.argument("task_ids", type=int, nargs=-1)
+@click.argument("task_ids", type=TASK_ID, nargs=-1)
 @filter_options
 @backend_options
 def cancel(
@@ -294,7 +295,7 @@ def cancel(
 
 
 @click.command()
-@click.argument("task_ids", type=int, nargs=-1)
+@click.argument("task_ids", type=TASK_ID, nargs=-1)
 @filter_options
 @backend_options
 def retry(
@@ -311,7 +312,7 @@ def retry(
 
 
 @click.command("run-now")
-@click.argument("task_id", type=int)
+@click.argument("task_id", type=TASK_ID)
 @backend_options
 def run_now(task_id: int, url: str | None, schema: str | None) -> None:
     """Make pending task TASK_ID due now (its delay, back-off or snooze cut short)."""
@@ -320,7 +321,7 @@ def run_now(task_id: int, url: str | None, schema: str | None) -> None:
 
 
 @click.command()
-@click.argument("task_ids", type=int, nargs=-1)
+@click.argument("task_ids", type=TASK_ID, nargs=-1)
 @click.option("--yes", is_flag=True, help="Do not ask first.")
 @filter_options
 @backend_options

@@ -14,6 +14,7 @@ from conveyor.app import App
 from conveyor.backends.protocol import WorkerInfo
 from conveyor.cli.common import (
     EXIT_ERROR,
+    TASK_ID,
     backend_options,
     console,
     fail,
@@ -49,7 +50,7 @@ def _warn_unserved(found: list[Task], workers: list[WorkerInfo], now: datetime) 
 @click.option("--name", help="Only tasks of this name.")
 @click.option("--queue", help="Only tasks of this queue.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
-@click.option("--before", type=int, help="Only tasks with a smaller id: the next page.")
+@click.option("--before", type=TASK_ID, help="Only tasks with a smaller id: the next page.")
 @backend_options
 @json_option
 def tasks(
@@ -114,7 +115,7 @@ def counts(url: str | None, schema: str | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("task_id", type=int)
+@click.argument("task_id", type=TASK_ID)
 @backend_options
 @json_option
 def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> None:
@@ -159,7 +160,7 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
 
 
 @click.command()
-@click.argument("task_id", type=int)
+@click.argument("task_id", type=TASK_ID)
 @backend_options
 @json_option
 def explain(task_id: int, url: str | None, schema: str | None, as_json: bool) -> None:

@@ -1,9 +1,12 @@
 """The dashboard's actions (POST): retry, cancel, run now and delete a
 task; pause and resume a queue; retry failed tasks in bulk.
 
-Each is refused with 403 before it reads its form on a read-only dashboard,
-and with 403 when its CSRF token does not match the cookie's; then it calls
-the app's async API and redirects (303) to the page that shows the change.
+Each reaches here only from the dashboard's own origin, signed in, with a
+bounded body (:mod:`conveyor.dashboard.guard`). It is refused with 403
+before it reads its form on a read-only dashboard, and with 403 when its
+CSRF token is not that of the request's identity; then it calls the app's
+async API and redirects (303, to a path: never a host) to the page that
+shows the change.
 A move the task's state forbids answers 409 with the store's reason.
 """
 
@@ -12,12 +15,13 @@ from __future__ import annotations
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 
+from conveyor.dashboard.hosts import local_redirect
 from conveyor.dashboard.pages import dashboard_of
-from conveyor.dashboard.security import CSRF_FIELD
+from conveyor.dashboard.security import CSRF_FIELD, IDENTITY
 from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotFoundError
-from conveyor.model import TaskState
+from conveyor.model import TaskState, parse_task_id
 
 MOST_SELECTED = 1000
 """The most task ids one "Retry selected" takes."""
@@ -30,7 +34,7 @@ async def checked_form(request: Request) -> FormData:
     if dashboard.read_only:
         raise HTTPException(403, "This dashboard is read-only: it takes no action.")
     form = await request.form()
-    if not dashboard.csrf.accepts(request, form.get(CSRF_FIELD)):
+    if not dashboard.csrf.accepts(request.scope.get(IDENTITY), form.get(CSRF_FIELD)):
         raise HTTPException(
             403, "The form's security token is missing or stale: reload the page and try again."
         )
@@ -38,8 +42,7 @@ async def checked_form(request: Request) -> FormData:
 
 
 def _back(request: Request, route: str, **params: str) -> Response:
-    target = request.url_for(route).include_query_params(**params)
-    return RedirectResponse(str(target), status_code=303)
+    return local_redirect(request.url_for(route).include_query_params(**params))
 
 
 async def on_task(request: Request) -> Response:
@@ -70,7 +73,7 @@ async def on_task(request: Request) -> Response:
     target = request.url_for("task", task_id=task_id).include_query_params(
         notice=notice, task=str(task_id)
     )
-    return RedirectResponse(str(target), status_code=303)
+    return local_redirect(target)
 
 
 def _queue(form: FormData) -> str:
@@ -109,11 +112,10 @@ async def retry_selected(request: Request) -> Response:
     chosen = form.getlist("task")
     if len(chosen) > MOST_SELECTED:
         raise HTTPException(400, f"Select at most {MOST_SELECTED} tasks at once.")
-    ids = []
-    for value in chosen:
-        if not isinstance(value, str) or not value.isdigit() or len(value) > 18:
-            raise HTTPException(400, f"Not a task id: {value!r}")
-        ids.append(int(value))
+    try:
+        ids = [parse_task_id(value, "a ticked task") for value in chosen]
+    except ConfigurationError as exc:
+        raise HTTPException(400, str(exc)) from None
     done = await dashboard_of(request).app.retry_many_async(ids=ids)
     return _back(request, "failed", notice="retried_many", n=str(len(done)))
 

@@ -1,8 +1,10 @@
 """The dashboard as an ASGI application: :func:`create_app`.
 
 One Starlette application per :class:`conveyor.App`: server-rendered pages
-(Jinja2, autoescaped), one stylesheet, no script but a line that ticks the
-checkboxes of the failed tasks, every asset in the package (no network).
+(Jinja2, autoescaped), one stylesheet, one small script (the box that ticks
+every failed task), every asset in the package (no network), so a strict
+Content-Security-Policy holds (no inline script or style). Every request
+passes :class:`~conveyor.dashboard.guard.Guard` first.
 Every link and form is built from the request (``url_for``), so the
 application works mounted under any prefix: ``Mount("/conveyor", app=...)``
 in Starlette or FastAPI, a path in a Django ASGI router.
@@ -10,9 +12,8 @@ in Starlette or FastAPI, a path in a Django ASGI router.
 
 from __future__ import annotations
 
-import inspect
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,22 +21,17 @@ import jinja2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.app import App
 from conveyor.backends.protocol import Inspector, inspector_of
 from conveyor.dashboard import actions, format, pages
-from conveyor.dashboard.security import (
-    CSRF_COOKIE,
-    TOKEN_COOKIE,
-    Auth,
-    Csrf,
-    without_token,
-)
+from conveyor.dashboard.guard import Guard, secure_headers
+from conveyor.dashboard.hosts import LOCAL_HOSTS, checked_hosts
+from conveyor.dashboard.security import IDENTITY, Auth, Csrf, Signer, TokenAuth
 from conveyor.errors import (
     BackendError,
     BackendUnavailableError,
@@ -77,90 +73,19 @@ class Dashboard:
     def render(
         self, request: Request, template: str, context: dict[str, Any], status: int = 200
     ) -> Response:
-        """A page: the template with the dashboard's own context, and a CSRF
-        cookie when the request had no valid one."""
-        token = self.csrf.token_of(request)
-        cookie = None
-        if token is None:
-            token, cookie = self.csrf.issue()
+        """A page: the template with the dashboard's own context; its forms
+        carry the CSRF token of the request's identity (none when signed out)."""
+        identity = request.scope.get(IDENTITY)
         page = {
             "dashboard": self,
             "nav": NAV,
-            "csrf_token": token,
+            "csrf_token": self.csrf.token_for(identity) if identity else "",
             "read_only": self.read_only,
             "fmt": format,
-            "notice": pages.notice_of(request),
+            "notice": pages.notice_of(request, context.get("queue_paused", {})),
             **context,
         }
-        response = self.templates.TemplateResponse(request, template, page, status_code=status)
-        if cookie is not None:
-            _set_cookie(response, request, CSRF_COOKIE, cookie)
-        return response
-
-
-def _set_cookie(response: Response, request: Request, name: str, value: str) -> None:
-    """A cookie of this dashboard: its mount's path, HttpOnly, SameSite=Strict,
-    Secure over HTTPS."""
-    response.set_cookie(
-        name,
-        value,
-        path=(request.scope.get("root_path") or "") + "/",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
-
-
-class _Guard:
-    """Asks the auth hook about every request but the stylesheet: 401 when
-    it refuses (with its challenge header, if it has one); a first visit
-    with a right ``?token=`` sets the token cookie and drops the token from
-    the address."""
-
-    def __init__(self, app: ASGIApp, auth: Auth | None) -> None:
-        self.app = app
-        self.auth = auth
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.auth is None:
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive)
-        root, path = scope.get("root_path", ""), scope["path"]
-        if (path[len(root) :] if path.startswith(root) else path).startswith("/static/"):
-            await self.app(scope, receive, send)
-            return
-        allowed = self.auth(request)
-        if inspect.isawaitable(allowed):
-            allowed = await allowed
-        if not allowed:
-            response = await _refused(request, self.auth)
-            await response(scope, receive, send)
-            return
-        login = getattr(self.auth, "login_cookie", None)
-        cookie = login(request) if login is not None else None
-        if cookie is not None and request.method in ("GET", "HEAD"):
-            query = without_token(request.url.query)
-            target = request.url.replace(query=query)
-            redirect = RedirectResponse(str(target), status_code=303)
-            _set_cookie(redirect, request, TOKEN_COOKIE, cookie)
-            await redirect(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-async def _refused(request: Request, auth: Auth) -> Response:
-    dashboard: Dashboard = request.app.state.dashboard
-    response = dashboard.render(
-        request,
-        "error.html",
-        {"status": 401, "message": "Sign in to see this dashboard.", "signed_out": True},
-        status=401,
-    )
-    challenge = getattr(auth, "challenge", None)
-    if challenge is not None:
-        response.headers[challenge[0]] = challenge[1]
-    return response
+        return self.templates.TemplateResponse(request, template, page, status_code=status)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -175,12 +100,40 @@ async def _store_error(request: Request, exc: Exception) -> Response:
     """A store that refused (a role without the right for an action: see
     docs/operations.md), is away or is not there: a page that says so in
     one line (the first of the error: a server's DETAIL may echo a row),
-    503 when it is worth trying again, else 500."""
+    503 when it is worth trying again, else 500. No traceback."""
     assert isinstance(exc, BackendError | StoreNotReadyError)
     dashboard: Dashboard = request.app.state.dashboard
     status = 503 if isinstance(exc, BackendUnavailableError | StoreNotReadyError) else 500
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return dashboard.render(request, "error.html", {"status": status, "message": message}, status)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """Any other error (a driver's own exception the store did not classify,
+    a connection lost while a page was drawn): a page that names only its
+    kind, 503 for a lost connection or a timeout, else 500; the server's
+    log has the traceback (the exception goes on to the server)."""
+    status = 503 if isinstance(exc, ConnectionError | TimeoutError) else 500
+    message = f"The dashboard could not answer ({type(exc).__name__}): its log says why."
+    try:
+        dashboard: Dashboard = request.app.state.dashboard
+        response = dashboard.render(
+            request,
+            "error.html",
+            {"status": status, "message": message, "signed_out": True},
+            status,
+        )
+    except Exception:  # the page itself failed: plain text then
+        response = PlainTextResponse(message, status)
+    secure_headers(response.headers, cacheable=False)
+    return response
+
+
+def _allowed_hosts(auth: Auth | None, allowed_hosts: Iterable[str] | None) -> frozenset[str] | None:
+    """The Host allow-list of create_app (None: no check)."""
+    if allowed_hosts is None:
+        return None if auth is not None else frozenset(LOCAL_HOSTS)
+    return checked_hosts(allowed_hosts)
 
 
 def create_app(
@@ -191,23 +144,37 @@ def create_app(
     secret: bytes | str | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     title: str = "conveyor",
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Starlette:
     """The dashboard of ``app``'s store, as a Starlette (ASGI) application.
 
     ``auth`` is asked about every request (``auth(request)``: a bool, or
     an awaitable of one): :func:`~conveyor.dashboard.token_auth`,
-    :func:`~conveyor.dashboard.basic_auth`, or the host application's own;
+    :func:`~conveyor.dashboard.basic_auth`, or the host application's own
+    (which may also have an ``identity(request)`` method naming who signed
+    in, to bind the CSRF tokens to: see :mod:`conveyor.dashboard.security`);
     None lets every request in (for a dashboard mounted behind the host's
-    own authentication, or bound to 127.0.0.1). ``read_only`` shows no
-    action and refuses every POST with 403. ``secret`` signs the CSRF
-    cookies (default: random per process, so a restart asks forms to be
-    reloaded; pass one to share it across processes). ``page_size`` is the
-    number of tasks a list shows per page. Raises ConfigurationError for a
-    ``page_size`` below 1.
+    own authentication, or on this machine). ``read_only`` shows no action
+    and refuses every POST with 403. ``secret`` signs the login and session
+    cookies and derives the CSRF tokens (default: random per process, so a
+    restart asks to sign in again and forms to be reloaded; pass one to
+    share it across processes). ``page_size`` is the number of tasks a list
+    shows per page. ``allowed_hosts`` are the host names (no port) the
+    dashboard answers to, any other ``Host`` getting 400 (against DNS
+    rebinding); ``["*"]`` turns the check off. By default (None) there is no
+    check when ``auth`` is given (a rebound page carries no credential), and
+    with ``auth=None`` only this machine's names are answered
+    (:data:`~conveyor.dashboard.hosts.LOCAL_HOSTS`): a dashboard mounted
+    with no auth under a real name must list it. Raises ConfigurationError
+    for a ``page_size`` below 1, or a bad host name.
     """
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ConfigurationError("page_size must be an integer of 1 or more")
+    hosts = _allowed_hosts(auth, allowed_hosts)
     key = secret.encode() if isinstance(secret, str) else secret or secrets.token_bytes(32)
+    if isinstance(auth, TokenAuth):
+        auth = auth.with_secret(key)
+    signer = Signer(key)
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("conveyor.dashboard", "templates"),
         autoescape=True,
@@ -236,15 +203,16 @@ def create_app(
         HTTPException: _http_error,
         BackendError: _store_error,
         StoreNotReadyError: _store_error,
+        Exception: _unexpected,
     }
     web = Starlette(routes=routes, exception_handlers=handlers)
     web.state.dashboard = Dashboard(
         app=app,
         templates=templates,
-        csrf=Csrf(key),
+        csrf=Csrf(signer),
         read_only=read_only,
         page_size=page_size,
         title=title,
     )
-    web.add_middleware(_Guard, auth=auth)
+    web.add_middleware(Guard, auth=auth, allowed_hosts=hosts, signer=signer)
     return web

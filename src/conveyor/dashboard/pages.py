@@ -6,17 +6,26 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 
 from conveyor.backends.protocol import TaskFilter
 from conveyor.dashboard import format
+from conveyor.dashboard.hosts import local_redirect
 from conveyor.errors import ConfigurationError
-from conveyor.model import PauseKind, Task, TaskState
+from conveyor.model import (
+    MAX_TASK_ID_DIGITS,
+    PauseKind,
+    Task,
+    TaskState,
+    check_name,
+    parse_task_id,
+)
 from conveyor.overview import Overview, read_overview, store_now
 from conveyor.schedules import next_stored_slot
 
@@ -48,24 +57,43 @@ def dashboard_of(request: Request) -> Dashboard:
     return found
 
 
-def notice_of(request: Request) -> str | None:
-    """The sentence for an action's ``?notice=`` (only our own sentences)."""
-    template = NOTICES.get(request.query_params.get("notice", ""))
+def notice_of(request: Request, queue_paused: Mapping[str, bool]) -> str | None:
+    """The sentence for an action's ``?notice=`` (only our own sentences,
+    filled only with values an action could have given: a task id, a
+    count, a queue named by the rule of names that is paused (``paused``)
+    or not (``resumed``) as ``queue_paused``, the queues page's, says);
+    anything else shows no notice."""
+    q = request.query_params
+    name = q.get("notice", "")
+    template = NOTICES.get(name)
     if template is None:
         return None
-    q = request.query_params
-    return template.format(id=q.get("task", "?"), queue=q.get("queue", "?"), count=q.get("n", "?"))
+    fields: dict[str, str] = {}
+    try:
+        if "{id}" in template:
+            fields["id"] = str(parse_task_id(q.get("task", "")))
+        if "{queue}" in template:
+            fields["queue"] = check_name("a queue", q.get("queue", ""))
+    except ConfigurationError:
+        return None
+    if "{queue}" in template and queue_paused.get(fields["queue"]) is not (name == "paused"):
+        return None
+    if "{count}" in template:
+        count = q.get("n", "")
+        if not (count.isascii() and count.isdigit() and len(count) <= MAX_TASK_ID_DIGITS):
+            return None
+        fields["count"] = count
+    return template.format(**fields)
 
 
 def _integer(request: Request, name: str) -> int | None:
     value = request.query_params.get(name, "").strip()
     if not value:
         return None
-    if not value.isdigit() or len(value) > 18:
-        raise HTTPException(
-            400, f"{name} must be a task id (a positive whole number), not {value!r}"
-        )
-    return int(value)
+    try:
+        return parse_task_id(value, name)
+    except ConfigurationError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 def _state(request: Request) -> TaskState | None:
@@ -157,7 +185,13 @@ async def queues(request: Request) -> Response:
     return dashboard.render(
         request,
         "queues.html",
-        {"page": "queues", "now": now, "rows": rows, "paused_tasks": paused_tasks},
+        {
+            "page": "queues",
+            "now": now,
+            "rows": rows,
+            "paused_tasks": paused_tasks,
+            "queue_paused": {name: name in paused for name in names},
+        },
     )
 
 
@@ -167,7 +201,7 @@ async def tasks(request: Request) -> Response:
     jump = request.query_params.get("id", "").strip()
     if jump:
         task_id = _integer(request, "id")
-        return RedirectResponse(str(request.url_for("task", task_id=task_id)), status_code=303)
+        return local_redirect(request.url_for("task", task_id=task_id))
     try:
         task_filter = TaskFilter(
             state=_state(request),
