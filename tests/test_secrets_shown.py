@@ -147,7 +147,7 @@ def test_no_dashboard_page_shows_the_stores_password(store: tuple[str, str]) -> 
     with conveyor.App(url, schema=schema, allow_unregistered=True) as app:
         app.migrate()
         task_id = app.enqueue("add", {"a": 1, "b": 2}).id
-        with TestClient(create_app(app)) as client:
+        with TestClient(create_app(app, allowed_hosts=["testserver"])) as client:
             for path in (
                 "/",
                 "/queues",
