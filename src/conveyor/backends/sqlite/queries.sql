@@ -312,8 +312,7 @@ order by id desc
 limit :limit;
 
 -- name: part_summarized
--- The columns of a task's summary, for the ids of the page `page` names
--- (list_summaries, list_child_summaries): the task's narrow columns (no
+-- The columns of a task's summary, for the ids of the page `page` names: the task's narrow columns (no
 -- payload, no result) and, for a task not running that did not succeed,
 -- its latest attempt, found by key (the last row of its log).
 select t.id, t.name, t.queue, t.state, t.priority, t.run_at, t.attempt, t.max_attempts,
@@ -328,17 +327,30 @@ left join conveyor_attempts e
  and e.number = (select max(a.number) from conveyor_attempts a where a.task_id = t.id)
 order by t.id desc
 
+-- name: part_summary_filter
+-- The optional filters of a summarized listing besides its state and parent.
+(:name is null or name = :name)
+and (:queue is null or queue = :queue)
+and id < coalesce(:before, 9223372036854775807)
+
 -- name: list_summaries
--- What list_tasks lists, as summaries. The page's ids come first, off the
--- state index (or the primary key), newest first; only then are the other
--- columns of those rows read, so no wide row is read for a row the page
--- leaves out, whatever the plan.
+-- What list_tasks lists (no state, no parent), as summaries. The page's
+-- ids come first, newest first down the table's rowids, in a CTE of their
+-- own; only then are the other columns of those rows read, so no wide row
+-- is read for a row the page leaves out, whatever the plan.
 with page as materialized (
     select id from conveyor_tasks
-    where (:state is null or state = :state)
-      and (:name is null or name = :name)
-      and (:queue is null or queue = :queue)
-      and (:before is null or id < :before)
+    where {part_summary_filter}
+    order by id desc
+    limit :limit
+)
+{part_summarized};
+
+-- name: list_summaries_in_state
+-- The same for one state, off the listing index (state, id desc).
+with page as materialized (
+    select id from conveyor_tasks indexed by conveyor_tasks_state_id
+    where state = :state and {part_summary_filter}
     order by id desc
     limit :limit
 )
@@ -350,9 +362,7 @@ with page as materialized (
     select id from conveyor_tasks indexed by conveyor_tasks_parent
     where parent_id = :parent
       and (:state is null or state = :state)
-      and (:name is null or name = :name)
-      and (:queue is null or queue = :queue)
-      and (:before is null or id < :before)
+      and {part_summary_filter}
     order by id desc
     limit :limit
 )

@@ -27,6 +27,14 @@ def _filter_args(task_filter: TaskFilter) -> dict[str, Any]:
     }
 
 
+def _summaries_statement(task_filter: TaskFilter) -> str:
+    """The statement of a summarized listing: one for each index a page is
+    read from."""
+    if task_filter.parent is not None:
+        return "list_child_summaries"
+    return "list_summaries" if task_filter.state is None else "list_summaries_in_state"
+
+
 class Listings:
     """``list_tasks``, ``list_summaries`` and ``running_by_worker`` (see
     :class:`~conveyor.backends.protocol.Inspector`)."""
@@ -40,11 +48,11 @@ class Listings:
         return [rows.task(row, ()) for row in found]
 
     async def list_summaries(self, task_filter: TaskFilter) -> list[TaskSummary]:
-        """The page's ids off the state index (a parent's: off its index of
-        children), then those rows' narrow columns and each one's latest
+        """The page's ids off the state index, the rowids or a parent's index
+        of children, then those rows' narrow columns and each one's latest
         attempt by key: the payload and result are never read."""
         args = {**_filter_args(task_filter), "error_chars": SUMMARY_ERROR_CHARS}
-        name = "list_summaries" if task_filter.parent is None else "list_child_summaries"
+        name = _summaries_statement(task_filter)
         found = await self._db.read(lambda conn: conn.execute(SQL[name], args).fetchall())
         return [rows.summary(row) for row in found]
 
