@@ -2,8 +2,9 @@
 running tasks counted by worker.
 
 A mixin of :class:`~conveyor.backends.postgres.backend.PostgresBackend`:
-each method is one statement of ``queries.sql`` run through the backend's
-``_fetchall``.
+each method is one statement of ``queries.sql``, run through the backend's
+``_fetchall``, or in a transaction of its own where it needs a planner
+setting (:data:`IN_INDEX_ORDER`).
 """
 
 from __future__ import annotations
