@@ -36,6 +36,7 @@ from conveyor.backends.protocol import (
     SendParams,
     TaskCount,
     TaskFilter,
+    TaskSummary,
     TransactionalEnqueue,
     WorkerInfo,
     inspector_of,
@@ -580,6 +581,44 @@ class Client(Controls):
         """Sync form of :meth:`list_tasks_async`."""
         return self.portal.run(
             self.list_tasks_async(
+                state=state, name=name, queue=queue, limit=limit, before=before, parent=parent
+            )
+        )
+
+    async def list_summaries_async(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+        parent: int | None = None,
+    ) -> list[TaskSummary]:
+        """The tasks :meth:`list_tasks_async` lists for the same filters (the
+        same ids, in the same order), as summaries: what a listing shows
+        (state, attempts, times, owner, the latest attempt's error) without
+        payloads or results, so that a page costs the same whatever its
+        tasks carry. Raises ConfigurationError on a bad filter."""
+        wanted = TaskState(state) if state is not None else None
+        task_filter = TaskFilter(
+            state=wanted, name=name, queue=queue, limit=limit, before=before, parent=parent
+        )
+        return await (await self._inspector()).list_summaries(task_filter)
+
+    def list_summaries(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+        parent: int | None = None,
+    ) -> list[TaskSummary]:
+        """Sync form of :meth:`list_summaries_async`."""
+        return self.portal.run(
+            self.list_summaries_async(
                 state=state, name=name, queue=queue, limit=limit, before=before, parent=parent
             )
         )

@@ -19,8 +19,10 @@ import pytest
 from conveyor import Retention
 from conveyor.backends.postgres import PostgresBackend
 from conveyor.backends.postgres.flow import _prune_args as prune_args
+from conveyor.backends.postgres.reads import IN_INDEX_ORDER, ORDERED_STATEMENTS
+from conveyor.backends.postgres.reads import _summaries_statement as summaries_statement
 from conveyor.backends.postgres.rows import finish_statement
-from conveyor.backends.protocol import ClaimParams, Completion, EnqueueParams
+from conveyor.backends.protocol import ClaimParams, Completion, EnqueueParams, TaskFilter
 from conveyor.model import LeaseToken, Outcome, TaskState
 from tests.conformance.test_tasks import claim, enqueue, later, new
 
@@ -206,7 +208,7 @@ async def test_a_poll_s_ending_and_a_send_use_primary_keys(history: PostgresBack
 
 
 async def _generic_plan(
-    backend: PostgresBackend, name: str, args: dict[str, Any], grow: int = 0
+    backend: PostgresBackend, name: str, args: dict[str, Any], grow: int = 0, setting: str = ""
 ) -> list[dict[str, Any]]:
     """EXPLAIN ANALYZE of ``name`` as a prepared statement under its generic
     plan, the one a pooled connection settles on after a few executions: it
@@ -214,7 +216,8 @@ async def _generic_plan(
     parameter of the statement must carry a cast. ``grow``: the plan is made
     (by a first execution) on the table as it is, then ``grow`` tasks come
     before the plan is explained, inserted without a vacuum or an analyze
-    (either would make the server plan the statement again)."""
+    (either would make the server plan the statement again). ``setting``: a
+    planner setting the statement runs with (``set local ...``)."""
     sql = backend.sql[name].decode()
     names: list[str] = []
     types: list[str] = []
@@ -227,6 +230,9 @@ async def _generic_plan(
     numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql)
     async with backend.pool.connection() as conn:
         await conn.execute("set plan_cache_mode = force_generic_plan")
+        if setting:
+            await conn.execute("begin")
+            await conn.execute(setting)  # type: ignore[arg-type]
         try:
             # PREPARE and EXPLAIN EXECUTE take no bound parameters: sent as text.
             conn.pgconn.exec_(f"prepare probe ({', '.join(types)}) as {numbered}".encode())
@@ -250,6 +256,8 @@ async def _generic_plan(
             )
             row = await cursor.fetchone()
         finally:
+            if setting:
+                await conn.execute("rollback")
             await conn.execute("deallocate probe")
             await conn.execute("reset plan_cache_mode")
     assert row is not None
@@ -317,11 +325,16 @@ async def test_a_claim_reads_only_what_it_takes_from_a_fresh_backlog(
 
 
 async def _analyzed(
-    backend: PostgresBackend, name: str, args: dict[str, Any]
+    backend: PostgresBackend, name: str, args: dict[str, Any], setting: str = ""
 ) -> list[dict[str, Any]]:
     async with backend.pool.connection() as conn:
+        if setting:
+            await conn.execute("begin")
+            await conn.execute(setting)  # type: ignore[arg-type]
         cursor = await conn.execute(b"explain (analyze, format json) " + backend.sql[name], args)
         row = await cursor.fetchone()
+        if setting:
+            await conn.execute("rollback")
     assert row is not None
     document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
     triggers = {"Node Type": "Triggers", "Triggers": document[0].get("Triggers")}
@@ -877,3 +890,99 @@ async def test_the_counts_of_every_task_weigh_a_sequential_scan(
     await backend.count_tasks()
     await backend.count_prunable(Retention(succeeded=60).params(datetime.now(UTC), workers=False))
     assert routed == ["count_tasks", "count_prunable"]
+
+
+SUMMARY_LIMIT = 50
+SUMMARY_FILTERS: list[tuple[str, dict[str, Any], str]] = [
+    # (statement, filter, the index its page is read from)
+    ("list_summaries", {}, "tasks_pkey"),
+    ("list_summaries", {"name": "job", "queue": "default", "before": 15_000}, "tasks_pkey"),
+    ("list_summaries_in_state", {"state": "pending"}, "tasks_state_id"),
+    ("list_summaries_in_state", {"state": "succeeded", "before": 15_000}, "tasks_state_id"),
+    ("list_summaries_in_state", {"state": "failed", "name": "job"}, "tasks_state_id"),
+    ("list_summaries_in_state", {"state": "failed", "queue": "default"}, "tasks_state_id"),
+    ("list_running_summaries", {"state": "in_progress"}, "tasks_in_progress_lease"),
+    ("list_running_summaries", {"state": "in_progress", "name": "job"}, "tasks_in_progress_lease"),
+    ("list_child_summaries", {"parent": 1}, "tasks_parent"),
+    ("list_child_summaries", {"parent": 1, "state": "pending", "before": 20_500}, "tasks_parent"),
+]
+
+
+@pytest.fixture
+async def unanalyzed(backend: PostgresBackend) -> PostgresBackend:
+    """20,000 succeeded tasks, 2,000 pending ones (200 of them children of
+    task 1), 500 failed ones with their attempt, 100 running: a fresh schema
+    never analyzed, as a server with autovacuum off keeps it."""
+    await _fill(backend, 20_000, 2_600, "1 hour")
+    tasks = psycopg.sql.Identifier(backend.schema, "tasks")
+    attempts = psycopg.sql.Identifier(backend.schema, "attempts")
+    statements = [
+        "update {tasks} set state = 'failed', attempt = 1, finished_at = now()"
+        " where id > 22000 and id <= 22500",
+        "insert into {attempts} (task_id, number, worker_id, outcome, finished_at, error_type,"
+        " error_message) select id, 1, 'w', 'failed', now(), 'E', repeat('m', 5000)"
+        " from {tasks} where state = 'failed'",
+        "update {tasks} set state = 'in_progress', attempt = 1, worker_id = 'w',"
+        " lease_expires_at = now() + interval '1 hour' where id > 22500",
+        "update {tasks} set parent_id = 1 where id > 20000 and id <= 20200",
+    ]
+    async with backend.pool.connection() as conn:
+        for statement in statements:
+            await conn.execute(
+                psycopg.sql.SQL(statement).format(tasks=tasks, attempts=attempts)  # type: ignore[arg-type]
+            )
+        cursor = await conn.execute(
+            "select count(*) from pg_stats where schemaname = %s", (backend.schema,)
+        )
+        assert await cursor.fetchone() == (0,)  # no statistics
+    return backend
+
+
+def _summary_args(given: dict[str, Any]) -> dict[str, Any]:
+    args = {"state": None, "name": None, "queue": None, "before": None, "parent": None}
+    return {**args, **given, "limit": SUMMARY_LIMIT, "error_chars": 500}
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize(
+    ("name", "given", "index"), SUMMARY_FILTERS, ids=[f"{n}-{g}" for n, g, _ in SUMMARY_FILTERS]
+)
+async def test_a_summarized_page_is_read_off_its_index_without_statistics(
+    unanalyzed: PostgresBackend, name: str, given: dict[str, Any], index: str, generic: bool
+) -> None:
+    """The dashboard's lists, on a table the planner knows nothing of (no
+    ANALYZE: autovacuum off): a listing of pending tasks once took 64-134 s,
+    sorting wide rows. A summarized page takes its ids off the index that
+    serves its filter (in index order, or the few running tasks' or one
+    parent's children's ids sorted), and reads whole only the rows it shows."""
+    state = TaskState(given["state"]) if "state" in given else None
+    filtered = TaskFilter(state=state, parent=given.get("parent"))
+    assert summaries_statement(filtered) == name
+    args = _summary_args(given)
+    setting = IN_INDEX_ORDER if name in ORDERED_STATEMENTS else ""
+    nodes = await (
+        _generic_plan(unanalyzed, name, args, setting=setting)
+        if generic
+        else _analyzed(unanalyzed, name, args, setting=setting)
+    )
+    assert "tasks" not in _scanned_tables(nodes)
+    assert index in {n.get("Index Name") for n in nodes}
+    sorted_rows = [n["Actual Rows"] for n in nodes if n["Node Type"] == "Sort"]
+    if index in ("tasks_pkey", "tasks_state_id"):
+        assert max(sorted_rows, default=0) <= SUMMARY_LIMIT  # only the page, if anything
+    else:
+        assert max(sorted_rows, default=0) <= 200  # the running ids, or the children's
+    assert _rows_read_from_tasks(nodes) <= 200 + 2 * SUMMARY_LIMIT
+    reads_attempts = [n for n in nodes if n.get("Relation Name") == "attempts"]
+    assert all("Index" in n["Node Type"] for n in reads_attempts)
+
+
+async def test_running_tasks_are_counted_by_worker_off_the_lease_index(
+    unanalyzed: PostgresBackend,
+) -> None:
+    """The workers page counts each worker's running tasks, where it once
+    listed a thousand of them whole: only the running rows are read."""
+    nodes = await _analyzed(unanalyzed, "running_by_worker", {})
+    assert "tasks" not in _scanned_tables(nodes)
+    assert _rows_read_from_tasks(nodes) == 100
+    assert await unanalyzed.running_by_worker() == {"w": 100}

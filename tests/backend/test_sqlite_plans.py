@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 
+from conveyor.backends.protocol import TaskFilter
 from conveyor.backends.sqlite import SQLiteBackend
 from conveyor.backends.sqlite.backend import SQL
+from conveyor.backends.sqlite.reads import _summaries_statement as summaries_statement
+from conveyor.model import TaskState
 
 FINISHED = 100_000
 PENDING = 5_000
@@ -152,3 +155,49 @@ def test_a_prune_reads_no_task_of_a_state_kept_longer(tmp_path: Path) -> None:
         args = {"state": "succeeded", "limit": 1000, "before": 20_500.0}
         found, steps = _vm_steps(conn, "prune_tasks", args)
         assert found == 0 and steps < 20, steps
+
+
+SUMMARY_ARGS: dict[str, Any] = {
+    "state": None,
+    "name": None,
+    "queue": None,
+    "before": None,
+    "parent": None,
+    "limit": 50,
+    "error_chars": 500,
+}
+SUMMARY_FILTERS: list[tuple[dict[str, Any], str]] = [
+    # (a filter, how the page's ids are found)
+    ({}, "SEARCH conveyor_tasks USING INTEGER PRIMARY KEY (rowid<?)"),
+    ({"name": "job", "queue": "mail", "before": 500}, "USING INTEGER PRIMARY KEY (rowid<?)"),
+    ({"state": "pending"}, "USING INDEX conveyor_tasks_state_id (state=? AND id<?)"),
+    ({"state": "succeeded", "before": 500}, "USING INDEX conveyor_tasks_state_id (state=? AND"),
+    ({"state": "in_progress", "name": "job"}, "USING INDEX conveyor_tasks_state_id (state=? AND"),
+    ({"state": "failed", "queue": "mail"}, "USING INDEX conveyor_tasks_state_id (state=? AND"),
+    ({"parent": 1}, "USING INDEX conveyor_tasks_parent (parent_id=? AND rowid<?)"),
+    ({"parent": 1, "state": "pending", "name": "job"}, "USING INDEX conveyor_tasks_parent"),
+]
+
+
+@pytest.mark.parametrize(
+    ("given", "index"), SUMMARY_FILTERS, ids=[str(g) for g, _ in SUMMARY_FILTERS]
+)
+def test_a_summarized_page_takes_its_ids_off_an_index(
+    database: sqlite3.Connection, given: dict[str, Any], index: str
+) -> None:
+    """The dashboard's lists and ``conveyor tasks``: the page's ids come off
+    the index that serves the filter, in its order; every other read is by
+    key, and the only sort is of the page itself."""
+    state = TaskState(given["state"]) if "state" in given else None
+    name = summaries_statement(TaskFilter(state=state, parent=given.get("parent")))
+    rows = database.execute("explain query plan " + SQL[name], {**SUMMARY_ARGS, **given})
+    steps = [str(r[3]) for r in rows.fetchall()]
+    assert steps[:2] == ["MATERIALIZE page", steps[1]] and index in steps[1], steps
+    assert not [s for s in steps if s.startswith("SCAN conveyor_")], steps
+    assert [s for s in steps if "TEMP B-TREE" in s] == ["USE TEMP B-TREE FOR ORDER BY"], steps
+    assert steps[-1] == "USE TEMP B-TREE FOR ORDER BY", steps  # the page's rows, at the end
+
+
+def test_running_tasks_are_counted_off_the_lease_index(database: sqlite3.Connection) -> None:
+    found = plan(database, "running_by_worker")
+    assert "SCAN conveyor_tasks USING INDEX conveyor_tasks_in_progress_lease" in found, found

@@ -1453,14 +1453,21 @@ class BackendAgreement(RuleBasedStateMachine):
             assert have[task_id] == want[task_id], f"task {task_id} at {self.now}"
 
     def same_tasks_stored(self) -> None:
-        """Both stores hold exactly the tasks the machine knows and did not prune."""
+        """Both stores hold exactly the tasks the machine knows and did not
+        prune; their summaries list the same tasks, with the same last errors."""
+        errors = []
         for backend, numbering in ((self.model, None), (self.real, self.to_model)):
             listed = self.run(self.inspector(backend).list_tasks(TaskFilter(limit=1000)))
             stored = [t.id for t in listed]
+            summaries = self.run(self.inspector(backend).list_summaries(TaskFilter(limit=1000)))
+            assert [s.id for s in summaries] == stored, f"summaries of {backend!r} at {self.now}"
+            number = numbering or {i: i for i in stored}
+            errors.append({number.get(s.id): s.last_error for s in summaries})
             if numbering is not None:
                 assert set(stored) <= set(numbering), f"{self.KIND} stores unknown tasks"
                 stored = [numbering[i] for i in stored]
             assert sorted(stored) == sorted(self.ids), f"tasks stored in {backend!r} at {self.now}"
+        assert errors[1] == errors[0], f"last errors at {self.now}"
 
     def moves_are_legal(self, model_tasks: dict[int, Task], real_tasks: dict[int, Task]) -> None:
         """Every task of both backends moved, since the last check, only by

@@ -331,6 +331,66 @@ class TaskFilter:
             check_name("queue", self.queue)
 
 
+SUMMARY_ERROR_CHARS = 500
+"""The characters of an error's type and message a :class:`TaskSummary` keeps."""
+
+
+@dataclass(frozen=True, slots=True)
+class LastError:
+    """How a task's latest ended attempt failed (see ``TaskSummary.last_error``):
+    its outcome, and its error's type and message, each cut to
+    :data:`SUMMARY_ERROR_CHARS` characters (None where the attempt has none:
+    a lost lease, an interruption)."""
+
+    outcome: Outcome
+    error_type: str | None
+    error_message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSummary:
+    """A listed task as the CLI's ``tasks`` and the dashboard's lists show
+    it (:meth:`Inspector.list_summaries`): no payload, no result, no
+    options, no attempt log, so that a page costs the same whatever its
+    tasks carry. ``worker_id`` is the owner of a running task (None in any
+    other state). ``last_error``: for a task that is not running and did not
+    succeed, its latest ended attempt when that attempt did not succeed
+    either (a failure, a lost lease, a timeout, a cancel, an interruption);
+    None otherwise, and for a task never run."""
+
+    id: int
+    name: str
+    queue: str
+    state: TaskState
+    priority: int
+    run_at: datetime
+    attempt: int
+    max_attempts: int
+    created_at: datetime
+    finished_at: datetime | None
+    worker_id: str | None
+    cancel_requested: bool
+    step: str | None
+    last_error: LastError | None
+
+
+def last_error_of(
+    state: TaskState, outcome: str | None, error_type: str | None, error_message: str | None
+) -> LastError | None:
+    """The ``last_error`` of a summary from its task's state and its latest
+    ended attempt's columns (``outcome`` None: it has none), cut as
+    :class:`LastError` says: the one rule every engine applies."""
+    if state in (TaskState.IN_PROGRESS, TaskState.SUCCEEDED) or outcome is None:
+        return None
+    if outcome in (Outcome.SUCCEEDED.value, Outcome.IN_PROGRESS.value):
+        return None
+    return LastError(
+        Outcome(outcome),
+        None if error_type is None else error_type[:SUMMARY_ERROR_CHARS],
+        None if error_message is None else error_message[:SUMMARY_ERROR_CHARS],
+    )
+
+
 ACTIVITY_SCAN = 100_000
 """The newest succeeded, and failed, tasks that ``Inspector.activity`` reads
 at most on PostgreSQL and SQLite."""
@@ -991,6 +1051,18 @@ class Inspector(Protocol):
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         """Tasks newest first, filtered and paged (see :class:`TaskFilter`),
         without their attempt logs."""
+
+    async def list_summaries(self, task_filter: TaskFilter) -> list[TaskSummary]:
+        """The tasks :meth:`list_tasks` gives for ``task_filter`` (the same
+        ids, in the same order), as summaries: no payload or result is read.
+        PostgreSQL and SQLite take the page's ids off an index before they
+        read any other column, and each summarized task's latest attempt by
+        key; Redis reads the named fields of each task's hash and the last
+        row of its attempt log; memory copies no payload."""
+
+    async def running_by_worker(self) -> dict[str, int]:
+        """How many tasks each worker runs now (workers running none left
+        out): counted off the index of running tasks, no task read whole."""
 
     async def count_tasks(self) -> list[TaskCount]:
         """How many tasks there are, by state, queue and name (zero counts

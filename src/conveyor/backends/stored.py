@@ -28,6 +28,8 @@ from conveyor.backends.protocol import (
     Completion,
     ErrorInfo,
     StoredSchedule,
+    TaskSummary,
+    last_error_of,
 )
 from conveyor.errors import (
     ConfigurationError,
@@ -383,6 +385,47 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         inbox=bool(inbox),
         idempotency_key=idempotency_key,
         concurrency_key=concurrency_key,
+    )
+
+
+def summary_row(row: Sequence[Any]) -> TaskSummary:
+    """A row of ``list_summaries`` (PostgreSQL and SQLite, times already
+    datetimes): the task's columns, then its latest attempt's outcome, error
+    type and message (None: it has no attempt, or it is running)."""
+    (
+        task_id,
+        name,
+        queue,
+        state,
+        priority,
+        run_at,
+        attempt,
+        max_attempts,
+        created_at,
+        finished_at,
+        worker_id,
+        cancel_requested,
+        step,
+        outcome,
+        error_type,
+        error_message,
+    ) = row
+    state = TaskState(state)
+    return TaskSummary(
+        id=task_id,
+        name=name,
+        queue=queue,
+        state=state,
+        priority=priority,
+        run_at=run_at,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        created_at=created_at,
+        finished_at=finished_at,
+        worker_id=worker_id,
+        cancel_requested=bool(cancel_requested),
+        step=step,
+        last_error=last_error_of(state, outcome, error_type, error_message),
     )
 
 

@@ -12,6 +12,7 @@ import click
 from rich.progress import Progress
 
 from conveyor.app import App
+from conveyor.backends.protocol import TaskSummary
 from conveyor.cli.common import (
     APP_ENV,
     TASK_ID,
@@ -31,7 +32,7 @@ from conveyor.cli.common import (
 )
 from conveyor.controls import CANCELLABLE
 from conveyor.errors import ConveyorError, InvalidTransitionError, TaskNotFoundError
-from conveyor.model import RetryPolicy, Task, TaskState
+from conveyor.model import RetryPolicy, TaskState
 from conveyor.options import EnqueueOptions
 
 PAGE = 500
@@ -168,13 +169,14 @@ def _selected(
     queue: str | None,
     since: datetime | None,
     until: datetime | None,
-) -> Iterator[Task]:
-    """Every task the filters select, newest first, page by page (a dry
-    run's preview: the action itself reads its filter in its own write)."""
+) -> Iterator[TaskSummary]:
+    """Every task the filters select, newest first, page by page, summarized
+    (no payload is read: a dry run's preview may walk every failed task; the
+    action itself reads its filter in its own write)."""
     before = None
     state = states[0] if len(states) == 1 else None
     while True:
-        page = app.list_tasks(state=state, name=name, queue=queue, limit=PAGE, before=before)
+        page = app.list_summaries(state=state, name=name, queue=queue, limit=PAGE, before=before)
         for task in page:
             if (
                 task.state in states

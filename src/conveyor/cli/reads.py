@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,7 +12,7 @@ import click
 from rich.table import Table
 
 from conveyor.app import App
-from conveyor.backends.protocol import WorkerInfo
+from conveyor.backends.protocol import TaskSummary, WorkerInfo
 from conveyor.cli.common import (
     EXIT_ERROR,
     TASK_ID,
@@ -34,12 +35,14 @@ from conveyor.errors import ConveyorError
 from conveyor.model import Task, TaskState
 
 
-def _due(task: Task, now: datetime) -> str:
+def _due(task: TaskSummary, now: datetime) -> str:
     moment = due_at(task)
     return relative(moment, now) if moment is not None else ""
 
 
-def _warn_unserved(found: list[Task], workers: list[WorkerInfo], now: datetime) -> None:
+def _warn_unserved(
+    found: Sequence[Task | TaskSummary], workers: list[WorkerInfo], now: datetime
+) -> None:
     pairs = [(t.name, t.queue) for t in found if t.state is TaskState.PENDING]
     for name, queue in unserved(pairs, workers, now):
         warn(f"no live worker serves task {name!r} on queue {queue!r}: it stays pending")
@@ -65,20 +68,31 @@ def tasks(
 ) -> None:
     """List tasks, newest first; page on with --before (the last id shown).
 
-    A pending task that no live worker serves (its name or queue) is named
-    in a warning on stderr."""
+    The table reads summaries (no payload or result); ``--json`` prints each
+    task whole, payload and result included. A pending task that no live
+    worker serves (its name or queue) is named in a warning on stderr."""
+    whole: list[Task] = []
+    summaries: list[TaskSummary] = []
     try:
         with open_client(url, schema) as app:
-            found = app.list_tasks(state=state, name=name, queue=queue, limit=limit, before=before)
+            if as_json:
+                whole = app.list_tasks(
+                    state=state, name=name, queue=queue, limit=limit, before=before
+                )
+            else:
+                summaries = app.list_summaries(
+                    state=state, name=name, queue=queue, limit=limit, before=before
+                )
             workers = app.list_workers()
     except ConveyorError as exc:
         fail(exc)
     now = datetime.now(UTC)
+    found: Sequence[Task | TaskSummary] = whole if as_json else summaries
     if as_json:
-        click.echo(json.dumps([task_json(t, with_attempts=False) for t in found]))
+        click.echo(json.dumps([task_json(t, with_attempts=False) for t in whole]))
     else:
         table = Table("id", "name", "queue", "state", "priority", "attempt", "due", "created")
-        for t in found:
+        for t in summaries:
             table.add_row(
                 str(t.id),
                 t.name,

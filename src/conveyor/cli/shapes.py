@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.protocol import StoredSchedule, WorkerInfo
+from conveyor.backends.protocol import StoredSchedule, TaskSummary, WorkerInfo
 from conveyor.cli.common import iso
 from conveyor.model import Attempt, Message, Pause, Task, TaskState
 
@@ -91,7 +91,7 @@ def schedule_json(
     }
 
 
-def due_at(task: Task) -> datetime | None:
+def due_at(task: Task | TaskSummary) -> datetime | None:
     """When a pending task becomes due (its delay or retry back-off ends), or
     a waiting one wakes without a message; None for other states."""
     return task.run_at if task.state in WAITS else None

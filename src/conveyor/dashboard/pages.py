@@ -8,13 +8,13 @@ import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from conveyor.backends.protocol import TaskFilter
+from conveyor.backends.protocol import TaskFilter, TaskSummary
 from conveyor.dashboard import format
 from conveyor.dashboard.hosts import local_redirect
 from conveyor.errors import ConfigurationError
@@ -38,8 +38,6 @@ ACTIVITY_BUCKET = 60
 """Seconds per bar of the overview's chart."""
 ACTIVITY_BUCKETS = 60
 """Bars of the overview's chart: the last hour, a minute each."""
-WORKER_RUNNING_SCAN = 1000
-"""At most this many running tasks are read to count each worker's."""
 NOTICES = {
     "retried": "Task {id} is pending again, with a fresh attempt budget.",
     "cancelled": "Task {id} is cancelled.",
@@ -114,11 +112,12 @@ def _text(request: Request, name: str) -> str | None:
     return value or None
 
 
-async def _page(request: Request, task_filter: TaskFilter) -> tuple[list[Task], int | None]:
-    """One page of tasks, and the id to page on from (None: the last page)."""
+async def _page(request: Request, task_filter: TaskFilter) -> tuple[list[TaskSummary], int | None]:
+    """One page of tasks, summarized (no payload is read), and the id to
+    page on from (None: the last page)."""
     dashboard = dashboard_of(request)
     inspector = await dashboard.inspector()
-    found = await inspector.list_tasks(
+    found = await inspector.list_summaries(
         dataclasses.replace(task_filter, limit=task_filter.limit + 1)
     )
     shown = found[: task_filter.limit]
@@ -250,9 +249,12 @@ async def task(request: Request) -> Response:
         raise HTTPException(404, f"No task has id {task_id}: it never existed, or was deleted.")
     explanation = await dashboard.app.explain_async(task_id)
     messages = await dashboard.app.inbox_async(task_id) if found.inbox else []
-    children: list[Task] = []
+    children: list[TaskSummary] = []
     if found.inbox:
-        children = await dashboard.app.list_tasks_async(parent=task_id, limit=CHILDREN_SHOWN + 1)
+        inspector = await dashboard.inspector()
+        children = await inspector.list_summaries(
+            TaskFilter(parent=task_id, limit=CHILDREN_SHOWN + 1)
+        )
     now = await store_now(await dashboard.app.backend())
     return dashboard.render(
         request,
@@ -300,11 +302,7 @@ async def failed(request: Request) -> Response:
         raise HTTPException(400, str(exc)) from None
     shown, next_before = await _page(request, task_filter)
     now = await store_now(await dashboard.app.backend())
-    last_errors: dict[int, Any] = {}
-    for one in shown:
-        full = await dashboard.app.get_async(one.id)
-        if full is not None and full.attempts:
-            last_errors[one.id] = full.attempts[-1]
+    last_errors = {t.id: t.last_error for t in shown if t.last_error is not None}
     return dashboard.render(
         request,
         "failed.html",
@@ -326,10 +324,7 @@ async def workers(request: Request) -> Response:
     now = await store_now(await dashboard.app.backend())
     every = await inspector.list_workers()
     live = [w for w in every if w.live(now)]
-    running = await inspector.list_tasks(
-        TaskFilter(state=TaskState.IN_PROGRESS, limit=WORKER_RUNNING_SCAN)
-    )
-    by_worker = Counter(t.worker_id for t in running)
+    by_worker = Counter(await inspector.running_by_worker())
     return dashboard.render(
         request,
         "workers.html",

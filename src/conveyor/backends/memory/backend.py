@@ -45,6 +45,7 @@ from conveyor.backends.protocol import (
     StoredSchedule,
     TaskCount,
     TaskFilter,
+    TaskSummary,
     Wakeup,
     WorkerInfo,
     WorkFilter,
@@ -251,6 +252,12 @@ class MemoryBackend:
 
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         return reads.list_tasks(self._store, task_filter)
+
+    async def list_summaries(self, task_filter: TaskFilter) -> list[TaskSummary]:
+        return reads.list_summaries(self._store, task_filter)
+
+    async def running_by_worker(self) -> dict[str, int]:
+        return reads.running_by_worker(self._store)
 
     async def count_tasks(self) -> list[TaskCount]:
         return reads.count_tasks(self._store)

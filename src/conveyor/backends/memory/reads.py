@@ -5,18 +5,22 @@ Reads only, each under the store's lock; they never move a task.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 
+from conveyor.backends.memory.rows import Row
 from conveyor.backends.memory.store import Store
 from conveyor.backends.protocol import (
     ActivityBucket,
     QueueBacklog,
     TaskCount,
     TaskFilter,
+    TaskSummary,
     WorkerInfo,
     WorkFilter,
+    last_error_of,
 )
 from conveyor.backends.stored import activity_buckets
 from conveyor.model import Message, Task, TaskState
@@ -31,20 +35,70 @@ def get_task(store: Store, task_id: int, with_attempts: bool) -> Task | None:
 def list_tasks(store: Store, task_filter: TaskFilter) -> list[Task]:
     """Newest first, each filter optional, at most ``limit``; no attempt logs."""
     with store.lock:
-        if task_filter.parent is None:
-            scope = reversed(store.tasks.values())
-        else:
-            children = sorted(store.children.get(task_filter.parent, ()), reverse=True)
-            scope = (store.tasks[i] for i in children if i in store.tasks)
-        rows = [
-            r
-            for r in scope
-            if (task_filter.before is None or r.id < task_filter.before)
-            and (task_filter.state is None or r.state is task_filter.state)
-            and (task_filter.name is None or r.name == task_filter.name)
-            and (task_filter.queue is None or r.queue == task_filter.queue)
+        rows = itertools.islice(_listed(store, task_filter), task_filter.limit)
+        return [r.snapshot(False) for r in rows]
+
+
+def list_summaries(store: Store, task_filter: TaskFilter) -> list[TaskSummary]:
+    """What :func:`list_tasks` lists, as summaries: no payload is copied or
+    decoded, and the walk stops at ``limit``."""
+    with store.lock:
+        return [
+            _summary(r) for r in itertools.islice(_listed(store, task_filter), task_filter.limit)
         ]
-        return [r.snapshot(False) for r in rows[: task_filter.limit]]
+
+
+def _listed(store: Store, task_filter: TaskFilter) -> Iterator[Row]:
+    """The rows a listing takes, newest first (the caller holds the lock)."""
+    if task_filter.parent is None:
+        scope: Iterable[Row] = reversed(store.tasks.values())
+    else:
+        children = sorted(store.children.get(task_filter.parent, ()), reverse=True)
+        scope = (store.tasks[i] for i in children if i in store.tasks)
+    return (
+        r
+        for r in scope
+        if (task_filter.before is None or r.id < task_filter.before)
+        and (task_filter.state is None or r.state is task_filter.state)
+        and (task_filter.name is None or r.name == task_filter.name)
+        and (task_filter.queue is None or r.queue == task_filter.queue)
+    )
+
+
+def _summary(r: Row) -> TaskSummary:
+    last = r.attempts[-1] if r.attempts else None
+    return TaskSummary(
+        id=r.id,
+        name=r.name,
+        queue=r.queue,
+        state=r.state,
+        priority=r.priority,
+        run_at=r.run_at,
+        attempt=r.attempt,
+        max_attempts=r.max_attempts,
+        created_at=r.created_at,
+        finished_at=r.finished_at,
+        worker_id=r.worker_id if r.state is TaskState.IN_PROGRESS else None,
+        cancel_requested=r.cancel_requested,
+        step=r.step,
+        last_error=last_error_of(
+            r.state,
+            None if last is None else last.outcome.value,
+            None if last is None else last.error_type,
+            None if last is None else last.error_message,
+        ),
+    )
+
+
+def running_by_worker(store: Store) -> dict[str, int]:
+    """Running tasks by their owner."""
+    with store.lock:
+        found = Counter(
+            r.worker_id
+            for r in store.tasks.values()
+            if r.state is TaskState.IN_PROGRESS and r.worker_id is not None
+        )
+    return dict(found)
 
 
 def count_tasks(store: Store) -> list[TaskCount]:

@@ -37,6 +37,7 @@ from conveyor.backends.postgres.migrate import (
     pending_migrations,
     require_migrated,
 )
+from conveyor.backends.postgres.reads import Listings
 from conveyor.backends.postgres.rows import (
     enqueue_statement,
     finish_statement,
@@ -65,7 +66,6 @@ from conveyor.backends.protocol import (
     OfferParams,
     SendParams,
     TaskCount,
-    TaskFilter,
     Wakeup,
     WorkerInfo,
     WorkFilter,
@@ -166,7 +166,7 @@ def _check_sync(connection: Any) -> None:
         )
 
 
-class PostgresBackend(FlowControl):
+class PostgresBackend(Listings, FlowControl):
     """Tasks in PostgreSQL tables of one schema (default ``conveyor``).
 
     ``migrate`` says what :meth:`open` does about the schema: True applies
@@ -725,20 +725,6 @@ class PostgresBackend(FlowControl):
                 cursor = await conn.execute(self.sql["get_attempts"], {"id": task_id})
                 attempts = tuple(attempt_row(r) for r in await cursor.fetchall())
         return task_row(row, attempts)
-
-    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
-        rows = await self._fetchall(
-            "list_tasks" if task_filter.parent is None else "list_children",
-            {
-                "state": task_filter.state.value if task_filter.state else None,
-                "name": task_filter.name,
-                "queue": task_filter.queue,
-                "limit": task_filter.limit,
-                "before": task_filter.before,
-                "parent": task_filter.parent,
-            },
-        )
-        return [task_row(row, ()) for row in rows]
 
     async def count_tasks(self) -> list[TaskCount]:
         rows = await self._fetchall_scanning("count_tasks", {})

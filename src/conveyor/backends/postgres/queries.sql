@@ -928,6 +928,91 @@ where parent_id = %(parent)s::bigint and {part_list_filter}
 order by id desc
 limit %(limit)s::integer;
 
+-- name: part_summary_filter
+-- The optional filters of a summarized listing besides its state and parent.
+-- `before` is a bound of the index scan even in a generic plan (no `or`).
+(%(name)s::text is null or name = %(name)s::text)
+and (%(queue)s::text is null or queue = %(queue)s::text)
+and id < coalesce(%(before)s::bigint, 9223372036854775807)
+
+-- name: part_summarized
+-- The columns of a task's summary, for the ids of the page `page` names:
+-- the narrow columns of the task row (no payload, no result), and, for a
+-- task not running that did not succeed, its latest attempt, the last row
+-- of its log in `attempts` by key (such a task's latest attempt is there:
+-- only a succeeded one stays in its task row), its error cut short.
+select t.id, t.name, t.queue, t.state, t.priority, t.run_at, t.attempt, t.max_attempts,
+       t.created_at, t.finished_at,
+       case when t.state = 'in_progress' then t.worker_id end, t.cancel_requested, t.step,
+       e.outcome, e.error_type, e.error_message
+from page
+join {schema}.tasks t on t.id = page.id
+left join lateral (
+    select a.outcome, left(a.error_type, %(error_chars)s::integer) as error_type,
+           left(a.error_message, %(error_chars)s::integer) as error_message
+    from {schema}.attempts a
+    where a.task_id = t.id and t.state not in ('in_progress', 'succeeded')
+    order by a.number desc
+    limit 1
+) e on true
+order by t.id desc
+
+-- name: list_summaries
+-- What list_tasks lists (no state, no parent), as summaries. The page's
+-- ids come first, newest first off the primary key, in a CTE of their own:
+-- only the page's rows are read whole, and no plan, however wrong its
+-- guess of the table (no statistics: autovacuum may be off), sorts wide rows.
+with page as materialized (
+    select id from {schema}.tasks
+    where {part_summary_filter}
+    order by id desc
+    limit %(limit)s::integer
+)
+{part_summarized};
+
+-- name: list_summaries_in_state
+-- The same for one state other than in_progress, off the listing index
+-- (state, id desc), which leaves out running tasks: the condition on
+-- in_progress lets a generic plan use it too.
+with page as materialized (
+    select id from {schema}.tasks
+    where state = %(state)s::text and state <> 'in_progress' and {part_summary_filter}
+    order by id desc
+    limit %(limit)s::integer
+)
+{part_summarized};
+
+-- name: list_running_summaries
+-- The same for running tasks, off the lease index (only running rows): the
+-- ids of the running tasks are sorted, never their rows.
+with page as materialized (
+    select id from {schema}.tasks
+    where state = 'in_progress' and {part_summary_filter}
+    order by id desc
+    limit %(limit)s::integer
+)
+{part_summarized};
+
+-- name: list_child_summaries
+-- What list_children lists, as summaries: a parent's children off its index
+-- of children, their ids sorted first.
+with page as materialized (
+    select id from {schema}.tasks
+    where parent_id = %(parent)s::bigint
+      and (%(state)s::text is null or state = %(state)s::text)
+      and {part_summary_filter}
+    order by id desc
+    limit %(limit)s::integer
+)
+{part_summarized};
+
+-- name: running_by_worker
+-- Running tasks by owner, off the lease index (only running rows).
+select worker_id, count(*)
+from {schema}.tasks
+where state = 'in_progress'
+group by worker_id;
+
 -- name: count_tasks
 -- Tasks by state, queue and name. Reads every row (no index holds all
 -- three: one would cost every state change an index write).

@@ -20,6 +20,7 @@ from conveyor.backends.protocol import (
     StoredSchedule,
     TaskCount,
     TaskFilter,
+    TaskSummary,
     WorkerInfo,
     WorkFilter,
 )
@@ -67,6 +68,19 @@ class RedisInspector(RedisStore):
         :func:`.reads.list_tasks` for its cost)."""
         with translated():
             return await reads.list_tasks(self._redis, self.prefix, task_filter)
+
+    async def list_summaries(self, task_filter: TaskFilter) -> list[TaskSummary]:
+        """What :meth:`list_tasks` lists, as summaries: the named fields of
+        each hash and the last row of each failed attempt log, never a
+        payload or a result (see :func:`.reads.list_summaries`)."""
+        with translated():
+            return await reads.list_summaries(self._redis, self.prefix, task_filter)
+
+    async def running_by_worker(self) -> dict[str, int]:
+        """Running tasks by owner, off the index of running tasks (see
+        :func:`.reads.running_by_worker`)."""
+        with translated():
+            return await reads.running_by_worker(self._redis, self.prefix)
 
     async def count_tasks(self) -> list[TaskCount]:
         """Tasks by state, queue and name: reads every task's three fields,

@@ -20,6 +20,7 @@ from conveyor.backends.protocol import (
     QueueBacklog,
     TaskCount,
     TaskFilter,
+    TaskSummary,
     WorkerInfo,
 )
 from conveyor.backends.redis import keys, rows
@@ -47,6 +48,60 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
     written around conveyor, it is listed as corrupt): one that moves during
     the read is listed once at most. A ``parent`` filter reads that parent's index of children
     instead (``{p}:children:ID``), the other filters applied to it."""
+    found = await _listed(client, prefix, task_filter, None)
+    return [rows.task(task_id, fields, ()) for task_id, fields in found]
+
+
+SUMMARY_FIELDS = (
+    "state",
+    "name",
+    "queue",
+    "priority",
+    "run_at",
+    "attempt",
+    "max_attempts",
+    "created_at",
+    "finished_at",
+    "worker_id",
+    "cancel_requested",
+    "step",
+)
+"""The fields of a task's hash a summary reads (never ``payload`` or ``result``)."""
+
+
+async def list_summaries(
+    client: aioredis.Redis, prefix: str, task_filter: TaskFilter
+) -> list[TaskSummary]:
+    """The tasks :func:`list_tasks` lists, from the same indexes, as
+    summaries: ``SUMMARY_FIELDS`` of each hash (HMGET), then, for each task
+    not running that did not succeed, the last row of its attempt log
+    (LINDEX), pipelined. That row holds its traceback, as conveyor's worker
+    cut it (32,000 characters at most)."""
+    found = await _listed(client, prefix, task_filter, SUMMARY_FIELDS)
+    ended = [task_id for task_id, fields in found if fields.get("state") in _MAY_HAVE_FAILED]
+    last: dict[int, str | None] = {}
+    if ended:
+        async with client.pipeline(transaction=False) as pipe:
+            for task_id in ended:
+                pipe.lindex(keys.attempts(prefix, task_id), -1)
+            last = dict(zip(ended, await pipe.execute(), strict=True))
+    return [rows.summary(task_id, fields, last.get(task_id)) for task_id, fields in found]
+
+
+_MAY_HAVE_FAILED = tuple(
+    s.value for s in TaskState if s not in (TaskState.IN_PROGRESS, TaskState.SUCCEEDED)
+)
+
+
+async def _listed(
+    client: aioredis.Redis,
+    prefix: str,
+    task_filter: TaskFilter,
+    fields: tuple[str, ...] | None,
+) -> list[tuple[int, dict[str, str]]]:
+    """The tasks a listing takes (see :func:`list_tasks`), each with its
+    hash: whole (``fields`` None) or only the ``fields`` named, which must
+    include ``state``, ``name`` and ``queue``."""
     indexes: list[tuple[str, str | None]]  # each index, and the state its tasks hold
     if task_filter.parent is not None:
         wanted = None if task_filter.state is None else task_filter.state.value
@@ -54,7 +109,7 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
     else:
         states = _STATE_NAMES if task_filter.state is None else (task_filter.state.value,)
         indexes = [(keys.state(prefix, state), state) for state in states]
-    found: list[Task] = []
+    found: list[tuple[int, dict[str, str]]] = []
     top = f"({task_filter.before}" if task_filter.before is not None else "+inf"
     while len(found) < task_filter.limit:
         async with client.pipeline(transaction=False) as pipe:
@@ -73,13 +128,43 @@ async def list_tasks(client: aioredis.Redis, prefix: str, task_filter: TaskFilte
             break
         async with client.pipeline(transaction=False) as pipe:
             for task_id, _state in page:
-                pipe.hgetall(keys.task(prefix, task_id))
+                if fields is None:
+                    pipe.hgetall(keys.task(prefix, task_id))
+                else:
+                    pipe.hmget(keys.task(prefix, task_id), *fields)
             hashes = await pipe.execute()
-        for (task_id, state), fields in zip(page, hashes, strict=True):
-            if fields and _in_state(fields.get("state"), state) and _matches(fields, task_filter):
-                found.append(rows.task(task_id, fields, ()))
+        for (task_id, state), stored in zip(page, hashes, strict=True):
+            held = stored if fields is None else _named(fields, stored)
+            if held and _in_state(held.get("state"), state) and _matches(held, task_filter):
+                found.append((task_id, held))
         top = f"({page[-1][0]}"
     return found[: task_filter.limit]
+
+
+def _named(fields: tuple[str, ...], values: list[str | None]) -> dict[str, str]:
+    """An HMGET's answer as the part of the hash it read (absent fields left out)."""
+    return {name: value for name, value in zip(fields, values, strict=True) if value is not None}
+
+
+async def running_by_worker(client: aioredis.Redis, prefix: str) -> dict[str, int]:
+    """Running tasks by owner: the index of running tasks, ``PAGE`` ids at a
+    time, and of each task only its ``state`` and ``worker_id`` (HMGET)."""
+    found: Counter[str] = Counter()
+    index = keys.state(prefix, TaskState.IN_PROGRESS.value)
+    top = "+inf"
+    while True:
+        ids = cast(list[str], await client.zrevrangebyscore(index, top, "-inf", start=0, num=PAGE))
+        if not ids:
+            break
+        async with client.pipeline(transaction=False) as pipe:
+            for task_id in ids:
+                pipe.hmget(keys.task(prefix, int(task_id)), "state", "worker_id")
+            owners = await pipe.execute()
+        for stored, worker_id in owners:
+            if stored == TaskState.IN_PROGRESS.value and worker_id is not None:
+                found[worker_id] += 1
+        top = f"({ids[-1]}"
+    return dict(found)
 
 
 def _in_state(stored: str | None, state: str | None) -> bool:

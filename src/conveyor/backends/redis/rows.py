@@ -50,8 +50,10 @@ from conveyor.backends.protocol import (
     Effects,
     NewTask,
     PruneParams,
+    TaskSummary,
     Transition,
     WorkerInfo,
+    last_error_of,
 )
 from conveyor.backends.stored import Unread, claimed_rows, retry_json, stored_retry_policy
 from conveyor.errors import BackendError
@@ -401,6 +403,43 @@ def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...])
     if not f.unread:
         return listed
     return replace(listed, payload={CORRUPT: f.unread, "payload": payload})
+
+
+def summary(task_id: int, fields: Mapping[str, str], last_attempt: str | None) -> TaskSummary:
+    """The summary of the task whose hash holds ``fields`` (its
+    ``SUMMARY_FIELDS`` at least), with the last row of its attempt log
+    (None: none was read). A field that does not read takes the neutral
+    value :func:`task` gives it; an attempt row that does not read gives no
+    ``last_error``."""
+    f = _Fields(task_id, fields)
+    state = f.state()
+    last = None
+    if last_attempt is not None:
+        try:
+            last = attempt(task_id, last_attempt)
+        except BackendError:
+            last = None
+    return TaskSummary(
+        id=task_id,
+        name=f.text("name"),
+        queue=f.text("queue"),
+        state=state,
+        priority=f.integer("priority", -(2**31), 2**31 - 1),
+        run_at=f.moment("run_at"),
+        attempt=f.integer("attempt", 0),
+        max_attempts=f.integer("max_attempts", 1, 2**31 - 1) or 1,
+        created_at=f.moment("created_at"),
+        finished_at=f.optional_moment("finished_at"),
+        worker_id=f.optional_text("worker_id") if state is TaskState.IN_PROGRESS else None,
+        cancel_requested=fields.get("cancel_requested") == "1",
+        step=f.optional_text("step"),
+        last_error=last_error_of(
+            state,
+            None if last is None else last.outcome.value,
+            None if last is None else last.error_type,
+            None if last is None else last.error_message,
+        ),
+    )
 
 
 def attempts(task_id: int, fields: Mapping[str, str], log: Sequence[str]) -> tuple[Attempt, ...]:

@@ -41,7 +41,6 @@ from conveyor.backends.protocol import (
     NewTask,
     SendParams,
     TaskCount,
-    TaskFilter,
     Wakeup,
     WorkerInfo,
     WorkFilter,
@@ -69,6 +68,7 @@ from conveyor.backends.sqlite.migrate import (
     pending_migrations,
     require_migrated,
 )
+from conveyor.backends.sqlite.reads import Listings
 from conveyor.backends.sqlite.statements import SQL
 from conveyor.backends.sqlite.statements import clock as _clock
 from conveyor.backends.stored import (
@@ -93,7 +93,7 @@ commit seen: while work keeps coming, a commit is seen within 2 ms."""
 CHANGE_BUSY_WINDOW = 1.0
 
 
-class SQLiteBackend(FlowControl):
+class SQLiteBackend(Listings, FlowControl):
     """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``).
 
     ``migrate`` says what :meth:`open` does: True applies the pending
@@ -507,19 +507,6 @@ class SQLiteBackend(FlowControl):
             return rows.task(row, attempts)
 
         return await self._db.read(fetch)
-
-    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
-        args = {
-            "state": task_filter.state.value if task_filter.state else None,
-            "name": task_filter.name,
-            "queue": task_filter.queue,
-            "limit": task_filter.limit,
-            "before": task_filter.before,
-            "parent": task_filter.parent,
-        }
-        statement = SQL["list_tasks" if task_filter.parent is None else "list_children"]
-        found = await self._db.read(lambda conn: conn.execute(statement, args).fetchall())
-        return [rows.task(row, ()) for row in found]
 
     async def count_tasks(self) -> list[TaskCount]:
         found = await self._db.read(lambda conn: conn.execute(SQL["count_tasks"]).fetchall())

@@ -311,6 +311,70 @@ where parent_id = :parent
 order by id desc
 limit :limit;
 
+-- name: part_summarized
+-- The columns of a task's summary, for the ids of the page `page` names: the task's narrow columns (no
+-- payload, no result) and, for a task not running that did not succeed,
+-- its latest attempt, found by key (the last row of its log).
+select t.id, t.name, t.queue, t.state, t.priority, t.run_at, t.attempt, t.max_attempts,
+       t.created_at, t.finished_at,
+       case when t.state = 'in_progress' then t.worker_id end, t.cancel_requested, t.step,
+       e.outcome, substr(e.error_type, 1, :error_chars), substr(e.error_message, 1, :error_chars)
+from page
+join conveyor_tasks t on t.id = page.id
+left join conveyor_attempts e
+  on t.state not in ('in_progress', 'succeeded')
+ and e.task_id = t.id
+ and e.number = (select max(a.number) from conveyor_attempts a where a.task_id = t.id)
+order by t.id desc
+
+-- name: part_summary_filter
+-- The optional filters of a summarized listing besides its state and parent.
+(:name is null or name = :name)
+and (:queue is null or queue = :queue)
+and id < coalesce(:before, 9223372036854775807)
+
+-- name: list_summaries
+-- What list_tasks lists (no state, no parent), as summaries. The page's
+-- ids come first, newest first down the table's rowids, in a CTE of their
+-- own; only then are the other columns of those rows read, so no wide row
+-- is read for a row the page leaves out, whatever the plan.
+with page as materialized (
+    select id from conveyor_tasks
+    where {part_summary_filter}
+    order by id desc
+    limit :limit
+)
+{part_summarized};
+
+-- name: list_summaries_in_state
+-- The same for one state, off the listing index (state, id desc).
+with page as materialized (
+    select id from conveyor_tasks indexed by conveyor_tasks_state_id
+    where state = :state and {part_summary_filter}
+    order by id desc
+    limit :limit
+)
+{part_summarized};
+
+-- name: list_child_summaries
+-- What list_children lists, as summaries (see list_summaries).
+with page as materialized (
+    select id from conveyor_tasks indexed by conveyor_tasks_parent
+    where parent_id = :parent
+      and (:state is null or state = :state)
+      and {part_summary_filter}
+    order by id desc
+    limit :limit
+)
+{part_summarized};
+
+-- name: running_by_worker
+-- Running tasks by owner, off the lease index (running rows only).
+select worker_id, count(*)
+from conveyor_tasks indexed by conveyor_tasks_in_progress_lease
+where state = 'in_progress'
+group by worker_id;
+
 -- name: count_tasks
 -- Tasks by state, queue and name (reads every row).
 select state, queue, name, count(*)

@@ -16,16 +16,18 @@ from conveyor.backends.protocol import (
     ClaimedTask,
     Completion,
     EnqueueParams,
+    TaskSummary,
     Transition,
     WorkerInfo,
 )
-from conveyor.backends.stored import attempt_row, retry_json, task_row
+from conveyor.backends.stored import attempt_row, retry_json, summary_row, task_row
 from conveyor.model import Attempt, LeaseToken, Task
 
 # Column positions of the timestamps in get_task/list_tasks and get_attempts.
 _TASK_TIMES = (6, 13, 14, 16)
 _ATTEMPT_TIMES = (4, 5)
 _CLAIM_TIMES = (10, 13)
+_SUMMARY_TIMES = (5, 8, 9)
 
 
 def seconds(moment: datetime | None) -> float | None:
@@ -134,6 +136,10 @@ def task(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> Task:
     values = list(_with_times(row, _TASK_TIMES))
     values[17] = bool(values[17])  # cancel_requested
     return task_row(tuple(values), attempts)
+
+
+def summary(row: Sequence[Any]) -> TaskSummary:
+    return summary_row(_with_times(row, _SUMMARY_TIMES))
 
 
 def message(row: Sequence[Any]) -> tuple[Any, ...]:
