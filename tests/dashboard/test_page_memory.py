@@ -75,7 +75,7 @@ def test_a_list_page_reads_no_payload(store: Store, path: str, shows: str) -> No
     count them. Each page now holds less than one payload at its peak."""
     app, _ = store
     app.portal.run(_seed_big(app))
-    with TestClient(create_app(app)) as client:
+    with TestClient(create_app(app, allowed_hosts=["testserver"])) as client:
         client.get(path)  # templates compiled, connections opened
         peak, text = _peak_of(client, path)
     assert shows in text
