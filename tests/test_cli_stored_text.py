@@ -219,3 +219,11 @@ def assert_json(cli: Cli, *args: str) -> None:
     assert text.isascii()
     assert RAW.search(text.rstrip("\n")) is None
     json.loads(text)
+
+
+def test_a_worker_logs_a_hostile_error_as_text(cli: Cli) -> None:
+    cli.enqueue("explode", {"message": HOSTILE}, "--max-attempts", "1")
+    done = cli.run("worker", "tests.apps.cli_app:app", "--burst", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"ValueError: {HOSTILE_SHOWN}" in done.stderr
+    assert not RAW.search(done.stderr)
