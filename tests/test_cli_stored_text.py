@@ -14,6 +14,7 @@ import sqlite3
 from dataclasses import dataclass
 
 import psycopg
+import pytest
 
 import conveyor
 from conveyor.backends.protocol import (
@@ -162,18 +163,27 @@ def printed(cli: Cli, *args: str) -> str:
     return STYLE.sub("", done.stdout)
 
 
-@CLI_ON_REDIS
-def test_every_command_prints_stored_text_as_text(cli: Cli) -> None:
+@pytest.fixture
+def made(cli: Cli) -> Seeded:
+    """The store seeded with hostile text, and the commands run as if to a
+    terminal that takes colours and hyperlinks."""
     cli.env.update(FORCE_COLOR="1", TERM="xterm-256color", COLORTERM="truecolor")
     cli.env.pop("NO_COLOR", None)
-    made = seed(cli)
+    return seed(cli)
 
+
+@CLI_ON_REDIS
+def test_task_listings_print_names_and_queues_as_text(cli: Cli, made: Seeded) -> None:
     for options in ((), ("--state", "in_progress"), ("--name", MARKUP), ("--queue", MARKUP)):
         assert MARKUP in printed(cli, "tasks", *options)
+    assert MARKUP in printed(cli, "tasks", "--before", str(made.inbox))
     for listing in (printed(cli, "tasks", "--limit", "3"), printed(cli, "counts")):
         assert MARKUP in listing
         assert (HOSTILE_SHOWN in listing) == made.sql
 
+
+@CLI_ON_REDIS
+def test_show_and_explain_print_errors_results_and_messages_as_text(cli: Cli, made: Seeded) -> None:
     failed = printed(cli, "show", str(made.failed))
     assert f"{HOSTILE_SHOWN}: {HOSTILE_SHOWN}" in failed  # the error, in the attempts table
     assert f"\n  {HOSTILE_SHOWN}\n" in failed  # the traceback, as a block of lines
@@ -183,15 +193,22 @@ def test_every_command_prints_stored_text_as_text(cli: Cli) -> None:
     assert "1 unread message(s)" in inbox
     assert "\\u001b]52;c;ZXZpbA==" in inbox  # JSON's escape, shown as it is
     assert (HOSTILE_SHOWN in inbox) == made.sql
-    for task_id in (made.failed, made.succeeded, made.running, made.inbox, made.keyed):
+    for task_id in (made.failed, made.succeeded, made.inbox, made.keyed):
         printed(cli, "explain", str(task_id))
     assert HOSTILE_SHOWN in printed(cli, "explain", str(made.running))
 
+
+@CLI_ON_REDIS
+def test_workers_health_and_top_print_worker_ids_and_hosts_as_text(cli: Cli, made: Seeded) -> None:
     for options in ((), ("--all",)):
         assert f"{HOSTILE_SHOWN} │ {HOSTILE_SHOWN}" in printed(cli, "workers", *options)
     assert f"{HOSTILE_SHOWN} on {HOSTILE_SHOWN}: queues {MARKUP}" in printed(cli, "health")
     frame = printed(cli, "top", "--once")
     assert HOSTILE_SHOWN in frame and MARKUP in frame
+
+
+@CLI_ON_REDIS
+def test_flow_listings_and_actions_print_stored_text_as_text(cli: Cli, made: Seeded) -> None:
     pauses = printed(cli, "pauses")
     assert MARKUP in pauses
     assert (HOSTILE_SHOWN in pauses) == made.sql
@@ -200,16 +217,23 @@ def test_every_command_prints_stored_text_as_text(cli: Cli) -> None:
     printed(cli, "prune", "--dry-run")
     printed(cli, "retry", "--dry-run", "--state", "failed", "--name", MARKUP)
     printed(cli, "cancel", "--dry-run", "--queue", MARKUP)
+    check_json(cli, made)
+    assert printed(cli, "pause", "--queue", MARKUP) == f"queue {MARKUP}: was paused already\n"
+    printed(cli, "enqueue", MARKUP)  # on the default queue: a warning names it
+    assert printed(cli, "retry", str(made.failed)) == f"task {made.failed}: pending\n"
+    printed(cli, "cancel", str(made.inbox), str(made.keyed), str(made.succeeded))
+    printed(cli, "delete", "--yes", "--state", "cancelled")
 
-    for command in ("tasks", "counts", "workers", "pauses", "keys", "schedules"):
+
+def check_json(cli: Cli, made: Seeded) -> None:
+    """``--json`` of every read command: ASCII JSON, the stored text in it as
+    written."""
+    for command in ("tasks", "counts", "workers", "health", "pauses", "keys", "schedules"):
         assert_json(cli, command)
     for task_id in (made.failed, made.succeeded, made.running, made.inbox):
         assert_json(cli, "show", str(task_id))
         assert_json(cli, "explain", str(task_id))
-
-    assert printed(cli, "retry", str(made.failed)) == f"task {made.failed}: pending\n"
-    printed(cli, "cancel", str(made.inbox), str(made.keyed), str(made.succeeded))
-    printed(cli, "delete", "--yes", "--state", "cancelled")
+    assert cli.json("show", str(made.failed))["attempts"][0]["error_message"] == HOSTILE
 
 
 def assert_json(cli: Cli, *args: str) -> None:
