@@ -59,3 +59,16 @@ def test_a_repeat_is_let_through_again_after_the_window() -> None:
 def test_an_unknown_level_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown log level 'LOUD': one of DEBUG, INFO"):
         configure_logging("text", "LOUD")
+
+
+def test_text_lines_escape_control_characters_but_newlines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("text", "INFO")
+    logging.getLogger("conveyor.worker").error(
+        "task failed (ValueError: %s)\n%s", "\x1b]0;title\x07 \x9b31m \u202e", "Traceback\n\tx"
+    )
+    err = capsys.readouterr().err
+    assert err.endswith(
+        "task failed (ValueError: \\x1b]0;title\\x07 \\x9b31m \\u202e)\nTraceback\n\tx\n"
+    )

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from conveyor.app import App
 from conveyor.backends import resolve_url
@@ -136,7 +137,5 @@ def print_report(tasks: list[Task], console: Console) -> None:
     console.print(table)
     failed = [t for t in tasks if t.last_attempt and t.last_attempt.traceback]
     for task in failed[-1:]:
-        console.print(f"[bold]traceback of {task.name}'s last attempt:[/bold]")
-        console.print(
-            task.last_attempt.traceback if task.last_attempt else "", markup=False, highlight=False
-        )
+        console.print(Text(f"traceback of {task.name}'s last attempt:", style="bold"))
+        console.print(Text(task.last_attempt.traceback or "" if task.last_attempt else ""))

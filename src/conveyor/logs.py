@@ -26,6 +26,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from conveyor.terminal import shown
+
 LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 ROUTED = ("psycopg",)
 """Loggers of libraries conveyor uses that are sent through its handler."""
@@ -82,10 +84,19 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``TIME LEVEL LOGGER: MESSAGE``, the time in ISO 8601 UTC."""
+    """``TIME LEVEL LOGGER: MESSAGE``, the time in ISO 8601 UTC.
+
+    A record quotes text from outside (a handler's error message and
+    traceback, a task name): control characters but newlines and tabs are
+    escaped (:func:`conveyor.terminal.shown`), so no ESC or OSC sequence in
+    it reaches the terminal. Limits: a newline in that text still starts a
+    line of its own (a traceback is printed as a block)."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return shown(super().format(record), block=True)
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return iso_time(record)

@@ -14,7 +14,8 @@ are given. Only ``migrate``, ``worker`` (unless ``--no-migrate``) and
 there (a SQLite file, a PostgreSQL schema, a Redis key prefix) or is
 behind, and never run DDL. Errors are one line on stderr: exit code 1 for
 a failed operation, 2 for a store that cannot be reached or is not there,
-or a malformed command line.
+or a malformed command line. What a store holds is printed as text, its
+control characters escaped (:mod:`conveyor.cli.text`).
 """
 
 from __future__ import annotations

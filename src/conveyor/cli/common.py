@@ -33,6 +33,7 @@ from rich.console import Console
 from conveyor.app import App
 from conveyor.backends import resolve_url, sqlite_path
 from conveyor.backends.protocol import Inspector, WorkerInfo, inspector_of
+from conveyor.cli.text import shown
 from conveyor.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -50,8 +51,19 @@ APP_ENV = "CONVEYOR_APP"
 PIPE_WIDTH = 10_000
 """Columns of output that goes to a pipe or a file: tables are never cut."""
 
-console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
-errors = Console(stderr=True, width=None if sys.stderr.isatty() else PIPE_WIDTH)
+console = Console(
+    width=None if sys.stdout.isatty() else PIPE_WIDTH, markup=False, highlight=False, emoji=False
+)
+"""Standard output of the commands. It reads no markup, emoji code or
+highlight in what it prints: stored text goes in as :func:`~conveyor.cli.text.plain`
+Text (control characters escaped), our own styles as Text too."""
+errors = Console(
+    stderr=True,
+    width=None if sys.stderr.isatty() else PIPE_WIDTH,
+    markup=False,
+    highlight=False,
+    emoji=False,
+)
 
 STATES = [state.value for state in TaskState]
 state_choice = click.Choice(STATES, case_sensitive=False)
@@ -76,15 +88,16 @@ TASK_ID = TaskIdType()
 
 
 def fail(problem: str | BaseException) -> NoReturn:
-    """One line on stderr; exit 2 when the store cannot be reached or is not
-    there, else 1."""
-    click.echo(f"error: {problem}", err=True)
+    """One line on stderr (control characters escaped: it may quote stored
+    text); exit 2 when the store cannot be reached or is not there, else 1."""
+    click.echo(f"error: {shown(problem)}", err=True)
     missing = isinstance(problem, BackendUnavailableError | StoreNotReadyError)
     sys.exit(EXIT_UNAVAILABLE if missing else EXIT_ERROR)
 
 
 def warn(text: str) -> None:
-    click.echo(f"warning: {text}", err=True)
+    """One line on stderr, control characters escaped (it may quote stored text)."""
+    click.echo(f"warning: {shown(text)}", err=True)
 
 
 def load_app(spec: str) -> App:

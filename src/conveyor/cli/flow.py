@@ -20,6 +20,7 @@ from conveyor.cli.common import (
     with_client,
 )
 from conveyor.cli.shapes import pause_json, schedule_json
+from conveyor.cli.text import plain, shown
 from conveyor.durations import relative, span
 from conveyor.errors import ConveyorError
 from conveyor.model import Task
@@ -43,7 +44,7 @@ def _switch(
         schema,
         lambda app: (app.pause if action == "pause" else app.resume)(queue=queue, task=task_name),
     )
-    what = f"queue {queue}" if queue is not None else f"task {task_name}"
+    what = shown(f"queue {queue}" if queue is not None else f"task {task_name}")
     if action == "pause":
         click.echo(f"{what}: paused" if changed else f"{what}: was paused already")
     else:
@@ -82,7 +83,7 @@ def pauses(url: str | None, schema: str | None, as_json: bool) -> None:
     now = datetime.now(UTC)
     table = Table("kind", "name", "paused")
     for p in found:
-        table.add_row(p.kind.value, p.name, relative(p.paused_at, now))
+        table.add_row(p.kind.value, plain(p.name), relative(p.paused_at, now))
     console.print(table)
 
 
@@ -166,9 +167,9 @@ def schedules(url: str | None, schema: str | None, as_json: bool) -> None:
         upcoming = next_stored_slot(row, now)
         task = last.get(row.name)
         table.add_row(
-            row.name,
-            row.task,
-            f"every {row.every:g}s" if row.every is not None else f"{row.cron} ({row.tz})",
+            plain(row.name),
+            plain(row.task),
+            plain(f"every {row.every:g}s" if row.every is not None else f"{row.cron} ({row.tz})"),
             f"{upcoming:%Y-%m-%d %H:%M:%S}Z (in {span((upcoming - now).total_seconds())})"
             if upcoming
             else "?",
@@ -199,7 +200,7 @@ def keys(limit: int, url: str | None, schema: str | None, as_json: bool) -> None
         rate = f"{k.rate_limit} per {k.rate_period:g}s" if k.rate_limit else ""
         limit_text = "" if k.max_running >= 1_000_000 else f" of {k.max_running}"
         table.add_row(
-            k.key,
+            plain(k.key),
             f"{k.running}{limit_text}",
             str(k.pending),
             rate,

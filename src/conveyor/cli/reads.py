@@ -30,6 +30,7 @@ from conveyor.cli.common import (
     with_client,
 )
 from conveyor.cli.shapes import WAITS, due_at, message_json, task_json, worker_json
+from conveyor.cli.text import line, plain
 from conveyor.durations import relative
 from conveyor.errors import ConveyorError
 from conveyor.model import Task, TaskState
@@ -95,8 +96,8 @@ def tasks(
         for t in summaries:
             table.add_row(
                 str(t.id),
-                t.name,
-                t.queue,
+                plain(t.name),
+                plain(t.queue),
                 t.state.value,
                 str(t.priority),
                 f"{t.attempt}/{t.max_attempts}",
@@ -124,7 +125,7 @@ def counts(url: str | None, schema: str | None, as_json: bool) -> None:
         return
     table = Table("state", "queue", "name", "count")
     for c in found:
-        table.add_row(c.state.value, c.queue, c.name, str(c.count))
+        table.add_row(c.state.value, plain(c.queue), plain(c.name), str(c.count))
     console.print(table)
 
 
@@ -152,24 +153,31 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
         _warn_unserved([task], workers, now)
         return
     console.print(
-        f"[bold]task {task.id}[/bold] {task.name} on {task.queue}: "
-        f"[bold]{task.state.value}[/bold] (priority {task.priority}, "
-        f"attempt {task.attempt}/{task.max_attempts})"
+        line(
+            plain(f"task {task.id}", style="bold"),
+            " ",
+            task.name,
+            " on ",
+            task.queue,
+            ": ",
+            plain(task.state.value, style="bold"),
+            f" (priority {task.priority}, attempt {task.attempt}/{task.max_attempts})",
+        )
     )
     _print_when(task, workers, now)
     if task.step is not None:
-        console.print(f"step: {task.step}")
+        console.print(line("step: ", task.step))
     if task.parent_id is not None:
         console.print(f"parent: {task.parent_id}")
     stateful = task.step is not None or task.inbox
-    console.print(f"{'state' if stateful else 'payload'}: {json.dumps(task.payload)}")
+    console.print(line("state: " if stateful else "payload: ", json.dumps(task.payload)))
     if task.inbox:
         console.print(f"inbox: {len(inbox)} unread message(s)")
         for m in inbox:
             sender = f"task {m.sender_id}" if m.sender_id is not None else "outside"
-            console.print(f"  {m.id} {m.kind.value} from {sender}: {json.dumps(m.body)}")
+            console.print(line(f"  {m.id} {m.kind.value} from {sender}: ", json.dumps(m.body)))
     if task.result is not None:
-        console.print(f"result: {json.dumps(task.result)}")
+        console.print(line("result: ", json.dumps(task.result)))
     _print_attempts(task)
 
 
@@ -189,9 +197,9 @@ def explain(task_id: int, url: str | None, schema: str | None, as_json: bool) ->
         data = {"task_id": found.task_id, "reason": found.reason, "sentence": found.sentence}
         click.echo(json.dumps({**data, "facts": found.facts}))
         return
-    console.print(f"[bold]{found.reason}[/bold]: {found.sentence}", highlight=False)
+    console.print(line(plain(found.reason, style="bold"), ": ", found.sentence))
     for name, value in found.facts.items():
-        console.print(f"  {name}: {json.dumps(value)}", highlight=False)
+        console.print(line(f"  {name}: ", json.dumps(value)))
 
 
 def _print_when(task: Task, workers: list[WorkerInfo], now: datetime) -> None:
@@ -202,12 +210,20 @@ def _print_when(task: Task, workers: list[WorkerInfo], now: datetime) -> None:
         console.print(f"{what}: {relative(moment, now)} ({iso(moment)})")
     if task.state is TaskState.IN_PROGRESS and task.lease_expires_at is not None:
         console.print(
-            f"running on {task.worker_id}; lease ends {relative(task.lease_expires_at, now)}"
+            line(
+                "running on ",
+                task.worker_id,
+                f"; lease ends {relative(task.lease_expires_at, now)}",
+            )
         )
     if task.state in WAITS and unserved([(task.name, task.queue)], workers, now):
         console.print(
-            f"[bold]no live worker serves {task.name!r} on queue {task.queue!r}[/bold] "
-            f"({serving(workers, now)})"
+            line(
+                plain(f"no live worker serves {task.name!r} on queue {task.queue!r}", style="bold"),
+                " (",
+                serving(workers, now),
+                ")",
+            )
         )
 
 
@@ -220,17 +236,17 @@ def _print_attempts(task: Task) -> None:
         error = f"{a.error_type}: {a.error_message}" if a.error_type else ""
         table.add_row(
             str(a.number),
-            *([a.step or ""] if steps else []),
-            a.worker_id,
+            *([plain(a.step)] if steps else []),
+            plain(a.worker_id),
             a.outcome.value,
             iso(a.started_at) or "",
             iso(a.finished_at) or "",
-            error,
+            plain(error),
         )
     console.print(table)
     last = task.last_attempt
     if last is not None and last.traceback:
-        console.print(last.traceback, markup=False, highlight=False)
+        console.print(plain(last.traceback, block=True))
 
 
 @click.command()
@@ -248,11 +264,11 @@ def workers(url: str | None, schema: str | None, as_json: bool, show_all: bool) 
     table = Table("id", "host", "pid", "queues", "tasks", "slots", "last seen", "stopped")
     for w in shown:
         table.add_row(
-            w.id,
-            w.host,
+            plain(w.id),
+            plain(w.host),
             str(w.pid),
-            ",".join(w.queues),
-            ", ".join(w.tasks),
+            plain(",".join(w.queues)),
+            plain(", ".join(w.tasks)),
             str(w.concurrency),
             relative(w.last_seen_at, now) if w.last_seen_at else "",
             relative(w.stopped_at, now) if w.stopped_at else "",
@@ -284,7 +300,7 @@ def health(url: str | None, schema: str | None, min_workers: int, as_json: bool)
     if as_json:
         click.echo(json.dumps(report))
     else:
-        console.print(f"store: {report['store']}: reachable")
+        console.print(line("store: ", report["store"], ": reachable"))
         pending = report["pending_migrations"]
         console.print(
             "schema: current"
@@ -293,7 +309,9 @@ def health(url: str | None, schema: str | None, min_workers: int, as_json: bool)
         )
         console.print(f"workers: {len(report['workers'])} live (at least {min_workers} needed)")
         for w in report["workers"]:
-            console.print(f"  {w['id']} on {w['host']}: queues {','.join(w['queues'])}")
+            console.print(
+                line("  ", w["id"], " on ", w["host"], ": queues ", ",".join(w["queues"]))
+            )
     if not report["healthy"]:
         raise SystemExit(EXIT_ERROR)
 

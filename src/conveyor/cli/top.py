@@ -21,11 +21,11 @@ import click
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
-from rich.text import Text
 
 from conveyor.app import App
 from conveyor.backends.protocol import QueueBacklog, WorkerInfo, inspector_of
 from conveyor.cli.common import backend_options, console, fail, open_client
+from conveyor.cli.text import line, plain
 from conveyor.durations import relative, span
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.model import TaskState
@@ -83,7 +83,7 @@ def render(now: Frame, before: Frame | None, location: str) -> Group:
         oldest = backlog.oldest_due_at
         waited = span((now.now - oldest).total_seconds()) if oldest else "-"
         queues.add_row(
-            queue,
+            plain(queue),
             f"{backlog.due:,}",
             f"{backlog.later:,}",
             f"{now.states[(queue, TaskState.IN_PROGRESS)]:,}",
@@ -95,8 +95,14 @@ def render(now: Frame, before: Frame | None, location: str) -> Group:
     workers = Table("worker", "host:pid", "queues", "slots", "last heartbeat")
     for w in sorted(now.workers, key=lambda w: w.id):
         seen = relative(w.last_seen_at, now.now) if w.last_seen_at else "-"
-        workers.add_row(w.id, f"{w.host}:{w.pid}", ",".join(w.queues), str(w.concurrency), seen)
-    header = Text(f"conveyor top - {location} - {now.now.isoformat(timespec='seconds')}")
+        workers.add_row(
+            plain(w.id),
+            plain(f"{w.host}:{w.pid}"),
+            plain(",".join(w.queues)),
+            str(w.concurrency),
+            seen,
+        )
+    header = line("conveyor top - ", location, f" - {now.now.isoformat(timespec='seconds')}")
     if not now.workers:
         workers = Table("no live worker")
     return Group(header, queues, workers)
