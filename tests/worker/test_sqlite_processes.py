@@ -82,6 +82,14 @@ def test_four_workers_one_killed_every_task_completes_exactly_once(tmp_path: Pat
 
         _wait_until(lambda: succeeded() >= TASKS // 4, 60, "a quarter of the tasks")
         victim = procs[0]
+
+        def victim_holds_a_task() -> bool:
+            # Killed while it holds a lease, or the kill tests nothing (on a
+            # loaded machine the victim may start late, or sit between claims).
+            running = client.list_tasks(state=TaskState.IN_PROGRESS, limit=TASKS)
+            return any(f"-{victim.pid}-" in (task.worker_id or "") for task in running)
+
+        _wait_until(victim_holds_a_task, 60, "the victim to hold a task")
         victim.send_signal(signal.SIGKILL)
         assert victim.wait(10) == -signal.SIGKILL
         _wait_until(lambda: succeeded() == TASKS, 120, "every task to succeed")
