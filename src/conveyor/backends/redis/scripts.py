@@ -2,7 +2,8 @@
 
 Each operation's file in ``lua/`` is composed at load after the shared
 parts, in order: the table ``TEXTS`` (the attempt log's texts of
-:mod:`conveyor.backends.stored`), ``common.lua`` (key names, the clock,
+:mod:`conveyor.backends.stored`), the key names (written from
+:data:`.keys.LAYOUT` by :func:`.keys.lua`), ``common.lua`` (the clock,
 the bounds of a task's numbers, claim order, the attempt log, inserts,
 inboxes, wakes, ends and cancels) and ``keys.lua`` (concurrency keys and
 rate limits), read once per process from the package's files.
@@ -25,6 +26,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
+from conveyor.backends.redis import keys
 from conveyor.backends.stored import SQL_TEXTS
 
 SHARED = ("common", "keys")
@@ -81,11 +83,19 @@ def _lua_texts() -> str:
 def _texts() -> tuple[str, Mapping[str, str]]:
     """The shared files, and each operation's own file, as read once."""
     folder = resources.files(__package__) / "lua"
-    shared = _lua_texts() + "".join(
-        (folder / f"{name}.lua").read_text(encoding="utf-8") + "\n" for name in SHARED
+    shared = (
+        _lua_texts()
+        + keys.lua()
+        + "".join((folder / f"{name}.lua").read_text(encoding="utf-8") + "\n" for name in SHARED)
     )
     own = {name: (folder / f"{name}.lua").read_text(encoding="utf-8") for name in OPERATIONS}
     return shared, own
+
+
+def shared() -> str:
+    """The text composed in front of every operation's own: ``TEXTS``, the
+    key names, then the shared files."""
+    return _texts()[0]
 
 
 @functools.cache

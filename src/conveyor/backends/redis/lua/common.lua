@@ -1,70 +1,30 @@
 -- common.lua: composed in front of every operation's script when the scripts
--- are loaded (conveyor.backends.redis.scripts), so that key names, the
--- clock, the bounds of a task's numbers, claim order and the attempt log
--- are written once. The table TEXTS (the attempt log's texts, from
--- conveyor.backends.stored) is composed in front of it.
+-- are loaded (conveyor.backends.redis.scripts), so that the clock, the
+-- bounds of a task's numbers, claim order and the attempt log are written
+-- once. The table TEXTS (the attempt log's texts, from
+-- conveyor.backends.stored) and the key names are composed in front of it.
 --
--- KEYS[1] is the store's base, "{prefix}" (see begin). Every key below starts with it,
+-- KEYS[1] is the store's base, "{prefix}" (see begin). Every key starts with it,
 -- so all of one store's keys share one hash tag and one cluster slot: a
 -- script may then name keys it computes (Redis Cluster requires only that
--- they live in the slot of the keys it declares). The twin of these names in
--- Python is keys.py; keep the two in step.
+-- they live in the slot of the keys it declares). The key names (KEY_*,
+-- key_*, CHANNEL_*, set_base) are composed in front of this file, written
+-- from keys.py's LAYOUT.
 --
 -- Times are integer milliseconds since the Unix epoch. Optional arguments
 -- come as "" for none and "=" followed by the value otherwise (see opt).
 
--- The store's base and the names built from it, and the state one call
+-- The store's base and the names built from it (set_base), and the state one call
 -- keeps (the queues it woke, the names it indexed, the ids it reserved, the
 -- index writes it gathered): begin sets them all at the start of every call.
 -- As a Redis function the chunk runs once, at load, and every call reuses
 -- it, so nothing may carry over from one call to the next.
-local BASE, KEY_IDS, KEY_CORRUPT, KEY_MESSAGE_IDS, KEY_WORKERS, KEY_QUEUES
-local KEY_PAUSES, KEY_SCHEDULES, KEY_CONCURRENCY_KEYS
-local KEY_SCHEDULE_RELEASES, KEY_SCHEDULE_GENERATIONS
--- Pub/Sub channels (not keys): a queue where tasks became due, a task whose
--- cancel was requested.
-local CHANNEL_WAKE, CHANNEL_CANCEL
 local WOKEN, QUEUE_KNOWN, READY_NAMED, gathered
 local reserved_next, reserved_last
 local function begin(base)
-  BASE = base
-  KEY_IDS = BASE .. ':ids'
-  KEY_CORRUPT = BASE .. ':corrupt'
-  KEY_MESSAGE_IDS = BASE .. ':message-ids'
-  KEY_WORKERS = BASE .. ':workers'
-  KEY_QUEUES = BASE .. ':queues'
-  KEY_PAUSES = BASE .. ':pauses'
-  KEY_SCHEDULES = BASE .. ':schedules'
-  KEY_SCHEDULE_RELEASES = BASE .. ':schedule-releases'
-  KEY_SCHEDULE_GENERATIONS = BASE .. ':schedule-generations'
-  KEY_CONCURRENCY_KEYS = BASE .. ':concurrency-keys'
-  CHANNEL_WAKE = BASE .. ':wake'
-  CHANNEL_CANCEL = BASE .. ':cancel'
+  set_base(base)
   WOKEN, QUEUE_KNOWN, READY_NAMED, gathered = {}, {}, {}, nil
   reserved_next, reserved_last = 1, 0
-end
-
-local function key_task(id) return BASE .. ':task:' .. id end
-local function key_attempts(id) return BASE .. ':attempts:' .. id end
-local function key_delayed(queue) return BASE .. ':delayed:' .. queue end
-local function key_ready_names(queue) return BASE .. ':ready-names:' .. queue end
-local function key_leases(queue) return BASE .. ':leases:' .. queue end
-local function key_pending(queue) return BASE .. ':pending:' .. queue end
-local function key_inbox(id) return BASE .. ':inbox:' .. id end
-local function key_sent(id) return BASE .. ':sent:' .. id end
-local function key_children(id) return BASE .. ':children:' .. id end
-local function key_state(state) return BASE .. ':state:' .. state end
-local function key_worker(id) return BASE .. ':worker:' .. id end
-local function key_schedule(name) return BASE .. ':schedule:' .. name end
-local function key_schedule_release(name) return BASE .. ':schedule-release:' .. name end
-local function key_finished(state) return BASE .. ':finished:' .. state end
--- The name's length comes first: a name and a key may hold ':' themselves.
-local function key_unique(name, key)
-  return BASE .. ':unique:' .. #name .. ':' .. name .. ':' .. key
-end
--- The queue's length comes first: a queue and a name may hold ':' themselves.
-local function key_ready(queue, name)
-  return BASE .. ':ready:' .. #queue .. ':' .. queue .. ':' .. name
 end
 
 -- The caller's injected time (tests), else the server's clock: the only

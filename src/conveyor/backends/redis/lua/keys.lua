@@ -31,11 +31,6 @@
 -- tasks queued behind it.
 
 local UNLIMITED = 1000000
-local function key_concurrency(key) return BASE .. ':concurrency:' .. key end
-local function key_concurrency_ready(key) return BASE .. ':concurrency-ready:' .. key end
-local function key_concurrency_pending(key) return BASE .. ':concurrency-pending:' .. key end
-local function key_concurrency_leases(key) return BASE .. ':concurrency-leases:' .. key end
-local function key_concurrency_due(queue) return BASE .. ':concurrency-due:' .. queue end
 
 -- A key's ready member: the claim order (order_member, ORDER_WIDTH bytes),
 -- then "|LEN:QUEUE:NAME" (LEN is the queue's length in bytes).
