@@ -1,5 +1,5 @@
 """The Redis key names are written once (keys.LAYOUT) and read alike by
-Python and by the scripts.
+Python and by the scripts; the scripts' library files stay small.
 
 The names below are the stored layout, byte for byte: a change to them is a
 change of layout (keys.LAYOUT_VERSION), which existing stores would refuse.
@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from importlib import resources
 
 import pytest
 import redis.asyncio as aioredis
@@ -137,3 +138,17 @@ def test_the_scripts_read_the_same_in_every_process() -> None:
         )
     texts = [keys.lua(), scripts.library()[0], *scripts.sources().values()]
     assert found == {hashlib.sha256("\0".join(texts).encode()).hexdigest() + "\n"}
+
+
+def test_no_lua_file_is_over_600_lines() -> None:
+    folder = resources.files("conveyor.backends.redis") / "lua"
+    sizes = {}
+    pending = [folder]
+    while pending:
+        for entry in pending.pop().iterdir():
+            if entry.is_dir():
+                pending.append(entry)
+            elif entry.name.endswith(".lua"):
+                sizes[entry.name] = len(entry.read_text(encoding="utf-8").splitlines())
+    assert "flow.lua" in sizes
+    assert {name: size for name, size in sizes.items() if size > 600} == {}

@@ -106,7 +106,7 @@ never pruned (one member per queue or name ever used). A concurrency key's
 row goes when a claim reads it with no pending task left (and a full
 bucket); its sets go when they are empty.
 
-A claim reads concurrency keys as ``lua/keys.lua`` says: at most
+A claim reads concurrency keys as ``lua/lib/flow.lua`` says: at most
 ``max(4 * limit, 16)`` rows of ``{p}:concurrency-keys``, in turn order; a
 key with room gives the head of its ready set (the tasks of the claim's
 queues and names, at most its room), a full one costs its row and its
