@@ -34,7 +34,7 @@ Limits, stated plainly:
   list, and a fire that moves the last slot in the script that enqueues
   the slots' tasks), and concurrency keys with rate limits.
 - Concurrency keys and rate limits hold as on the other backends (the
-  memory store is the model; ``lua/keys.lua`` has the design): a claim's
+  memory store is the model; ``lua/lib/flow.lua`` has the design): a claim's
   script reads at most ``max(4 * limit, 16)`` keys, claimed from longest
   ago first, counts each one's running tasks from a sorted set of their
   leases and refills its token bucket from the server's clock, and takes

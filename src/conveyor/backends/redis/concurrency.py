@@ -1,7 +1,7 @@
 """Concurrency keys and rate limits on Redis: what ``list_keys.lua`` returns,
 as :class:`~conveyor.backends.protocol.KeyInfo`.
 
-The design is in ``lua/keys.lua`` (and the layout in :mod:`.keys`): a row
+The design is in ``lua/lib/flow.lua`` (and the layout in :mod:`.keys`): a row
 per key with pending tasks (or a refilling rate bucket), each key's due
 tasks in a sorted set of their own (out of their queues' ready sets), and
 its running tasks by lease expiry, so that a claim reads a full key's row

@@ -68,7 +68,7 @@ class RedisControl(RedisStore):
 
     async def retry_many(self, selection: RetryMany) -> list[int]:
         """One batch of a bulk retry in one script (``retry_many.lua``; what
-        its selection costs: ``select_tasks`` in ``common.lua``): the ids
+        its selection costs: ``select_tasks`` in ``lua/lib/controls.lua``): the ids
         retried, ascending."""
         args = [rows.now_arg(selection.now), *_selection_args(selection)]
         return [int(task_id) for task_id in await self._run("retry_many", args)]
@@ -143,7 +143,7 @@ class RedisControl(RedisStore):
 
 def _selection_args(selection: TaskSelection) -> list[Any]:
     """A bulk action's selection as its script reads it (``selection_args``
-    in ``common.lua``)."""
+    in ``lua/lib/controls.lua``)."""
     return [
         selection.after,
         selection.limit,

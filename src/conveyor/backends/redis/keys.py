@@ -6,7 +6,11 @@ store's keys share one hash tag, hence one slot, and every script may touch
 any of them atomically. The price, stated plainly: one store lives on one
 shard of a cluster (use several prefixes to spread several stores).
 
-The Lua scripts name the same keys (``lua/common.lua``); keep both in step.
+Every key kind's name is written once, in :data:`LAYOUT` (and the
+channels' in :data:`CHANNELS`): the functions below build the names in
+Python, and :func:`lua` writes the Lua functions that build them in every
+script (composed in front of the shared files by :mod:`.scripts`), so the
+two cannot drift apart.
 
 ==============================  =====  ============================================
 key                             type   holds
@@ -102,7 +106,7 @@ never pruned (one member per queue or name ever used). A concurrency key's
 row goes when a claim reads it with no pending task left (and a full
 bucket); its sets go when they are empty.
 
-A claim reads concurrency keys as ``lua/keys.lua`` says: at most
+A claim reads concurrency keys as ``lua/lib/flow.lua`` says: at most
 ``max(4 * limit, 16)`` rows of ``{p}:concurrency-keys``, in turn order; a
 key with room gives the head of its ready set (the tasks of the claim's
 queues and names, at most its room), a full one costs its row and its
@@ -133,6 +137,11 @@ overwrite schedules whatever their release.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Final
+
 from conveyor.errors import ConfigurationError
 
 DEFAULT_PREFIX = "conveyor"
@@ -141,7 +150,103 @@ LAYOUT_VERSION = "5"
 UPGRADED = frozenset({"3", "4"})
 """Older layouts this one converts at ``open`` (``lua/open.lua``), then marks."""
 
+LAYOUT: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "layout": "layout",
+        "ids": "ids",
+        "task": "task:{id}",
+        "attempts": "attempts:{id}",
+        "delayed": "delayed:{queue}",
+        "ready": "ready:{#queue}:{queue}:{name}",
+        "ready_names": "ready-names:{queue}",
+        "pending": "pending:{queue}",
+        "queues": "queues",
+        "leases": "leases:{queue}",
+        "corrupt": "corrupt",
+        "state": "state:{state}",
+        "finished": "finished:{state}",
+        "unique": "unique:{#name}:{name}:{key}",
+        "pauses": "pauses",
+        "schedules": "schedules",
+        "schedule": "schedule:{name}",
+        "schedule_releases": "schedule-releases",
+        "schedule_release": "schedule-release:{name}",
+        "schedule_generations": "schedule-generations",
+        "message_ids": "message-ids",
+        "inbox": "inbox:{id}",
+        "sent": "sent:{id}",
+        "children": "children:{id}",
+        "workers": "workers",
+        "worker": "worker:{id}",
+        "concurrency_keys": "concurrency-keys",
+        "concurrency": "concurrency:{key}",
+        "concurrency_ready": "concurrency-ready:{key}",
+        "concurrency_pending": "concurrency-pending:{key}",
+        "concurrency_leases": "concurrency-leases:{key}",
+        "concurrency_due": "concurrency-due:{queue}",
+        # Layouts 3 and 4 only: the index of every task, deleted by their upgrade.
+        "tasks": "tasks",
+    }
+)
+"""Every kind of key, by kind: the key after the store's base and ``:``.
+
+``{part}`` is a part the caller gives (a task id, a queue, a name...), as
+text; ``{#part}`` that part's length in UTF-8 bytes, as Lua's ``#`` counts
+it, in front of a part that may hold ``:`` itself. The only place a key's
+name is written: edit it here and both Python and the scripts follow (the
+stored layout, hence :data:`LAYOUT_VERSION`, changes with it)."""
+
+CHANNELS: Final[Mapping[str, str]] = MappingProxyType({"wake": "wake", "cancel": "cancel"})
+"""The Pub/Sub channels, by kind: named as keys are, nothing stored."""
+
+_HOLE = re.compile(r"\{(#?)([a-z_]+)\}")
+_LITERAL = re.compile(r"[a-z:-]*")
 _GLOB_SPECIALS = "\\*?[]"
+
+
+def _parse(template: str) -> tuple[tuple[str | tuple[bool, str], ...], tuple[str, ...]]:
+    """A template's pieces in order (literal text, or (counted, part)) and
+    its parts in order of first use; ValueError for a template that Python's
+    format or a Lua string could misread."""
+    pieces: list[str | tuple[bool, str]] = []
+    parts: list[str] = []
+    at = 0
+    for hole in _HOLE.finditer(template):
+        pieces.append(template[at : hole.start()])
+        counted, part = hole[1] == "#", hole[2]
+        if part not in parts:
+            parts.append(part)
+        pieces.append((counted, part))
+        at = hole.end()
+    pieces.append(template[at:])
+    for piece in pieces:
+        if isinstance(piece, str) and not _LITERAL.fullmatch(piece):
+            raise ValueError(f"a key's text may hold a-z, '-' and ':' only: {template!r}")
+    return tuple(piece for piece in pieces if piece != ""), tuple(parts)
+
+
+_PARSED: Final = {kind: _parse(template) for kind, template in LAYOUT.items()}
+
+
+def _format(kind: str) -> tuple[Callable[..., str], int, tuple[int, ...]]:
+    """Kind's name as the ``format`` of a text (given the base first, then
+    each part, then the lengths of the counted ones), its number of parts,
+    and the counted parts' indexes."""
+    pieces, parts = _PARSED[kind]
+    counted: list[int] = []
+    text = "{0}:"
+    for piece in pieces:
+        if isinstance(piece, str):
+            text += piece
+        elif piece[0]:
+            counted.append(parts.index(piece[1]))
+            text += "{" + str(len(parts) + len(counted)) + "}"
+        else:
+            text += "{" + str(1 + parts.index(piece[1])) + "}"
+    return text.format, len(parts), tuple(counted)
+
+
+_FORMATS: Final = {kind: _format(kind) for kind in LAYOUT}
 
 
 def check_prefix(prefix: object) -> str:
@@ -160,109 +265,164 @@ def base(prefix: str) -> str:
     return "{" + prefix + "}"
 
 
+def name_of(kind: str, prefix: str, *parts: object) -> str:
+    """The key of ``kind`` (a kind of :data:`LAYOUT`) in the store of
+    ``prefix``, with these parts in the order the kind's template first
+    names them (each as ``str`` makes it); TypeError for another count."""
+    fill, arity, counted = _FORMATS[kind]
+    if len(parts) != arity:
+        raise TypeError(f"the key {kind!r} takes {arity} parts, not {len(parts)}")
+    if counted:
+        parts = (*parts, *[len(str(parts[i]).encode()) for i in counted])
+    return fill("{" + prefix + "}", *parts)
+
+
+def lua() -> str:
+    """The Lua functions that name the keys of :data:`LAYOUT` and the
+    channels of :data:`CHANNELS`, composed in front of every script: locals
+    ``BASE``, ``KEY_KIND`` for each kind without parts and ``CHANNEL_KIND``
+    for each channel, set by ``set_base(base)`` (every call starts with
+    it); and ``key_KIND(parts...)`` for each kind with parts. The same text
+    on every call, in :data:`LAYOUT`'s order (a script's SHA depends on it)."""
+    fixed = [kind for kind in LAYOUT if not _PARSED[kind][1]]
+    names = [f"KEY_{kind.upper()}" for kind in fixed] + [
+        f"CHANNEL_{kind.upper()}" for kind in CHANNELS
+    ]
+    lines = [
+        "-- The key names, written by conveyor.backends.redis.keys from its LAYOUT",
+        "-- (edit them there, nowhere else).",
+        "local BASE",
+        *(f"local {name}" for name in names),
+        "local function set_base(base)",
+        "  BASE = base",
+        *(f"  KEY_{kind.upper()} = base .. ':{LAYOUT[kind]}'" for kind in fixed),
+        *(f"  CHANNEL_{kind.upper()} = base .. ':{text}'" for kind, text in CHANNELS.items()),
+        "end",
+    ]
+    for kind, (pieces, parts) in _PARSED.items():
+        if not parts:
+            continue
+        terms = ["BASE"]
+        literal = ":"
+        for piece in pieces:
+            if isinstance(piece, str):
+                literal += piece
+                continue
+            if literal:
+                terms.append(f"'{literal}'")
+                literal = ""
+            terms.append(("#" if piece[0] else "") + piece[1])
+        if literal:
+            terms.append(f"'{literal}'")
+        lines.append(
+            f"local function key_{kind}({', '.join(parts)}) return {' .. '.join(terms)} end"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def layout(prefix: str) -> str:
-    return f"{base(prefix)}:layout"
+    return name_of("layout", prefix)
 
 
 def task(prefix: str, task_id: int) -> str:
-    return f"{base(prefix)}:task:{task_id}"
+    return name_of("task", prefix, task_id)
 
 
 def attempts(prefix: str, task_id: int) -> str:
-    return f"{base(prefix)}:attempts:{task_id}"
+    return name_of("attempts", prefix, task_id)
 
 
 def pending(prefix: str, queue: str) -> str:
-    return f"{base(prefix)}:pending:{queue}"
+    return name_of("pending", prefix, queue)
 
 
 def state(prefix: str, task_state: str) -> str:
-    return f"{base(prefix)}:state:{task_state}"
+    return name_of("state", prefix, task_state)
 
 
 def workers(prefix: str) -> str:
-    return f"{base(prefix)}:workers"
+    return name_of("workers", prefix)
 
 
 def worker(prefix: str, worker_id: str) -> str:
-    return f"{base(prefix)}:worker:{worker_id}"
+    return name_of("worker", prefix, worker_id)
 
 
 def finished(prefix: str, task_state: str) -> str:
-    return f"{base(prefix)}:finished:{task_state}"
+    return name_of("finished", prefix, task_state)
 
 
 def unique(prefix: str, name: str, key: str) -> str:
     """The key holding the id of the task of ``name`` that holds ``key``
     (the name's length in UTF-8 bytes first, as Lua counts it: a name may
     hold ``:``)."""
-    return f"{base(prefix)}:unique:{len(name.encode())}:{name}:{key}"
+    return name_of("unique", prefix, name, key)
 
 
 def queues(prefix: str) -> str:
-    return f"{base(prefix)}:queues"
+    return name_of("queues", prefix)
 
 
 def schedules(prefix: str) -> str:
-    return f"{base(prefix)}:schedules"
+    return name_of("schedules", prefix)
 
 
 def schedule(prefix: str, name: str) -> str:
-    return f"{base(prefix)}:schedule:{name}"
+    return name_of("schedule", prefix, name)
 
 
 def schedule_releases(prefix: str) -> str:
-    return f"{base(prefix)}:schedule-releases"
+    return name_of("schedule_releases", prefix)
 
 
 def schedule_release(prefix: str, name: str) -> str:
-    return f"{base(prefix)}:schedule-release:{name}"
+    return name_of("schedule_release", prefix, name)
 
 
 def schedule_generations(prefix: str) -> str:
-    return f"{base(prefix)}:schedule-generations"
+    return name_of("schedule_generations", prefix)
 
 
 def pauses(prefix: str) -> str:
-    return f"{base(prefix)}:pauses"
+    return name_of("pauses", prefix)
 
 
 def concurrency_keys(prefix: str) -> str:
-    return f"{base(prefix)}:concurrency-keys"
+    return name_of("concurrency_keys", prefix)
 
 
 def concurrency(prefix: str, key: str) -> str:
-    return f"{base(prefix)}:concurrency:{key}"
+    return name_of("concurrency", prefix, key)
 
 
 def concurrency_ready(prefix: str, key: str) -> str:
-    return f"{base(prefix)}:concurrency-ready:{key}"
+    return name_of("concurrency_ready", prefix, key)
 
 
 def concurrency_pending(prefix: str, key: str) -> str:
-    return f"{base(prefix)}:concurrency-pending:{key}"
+    return name_of("concurrency_pending", prefix, key)
 
 
 def concurrency_leases(prefix: str, key: str) -> str:
-    return f"{base(prefix)}:concurrency-leases:{key}"
+    return name_of("concurrency_leases", prefix, key)
 
 
 def wake_channel(prefix: str) -> str:
     """The Pub/Sub channel of queues where tasks became due."""
-    return f"{base(prefix)}:wake"
+    return f"{base(prefix)}:{CHANNELS['wake']}"
 
 
 def cancel_channel(prefix: str) -> str:
     """The Pub/Sub channel of running tasks whose cancel was requested."""
-    return f"{base(prefix)}:cancel"
+    return f"{base(prefix)}:{CHANNELS['cancel']}"
 
 
 def children(prefix: str, task_id: int) -> str:
-    return f"{base(prefix)}:children:{task_id}"
+    return name_of("children", prefix, task_id)
 
 
 def inbox(prefix: str, task_id: int) -> str:
-    return f"{base(prefix)}:inbox:{task_id}"
+    return name_of("inbox", prefix, task_id)
 
 
 def pattern(prefix: str) -> str:

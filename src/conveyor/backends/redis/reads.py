@@ -31,7 +31,7 @@ PAGE = 200
 """Task ids a list or a count reads per round trip."""
 FINISHED_TIME_SHIFT = 100_000_000_000_000
 """Added to a finish time (ms) in the members of ``{p}:finished:S``
-(``lua/common.lua``'s ``finished_member``), so that times before 1970 sort too."""
+(``lua/lib/indexes.lua``'s ``finished_member``), so that times before 1970 sort too."""
 COUNTED_BUCKETS = 2_000
 """At most this many buckets, :func:`activity` counts each in the index; more,
 it reads the index's members instead."""

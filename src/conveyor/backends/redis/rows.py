@@ -17,7 +17,7 @@ current budget), ``max_attempts``, ``retry`` (the policy as JSON),
 a task holding a unique key, ``idempotency_key``, ``unique_scope`` and
 ``unique_until`` (ms); ``concurrency_key``, ``concurrency_limit``,
 ``rate_limit`` and ``rate_period`` (seconds) when given (see
-``lua/keys.lua``). An attempt row is a JSON object with ``number``,
+``lua/lib/flow.lua``). An attempt row is a JSON object with ``number``,
 ``worker_id``, ``outcome``, ``started_at``, ``finished_at``,
 ``error_type``, ``error_message``, ``traceback`` and ``step``. An inbox message is a JSON array (see
 :func:`message`). A worker's hash holds ``host``, ``pid``, ``queues`` and
@@ -106,7 +106,7 @@ def _seconds(value: float | None) -> str | None:
 
 
 def task_fields(t: NewTask, parent_id: int | None = None) -> list[str]:
-    """A task's ``TASK_FIELDS`` arguments (``insert_task`` in ``common.lua``),
+    """A task's ``TASK_FIELDS`` arguments (``insert_task`` in ``lua/lib/enqueue.lua``),
     its parent ``parent_id`` if given, else its own."""
     parent = t.parent_id if parent_id is None else parent_id
     return [

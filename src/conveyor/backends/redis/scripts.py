@@ -2,10 +2,14 @@
 
 Each operation's file in ``lua/`` is composed at load after the shared
 parts, in order: the table ``TEXTS`` (the attempt log's texts of
-:mod:`conveyor.backends.stored`), ``common.lua`` (key names, the clock,
-the bounds of a task's numbers, claim order, the attempt log, inserts,
-inboxes, wakes, ends and cancels) and ``keys.lua`` (concurrency keys and
-rate limits), read once per process from the package's files.
+:mod:`conveyor.backends.stored`), the key names (written from
+:data:`.keys.LAYOUT` by :func:`.keys.lua`), then the library files of
+``lua/lib/`` in :data:`LIBRARY`'s order (the call's state and the clock,
+the bounds of a task's numbers, indexes and claim order, unique keys,
+pauses, concurrency keys and rate limits, state moves, the attempt log,
+inboxes, inserts, ends and cancels, retention), read once per process
+from the package's files. The composed text is the same in every process
+(its SHA names it to the server).
 :class:`Scripts` registers them with a client: redis-py's script objects
 run them by SHA (EVALSHA) and, when the server does not know a script (a
 restart, a SCRIPT FLUSH, another server behind the same address), load it
@@ -25,10 +29,23 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
+from conveyor.backends.redis import keys
 from conveyor.backends.stored import SQL_TEXTS
 
-SHARED = ("common", "keys")
-"""The files composed in front of every operation's own, in this order."""
+LIBRARY = (
+    "call",
+    "numbers",
+    "indexes",
+    "flow",
+    "tasks",
+    "attempts",
+    "messages",
+    "enqueue",
+    "controls",
+    "maintenance",
+)
+"""The files of ``lua/lib/`` composed in front of every operation's own, in
+this order: each may use what the files before it define."""
 OPERATIONS = (
     "open",
     "enqueue",
@@ -79,13 +96,23 @@ def _lua_texts() -> str:
 
 @functools.cache
 def _texts() -> tuple[str, Mapping[str, str]]:
-    """The shared files, and each operation's own file, as read once."""
+    """The shared parts, and each operation's own file, as read once."""
     folder = resources.files(__package__) / "lua"
-    shared = _lua_texts() + "".join(
-        (folder / f"{name}.lua").read_text(encoding="utf-8") + "\n" for name in SHARED
+    shared = (
+        _lua_texts()
+        + keys.lua()
+        + "".join(
+            (folder / "lib" / f"{name}.lua").read_text(encoding="utf-8") + "\n" for name in LIBRARY
+        )
     )
     own = {name: (folder / f"{name}.lua").read_text(encoding="utf-8") for name in OPERATIONS}
     return shared, own
+
+
+def shared() -> str:
+    """The text composed in front of every operation's own: ``TEXTS``, the
+    key names, then the library files."""
+    return _texts()[0]
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 -- stays in_progress with its cancel requested (its worker hears of it at its
 -- next heartbeat; a claim that finds its lease expired ends it cancelled).
 -- A task that ends cancelled sends its end message to its live parent, and
--- its live children are cancelled in turn (see ended in common.lua).
+-- its live children are cancelled in turn (see ended in lib/controls.lua).
 -- ARGV: now, task id. Returns {state after, ""} when it changed something,
 -- else {"", current state} ("" too when there is no such task).
 local now = clock(ARGV[1])

@@ -1,5 +1,5 @@
 -- cancel_many: one batch of a bulk cancel (pending, waiting or running
--- tasks), the tasks chosen in this script (select_tasks in common.lua), each
+-- tasks), the tasks chosen in this script (select_tasks in lib/controls.lua), each
 -- cancelled as cancel.lua does (a running one has its cancel requested and
 -- its worker told; a cancelled one's live children are cancelled too).
 -- ARGV: now, then the selection (selection_args). Returns the ids

@@ -7,7 +7,7 @@
 -- (failed, cancelled) without taking a place in the limit. Paused queues and
 -- names are left out, expired leases included: they wait for the resume.
 -- Keyed tasks join the candidates from the keys with room, at most each
--- key's room (keyed_due in keys.lua); a reclaim is not limited by its key
+-- key's room (keyed_due in lib/flow.lua); a reclaim is not limited by its key
 -- (it replaces an attempt the key admitted) and spends no token.
 --
 -- ARGV: now, the claim's nonce and the worker id as one argument ("NONCE
@@ -42,7 +42,7 @@ queues, names = served(queues, names)
 gather_indexes()
 
 -- Due delayed tasks move to the ready set of their name; one whose fields
--- do not read is set aside (set_aside in common.lua).
+-- do not read is set aside (set_aside in lib/attempts.lua).
 local PROMOTED = {'name', 'priority', 'run_at', 'state', 'concurrency_limit', 'rate_limit',
   'rate_period'}
 local function promote(queue)

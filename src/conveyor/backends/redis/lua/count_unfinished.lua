@@ -3,7 +3,7 @@
 -- burst worker does not wait for it), a running one is.
 -- ARGV: now, the number of queues, the queues, the names.
 -- Cost: the ready sets of the names are counted (ZCARD), and the due keyed
--- tasks of the queue by name (one HGETALL: see keys.lua); the due delayed
+-- tasks of the queue by name (one HGETALL: see lib/flow.lua); the due delayed
 -- tasks not promoted yet and the running tasks of each queue are read one
 -- by one for their names.
 local now = clock(ARGV[1])

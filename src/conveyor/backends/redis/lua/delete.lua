@@ -1,5 +1,5 @@
 -- delete: take a task and everything stored for it (forget_task in
--- common.lua), never a running one, nor an unfinished child of a live
+-- lib/controls.lua), never a running one, nor an unfinished child of a live
 -- parent (that parent waits for its end). ARGV: task id. Returns {1}, or
 -- {0, its state or "" (missing), its parent's state or ""}.
 local id = ARGV[1]

@@ -1,6 +1,6 @@
 -- delete_many: one batch of a bulk delete (finished tasks only: no parent
 -- waits for them), the tasks chosen in this script (select_tasks in
--- common.lua), each taken with everything stored for it as delete.lua
+-- lib/controls.lua), each taken with everything stored for it as delete.lua
 -- does. ARGV: the selection (selection_args). Returns the ids deleted.
 local deleted = {}
 for _, task in ipairs(selection_args(ARGV, 1)) do

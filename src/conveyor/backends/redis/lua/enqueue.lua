@@ -6,6 +6,6 @@
 -- every task before anything is written). A key repeated in the enqueue is
 -- its first task's.
 -- ARGV: now, then the tasks: one JSON array of TASK_FIELDS strings per task
--- (see insert_task in common.lua), end to end. Returns {1, the ids...}, or
+-- (see insert_task in lib/enqueue.lua), end to end. Returns {1, the ids...}, or
 -- {0, the index (0-based) of the first task refused, the holder's id}.
 return store_batch(ARGV[2], clock(ARGV[1]))

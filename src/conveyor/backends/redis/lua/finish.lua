@@ -11,7 +11,7 @@
 -- coroutine's rest) brings a new state, options and a fresh budget; an
 -- interrupted attempt is given back to the budget. A task that ends sends
 -- its end message to its live parent, and a cancelled one cancels its live
--- children (ended, in common.lua). A poll's send to a task that is missing,
+-- children (ended, in lib/controls.lua). A poll's send to a task that is missing,
 -- finished or has no inbox is dropped.
 --
 -- ARGV: now, worker id, then the completions as one JSON array of arrays
@@ -36,7 +36,7 @@ gather_indexes()
 
 -- Every fence is checked before anything is written. A task whose fence
 -- holds (this attempt, this worker, this claim's nonce, a live lease) but whose other fields do
--- not read is set aside (set_aside in common.lua) and its completion
+-- not read is set aside (set_aside in lib/attempts.lua) and its completion
 -- rejected; one whose fence fields do not read is rejected, unwritten: its
 -- lease expires and a claim sets it aside. So is a second completion of one
 -- task.

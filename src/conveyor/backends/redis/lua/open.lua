@@ -12,9 +12,9 @@
 -- Stop the workers of the older version first: they would write rows this
 -- one does not read.
 local version = ARGV[1]
-local found = redis.call('GET', BASE .. ':layout')
+local found = redis.call('GET', KEY_LAYOUT)
 if not found then
-  redis.call('SET', BASE .. ':layout', version)
+  redis.call('SET', KEY_LAYOUT, version)
   return version
 end
 local upgrades = false
@@ -34,6 +34,6 @@ for _, id in ipairs(redis.call('ZRANGE', key_state('in_progress'), 0, -1)) do
   end
 end
 -- The index of every task is gone too: the per-state indexes serve its reads.
-redis.call('DEL', BASE .. ':tasks')
-redis.call('SET', BASE .. ':layout', version)
+redis.call('DEL', KEY_TASKS)
+redis.call('SET', KEY_LAYOUT, version)
 return version

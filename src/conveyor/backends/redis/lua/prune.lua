@@ -1,5 +1,5 @@
 -- prune: delete one batch of finished tasks, each with everything stored
--- for it (forget_task in common.lua), and old workers. ARGV: limit (0 or
+-- for it (forget_task in lib/controls.lua), and old workers. ARGV: limit (0 or
 -- more, over all states), workers' cutoff (opt, ms), then a state and its
 -- cutoff (ms) per state, in the order given. Tasks finished before their
 -- state's cutoff go, state by state, oldest finish first (see prunable);

@@ -1,5 +1,5 @@
 -- retry_many: one batch of a bulk retry (failed or cancelled tasks), the
--- tasks chosen in this script (select_tasks in common.lua), each retried as
+-- tasks chosen in this script (select_tasks in lib/controls.lua), each retried as
 -- retry.lua does. ARGV: now, then the selection (selection_args). Returns
 -- the ids retried.
 local now = clock(ARGV[1])

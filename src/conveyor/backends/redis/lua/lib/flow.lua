@@ -1,7 +1,54 @@
--- keys.lua: concurrency keys and rate limits, composed after common.lua in
--- front of every operation's script (conveyor.backends.redis.scripts). The
--- memory store (conveyor.backends.memory.keys) is the model; keys.py draws
--- the layout.
+-- flow.lua: unique keys, pauses, concurrency keys and rate limits.
+
+-- Unique keys: {p}:unique:LEN:NAME:KEY holds the id of the task that holds
+-- the key, whose hash holds idempotency_key, and unique_scope and
+-- unique_until (ms) when given. A task gives its key up (release_key) when
+-- it leaves its scope, in the script that moves it (move_state), when its
+-- period is over and the key is wanted again, or when it is deleted.
+local function release_key(id)
+  local task = key_task(id)
+  local f = redis.call('HMGET', task, 'name', 'idempotency_key')
+  if f[1] and f[2] then
+    local key = key_unique(f[1], f[2])
+    if redis.call('GET', key) == tostring(id) then redis.call('DEL', key) end
+  end
+  redis.call('HDEL', task, 'idempotency_key', 'unique_scope', 'unique_until')
+end
+
+-- The id (a string) of the task holding key `key` of `name`, or nil: a key
+-- whose holder is gone, or whose period ended, is free (reads only).
+local function key_holder(name, key, now)
+  local id = redis.call('GET', key_unique(name, key))
+  if not id then return nil end
+  local f = redis.call('HMGET', key_task(id), 'state', 'unique_until')
+  if not f[1] then return nil end
+  local period_end = number('unique_until', f[2])
+  if period_end and period_end <= now then return nil end
+  return id
+end
+
+-- Pauses: {p}:pauses maps "queue:NAME" and "task:NAME" to the pause's time.
+local function pause_field(kind, name) return kind .. ':' .. name end
+
+-- The queues (a list) and names (a set) that no pause holds back.
+local function served(queues, names)
+  if redis.call('EXISTS', KEY_PAUSES) == 0 then return queues, names end
+  local open_queues, open_names = {}, {}
+  for _, queue in ipairs(queues) do
+    if redis.call('HEXISTS', KEY_PAUSES, pause_field('queue', queue)) == 0 then
+      open_queues[#open_queues + 1] = queue
+    end
+  end
+  for name in pairs(names) do
+    if redis.call('HEXISTS', KEY_PAUSES, pause_field('task', name)) == 0 then
+      open_names[name] = true
+    end
+  end
+  return open_queues, open_names
+end
+
+-- Concurrency keys and rate limits. The memory store
+-- (conveyor.backends.memory.keys) is the model; keys.py draws the layout.
 --
 -- A key has a row, {p}:concurrency:KEY (a hash: max_running, and for a rate
 -- its bucket: rate_limit, rate_period, tokens as of refilled_at), while it
@@ -31,11 +78,6 @@
 -- tasks queued behind it.
 
 local UNLIMITED = 1000000
-local function key_concurrency(key) return BASE .. ':concurrency:' .. key end
-local function key_concurrency_ready(key) return BASE .. ':concurrency-ready:' .. key end
-local function key_concurrency_pending(key) return BASE .. ':concurrency-pending:' .. key end
-local function key_concurrency_leases(key) return BASE .. ':concurrency-leases:' .. key end
-local function key_concurrency_due(queue) return BASE .. ':concurrency-due:' .. queue end
 
 -- A key's ready member: the claim order (order_member, ORDER_WIDTH bytes),
 -- then "|LEN:QUEUE:NAME" (LEN is the queue's length in bytes).
@@ -83,8 +125,8 @@ local function ensure_key(key, limit, rate, period, now, staying)
   redis.call('ZADD', KEY_CONCURRENCY_KEYS, '-inf', key)
 end
 
--- A keyed task becomes pending (index_pending in common.lua calls this).
--- Its limit and rate are read in their bounds (number in common.lua): one
+-- A keyed task becomes pending (index_pending in indexes.lua calls this).
+-- Its limit and rate are read in their bounds (number in numbers.lua): one
 -- that does not read (written around conveyor) counts as none given, and
 -- never reaches the key's row.
 index_keyed = function(id, key, queue, name, priority, run_at, now, staying)
@@ -115,7 +157,7 @@ local function unready_keyed(id, key, queue, name, member)
   end
 end
 
--- The same, from the task's fields (unindex_pending in common.lua calls
+-- The same, from the task's fields (unindex_pending in indexes.lua calls
 -- this; it takes the task out of its queue's delayed set).
 unindex_keyed = function(id, key, queue, name, priority, run_at)
   unready_keyed(id, key, queue, name, keyed_member(priority, run_at, id, queue, name))
