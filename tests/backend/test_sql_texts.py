@@ -36,8 +36,9 @@ def test_an_unknown_text_is_refused_at_load() -> None:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_the_sql_files_name_the_texts_and_never_copy_them(package: str) -> None:
-    raw = resources.files(package).joinpath("queries.sql").read_text(encoding="utf-8")
-    composed = "\n".join(sqlfiles.read_blocks(package, "queries.sql").values())
+    files = resources.files(package).joinpath("sql").iterdir()
+    raw = "\n".join(f.read_text(encoding="utf-8") for f in files if f.name.endswith(".sql"))
+    composed = "\n".join(sqlfiles.read_folder(package).values())
     assert "{text:" in raw
     assert "{text:" not in composed
     for text in SQL_TEXTS.values():

@@ -1,7 +1,9 @@
 """Named SQL blocks and numbered migrations, read from a backend's package files.
 
 A block starts with ``-- name: NAME``; the comment lines after it say what
-the statement does and why. Migrations are files named ``NNNN_what.sql`` in
+the statement does and why. A backend keeps its blocks in the ``sql`` folder
+of its package, one file per section (``enqueue.sql``, ``attempts.sql``,
+...); the names are the engine's, unique across its files. Migrations are files named ``NNNN_what.sql`` in
 the package's ``migrations`` folder. Both are our own package files, so
 their text is trusted (``LiteralString``); no statement is built from input.
 
@@ -100,6 +102,23 @@ def _without_comment_lines(body: LiteralString) -> LiteralString:
 def read_blocks(package: str, name: str) -> dict[str, LiteralString]:
     """Every named block of the file ``name`` in ``package``."""
     return parse_blocks(resources.files(package).joinpath(name).read_text(encoding="utf-8"))
+
+
+def read_folder(package: str, folder: str = "sql") -> dict[str, LiteralString]:
+    """Every named block of every ``.sql`` file in ``folder`` of ``package``
+    (one file per section of a backend), as one mapping: a block name is the
+    engine's, so a name found in two files raises ValueError, as one found
+    twice in one file does."""
+    blocks: dict[str, LiteralString] = {}
+    found: dict[str, str] = {}
+    files = [e for e in resources.files(package).joinpath(folder).iterdir() if e.name.endswith(".sql")]
+    for entry in sorted(files, key=lambda entry: entry.name):
+        for name, body in parse_blocks(entry.read_text(encoding="utf-8")).items():
+            if name in blocks:
+                raise ValueError(f"SQL block {name!r} in both {found[name]} and {entry.name}")
+            blocks[name] = body
+            found[name] = entry.name
+    return blocks
 
 
 PART = "part_"

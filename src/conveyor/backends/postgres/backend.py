@@ -572,7 +572,7 @@ class PostgresBackend(Listings, FlowControl):
         """Claim up to ``limit`` tasks with concurrency keys, if any key has
         pending tasks (``waiting``, when the plain claim said; else asked
         here): in one transaction, lock key rows, then claim (see
-        ``lock_keys`` and ``claim_keyed`` in queries.sql)."""
+        ``lock_keys`` and ``claim_keyed`` in sql/flow.sql)."""
         if not self._keyed_active:
             if waiting is None:
                 found = await (await conn.execute(self.sql["keys_waiting"])).fetchone()

@@ -1,7 +1,7 @@
 """Flow control and retention on PostgreSQL: pauses, schedules and pruning.
 
 A mixin of :class:`~conveyor.backends.postgres.backend.PostgresBackend`:
-each method is one statement of ``queries.sql`` run through the backend's
+each method is one statement of the ``sql`` folder run through the backend's
 ``_fetchall``. The claims read the ``pauses`` table themselves (see
 ``part_served_queues``), so a pause holds from its commit on.
 """

@@ -1,7 +1,7 @@
 """Hand-offs on PostgreSQL: which enqueues may make one, and their notices.
 
 An enqueue of one task due now may lease it to an idle worker that offers
-a free slot (``enqueue_handoff`` in queries.sql), and tells that worker on
+a free slot (``enqueue_handoff`` in sql/enqueue.sql), and tells that worker on
 a channel of its own with ``pg_notify``. The notice carries what a claim
 returns, so the worker starts the task without a round trip.
 

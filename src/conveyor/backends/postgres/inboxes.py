@@ -2,7 +2,7 @@
 
 A poll's completion is one transaction: take the advisory lock that orders it
 after the outside sends to its task under way (see ``guard_send`` in
-queries.sql), lock the rows it touches in id order
+sql/messages.sql), lock the rows it touches in id order
 (its task, its parent, the recipients of its messages) and read each
 completion's fence under those locks; for the completions that hold their lease,
 consume the messages each poll saw, insert its spawned children with their

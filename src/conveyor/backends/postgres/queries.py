@@ -1,11 +1,31 @@
-"""Load the named SQL blocks of ``queries.sql`` and compose the schema in.
+"""Load the named SQL blocks of the ``sql`` folder and compose the schema in.
 
 A block starts with ``-- name: NAME``; the comment lines after it say what
-the statement does and why. Statements are composed once per backend with
-the validated schema identifier, its wake-up channel and the parts they
-name, and kept as bytes,
+the statement does and why. Each file of ``sql/`` holds one section of the
+backend (``enqueue.sql``, ``attempts.sql``, ...); the names are global to the
+engine. Statements are composed once per backend with the validated schema
+identifier, its wake-up channel and the parts they name, and kept as bytes,
 ready to execute (and to be prepared server-side by psycopg after a few
 executions).
+
+What the blocks say:
+
+- ``{schema}`` is the validated schema identifier, composed in once at load,
+  ``{channel}`` the schema's wake-up channel for pg_notify (a string
+  literal), ``{cancel_channel}`` the one for cancels of running tasks, and
+  ``{lock_space}`` the first key of the schema's advisory locks (an integer).
+- A block named ``part_*`` is not a statement: it is composed in once at
+  load where a statement of any file says ``{part_...}``, for text that
+  several statements share.
+- ``{text:NAME}`` is a text every backend writes alike (an error type or
+  message of the attempt log, :data:`conveyor.backends.stored.SQL_TEXTS`),
+  composed in first as an SQL literal; one with holes reads the columns they
+  name.
+- ``%(now)s`` is NULL in production: the database clock is the only
+  authority on lease expiry; tests pass a time to move the clock without
+  sleeping. The clock is ``statement_timestamp()``, not ``now()``: inside a
+  long transaction (an attempt's own transaction) ``now()`` would be the
+  stale transaction start.
 """
 
 from __future__ import annotations
@@ -33,7 +53,7 @@ def validate_schema(schema: str) -> str:
     return schema
 
 
-_BLOCKS = sqlfiles.read_blocks(__package__ or "conveyor.backends.postgres", "queries.sql")
+_BLOCKS = sqlfiles.read_folder(__package__ or "conveyor.backends.postgres")
 
 
 def compose(template: LiteralString, schema: str) -> bytes:
@@ -61,7 +81,7 @@ def lock_space(schema: str) -> int:
 
 
 def load(schema: str) -> Mapping[str, bytes]:
-    """Every statement of ``queries.sql``, composed for ``schema`` (with its
+    """Every statement of the ``sql`` folder, composed for ``schema`` (with its
     wake-up ``{channel}``, ``{cancel_channel}`` and advisory ``{lock_space}``)
     and its parts."""
     names = {

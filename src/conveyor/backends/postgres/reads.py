@@ -2,7 +2,7 @@
 running tasks counted by worker.
 
 A mixin of :class:`~conveyor.backends.postgres.backend.PostgresBackend`:
-each method is one statement of ``queries.sql``, run through the backend's
+each method is one statement of ``sql/reads.sql``, run through the backend's
 ``_fetchall``, or in a transaction of its own where it needs a planner
 setting (:data:`IN_INDEX_ORDER`).
 """

@@ -1,7 +1,7 @@
 """Python values to statement arguments, and rows back to domain objects.
 
 Pure functions: no connection, no I/O. The statements themselves live in
-``queries.sql``.
+the ``sql`` folder.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def send(
     sql: Statements, deliveries: Sequence[Delivery], now: datetime | None
 ) -> Script[list[int]]:
     """An outside send: the recipients' advisory locks (see ``guard_send`` in
-    queries.sql), their checks, the messages; their ids in order. A delivery
+    sql/messages.sql), their checks, the messages; their ids in order. A delivery
     whose idempotency key its recipient got already sends nothing: the
     first message's id comes back (whatever the task's state now)."""
     everyone = {"ids": sorted({d.task_id for d in deliveries})}

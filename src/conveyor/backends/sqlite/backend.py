@@ -315,7 +315,7 @@ class SQLiteBackend(Listings, FlowControl):
     @staticmethod
     def _quarantine(conn: sqlite3.Connection, params: ClaimParams, scope: dict[str, Any]) -> None:
         """End failed the tasks whose counters stand at the limit (see
-        queries.sql), saying why in their attempt log."""
+        ``quarantine_find`` in sql/attempts.sql), saying why in their attempt log."""
         # Read them all first: each update below takes its row out of the
         # index the query walks.
         stuck = conn.execute(SQL["quarantine_find"], scope).fetchall()

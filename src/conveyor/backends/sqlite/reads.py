@@ -2,7 +2,7 @@
 running tasks counted by worker.
 
 A mixin of :class:`~conveyor.backends.sqlite.backend.SQLiteBackend`: each
-method is one statement of ``queries.sql`` read on the backend's connection.
+method is one statement of ``sql/reads.sql`` read on the backend's connection.
 """
 
 from __future__ import annotations
