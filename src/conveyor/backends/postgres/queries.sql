@@ -1455,6 +1455,7 @@ from {schema}.schedules
 order by name;
 
 -- name: store_clock
+-- The server's clock: what leases, due times and heartbeats are read by.
 select statement_timestamp();
 
 -- name: fire_schedule
