@@ -1,9 +1,13 @@
 """The import contracts in pyproject.toml hold where they should, and break
-where they must: a copy of the source tree in which a module outside
-``conveyor.backends`` imports an engine fails ``lint-imports``, naming the
-contract and the module, for every top-level module and package of conveyor
-(present ones: the contract names them by a wildcard, so a new one is in it
-too)."""
+where they must. ``lint-imports`` runs on a copy of the source tree: it
+passes as it is, and fails, naming the contract and the import, once a
+module outside ``conveyor.backends`` imports an engine (every top-level
+module and package of conveyor is tried: the contract names them by a
+wildcard, so a new one is in it too), a driver is imported outside its
+engine, the dashboard or the CLI imports from the backends anything but
+the protocol's records, or a module of the dashboard imports one above
+it. A grep checks that neither the dashboard nor the CLI reaches past the
+client to a backend."""
 
 from __future__ import annotations
 
@@ -112,3 +116,46 @@ def test_a_driver_imported_outside_its_engine_breaks_the_drivers_contract(
     text = " ".join(result.stdout.split())
     assert f"{DRIVERS_CONTRACT} BROKEN" in text
     assert "conveyor.backends.protocol -> sqlite3" in text
+
+
+CLIENT_CONTRACT = "The dashboard and the CLI read and act through the Client"
+PAST_THE_CLIENT = (".backend()", "inspector_of", "make_backend", "read_overview", "store_now")
+"""What reaches past the client to a backend: none of it in the dashboard or the CLI."""
+
+
+def test_the_dashboard_and_the_cli_reach_no_backend_past_the_client() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for package in ("dashboard", "cli")
+        for path in sorted((ROOT / "src" / "conveyor" / package).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if any(word in line for word in PAST_THE_CLIENT)
+    ]
+    assert found == []
+
+
+def test_reaching_past_the_client_or_up_the_dashboard_breaks_a_contract(
+    tmp_path: Path,
+) -> None:
+    """The CLI importing the backends' package, the dashboard one of their
+    modules, and the dashboard's shared state importing its wiring (the
+    circle it once made, through a type-only import) each break one."""
+    copy = _copy(tmp_path)
+    _append(
+        copy / "src" / "conveyor" / "dashboard" / "state.py",
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        "    from conveyor.dashboard.app import create_app  # noqa\n",
+    )
+    _append(copy / "src" / "conveyor" / "cli" / "top.py", "from conveyor import backends  # noqa\n")
+    _append(
+        copy / "src" / "conveyor" / "dashboard" / "pages.py",
+        "from conveyor.backends.stored import SQL_TEXTS  # noqa\n",
+    )
+    result = _run(copy)
+    assert result.returncode != 0
+    text = " ".join(result.stdout.split())
+    assert "they import only the protocol's records BROKEN" in text
+    assert "conveyor.cli.top -> conveyor.backends" in text
+    assert "conveyor.dashboard.pages -> conveyor.backends.stored" in text
+    assert "The dashboard's modules import downwards only" in text
+    assert "conveyor.dashboard.state -> conveyor.dashboard.app" in text
