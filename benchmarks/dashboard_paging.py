@@ -34,8 +34,7 @@ from psycopg import sql
 
 import conveyor
 from conveyor.backends import sqlfiles
-from conveyor.backends.protocol import ACTIVITY_SCAN, inspector_of
-from conveyor.overview import store_now
+from conveyor.backends.protocol import ACTIVITY_SCAN
 
 PAGE = 51
 BLOCKS = sqlfiles.parse_blocks(Path(__file__).with_suffix(".sql").read_text(encoding="utf-8"))
@@ -101,16 +100,14 @@ async def main(args: argparse.Namespace) -> None:
             args.repeat,
         )
         assert filtered_deep[0].id == deep - 1
-        backend = await app.backend()
-        inspector = inspector_of(backend)
-        assert inspector is not None
-        now = await store_now(backend)
+        now = await app.now_async()
         await timed(
             "activity, last hour (the overview's chart)",
-            lambda: inspector.activity(now - timedelta(hours=1), 60),
+            lambda: app.activity_async(now - timedelta(hours=1), 60),
             args.repeat,
         )
 
+        backend = await app.backend()
         statements: Any = backend.sql  # type: ignore[attr-defined]
         base = {"state": None, "name": None, "queue": None, "limit": PAGE, "before": None}
         print("\nplans:")

@@ -3,9 +3,10 @@
 A client holds one open backend per event loop and stores, reads and
 controls tasks through it: enqueue (of tasks already checked and encoded by
 their definitions), get, list, count, cancel, retry, send, inbox, workers,
-migrate. It knows no handlers: :class:`conveyor.App` builds on it with the
-registry of tasks, and task definitions, handles and the worker take a
-client, never the app.
+migrate; its controls are :mod:`conveyor.controls`, its views of the whole
+store (clock, overview, activity) :mod:`conveyor.reads`. It knows no
+handlers: :class:`conveyor.App` builds on it with the registry of tasks,
+and task definitions, handles and the worker take a client, never the app.
 
 Every operation has a sync form (``get``) and an async form (``get_async``).
 Async calls use the backend bound to the calling event loop; sync calls go
@@ -57,8 +58,8 @@ from conveyor.model import (
     findable,
     stored_id,
 )
-from conveyor.overview import store_now
 from conveyor.portal import INHERITED_AT_FORK, Portal
+from conveyor.reads import Reads
 from conveyor.tracehooks import EnqueueStamp, TraceHooks
 
 SCHEMA_ENV = "CONVEYOR_SCHEMA"
@@ -109,7 +110,7 @@ def chunk_bounds(total: int) -> Iterator[tuple[int, int]]:
         start, size = end, min(size * 2, ENQUEUE_CHUNK)
 
 
-class Client(Controls):
+class Client(Controls, Reads):
     """A connection to one store (see the module docstring).
 
     ``url`` is a backend URL (``postgresql://…``, ``sqlite:///path.db``,
@@ -541,7 +542,7 @@ class Client(Controls):
         ConfigurationError on a backend without an inspector."""
         inspector = await self._inspector()
         backend = await self.backend()
-        return await explain(backend, inspector, task_id, await store_now(backend))
+        return await explain(backend, inspector, task_id, await backend.store_clock())
 
     def explain(self, task_id: int) -> Explanation:
         """Sync form of :meth:`explain_async`."""

@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from conveyor.backends.protocol import Backend, Inspector
 from conveyor.errors import ConfigurationError
 from conveyor.events import (
     AttemptEnded,
@@ -59,7 +58,6 @@ from conveyor.events import (
     TaskEnqueued,
 )
 from conveyor.model import Outcome, TaskState
-from conveyor.overview import read_overview
 
 try:
     from prometheus_client import (
@@ -79,6 +77,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the e
     ) from None
 
 if TYPE_CHECKING:
+    from conveyor.client import Client
     from conveyor.worker import Worker
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600)
@@ -270,10 +269,11 @@ class StoreMetrics:
         """Answer scrapes on ``http://ADDR:PORT/metrics`` (see :func:`serve`)."""
         serve(self.registry, port, addr)
 
-    async def refresh(self, backend: Backend, inspector: Inspector) -> None:
-        """Read the store (its clock, counts, backlogs, workers) and set every gauge."""
+    async def refresh(self, client: Client) -> None:
+        """Read ``client``'s store (its clock, counts, backlogs, workers:
+        :meth:`~conveyor.Client.overview_async`) and set every gauge."""
         started = time.monotonic()
-        found = await read_overview(backend, inspector)
+        found = await client.overview_async()
         now, live = found.now, found.live_workers
         by_state: dict[tuple[str, str], int] = {}
         for count in found.counts:

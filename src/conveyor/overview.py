@@ -2,10 +2,11 @@
 store's Prometheus gauges (:class:`~conveyor.metrics.StoreMetrics`) and the
 dashboard's overview and queues pages.
 
-:func:`read_overview` takes the store's clock, the counts by state, queue
-and name, each queue's backlog and the live workers, in four reads (not one
-transaction: a task may move between them). The counts walk every task, as
-``conveyor counts`` does.
+:func:`read_overview` takes the store's clock (``Backend.store_clock``), the
+counts by state, queue and name, each queue's backlog and the live workers,
+in four reads (not one transaction: a task may move between them). The
+counts walk every task, as ``conveyor counts`` does. Callers read it
+through the client (:meth:`conveyor.Client.overview_async`).
 """
 
 from __future__ import annotations
@@ -26,15 +27,9 @@ class Overview:
     live_workers: list[WorkerInfo]
 
 
-async def store_now(backend: Backend) -> datetime:
-    """The store's clock now (what its leases and due times are read by)."""
-    now, _ = await backend.list_schedules()
-    return now
-
-
 async def read_overview(backend: Backend, inspector: Inspector) -> Overview:
     """Read the store's clock, counts, backlogs and live workers."""
-    now = await store_now(backend)
+    now = await backend.store_clock()
     counts = await inspector.count_tasks()
     backlogs = await inspector.queue_backlogs()
     live = [w for w in await inspector.list_workers() if w.live(now)]

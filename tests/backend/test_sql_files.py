@@ -120,5 +120,5 @@ def test_a_block_named_in_two_files_is_refused(
     monkeypatch.syspath_prepend(str(tmp_path))
     assert set(sqlfiles.read_folder("sections_of_a_test")) == {"claim", "get_task"}
     (package / "sql" / "flow.sql").write_text(block)
-    with pytest.raises(ValueError, match="'claim' in both attempts.sql and flow.sql"):
+    with pytest.raises(ValueError, match=r"'claim' in both attempts\.sql and flow\.sql"):
         sqlfiles.read_folder("sections_of_a_test")

@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import conveyor
-from conveyor.backends.protocol import WorkerInfo, inspector_of
+from conveyor.backends.protocol import WorkerInfo
 from conveyor.metrics import Metrics, StoreMetrics
 from conveyor.model import RetryPolicy
 from tests.cli_harness import ROOT, Cli
@@ -201,10 +201,8 @@ async def test_store_gauges_see_the_whole_store(app: conveyor.App) -> None:
         await job.options(queue="mail").enqueue_async()
         backend = await app.backend()
         await backend.register_worker(WorkerInfo("w1", "host", 1, ("default",), 8, tasks=("job",)))
-        inspector = inspector_of(backend)
-        assert inspector is not None
         store = StoreMetrics()
-        await store.refresh(backend, inspector)
+        await store.refresh(app)
         got = samples(store)
         assert got[("conveyor_queue_due_tasks", (("queue", "default"),))] == 3
         assert got[("conveyor_queue_later_tasks", (("queue", "default"),))] == 1
@@ -216,7 +214,7 @@ async def test_store_gauges_see_the_whole_store(app: conveyor.App) -> None:
         # The mail queue empties: its series go at the next refresh.
         [mail] = await app.list_tasks_async(queue="mail")
         await app.cancel_async(mail.id)
-        await store.refresh(backend, inspector)
+        await store.refresh(app)
         got = samples(store)
     assert ("conveyor_queue_due_tasks", (("queue", "mail"),)) not in got
     assert got[("conveyor_store_tasks", (("queue", "mail"), ("state", "cancelled")))] == 1

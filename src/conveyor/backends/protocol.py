@@ -944,6 +944,10 @@ class Backend(Protocol):
     async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
         """The store's clock now, and every stored schedule by name."""
 
+    async def store_clock(self) -> datetime:
+        """The store's clock now (timezone-aware): what its leases, due times
+        and worker heartbeats are read by. One read, of nothing else."""
+
     async def fire_schedule(self, params: FireParams) -> list[int]:
         """Enqueue the tasks of some slots of a schedule, at most once per
         slot across every worker: in one transaction, only if the stored

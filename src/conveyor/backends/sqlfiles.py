@@ -3,9 +3,10 @@
 A block starts with ``-- name: NAME``; the comment lines after it say what
 the statement does and why. A backend keeps its blocks in the ``sql`` folder
 of its package, one file per section (``enqueue.sql``, ``attempts.sql``,
-...); the names are the engine's, unique across its files. Migrations are files named ``NNNN_what.sql`` in
-the package's ``migrations`` folder. Both are our own package files, so
-their text is trusted (``LiteralString``); no statement is built from input.
+...); the names are the engine's, unique across its files. Migrations are
+files named ``NNNN_what.sql`` in the package's ``migrations`` folder. Both
+are our own package files, so their text is trusted (``LiteralString``); no
+statement is built from input.
 
 A block says ``{text:NAME}`` where it writes one of the texts every backend
 writes alike (:data:`conveyor.backends.stored.SQL_TEXTS`): it is composed in
@@ -111,7 +112,8 @@ def read_folder(package: str, folder: str = "sql") -> dict[str, LiteralString]:
     twice in one file does."""
     blocks: dict[str, LiteralString] = {}
     found: dict[str, str] = {}
-    files = [e for e in resources.files(package).joinpath(folder).iterdir() if e.name.endswith(".sql")]
+    folder_files = resources.files(package).joinpath(folder).iterdir()
+    files = [entry for entry in folder_files if entry.name.endswith(".sql")]
     for entry in sorted(files, key=lambda entry: entry.name):
         for name, body in parse_blocks(entry.read_text(encoding="utf-8")).items():
             if name in blocks:

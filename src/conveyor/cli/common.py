@@ -17,13 +17,11 @@ migration record and writes nothing (so a read-only role can run them).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import json
-import os
 import re
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
@@ -31,8 +29,7 @@ import click
 from rich.console import Console
 
 from conveyor.app import App
-from conveyor.backends import resolve_url, sqlite_path
-from conveyor.backends.protocol import Inspector, WorkerInfo, inspector_of
+from conveyor.backends.protocol import WorkerInfo
 from conveyor.cli.text import shown
 from conveyor.errors import (
     BackendUnavailableError,
@@ -159,7 +156,7 @@ def open_client(
     else:
         app = App(url, schema=schema, allow_unregistered=True, migrate=create)
     if not create:
-        require_store(app.url)
+        app.check_exists()
     return app
 
 
@@ -167,13 +164,7 @@ def check_store(app: App) -> None:
     """Raise StoreNotReadyError unless ``app``'s store is there and current
     (read on a connection of its own, closed after): for a command that
     serves the store (the dashboard) and must refuse a missing one at start."""
-
-    async def opened() -> None:
-        backend = app.make_backend(migrate=False, pool_size=1)
-        await backend.open()
-        await backend.close()
-
-    asyncio.run(opened())
+    asyncio.run(app.check_ready_async())
 
 
 def with_client(url: str | None, schema: str | None, use: Callable[[App], T]) -> T:
@@ -184,30 +175,6 @@ def with_client(url: str | None, schema: str | None, use: Callable[[App], T]) ->
             return use(app)
     except ConveyorError as exc:
         fail(exc)
-
-
-@contextlib.asynccontextmanager
-async def read_side(app: App) -> AsyncIterator[Inspector | None]:
-    """The store's read side (None: the backend has none), opened without
-    applying or requiring migrations: ``health`` and ``migrate --sql`` only
-    read, and report a store that is missing or behind."""
-    backend = app.make_backend(migrate=None, pool_size=1)
-    await backend.open()
-    try:
-        yield inspector_of(backend)
-    finally:
-        await backend.close()
-
-
-def require_store(url: str | None) -> None:
-    """Raise StoreNotReadyError if ``url`` names a SQLite file that does not
-    exist."""
-    path = sqlite_path(resolve_url(url))
-    if path is not None and not os.path.exists(path):
-        raise StoreNotReadyError(
-            f"no SQLite database at {path} (check --url or CONVEYOR_URL; "
-            "`conveyor migrate` or a worker creates it)"
-        )
 
 
 def parse_json(text: str, what: str) -> Any:

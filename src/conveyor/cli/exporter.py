@@ -15,9 +15,8 @@ import logging
 import click
 
 from conveyor.app import App
-from conveyor.backends.protocol import inspector_of
 from conveyor.cli.common import backend_options, fail, open_client
-from conveyor.errors import ConfigurationError, ConveyorError
+from conveyor.errors import ConveyorError
 from conveyor.logs import configure_logging
 from conveyor.worker.texts import reason
 
@@ -29,15 +28,11 @@ async def _export(app: App, port: int, addr: str, interval: float) -> None:
 
     metrics = StoreMetrics()
     async with app:
-        backend = await app.backend()
-        inspector = inspector_of(backend)
-        if inspector is None:
-            raise ConfigurationError(f"the {type(backend).__name__} has no read side to export")
         metrics.serve(port, addr)
         log.info("store metrics of %s on http://%s:%d/metrics", app.location, addr, port)
         while True:
             try:
-                await metrics.refresh(backend, inspector)
+                await metrics.refresh(app)
             except Exception as exc:  # a store away for a while: say so, keep serving
                 metrics.up.set(0)
                 log.warning("cannot read the store: %s", reason(exc))

@@ -22,7 +22,6 @@ from conveyor.cli.common import (
     iso,
     json_option,
     open_client,
-    read_side,
     serving,
     state_choice,
     unserved,
@@ -317,12 +316,8 @@ def health(url: str | None, schema: str | None, min_workers: int, as_json: bool)
 
 
 async def _health(app: App, min_workers: int) -> dict[str, Any]:
-    async with read_side(app) as inspector:
-        if inspector is None:
-            pending, found = [], []
-        else:
-            pending = [m.name for m in await inspector.pending_migrations()]
-            found = [] if pending else await inspector.list_workers()
+    status = await app.store_status_async()
+    pending, found = [m.name for m in status.pending], status.workers
     now = datetime.now(UTC)
     live = [worker_json(w, now) for w in found if w.live(now)]
     return {

@@ -8,14 +8,12 @@ import logging
 import click
 
 from conveyor.app import App
-from conveyor.backends.protocol import Migration
 from conveyor.cli.common import (
     URL_HELP,
     backend_options,
     console,
     fail,
     open_client,
-    read_side,
 )
 from conveyor.errors import ConveyorError
 from conveyor.logs import LEVELS, configure_logging
@@ -37,7 +35,8 @@ def migrate(url: str | None, schema: str | None, print_sql: bool) -> None:
     """Create or upgrade the schema (idempotent); creates a SQLite file."""
     try:
         if print_sql:
-            pending = asyncio.run(_pending(open_client(url, schema)))
+            status = asyncio.run(open_client(url, schema).store_status_async(workers=False))
+            pending = status.pending
         else:
             with open_client(url, schema, create=True) as app:
                 applied = app.migrate()
@@ -50,11 +49,6 @@ def migrate(url: str | None, schema: str | None, print_sql: bool) -> None:
             click.echo("-- the schema is up to date: nothing to apply")
         return
     click.echo(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
-
-
-async def _pending(app: App) -> list[Migration]:
-    async with read_side(app) as inspector:
-        return [] if inspector is None else await inspector.pending_migrations()
 
 
 @click.command()

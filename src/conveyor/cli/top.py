@@ -23,13 +23,12 @@ from rich.live import Live
 from rich.table import Table
 
 from conveyor.app import App
-from conveyor.backends.protocol import QueueBacklog, WorkerInfo, inspector_of
+from conveyor.backends.protocol import QueueBacklog, WorkerInfo
 from conveyor.cli.common import backend_options, console, fail, open_client
 from conveyor.cli.text import line, plain
 from conveyor.durations import relative, span
-from conveyor.errors import ConfigurationError, ConveyorError
+from conveyor.errors import ConveyorError
 from conveyor.model import TaskState
-from conveyor.overview import read_overview
 
 
 @dataclass
@@ -53,11 +52,7 @@ class Frame:
 
 async def read_frame(app: App) -> Frame:
     """Read what one frame shows."""
-    backend = await app.backend()
-    inspector = inspector_of(backend)
-    if inspector is None:
-        raise ConfigurationError(f"the {type(backend).__name__} has no read side to watch")
-    found = await read_overview(backend, inspector)
+    found = await app.overview_async()
     states: Counter[tuple[str, TaskState]] = Counter()
     for count in found.counts:
         states[(count.queue, count.state)] += count.count

@@ -4,8 +4,8 @@ task; pause and resume a queue; retry failed tasks in bulk.
 Each reaches here only from the dashboard's own origin, signed in, with a
 bounded body (:mod:`conveyor.dashboard.guard`). It is refused with 403
 before it reads its form on a read-only dashboard, and with 403 when its
-CSRF token is not that of the request's identity; then it calls the app's
-async API and redirects (303, to a path: never a host) to the page that
+CSRF token is not that of the request's identity; then it calls the
+client's async API and redirects (303, to a path: never a host) to the page that
 shows the change.
 A move the task's state forbids answers 409 with the store's reason.
 """
@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor.dashboard.hosts import local_redirect
-from conveyor.dashboard.pages import dashboard_of
 from conveyor.dashboard.security import CSRF_FIELD, IDENTITY
+from conveyor.dashboard.state import dashboard_of
 from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotFoundError
 from conveyor.model import TaskState, parse_task_id
 
@@ -48,21 +48,21 @@ def _back(request: Request, route: str, **params: str) -> Response:
 async def on_task(request: Request) -> Response:
     """``retry``, ``cancel``, ``run-now`` or ``delete`` one task."""
     await checked_form(request)
-    app = dashboard_of(request).app
+    client = dashboard_of(request).client
     task_id: int = request.path_params["task_id"]
     action = request.path_params["action"]
     try:
         if action == "retry":
-            await app.retry_async(task_id)
+            await client.retry_async(task_id)
             notice = "retried"
         elif action == "cancel":
-            state = await app.cancel_async(task_id)
+            state = await client.cancel_async(task_id)
             notice = "cancelled" if state is TaskState.CANCELLED else "cancel_requested"
         elif action == "run-now":
-            await app.run_now_async(task_id)
+            await client.run_now_async(task_id)
             notice = "run_now"
         elif action == "delete":
-            await app.delete_async(task_id)
+            await client.delete_async(task_id)
             return _back(request, "tasks", notice="deleted", task=str(task_id))
         else:
             raise HTTPException(404, f"No action {action!r}: retry, cancel, run-now or delete.")
@@ -95,9 +95,9 @@ async def resume(request: Request) -> Response:
 
 async def _pause_or_resume(request: Request, *, paused: bool) -> Response:
     queue = _queue(await checked_form(request))
-    app = dashboard_of(request).app
+    client = dashboard_of(request).client
     try:
-        await (app.pause_async if paused else app.resume_async)(queue=queue)
+        await (client.pause_async if paused else client.resume_async)(queue=queue)
     except ConfigurationError as exc:
         raise HTTPException(400, str(exc)) from None
     return _back(request, "queues", notice="paused" if paused else "resumed", queue=queue)
@@ -116,12 +116,12 @@ async def retry_selected(request: Request) -> Response:
         ids = [parse_task_id(value, "a ticked task") for value in chosen]
     except ConfigurationError as exc:
         raise HTTPException(400, str(exc)) from None
-    done = await dashboard_of(request).app.retry_many_async(ids=ids)
+    done = await dashboard_of(request).client.retry_many_async(ids=ids)
     return _back(request, "failed", notice="retried_many", n=str(len(done)))
 
 
 async def retry_all(request: Request) -> Response:
     """Retry every failed task (in batches in the store: ``retry_many``)."""
     await checked_form(request)
-    done = await dashboard_of(request).app.retry_many_async()
+    done = await dashboard_of(request).client.retry_many_async()
     return _back(request, "failed", notice="retried_many", n=str(len(done)))

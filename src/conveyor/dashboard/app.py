@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
@@ -26,12 +25,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from conveyor.app import App
-from conveyor.backends.protocol import Inspector, inspector_of
-from conveyor.dashboard import actions, format, pages
+from conveyor.client import Client
+from conveyor.dashboard import actions, pages
 from conveyor.dashboard.guard import Guard, secure_headers
 from conveyor.dashboard.hosts import LOCAL_HOSTS, checked_hosts
-from conveyor.dashboard.security import IDENTITY, Auth, Csrf, Signer, TokenAuth
+from conveyor.dashboard.security import Auth, Csrf, Signer, TokenAuth
+from conveyor.dashboard.state import Dashboard
 from conveyor.errors import (
     BackendError,
     BackendUnavailableError,
@@ -40,52 +39,6 @@ from conveyor.errors import (
 )
 
 DEFAULT_PAGE_SIZE = 50
-NAV = (
-    ("overview", "Overview"),
-    ("queues", "Queues"),
-    ("tasks", "Tasks"),
-    ("failed", "Failed"),
-    ("workers", "Workers"),
-    ("schedules", "Schedules"),
-)
-
-
-@dataclass
-class Dashboard:
-    """What every page of one dashboard shares (``request.app.state.dashboard``)."""
-
-    app: App
-    templates: Jinja2Templates
-    csrf: Csrf
-    read_only: bool
-    page_size: int
-    title: str
-    metrics: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    async def inspector(self) -> Inspector:
-        backend = await self.app.backend()
-        found = inspector_of(backend)
-        if found is None:
-            raise HTTPException(501, f"the {type(backend).__name__} cannot list or count tasks")
-        return found
-
-    def render(
-        self, request: Request, template: str, context: dict[str, Any], status: int = 200
-    ) -> Response:
-        """A page: the template with the dashboard's own context; its forms
-        carry the CSRF token of the request's identity (none when signed out)."""
-        identity = request.scope.get(IDENTITY)
-        page = {
-            "dashboard": self,
-            "nav": NAV,
-            "csrf_token": self.csrf.token_for(identity) if identity else "",
-            "read_only": self.read_only,
-            "fmt": format,
-            "notice": pages.notice_of(request, context.get("queue_paused", {})),
-            **context,
-        }
-        return self.templates.TemplateResponse(request, template, page, status_code=status)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -137,7 +90,7 @@ def _allowed_hosts(auth: Auth | None, allowed_hosts: Iterable[str] | None) -> fr
 
 
 def create_app(
-    app: App,
+    app: Client,
     *,
     auth: Auth | None = None,
     read_only: bool = False,
@@ -207,7 +160,7 @@ def create_app(
     }
     web = Starlette(routes=routes, exception_handlers=handlers)
     web.state.dashboard = Dashboard(
-        app=app,
+        client=app,
         templates=templates,
         csrf=Csrf(signer),
         read_only=read_only,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import secrets
-from typing import TYPE_CHECKING
 
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
@@ -41,9 +40,7 @@ from conveyor.dashboard.security import (
     set_cookie,
     without_token,
 )
-
-if TYPE_CHECKING:
-    from conveyor.dashboard.app import Dashboard
+from conveyor.dashboard.state import Dashboard
 
 MOST_BODY = 64 * 1024
 """The most bytes a POST's body may hold (the dashboard's forms take a few

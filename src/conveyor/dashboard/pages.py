@@ -1,14 +1,12 @@
-"""The dashboard's pages (GET): each reads the store through the app's
-async API and renders one template. A bad filter answers 400, an unknown
-task 404, never a server error."""
+"""The dashboard's pages (GET): each reads the store through the client's
+async API (nothing else: no backend, no inspector) and renders one
+template. A bad filter answers 400, an unknown task 404, never a server
+error."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
-from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -17,20 +15,11 @@ from starlette.responses import Response
 from conveyor.backends.protocol import TaskFilter, TaskSummary
 from conveyor.dashboard import format
 from conveyor.dashboard.hosts import local_redirect
+from conveyor.dashboard.state import dashboard_of
 from conveyor.errors import ConfigurationError
-from conveyor.model import (
-    MAX_TASK_ID_DIGITS,
-    PauseKind,
-    Task,
-    TaskState,
-    check_name,
-    parse_task_id,
-)
-from conveyor.overview import Overview, read_overview, store_now
+from conveyor.model import PauseKind, Task, TaskState, parse_task_id
+from conveyor.overview import Overview
 from conveyor.schedules import next_stored_slot
-
-if TYPE_CHECKING:
-    from conveyor.dashboard.app import Dashboard
 
 CHILDREN_SHOWN = 20
 """A coroutine task's newest children shown on its page (the rest: a link)."""
@@ -38,50 +27,6 @@ ACTIVITY_BUCKET = 60
 """Seconds per bar of the overview's chart."""
 ACTIVITY_BUCKETS = 60
 """Bars of the overview's chart: the last hour, a minute each."""
-NOTICES = {
-    "retried": "Task {id} is pending again, with a fresh attempt budget.",
-    "cancelled": "Task {id} is cancelled.",
-    "cancel_requested": "Task {id}: cancel requested; its worker stops it within a second or so.",
-    "deleted": "Task {id} is deleted, with its attempt log and messages.",
-    "run_now": "Task {id} is due now.",
-    "paused": "Queue {queue} is paused: workers start none of its tasks until it is resumed.",
-    "resumed": "Queue {queue} is resumed.",
-    "retried_many": "{count} failed task(s) are pending again.",
-}
-
-
-def dashboard_of(request: Request) -> Dashboard:
-    found: Dashboard = request.app.state.dashboard
-    return found
-
-
-def notice_of(request: Request, queue_paused: Mapping[str, bool]) -> str | None:
-    """The sentence for an action's ``?notice=`` (only our own sentences,
-    filled only with values an action could have given: a task id, a
-    count, a queue named by the rule of names that is paused (``paused``)
-    or not (``resumed``) as ``queue_paused``, the queues page's, says);
-    anything else shows no notice."""
-    q = request.query_params
-    name = q.get("notice", "")
-    template = NOTICES.get(name)
-    if template is None:
-        return None
-    fields: dict[str, str] = {}
-    try:
-        if "{id}" in template:
-            fields["id"] = str(parse_task_id(q.get("task", "")))
-        if "{queue}" in template:
-            fields["queue"] = check_name("a queue", q.get("queue", ""))
-    except ConfigurationError:
-        return None
-    if "{queue}" in template and queue_paused.get(fields["queue"]) is not (name == "paused"):
-        return None
-    if "{count}" in template:
-        count = q.get("n", "")
-        if not (count.isascii() and count.isdigit() and len(count) <= MAX_TASK_ID_DIGITS):
-            return None
-        fields["count"] = count
-    return template.format(**fields)
 
 
 def _integer(request: Request, name: str) -> int | None:
@@ -115,10 +60,13 @@ def _text(request: Request, name: str) -> str | None:
 async def _page(request: Request, task_filter: TaskFilter) -> tuple[list[TaskSummary], int | None]:
     """One page of tasks, summarized (no payload is read), and the id to
     page on from (None: the last page)."""
-    dashboard = dashboard_of(request)
-    inspector = await dashboard.inspector()
-    found = await inspector.list_summaries(
-        dataclasses.replace(task_filter, limit=task_filter.limit + 1)
+    found = await dashboard_of(request).client.list_summaries_async(
+        state=task_filter.state,
+        name=task_filter.name,
+        queue=task_filter.queue,
+        limit=task_filter.limit + 1,
+        before=task_filter.before,
+        parent=task_filter.parent,
     )
     shown = found[: task_filter.limit]
     return shown, shown[-1].id if len(found) > task_filter.limit else None
@@ -135,14 +83,12 @@ def _by_queue(found: Overview) -> dict[str, Counter[TaskState]]:
 async def overview(request: Request) -> Response:
     """Counts by state and queue, the last hour's finished tasks, live workers."""
     dashboard = dashboard_of(request)
-    backend = await dashboard.app.backend()
-    inspector = await dashboard.inspector()
-    found = await read_overview(backend, inspector)
+    found = await dashboard.client.overview_async()
     now = found.now
     since = now.replace(second=0, microsecond=0) - timedelta(
         seconds=ACTIVITY_BUCKET * (ACTIVITY_BUCKETS - 1)
     )
-    buckets = await inspector.activity(since, ACTIVITY_BUCKET)
+    buckets = await dashboard.client.activity_async(since, ACTIVITY_BUCKET)
     by_queue = _by_queue(found)
     totals: Counter[TaskState] = sum(by_queue.values(), Counter())
     return dashboard.render(
@@ -164,11 +110,11 @@ async def overview(request: Request) -> Response:
 async def queues(request: Request) -> Response:
     """Each queue's due and later tasks, oldest due task, running, pause."""
     dashboard = dashboard_of(request)
-    found = await read_overview(await dashboard.app.backend(), await dashboard.inspector())
+    found = await dashboard.client.overview_async()
     now = found.now
     backlogs = {b.queue: b for b in found.backlogs}
     counts = _by_queue(found)
-    pauses = await dashboard.app.pauses_async()
+    pauses = await dashboard.client.pauses_async()
     paused = {p.name: p for p in pauses if p.kind is PauseKind.QUEUE}
     names = sorted(set(backlogs) | set(counts) | set(paused))
     rows = [
@@ -213,7 +159,7 @@ async def tasks(request: Request) -> Response:
     except ConfigurationError as exc:
         raise HTTPException(400, str(exc)) from None
     shown, next_before = await _page(request, task_filter)
-    now = await store_now(await dashboard.app.backend())
+    now = await dashboard.client.now_async()
     filters = {
         k: v
         for k, v in {
@@ -244,18 +190,17 @@ async def task(request: Request) -> Response:
     and (a coroutine's) newest children."""
     dashboard = dashboard_of(request)
     task_id: int = request.path_params["task_id"]
-    found = await dashboard.app.get_async(task_id)
+    found = await dashboard.client.get_async(task_id)
     if found is None:
         raise HTTPException(404, f"No task has id {task_id}: it never existed, or was deleted.")
-    explanation = await dashboard.app.explain_async(task_id)
-    messages = await dashboard.app.inbox_async(task_id) if found.inbox else []
+    explanation = await dashboard.client.explain_async(task_id)
+    messages = await dashboard.client.inbox_async(task_id) if found.inbox else []
     children: list[TaskSummary] = []
     if found.inbox:
-        inspector = await dashboard.inspector()
-        children = await inspector.list_summaries(
-            TaskFilter(parent=task_id, limit=CHILDREN_SHOWN + 1)
+        children = await dashboard.client.list_summaries_async(
+            parent=task_id, limit=CHILDREN_SHOWN + 1
         )
-    now = await store_now(await dashboard.app.backend())
+    now = await dashboard.client.now_async()
     return dashboard.render(
         request,
         "task.html",
@@ -301,7 +246,7 @@ async def failed(request: Request) -> Response:
     except ConfigurationError as exc:
         raise HTTPException(400, str(exc)) from None
     shown, next_before = await _page(request, task_filter)
-    now = await store_now(await dashboard.app.backend())
+    now = await dashboard.client.now_async()
     last_errors = {t.id: t.last_error for t in shown if t.last_error is not None}
     return dashboard.render(
         request,
@@ -320,11 +265,10 @@ async def failed(request: Request) -> Response:
 async def workers(request: Request) -> Response:
     """Live workers: queues and names served, last heartbeat, running attempts."""
     dashboard = dashboard_of(request)
-    inspector = await dashboard.inspector()
-    now = await store_now(await dashboard.app.backend())
-    every = await inspector.list_workers()
+    now = await dashboard.client.now_async()
+    every = await dashboard.client.list_workers_async()
     live = [w for w in every if w.live(now)]
-    by_worker = Counter(await inspector.running_by_worker())
+    by_worker = Counter(await dashboard.client.running_by_worker_async())
     return dashboard.render(
         request,
         "workers.html",
@@ -341,7 +285,7 @@ async def workers(request: Request) -> Response:
 async def schedules(request: Request) -> Response:
     """Stored schedules with their next and last slot."""
     dashboard = dashboard_of(request)
-    now, rows = await dashboard.app.stored_schedules_async()
+    now, rows = await dashboard.client.stored_schedules_async()
     shown = [(row, next_stored_slot(row, now)) for row in rows]
     return dashboard.render(
         request, "schedules.html", {"page": "schedules", "now": now, "schedules": shown}
@@ -363,5 +307,5 @@ async def metrics(request: Request) -> Response:
     if dashboard.metrics is None:
         dashboard.metrics = StoreMetrics()
     store_metrics: StoreMetrics = dashboard.metrics
-    await store_metrics.refresh(await dashboard.app.backend(), await dashboard.inspector())
+    await store_metrics.refresh(dashboard.client)
     return Response(generate_latest(store_metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -198,6 +198,9 @@ class MemoryBackend:
     async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
         return self._now(None), schedules.listed(self._store)
 
+    async def store_clock(self) -> datetime:
+        return self._now(None)
+
     async def fire_schedule(self, params: FireParams) -> list[int]:
         ids = schedules.fire(self._store, params, self._now(None))
         self._notify_woken()

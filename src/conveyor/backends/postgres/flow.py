@@ -84,6 +84,10 @@ class FlowControl:
             return (await self._fetchall("store_clock", {}))[0][0], []
         return rows[0][-1], [StoredSchedule(*row[:-1]) for row in rows]
 
+    async def store_clock(self) -> datetime:
+        clock: datetime = (await self._fetchall("store_clock", {}))[0][0]
+        return clock
+
     async def fire_schedule(self, params: FireParams) -> list[int]:
         if not params.slots:
             return []

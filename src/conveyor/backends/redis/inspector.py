@@ -179,6 +179,12 @@ class RedisInspector(RedisStore):
         with translated():
             return await schedules.listed(self._redis, self.prefix)
 
+    async def store_clock(self) -> datetime:
+        """The server's now (one TIME), to the millisecond as the store keeps time."""
+        with translated():
+            seconds, micros = await self._redis.time()
+        return rows.moment(int(seconds) * 1000 + int(micros) // 1000)
+
     async def list_pauses(self) -> list[Pause]:
         """Every pause, by kind then name (one HGETALL)."""
         with translated():

@@ -143,6 +143,12 @@ class FlowControl:
 
         return await self._db.read(read)
 
+    async def store_clock(self) -> datetime:
+        def read(conn: sqlite3.Connection) -> datetime:
+            return rows.moment(clock(conn, None)) or rows.EARLIEST
+
+        return await self._db.read(read)
+
     async def fire_schedule(self, params: FireParams) -> list[int]:
         if not params.slots:
             return []

@@ -180,9 +180,6 @@ select name, task, cron, every_seconds, tz, missed, catch_up, args::text, finger
 from {schema}.schedules
 order by name;
 
--- name: store_clock
-select statement_timestamp();
-
 -- name: fire_schedule
 -- Take the slots %(first)s to %(last)s of a schedule whose stored definition
 -- is this worker's (its fingerprint) and that no one fired yet: the row

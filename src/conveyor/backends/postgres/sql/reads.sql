@@ -232,3 +232,7 @@ from bucket b
 where b.pending > 0 or b.tokens < b.rate_limit
 order by b.key
 limit %(limit)s::int;
+
+-- name: store_clock
+-- The server's clock: what leases, due times and heartbeats are read by.
+select statement_timestamp();

@@ -1,0 +1,154 @@
+"""The store's views, read through a client: its clock, an overview (counts,
+backlogs, live workers), the last hour's activity, the attempts running per
+worker, and the migrations a store still lacks.
+
+:class:`Reads` is a base of :class:`conveyor.Client` (and so of
+:class:`conveyor.App`): every read has a sync form and an ``_async`` form,
+and reads the store the client talks to. The dashboard and the command
+line read the store only through these and the client's own methods.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from conveyor.backends import Backend, sqlite_path
+from conveyor.backends.protocol import (
+    ActivityBucket,
+    Inspector,
+    Migration,
+    QueueBacklog,
+    WorkerInfo,
+    inspector_of,
+)
+from conveyor.errors import StoreNotReadyError
+from conveyor.overview import Overview, read_overview
+from conveyor.portal import Portal
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatus:
+    """What :meth:`Reads.store_status_async` found: the migrations the store
+    lacks (``pending``, oldest first) and the workers it knows (none read
+    while a migration is pending)."""
+
+    pending: list[Migration]
+    workers: list[WorkerInfo]
+
+
+class Reads:
+    """The store's views (see the module docstring)."""
+
+    portal: Portal
+    url: str
+
+    async def backend(self) -> Backend:
+        raise NotImplementedError  # the client's own
+
+    async def _inspector(self) -> Inspector:
+        raise NotImplementedError  # the client's own
+
+    def make_backend(self, **overrides: Any) -> Backend:
+        raise NotImplementedError  # the client's own
+
+    async def now_async(self) -> datetime:
+        """The store's clock now (timezone-aware): what its leases, due times
+        and worker heartbeats are read by, which may differ from this
+        machine's. One read."""
+        return await (await self.backend()).store_clock()
+
+    def now(self) -> datetime:
+        """Sync form of :meth:`now_async`."""
+        return self.portal.run(self.now_async())
+
+    async def overview_async(self) -> Overview:
+        """The store's clock, its task counts by state, queue and name, each
+        queue's backlog and the live workers (see :mod:`conveyor.overview`:
+        four reads, not one transaction; the counts walk every task). Raises
+        ConfigurationError on a backend without an inspector."""
+        return await read_overview(await self.backend(), await self._inspector())
+
+    def overview(self) -> Overview:
+        """Sync form of :meth:`overview_async`."""
+        return self.portal.run(self.overview_async())
+
+    async def queue_backlogs_async(self) -> list[QueueBacklog]:
+        """Each queue's pending tasks due now and later, and its oldest due
+        task's run time, by the store's clock."""
+        return await (await self._inspector()).queue_backlogs()
+
+    def queue_backlogs(self) -> list[QueueBacklog]:
+        """Sync form of :meth:`queue_backlogs_async`."""
+        return self.portal.run(self.queue_backlogs_async())
+
+    async def activity_async(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        """Tasks finished since ``since`` by outcome, in buckets of
+        ``bucket_seconds``, oldest first, only buckets with a task (see
+        :meth:`~conveyor.backends.protocol.Inspector.activity` for what each
+        engine counts, and its limits). Raises ConfigurationError for a
+        ``bucket_seconds`` below 1."""
+        return await (await self._inspector()).activity(since, bucket_seconds)
+
+    def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        """Sync form of :meth:`activity_async`."""
+        return self.portal.run(self.activity_async(since, bucket_seconds))
+
+    async def running_by_worker_async(self) -> dict[str, int]:
+        """How many tasks each worker runs now, by worker id (a worker
+        running none is left out)."""
+        return await (await self._inspector()).running_by_worker()
+
+    def running_by_worker(self) -> dict[str, int]:
+        """Sync form of :meth:`running_by_worker_async`."""
+        return self.portal.run(self.running_by_worker_async())
+
+    async def store_status_async(self, *, workers: bool = True) -> StoreStatus:
+        """The migrations the store lacks and, when it lacks none and
+        ``workers`` is True, the workers it knows, read on a connection of
+        its own that neither applies nor requires migrations, closed after:
+        whatever this client's ``migrate`` option, a store that is missing
+        or behind is reported, not refused. A backend without an inspector
+        reports neither."""
+        backend = self.make_backend(migrate=None, pool_size=1)
+        await backend.open()
+        try:
+            inspector = inspector_of(backend)
+            if inspector is None:
+                return StoreStatus([], [])
+            pending = await inspector.pending_migrations()
+            known = await inspector.list_workers() if workers and not pending else []
+            return StoreStatus(pending, known)
+        finally:
+            await backend.close()
+
+    def store_status(self, *, workers: bool = True) -> StoreStatus:
+        """Sync form of :meth:`store_status_async`."""
+        return self.portal.run(self.store_status_async(workers=workers))
+
+    def check_exists(self) -> None:
+        """Raise StoreNotReadyError if this client's store is a SQLite file
+        that does not exist (no I/O but a look at the path; other stores
+        pass): a command that only reads must not create an empty one where
+        a path is mistyped, or relative and run from another directory."""
+        path = sqlite_path(self.url)
+        if path is not None and not os.path.exists(path):
+            raise StoreNotReadyError(
+                f"no SQLite database at {path} (check --url or CONVEYOR_URL; "
+                "`conveyor migrate` or a worker creates it)"
+            )
+
+    async def check_ready_async(self) -> None:
+        """Raise StoreNotReadyError unless the store is there and current,
+        read on a connection of its own (closed after) that applies nothing,
+        whatever this client's ``migrate`` option: for a program that serves
+        the store and must refuse a missing one at its start."""
+        backend = self.make_backend(migrate=False, pool_size=1)
+        await backend.open()
+        await backend.close()
+
+    def check_ready(self) -> None:
+        """Sync form of :meth:`check_ready_async`."""
+        self.portal.run(self.check_ready_async())
