@@ -34,8 +34,10 @@ from psycopg import sql
 
 import conveyor
 from conveyor.backends import sqlfiles
-from conveyor.backends.protocol import ACTIVITY_SCAN, inspector_of
+from conveyor.backends.capabilities import capability_of
+from conveyor.backends.protocol import Capability
 from conveyor.overview import store_now
+from conveyor.records import ACTIVITY_SCAN
 
 PAGE = 51
 BLOCKS = sqlfiles.parse_blocks(Path(__file__).with_suffix(".sql").read_text(encoding="utf-8"))
@@ -102,7 +104,7 @@ async def main(args: argparse.Namespace) -> None:
         )
         assert filtered_deep[0].id == deep - 1
         backend = await app.backend()
-        inspector = inspector_of(backend)
+        inspector = capability_of(backend, Capability.INSPECT)
         assert inspector is not None
         now = await store_now(backend)
         await timed(

@@ -27,21 +27,9 @@ from typing import Any, Self
 
 from conveyor import payload as codec
 from conveyor.backends import Backend, backend_from_url, resolve_url
-from conveyor.backends.protocol import (
-    Capability,
-    Delivery,
-    EnqueueParams,
-    Inspector,
-    NewTask,
-    SendParams,
-    TaskCount,
-    TaskFilter,
-    TaskSummary,
-    TransactionalEnqueue,
-    WorkerInfo,
-    inspector_of,
-    transactional_of,
-)
+from conveyor.backends.capabilities import Inspector, TransactionalEnqueue, capability_of
+from conveyor.backends.params import Delivery, EnqueueParams, NewTask, SendParams
+from conveyor.backends.protocol import Capability
 from conveyor.controls import Controls
 from conveyor.errors import ConfigurationError
 from conveyor.events import EventBus, TaskEnqueued
@@ -59,6 +47,7 @@ from conveyor.model import (
 )
 from conveyor.overview import store_now
 from conveyor.portal import INHERITED_AT_FORK, Portal
+from conveyor.records import TaskCount, TaskFilter, TaskSummary, WorkerInfo
 from conveyor.tracehooks import EnqueueStamp, TraceHooks
 
 SCHEMA_ENV = "CONVEYOR_SCHEMA"
@@ -299,7 +288,7 @@ class Client(Controls):
         self.close()
 
     def _transactional(self, backend: Backend) -> TransactionalEnqueue:
-        found = transactional_of(backend)
+        found = capability_of(backend, Capability.TRANSACTIONAL_ENQUEUE)
         if found is None:
             raise ConfigurationError(
                 f"the {type(backend).__name__} cannot enqueue or send inside a caller's "
@@ -309,7 +298,7 @@ class Client(Controls):
 
     async def _inspector(self) -> Inspector:
         backend = await self.backend()
-        found = inspector_of(backend)
+        found = capability_of(backend, Capability.INSPECT)
         if found is None:
             raise ConfigurationError(f"the {type(backend).__name__} cannot list or count tasks")
         return found

@@ -46,7 +46,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from conveyor.backends.protocol import Backend, Inspector
+from conveyor.backends.capabilities import Inspector
+from conveyor.backends.protocol import Backend
 from conveyor.errors import ConfigurationError
 from conveyor.events import (
     AttemptEnded,

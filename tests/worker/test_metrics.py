@@ -17,9 +17,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import conveyor
-from conveyor.backends.protocol import WorkerInfo, inspector_of
+from conveyor.backends.capabilities import capability_of
+from conveyor.backends.protocol import Capability
 from conveyor.metrics import Metrics, StoreMetrics
 from conveyor.model import RetryPolicy
+from conveyor.records import WorkerInfo
 from tests.cli_harness import ROOT, Cli
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 from tools.redis_server import free_port
@@ -201,7 +203,7 @@ async def test_store_gauges_see_the_whole_store(app: conveyor.App) -> None:
         await job.options(queue="mail").enqueue_async()
         backend = await app.backend()
         await backend.register_worker(WorkerInfo("w1", "host", 1, ("default",), 8, tasks=("job",)))
-        inspector = inspector_of(backend)
+        inspector = capability_of(backend, Capability.INSPECT)
         assert inspector is not None
         store = StoreMetrics()
         await store.refresh(backend, inspector)

@@ -32,7 +32,8 @@ from rich.console import Console
 
 from conveyor.app import App
 from conveyor.backends import resolve_url, sqlite_path
-from conveyor.backends.protocol import Inspector, WorkerInfo, inspector_of
+from conveyor.backends.capabilities import Inspector, capability_of
+from conveyor.backends.protocol import Capability
 from conveyor.cli.text import shown
 from conveyor.errors import (
     BackendUnavailableError,
@@ -41,6 +42,7 @@ from conveyor.errors import (
     StoreNotReadyError,
 )
 from conveyor.model import TaskState, parse_task_id
+from conveyor.records import WorkerInfo
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -194,7 +196,7 @@ async def read_side(app: App) -> AsyncIterator[Inspector | None]:
     backend = app.make_backend(migrate=None, pool_size=1)
     await backend.open()
     try:
-        yield inspector_of(backend)
+        yield capability_of(backend, Capability.INSPECT)
     finally:
         await backend.close()
 

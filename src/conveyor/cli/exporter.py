@@ -15,7 +15,8 @@ import logging
 import click
 
 from conveyor.app import App
-from conveyor.backends.protocol import inspector_of
+from conveyor.backends.capabilities import capability_of
+from conveyor.backends.protocol import Capability
 from conveyor.cli.common import backend_options, fail, open_client
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.logs import configure_logging
@@ -30,7 +31,7 @@ async def _export(app: App, port: int, addr: str, interval: float) -> None:
     metrics = StoreMetrics()
     async with app:
         backend = await app.backend()
-        inspector = inspector_of(backend)
+        inspector = capability_of(backend, Capability.INSPECT)
         if inspector is None:
             raise ConfigurationError(f"the {type(backend).__name__} has no read side to export")
         metrics.serve(port, addr)

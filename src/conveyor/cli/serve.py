@@ -8,7 +8,6 @@ import logging
 import click
 
 from conveyor.app import App
-from conveyor.backends.protocol import Migration
 from conveyor.cli.common import (
     URL_HELP,
     backend_options,
@@ -19,6 +18,7 @@ from conveyor.cli.common import (
 )
 from conveyor.errors import ConveyorError
 from conveyor.logs import LEVELS, configure_logging
+from conveyor.records import Migration
 from conveyor.worker import Worker
 from conveyor.worker.collector import DEFAULT_THRESHOLD, tune_collector
 

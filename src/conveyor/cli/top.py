@@ -23,13 +23,15 @@ from rich.live import Live
 from rich.table import Table
 
 from conveyor.app import App
-from conveyor.backends.protocol import QueueBacklog, WorkerInfo, inspector_of
+from conveyor.backends.capabilities import capability_of
+from conveyor.backends.protocol import Capability
 from conveyor.cli.common import backend_options, console, fail, open_client
 from conveyor.cli.text import line, plain
 from conveyor.durations import relative, span
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.model import TaskState
 from conveyor.overview import read_overview
+from conveyor.records import QueueBacklog, WorkerInfo
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Frame:
 async def read_frame(app: App) -> Frame:
     """Read what one frame shows."""
     backend = await app.backend()
-    inspector = inspector_of(backend)
+    inspector = capability_of(backend, Capability.INSPECT)
     if inspector is None:
         raise ConfigurationError(f"the {type(backend).__name__} has no read side to watch")
     found = await read_overview(backend, inspector)

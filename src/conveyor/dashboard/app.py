@@ -27,7 +27,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from conveyor.app import App
-from conveyor.backends.protocol import Inspector, inspector_of
+from conveyor.backends.capabilities import Inspector, capability_of
+from conveyor.backends.protocol import Capability
 from conveyor.dashboard import actions, format, pages
 from conveyor.dashboard.guard import Guard, secure_headers
 from conveyor.dashboard.hosts import LOCAL_HOSTS, checked_hosts
@@ -65,7 +66,7 @@ class Dashboard:
 
     async def inspector(self) -> Inspector:
         backend = await self.app.backend()
-        found = inspector_of(backend)
+        found = capability_of(backend, Capability.INSPECT)
         if found is None:
             raise HTTPException(501, f"the {type(backend).__name__} cannot list or count tasks")
         return found

@@ -14,7 +14,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from conveyor.backends.protocol import TaskFilter, TaskSummary
 from conveyor.dashboard import format
 from conveyor.dashboard.hosts import local_redirect
 from conveyor.errors import ConfigurationError
@@ -27,6 +26,7 @@ from conveyor.model import (
     parse_task_id,
 )
 from conveyor.overview import Overview, read_overview, store_now
+from conveyor.records import TaskFilter, TaskSummary
 from conveyor.schedules import next_stored_slot
 
 if TYPE_CHECKING:
