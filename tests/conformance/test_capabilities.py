@@ -68,6 +68,20 @@ def test_a_backend_implements_exactly_the_optional_protocols_it_declares(
     )
     assert (capability_of(backend, Capability.TURNS) is not None) == isinstance(backend, Turns)
     assert (capability_of(backend, Capability.HANDOFF) is not None) == isinstance(backend, HandOffs)
+    assert (capability_of(backend, Capability.VACUUM) is not None) == isinstance(backend, Vacuums)
+
+
+def test_a_capability_declared_without_its_methods_is_refused(backend: Backend) -> None:
+    """The lookup trusts no declaration: a backend that claims a capability
+    whose protocol it does not implement is a TypeError, never a half-built
+    capability handed on."""
+    backend.capabilities = backend.capabilities | set(PROTOCOLS)
+    for capability, protocol in PROTOCOLS.items():
+        if isinstance(backend, protocol):
+            assert capability_of(backend, capability) is backend
+        else:
+            with pytest.raises(TypeError, match=f"declares {capability.value} without"):
+                capability_of(backend, capability)
 
 
 async def test_attempt_transactions_open_and_roll_back(backend: Backend) -> None:
