@@ -34,7 +34,7 @@ from psycopg import sql
 
 import conveyor
 from conveyor.backends import sqlfiles
-from conveyor.backends.protocol import ACTIVITY_SCAN
+from conveyor.records import ACTIVITY_SCAN
 
 PAGE = 51
 BLOCKS = sqlfiles.parse_blocks(Path(__file__).with_suffix(".sql").read_text(encoding="utf-8"))

@@ -31,12 +31,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.bench_app import DEFAULT_URL, TASK_NAME, make_app  # noqa: E402
 from benchmarks.throughput import drop_schema, enqueue_all, positive_int  # noqa: E402
-from conveyor.backends.protocol import (  # noqa: E402
-    ClaimedTask,
-    ClaimParams,
-    Completion,
-    FinishParams,
-)
+from conveyor.backends.params import ClaimedTask, ClaimParams, Completion, FinishParams  # noqa: E402
 from conveyor.model import Outcome, TaskState  # noqa: E402
 
 CLAIM_LIMIT = 1000

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conveyor.backends.protocol import (  # noqa: E402
+from conveyor.backends.params import (  # noqa: E402
     ClaimParams,
     Completion,
     EnqueueParams,

@@ -9,7 +9,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import conveyor
-from conveyor.backends.protocol import ClaimParams
+from conveyor.backends.params import ClaimParams
 from conveyor.worker.scheduler import Scheduler
 from tests.cli_harness import Cli
 from tests.conftest import CLI_ON_REDIS

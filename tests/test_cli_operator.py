@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import conveyor
-from conveyor.backends.protocol import WorkerInfo
+from conveyor.records import WorkerInfo
 from tests.cli_harness import ROOT, Cli
 from tests.conftest import CLI_ON_REDIS, drop_schema
 from tests.test_cli import APP

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 import conveyor
-from conveyor.backends.protocol import (
+from conveyor.backends.params import (
     ClaimParams,
     Completion,
     Delivery,
@@ -27,10 +27,9 @@ from conveyor.backends.protocol import (
     NewTask,
     ScheduleSync,
     SendParams,
-    StoredSchedule,
-    WorkerInfo,
 )
 from conveyor.model import Outcome, PauseKind, RetryPolicy, TaskState
+from conveyor.records import StoredSchedule, WorkerInfo
 from tests.cli_harness import Cli
 from tests.conftest import CLI_ON_REDIS
 

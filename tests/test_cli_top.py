@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 from rich.console import Console
 
-from conveyor.backends.protocol import QueueBacklog, WorkerInfo
 from conveyor.cli.top import Frame, render
 from conveyor.model import TaskState
+from conveyor.records import QueueBacklog, WorkerInfo
 from tests.cli_harness import Cli
 from tests.conftest import CLI_ON_REDIS
 

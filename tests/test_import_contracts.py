@@ -4,8 +4,8 @@ passes as it is, and fails, naming the contract and the import, once a
 module outside ``conveyor.backends`` imports an engine (every top-level
 module and package of conveyor is tried: the contract names them by a
 wildcard, so a new one is in it too), a driver is imported outside its
-engine, the dashboard or the CLI imports from the backends anything but
-the protocol's records, or a module of the dashboard imports one above
+engine, the dashboard or the CLI imports anything of the backends (the
+records they read are in ``conveyor.records``), or a module of the dashboard imports one above
 it. A grep checks that neither the dashboard nor the CLI reaches past the
 client to a backend."""
 
@@ -154,7 +154,7 @@ def test_reaching_past_the_client_or_up_the_dashboard_breaks_a_contract(
     result = _run(copy)
     assert result.returncode != 0
     text = " ".join(result.stdout.split())
-    assert "they import only the protocol's records BROKEN" in text
+    assert "are in conveyor.records) BROKEN" in text
     assert "conveyor.cli.top -> conveyor.backends" in text
     assert "conveyor.dashboard.pages -> conveyor.backends.stored" in text
     assert "The dashboard's modules import downwards only" in text

@@ -13,9 +13,9 @@ from starlette.testclient import TestClient
 
 import conveyor
 from conveyor import ConfigurationError, Poll, RetryPolicy, TaskState, UnknownTaskError
-from conveyor.backends.protocol import TaskFilter
 from conveyor.dashboard import create_app
 from conveyor.model import check_name, check_pause
+from conveyor.records import TaskFilter
 from conveyor.testing import drain_async
 
 BAD_NAMES = {

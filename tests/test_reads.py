@@ -12,9 +12,9 @@ import pytest
 
 import conveyor
 from conveyor import TaskState
-from conveyor.backends.protocol import WorkerInfo
 from conveyor.errors import StoreNotReadyError
 from conveyor.reads import StoreStatus
+from conveyor.records import WorkerInfo
 from conveyor.testing import FakeClock, in_memory
 from tests.worker.helpers import run_all
 

@@ -10,13 +10,7 @@ import pytest
 
 from conveyor import payload as codec
 from conveyor.backends.memory import MemoryBackend
-from conveyor.backends.protocol import (
-    ClaimParams,
-    Completion,
-    EnqueueParams,
-    FinishParams,
-    NewTask,
-)
+from conveyor.backends.params import ClaimParams, Completion, EnqueueParams, FinishParams, NewTask
 from conveyor.model import (
     STATE_CHANGES,
     TERMINAL_STATES,

@@ -28,21 +28,9 @@ from typing import Any, Self
 
 from conveyor import payload as codec
 from conveyor.backends import Backend, backend_from_url, resolve_url
-from conveyor.backends.protocol import (
-    Capability,
-    Delivery,
-    EnqueueParams,
-    Inspector,
-    NewTask,
-    SendParams,
-    TaskCount,
-    TaskFilter,
-    TaskSummary,
-    TransactionalEnqueue,
-    WorkerInfo,
-    inspector_of,
-    transactional_of,
-)
+from conveyor.backends.capabilities import Inspector, TransactionalEnqueue, capability_of
+from conveyor.backends.params import Delivery, EnqueueParams, NewTask, SendParams
+from conveyor.backends.protocol import Capability
 from conveyor.controls import Controls
 from conveyor.errors import ConfigurationError
 from conveyor.events import EventBus, TaskEnqueued
@@ -60,6 +48,7 @@ from conveyor.model import (
 )
 from conveyor.portal import INHERITED_AT_FORK, Portal
 from conveyor.reads import Reads
+from conveyor.records import TaskCount, TaskFilter, TaskSummary, WorkerInfo
 from conveyor.tracehooks import EnqueueStamp, TraceHooks
 
 SCHEMA_ENV = "CONVEYOR_SCHEMA"
@@ -300,7 +289,7 @@ class Client(Controls, Reads):
         self.close()
 
     def _transactional(self, backend: Backend) -> TransactionalEnqueue:
-        found = transactional_of(backend)
+        found = capability_of(backend, Capability.TRANSACTIONAL_ENQUEUE)
         if found is None:
             raise ConfigurationError(
                 f"the {type(backend).__name__} cannot enqueue or send inside a caller's "
@@ -310,7 +299,7 @@ class Client(Controls, Reads):
 
     async def _inspector(self) -> Inspector:
         backend = await self.backend()
-        found = inspector_of(backend)
+        found = capability_of(backend, Capability.INSPECT)
         if found is None:
             raise ConfigurationError(f"the {type(backend).__name__} cannot list or count tasks")
         return found

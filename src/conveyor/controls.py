@@ -14,19 +14,12 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from conveyor.backends import Backend
-from conveyor.backends.protocol import (
-    CancelMany,
-    DeleteMany,
-    Inspector,
-    KeyInfo,
-    PruneResult,
-    RetryMany,
-    StoredSchedule,
-)
+from conveyor.backends.capabilities import Inspector
 from conveyor.errors import ConfigurationError
 from conveyor.events import EventBus, QueuePaused
 from conveyor.model import Pause, PauseKind, TaskState, findable, stored_id
 from conveyor.portal import Portal
+from conveyor.records import CancelMany, DeleteMany, KeyInfo, PruneResult, RetryMany, StoredSchedule
 from conveyor.retention import DEFAULT_RETENTION, Retention
 
 CANCELLABLE = (TaskState.PENDING, TaskState.WAITING, TaskState.IN_PROGRESS)

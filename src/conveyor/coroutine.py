@@ -57,14 +57,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import (
-    ClaimedTask,
-    Completion,
-    Delivery,
-    Effects,
-    NewTask,
-    Transition,
-)
+from conveyor.backends.params import ClaimedTask, Completion, Delivery, Effects, NewTask, Transition
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, Fatal, PayloadError
 from conveyor.model import Message, Outcome, TaskState

@@ -26,7 +26,7 @@ reason                        when
 Limits: an explanation is a snapshot of several reads, not one transaction,
 so a task may move on between them; times are the store's. A live worker
 is one heard from within three of its beat intervals
-(:meth:`~conveyor.backends.protocol.WorkerInfo.live`); a worker registered
+(:meth:`~conveyor.records.WorkerInfo.live`); a worker registered
 without its task names (an older release) is taken to serve every name of
 its queues.
 """
@@ -37,8 +37,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from conveyor.backends.protocol import Backend, Inspector, WorkerInfo
+from conveyor.backends.capabilities import Inspector
+from conveyor.backends.protocol import Backend
 from conveyor.model import Outcome, PauseKind, Task, TaskState, findable
+from conveyor.records import WorkerInfo
 
 RETRIED = (Outcome.FAILED, Outcome.TIMED_OUT, Outcome.LEASE_LOST, Outcome.INTERRUPTED)
 """How an attempt ends whose task is then due again after a back-off."""

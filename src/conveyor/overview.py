@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from conveyor.backends.protocol import Backend, Inspector, QueueBacklog, TaskCount, WorkerInfo
+from conveyor.backends.capabilities import Inspector
+from conveyor.backends.protocol import Backend
+from conveyor.records import QueueBacklog, TaskCount, WorkerInfo
 
 
 @dataclass(frozen=True, slots=True)

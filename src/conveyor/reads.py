@@ -16,17 +16,12 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.backends import Backend, sqlite_path
-from conveyor.backends.protocol import (
-    ActivityBucket,
-    Inspector,
-    Migration,
-    QueueBacklog,
-    WorkerInfo,
-    inspector_of,
-)
+from conveyor.backends.capabilities import Inspector, capability_of
+from conveyor.backends.protocol import Capability
 from conveyor.errors import StoreNotReadyError
 from conveyor.overview import Overview, read_overview
 from conveyor.portal import Portal
+from conveyor.records import ActivityBucket, Migration, QueueBacklog, WorkerInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +110,7 @@ class Reads:
         backend = self.make_backend(migrate=None, pool_size=1)
         await backend.open()
         try:
-            inspector = inspector_of(backend)
+            inspector = capability_of(backend, Capability.INSPECT)
             if inspector is None:
                 return StoreStatus([], [])
             pending = await inspector.pending_migrations()

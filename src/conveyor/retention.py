@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from conveyor.backends.protocol import PruneParams
 from conveyor.errors import ConfigurationError
 from conveyor.model import TaskState, check_duration
+from conveyor.records import PruneParams
 
 DAY = 86_400.0
 DEFAULT_SUCCEEDED = 1 * DAY

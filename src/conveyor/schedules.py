@@ -69,9 +69,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from conveyor.backends.protocol import StoredSchedule
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.model import MAX_IDEMPOTENCY_KEY, MAX_SECONDS, check_name
+from conveyor.records import StoredSchedule
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 """The origin of interval slots."""

@@ -35,7 +35,7 @@ from typing import (
 
 from conveyor import payload as codec
 from conveyor import typed
-from conveyor.backends.protocol import NewTask
+from conveyor.backends.params import NewTask
 from conveyor.client import Client
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, PayloadError

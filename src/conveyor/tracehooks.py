@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from conveyor.backends.protocol import ClaimedTask, Completion, Delivery, NewTask
+from conveyor.backends.params import ClaimedTask, Completion, Delivery, NewTask
 from conveyor.model import Message
 
 

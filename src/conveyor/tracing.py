@@ -51,7 +51,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from importlib import metadata
 
-from conveyor.backends.protocol import ClaimedTask, Completion, Delivery, NewTask
+from conveyor.backends.params import ClaimedTask, Completion, Delivery, NewTask
 from conveyor.client import Client
 from conveyor.errors import ConfigurationError
 

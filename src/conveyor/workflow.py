@@ -47,7 +47,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import ClaimedTask, Completion, NewTask, Transition
+from conveyor.backends.params import ClaimedTask, Completion, NewTask, Transition
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, DuplicateTaskError, Fatal
 from conveyor.model import DEFAULT_RETRY, Outcome, RetryPolicy, TaskState

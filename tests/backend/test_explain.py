@@ -17,13 +17,14 @@ import psycopg
 import pytest
 
 from conveyor import Retention
+from conveyor.backends.params import ClaimParams, Completion, EnqueueParams
 from conveyor.backends.postgres import PostgresBackend
 from conveyor.backends.postgres.flow import _prune_args as prune_args
 from conveyor.backends.postgres.reads import IN_INDEX_ORDER, ORDERED_STATEMENTS
 from conveyor.backends.postgres.reads import _summaries_statement as summaries_statement
 from conveyor.backends.postgres.rows import finish_statement
-from conveyor.backends.protocol import ClaimParams, Completion, EnqueueParams, TaskFilter
 from conveyor.model import LeaseToken, Outcome, TaskState
+from conveyor.records import TaskFilter
 from tests.conformance.test_tasks import claim, enqueue, later, new
 
 FINISHED = 100_000

@@ -14,10 +14,11 @@ from dataclasses import replace
 import pytest
 
 from conveyor import payload as codec
+from conveyor.backends.params import Delivery, FinishParams
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.protocol import Delivery, FinishParams, TaskFilter
 from conveyor.errors import BackendError
 from conveyor.model import TaskState
+from conveyor.records import TaskFilter
 from tests.conformance.test_inboxes import NAMES, coroutine, rest
 from tests.conformance.test_tasks import claim, enqueue, later
 

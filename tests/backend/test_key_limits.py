@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import psycopg
 
+from conveyor.backends.params import EnqueueParams
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.protocol import EnqueueParams
 from tests.conformance.test_concurrency_keys import keyed
 from tests.conformance.test_tasks import T0, claim, enqueue, later
 from tests.conftest import PG_URL

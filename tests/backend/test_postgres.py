@@ -13,19 +13,17 @@ import psycopg
 import pytest
 
 from conveyor.backends import sqlfiles
-from conveyor.backends.postgres import PostgresBackend, queries
-from conveyor.backends.protocol import (
+from conveyor.backends.params import (
     Completion,
     EnqueueParams,
     FinishParams,
     HeartbeatParams,
     NewTask,
-    PruneParams,
-    PruneResult,
-    TaskFilter,
 )
+from conveyor.backends.postgres import PostgresBackend, queries
 from conveyor.errors import BackendError, ConfigurationError
 from conveyor.model import Outcome, TaskState
+from conveyor.records import PruneParams, PruneResult, TaskFilter
 from tests.conformance.test_tasks import LEASE, T0, claim, enqueue, later, new
 from tests.conftest import PG_URL
 
@@ -183,8 +181,8 @@ async def test_an_attempt_logged_at_its_claim_is_shown_once_and_closed_by_a_recl
 async def test_one_task_takes_the_single_row_statement(backend: PostgresBackend) -> None:
     """A single enqueue inserts one row of VALUES, not a JSON array of one;
     what it stores is what the many-row statement stores."""
+    from conveyor.backends.params import EnqueueParams
     from conveyor.backends.postgres.rows import enqueue_statement
-    from conveyor.backends.protocol import EnqueueParams
 
     one = new(payload={"a": 1}, priority=3)
     assert enqueue_statement(EnqueueParams(tasks=[one]))[0] == "enqueue_one"
@@ -202,7 +200,7 @@ async def test_a_claim_between_sweeps_leaves_expired_leases_for_a_later_claim(
 ) -> None:
     """A backend searches for expired leases once per sweep interval (a
     worker's poll interval); the claims between those take due work only."""
-    from conveyor.backends.protocol import ClaimParams
+    from conveyor.backends.params import ClaimParams
 
     await enqueue(backend, new())
     [first] = await claim(backend)

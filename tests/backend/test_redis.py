@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import (
+from conveyor.backends.params import (
     ClaimParams,
     Completion,
     Delivery,
@@ -27,17 +27,15 @@ from conveyor.backends.protocol import (
     FinishParams,
     HeartbeatParams,
     NewTask,
-    PruneParams,
     ScheduleSync,
     SendParams,
-    TaskFilter,
-    WorkerInfo,
     WorkFilter,
 )
 from conveyor.backends.redis import RedisBackend, keys, rows
 from conveyor.backends.redis.scripts import OPERATIONS
 from conveyor.errors import BackendError, ConfigurationError, TaskNotFoundError
 from conveyor.model import Outcome, PauseKind, TaskState
+from conveyor.records import PruneParams, TaskFilter, WorkerInfo
 from tests.conformance.test_inboxes import coroutine, rest
 from tests.conformance.test_schedules import SCHEDULE
 from tests.conformance.test_tasks import LEASE, T0, claim, enqueue, later, new, success

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.backends.protocol import EnqueueParams, FinishParams
+from conveyor.backends.params import EnqueueParams, FinishParams
 from conveyor.backends.redis import RedisBackend
 from conveyor.backends.redis.persistence import Persistence
 from conveyor.errors import BackendUnavailableError

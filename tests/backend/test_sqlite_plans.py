@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from conveyor.backends.protocol import TaskFilter
 from conveyor.backends.sqlite import SQLiteBackend
 from conveyor.backends.sqlite.backend import SQL
 from conveyor.backends.sqlite.reads import _summaries_statement as summaries_statement
 from conveyor.model import TaskState
+from conveyor.records import TaskFilter
 
 FINISHED = 100_000
 PENDING = 5_000

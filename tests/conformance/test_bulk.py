@@ -12,16 +12,11 @@ from dataclasses import replace
 
 import pytest
 
-from conveyor.backends.protocol import (
-    Backend,
-    CancelMany,
-    Completion,
-    DeleteMany,
-    FinishParams,
-    RetryMany,
-)
+from conveyor.backends.params import Completion, FinishParams
+from conveyor.backends.protocol import Backend
 from conveyor.errors import ConfigurationError
 from conveyor.model import Outcome, TaskState
+from conveyor.records import CancelMany, DeleteMany, RetryMany
 from tests.conformance.test_controls import fail_all
 from tests.conformance.test_inboxes import coroutine
 from tests.conformance.test_tasks import claim, enqueue, later, new

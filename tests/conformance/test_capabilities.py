@@ -6,20 +6,16 @@ import pytest
 
 import conveyor
 from conveyor.backends import Backend
-from conveyor.backends.protocol import (
+from conveyor.backends.capabilities import (
     AttemptTransactions,
-    Capability,
     HandOffs,
     Inspector,
     TransactionalEnqueue,
     Turns,
     Vacuums,
-    attempt_transactions_of,
-    handoffs_of,
-    inspector_of,
-    transactional_of,
-    turns_of,
+    capability_of,
 )
+from conveyor.backends.protocol import Capability
 
 EXPECTED = {
     "PostgresBackend": {
@@ -61,17 +57,35 @@ def test_a_backend_implements_exactly_the_optional_protocols_it_declares(
     assert isinstance(backend, Backend)
     for capability, protocol in PROTOCOLS.items():
         assert isinstance(backend, protocol) == (capability in backend.capabilities), capability
-    assert (transactional_of(backend) is not None) == isinstance(backend, TransactionalEnqueue)
-    assert (attempt_transactions_of(backend) is not None) == isinstance(
+    assert (capability_of(backend, Capability.TRANSACTIONAL_ENQUEUE) is not None) == isinstance(
+        backend, TransactionalEnqueue
+    )
+    assert (capability_of(backend, Capability.ATTEMPT_TRANSACTION) is not None) == isinstance(
         backend, AttemptTransactions
     )
-    assert (inspector_of(backend) is not None) == isinstance(backend, Inspector)
-    assert (turns_of(backend) is not None) == isinstance(backend, Turns)
-    assert (handoffs_of(backend) is not None) == isinstance(backend, HandOffs)
+    assert (capability_of(backend, Capability.INSPECT) is not None) == isinstance(
+        backend, Inspector
+    )
+    assert (capability_of(backend, Capability.TURNS) is not None) == isinstance(backend, Turns)
+    assert (capability_of(backend, Capability.HANDOFF) is not None) == isinstance(backend, HandOffs)
+    assert (capability_of(backend, Capability.VACUUM) is not None) == isinstance(backend, Vacuums)
+
+
+def test_a_capability_declared_without_its_methods_is_refused(backend: Backend) -> None:
+    """The lookup trusts no declaration: a backend that claims a capability
+    whose protocol it does not implement is a TypeError, never a half-built
+    capability handed on."""
+    backend.capabilities = backend.capabilities | set(PROTOCOLS)
+    for capability, protocol in PROTOCOLS.items():
+        if isinstance(backend, protocol):
+            assert capability_of(backend, capability) is backend
+        else:
+            with pytest.raises(TypeError, match=f"declares {capability.value} without"):
+                capability_of(backend, capability)
 
 
 async def test_attempt_transactions_open_and_roll_back(backend: Backend) -> None:
-    transactions = attempt_transactions_of(backend)
+    transactions = capability_of(backend, Capability.ATTEMPT_TRANSACTION)
     if transactions is None:
         assert not hasattr(backend, "begin_attempt_transaction")
         return

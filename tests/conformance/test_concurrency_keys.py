@@ -9,14 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from conveyor.backends.protocol import (
-    Backend,
-    ClaimParams,
-    Completion,
-    ErrorInfo,
-    FinishParams,
-    NewTask,
-)
+from conveyor.backends.params import ClaimParams, Completion, ErrorInfo, FinishParams, NewTask
+from conveyor.backends.protocol import Backend
 from conveyor.model import Outcome, PauseKind, TaskState
 from tests.conformance.test_tasks import LEASE, claim, enqueue, later, new, success
 

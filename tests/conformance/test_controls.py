@@ -7,15 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from conveyor.backends.protocol import (
-    Backend,
-    Completion,
-    ErrorInfo,
-    FinishParams,
-    RetryMany,
-)
+from conveyor.backends.params import Completion, ErrorInfo, FinishParams
+from conveyor.backends.protocol import Backend
 from conveyor.errors import ConfigurationError, InvalidTransitionError, TaskNotFoundError
 from conveyor.model import Outcome, TaskState
+from conveyor.records import RetryMany
 from tests.conformance.test_inboxes import coroutine
 from tests.conformance.test_tasks import claim, enqueue, later, new
 

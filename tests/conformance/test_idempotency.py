@@ -13,17 +13,11 @@ import pytest
 
 from conveyor import payload as codec
 from conveyor.backends import backend_from_url
-from conveyor.backends.protocol import (
-    Backend,
-    Delivery,
-    EnqueueParams,
-    FinishParams,
-    NewTask,
-    SendParams,
-    TaskFilter,
-)
+from conveyor.backends.params import Delivery, EnqueueParams, FinishParams, NewTask, SendParams
+from conveyor.backends.protocol import Backend
 from conveyor.errors import TaskFinishedError
 from conveyor.model import TaskState
+from conveyor.records import TaskFilter
 from tests.conformance.test_inboxes import claim_one, coroutine, rest
 from tests.conformance.test_tasks import claim, enqueue, later, new, success
 from tests.conftest import backend_url, schema_for

@@ -16,9 +16,7 @@ import pytest
 from psycopg import sql
 
 from conveyor import payload as codec
-from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.protocol import (
-    Backend,
+from conveyor.backends.params import (
     ClaimedTask,
     ClaimParams,
     Completion,
@@ -31,6 +29,8 @@ from conveyor.backends.protocol import (
     SendParams,
     Transition,
 )
+from conveyor.backends.postgres import PostgresBackend
+from conveyor.backends.protocol import Backend
 from conveyor.errors import NoInboxError, TaskFinishedError, TaskNotFoundError
 from conveyor.model import MessageKind, Outcome, RetryPolicy, TaskState
 from tests.conformance.test_tasks import LEASE, T0, claim, enqueue, later, new, success
@@ -326,7 +326,7 @@ async def test_cancelling_a_parent_cancels_its_live_children(backend: Backend) -
 
 
 async def _all(backend: Backend) -> list:  # type: ignore[type-arg]
-    from conveyor.backends.protocol import TaskFilter
+    from conveyor.records import TaskFilter
 
     return sorted(await backend.list_tasks(TaskFilter(limit=1000)), key=lambda t: t.id)
 

@@ -9,28 +9,25 @@ from datetime import datetime
 import pytest
 
 from conveyor.backends import Backend
-from conveyor.backends.protocol import (
+from conveyor.backends.capabilities import Inspector, capability_of
+from conveyor.backends.params import ClaimParams, Completion, ErrorInfo, FinishParams
+from conveyor.backends.protocol import Capability
+from conveyor.errors import ConfigurationError
+from conveyor.model import Attempt, Outcome, Task, TaskState
+from conveyor.records import (
     SUMMARY_ERROR_CHARS,
     ActivityBucket,
-    ClaimParams,
-    Completion,
-    ErrorInfo,
-    FinishParams,
-    Inspector,
     LastError,
     QueueBacklog,
     TaskCount,
     TaskFilter,
     TaskSummary,
-    inspector_of,
 )
-from conveyor.errors import ConfigurationError
-from conveyor.model import Attempt, Outcome, Task, TaskState
 from tests.conformance.test_tasks import T0, claim, enqueue, later, new, success
 
 
 def _inspector(backend: Backend) -> Inspector:
-    found = inspector_of(backend)
+    found = capability_of(backend, Capability.INSPECT)
     assert found is not None, "every backend reads for the CLI and dashboards"
     return found
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.backends.protocol import Backend, FinishParams, WorkFilter
+from conveyor.backends.params import FinishParams, WorkFilter
+from conveyor.backends.protocol import Backend
 from conveyor.errors import ConfigurationError
 from conveyor.model import PauseKind, TaskState
 from tests.conformance.test_tasks import LEASE, claim, enqueue, later, new, success

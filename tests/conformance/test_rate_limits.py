@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conveyor.backends.protocol import Backend, FinishParams, NewTask
+from conveyor.backends.params import FinishParams, NewTask
+from conveyor.backends.protocol import Backend
 from tests.conformance.test_tasks import claim, enqueue, later, new, success
 
 

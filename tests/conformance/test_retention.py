@@ -9,15 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from conveyor.backends.protocol import (
-    Backend,
-    FinishParams,
-    PruneParams,
-    PruneResult,
-    WorkerInfo,
-)
+from conveyor.backends.params import FinishParams
+from conveyor.backends.protocol import Backend
 from conveyor.errors import ConfigurationError
 from conveyor.model import TaskState
+from conveyor.records import PruneParams, PruneResult, WorkerInfo
 from tests.conformance.test_inboxes import coroutine, send
 from tests.conformance.test_tasks import claim, enqueue, later, new, success
 

@@ -9,14 +9,9 @@ import asyncio
 from dataclasses import replace
 from datetime import timedelta
 
-from conveyor.backends.protocol import (
-    RELEASE_LIFETIME,
-    Backend,
-    FireParams,
-    ScheduleSync,
-    StoredSchedule,
-    release_of,
-)
+from conveyor.backends.params import RELEASE_LIFETIME, FireParams, ScheduleSync, release_of
+from conveyor.backends.protocol import Backend
+from conveyor.records import StoredSchedule
 from tests.conformance.test_tasks import later, new
 
 SCHEDULE = StoredSchedule(

@@ -121,8 +121,8 @@ from hypothesis.stateful import (
 
 from conveyor import payload as codec
 from conveyor.backends import Backend, backend_from_url
-from conveyor.backends.protocol import (
-    CancelMany,
+from conveyor.backends.capabilities import Inspector, capability_of
+from conveyor.backends.params import (
     ClaimedTask,
     ClaimParams,
     Completion,
@@ -133,18 +133,13 @@ from conveyor.backends.protocol import (
     FinishParams,
     FireParams,
     HeartbeatParams,
-    Inspector,
     NewTask,
-    PruneParams,
-    RetryMany,
     ScheduleSync,
     SendParams,
-    StoredSchedule,
-    TaskFilter,
     Transition,
     WorkFilter,
-    inspector_of,
 )
+from conveyor.backends.protocol import Capability
 from conveyor.errors import ConveyorError, TaskExistsError
 from conveyor.model import (
     STATE_CHANGES,
@@ -158,6 +153,7 @@ from conveyor.model import (
     Task,
     TaskState,
 )
+from conveyor.records import CancelMany, PruneParams, RetryMany, StoredSchedule, TaskFilter
 from tests.conftest import backend_url
 
 T = TypeVar("T")
@@ -1376,7 +1372,7 @@ class BackendAgreement(RuleBasedStateMachine):
 
     @staticmethod
     def inspector(backend: Backend) -> Inspector:
-        found = inspector_of(backend)
+        found = capability_of(backend, Capability.INSPECT)
         assert found is not None, f"{backend!r} has no read side"
         return found
 

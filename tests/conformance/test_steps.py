@@ -10,8 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import (
-    Backend,
+from conveyor.backends.params import (
     Completion,
     EnqueueParams,
     FinishParams,
@@ -19,6 +18,7 @@ from conveyor.backends.protocol import (
     NewTask,
     Transition,
 )
+from conveyor.backends.protocol import Backend
 from conveyor.model import LeaseToken, Outcome, RetryPolicy, TaskState
 from tests.conformance.test_tasks import LEASE, T0, claim, later
 

@@ -13,7 +13,8 @@ import redis.asyncio as aioredis
 from psycopg import sql
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import Backend, ClaimParams, EnqueueParams, NewTask
+from conveyor.backends.params import ClaimParams, EnqueueParams, NewTask
+from conveyor.backends.protocol import Backend
 from conveyor.backends.redis import keys
 from conveyor.backends.stored import (
     CANCELLED_MEANWHILE,

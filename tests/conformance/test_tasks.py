@@ -13,8 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import (
-    Backend,
+from conveyor.backends.params import (
     ClaimParams,
     Completion,
     EnqueueParams,
@@ -22,13 +21,12 @@ from conveyor.backends.protocol import (
     FinishParams,
     HeartbeatParams,
     NewTask,
-    PruneParams,
-    TaskFilter,
-    WorkerInfo,
     WorkFilter,
 )
+from conveyor.backends.protocol import Backend
 from conveyor.errors import InvalidTransitionError, TaskNotFoundError
 from conveyor.model import LeaseToken, Outcome, RetryPolicy, TaskState
+from conveyor.records import PruneParams, TaskFilter, WorkerInfo
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 LEASE = 10.0

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conveyor.backends.protocol import Backend, Delivery, NewTask, SendParams
+from conveyor.backends.params import Delivery, NewTask, SendParams
+from conveyor.backends.protocol import Backend
 from conveyor.model import TaskState
 from tests.conformance.test_inboxes import claim_one, coroutine, finish, rest
 from tests.conformance.test_tasks import T0, claim, enqueue, later, new

@@ -16,9 +16,12 @@ import psycopg
 import pytest
 
 from conveyor.backends import Backend
-from conveyor.backends.protocol import EnqueueParams, TaskFilter, transactional_of
+from conveyor.backends.capabilities import capability_of
+from conveyor.backends.params import EnqueueParams
+from conveyor.backends.protocol import Capability
 from conveyor.backends.sqlite import SQLiteBackend
 from conveyor.errors import ConfigurationError
+from conveyor.records import TaskFilter
 from tests.conformance.test_tasks import T0, claim, new
 from tests.conftest import PG_URL
 
@@ -37,7 +40,7 @@ def native_connection(backend: Backend) -> Iterator[Any]:
 async def test_a_task_enqueued_in_a_rolled_back_transaction_never_exists(
     backend: Backend,
 ) -> None:
-    transactional = transactional_of(backend)
+    transactional = capability_of(backend, Capability.TRANSACTIONAL_ENQUEUE)
     if transactional is None:
         assert not hasattr(backend, "enqueue_in_sync")
         return

@@ -8,16 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from conveyor.backends.protocol import (
-    Backend,
-    EnqueueParams,
-    FinishParams,
-    NewTask,
-    TaskFilter,
-    WorkFilter,
-)
+from conveyor.backends.params import EnqueueParams, FinishParams, NewTask, WorkFilter
+from conveyor.backends.protocol import Backend
 from conveyor.errors import TaskExistsError
 from conveyor.model import TaskState
+from conveyor.records import TaskFilter
 from tests.conformance.test_tasks import claim, enqueue, later, new, success
 
 

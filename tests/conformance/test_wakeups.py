@@ -17,8 +17,7 @@ from dataclasses import replace
 import pytest
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import (
-    Backend,
+from conveyor.backends.params import (
     CancelHint,
     Completion,
     FinishParams,
@@ -26,6 +25,7 @@ from conveyor.backends.protocol import (
     Transition,
     Wakeup,
 )
+from conveyor.backends.protocol import Backend
 from conveyor.model import Outcome, RetryPolicy, TaskState
 from tests.conformance.test_tasks import claim, enqueue, later, new
 

@@ -9,8 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from conveyor import payload as codec
 from conveyor.app import App
-from conveyor.backends.protocol import (
-    Backend,
+from conveyor.backends.params import (
     ClaimParams,
     Completion,
     Delivery,
@@ -20,9 +19,10 @@ from conveyor.backends.protocol import (
     NewTask,
     SendParams,
     Transition,
-    WorkerInfo,
 )
+from conveyor.backends.protocol import Backend
 from conveyor.model import Outcome, RetryPolicy, TaskState
+from conveyor.records import WorkerInfo
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "app.py", line 3\nValueError: <bad> card'
 

@@ -11,13 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 import conveyor
-from conveyor.backends.protocol import (
-    ClaimParams,
-    Completion,
-    EnqueueParams,
-    ErrorInfo,
-    FinishParams,
-)
+from conveyor.backends.params import ClaimParams, Completion, EnqueueParams, ErrorInfo, FinishParams
 from conveyor.dashboard import create_app
 from conveyor.model import Outcome, TaskState
 from tests.dashboard.seed import Seeded, new

@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import conveyor
-from conveyor.backends.protocol import ClaimParams, Completion
+from conveyor.backends.params import ClaimParams, Completion
 from conveyor.model import Task
 from conveyor.worker import outcomes
 

@@ -164,7 +164,7 @@ async def test_a_worker_sweeps_once_per_poll_interval(tmp_path: Path) -> None:
 async def test_a_failed_sweeping_claim_leaves_the_sweep_to_the_next_claim(
     tmp_path: Path,
 ) -> None:
-    from conveyor.backends.protocol import ClaimParams
+    from conveyor.backends.params import ClaimParams
     from conveyor.backends.sqlite import SQLiteBackend
 
     backend = SQLiteBackend(str(tmp_path / "tasks.db"), sweep_interval=3600)

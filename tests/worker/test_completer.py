@@ -10,9 +10,7 @@ from typing import cast
 import pytest
 
 import conveyor
-from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.protocol import (
-    Backend,
+from conveyor.backends.params import (
     ClaimedTask,
     ClaimParams,
     Completion,
@@ -23,6 +21,8 @@ from conveyor.backends.protocol import (
     HeartbeatResult,
     NewTask,
 )
+from conveyor.backends.postgres import PostgresBackend
+from conveyor.backends.protocol import Backend
 from conveyor.errors import BackendUnavailableError
 from conveyor.model import Outcome, RetryPolicy, TaskState
 from conveyor.worker import completer as completer_module

@@ -11,7 +11,7 @@ import pytest
 
 import conveyor
 from conveyor import Concurrency, TaskState
-from conveyor.backends.protocol import ClaimParams
+from conveyor.backends.params import ClaimParams
 from conveyor.errors import ConfigurationError
 from tests.worker.helpers import RunningWorker, wait_terminal
 

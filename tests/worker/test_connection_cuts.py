@@ -20,7 +20,7 @@ import pytest
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskContext, TaskState
-from conveyor.backends.protocol import HeartbeatParams, HeartbeatResult
+from conveyor.backends.params import HeartbeatParams, HeartbeatResult
 from conveyor.model import LeaseToken
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal

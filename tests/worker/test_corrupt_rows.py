@@ -25,8 +25,8 @@ from starlette.testclient import TestClient
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskState
+from conveyor.backends.params import ClaimParams
 from conveyor.backends.postgres import queries as pg_queries
-from conveyor.backends.protocol import ClaimParams
 from conveyor.backends.redis import keys as redis_keys
 from conveyor.backends.sqlfiles import migrations as sql_migrations
 from conveyor.backends.sqlite import migrate as sqlite_migrate

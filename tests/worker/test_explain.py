@@ -13,8 +13,9 @@ import pytest
 
 import conveyor
 from conveyor import Concurrency, RateLimit, RetryPolicy
-from conveyor.backends.protocol import ClaimParams, WorkerInfo
+from conveyor.backends.params import ClaimParams
 from conveyor.errors import Snooze
+from conveyor.records import WorkerInfo
 from tests.cli_harness import Cli
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 

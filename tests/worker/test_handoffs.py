@@ -14,9 +14,9 @@ import pytest
 
 import conveyor
 from conveyor import TaskState
+from conveyor.backends.params import ClaimedTask, HandOff, HandOffsHeard, OfferParams
 from conveyor.backends.postgres import handoffs
 from conveyor.backends.postgres.backend import PostgresBackend
-from conveyor.backends.protocol import ClaimedTask, HandOff, HandOffsHeard, OfferParams
 from conveyor.worker.outage import Outage
 from conveyor.worker.standby import ADOPT_AFTER, HEAR_WITHIN, Standby
 from tests.conftest import PG_URL

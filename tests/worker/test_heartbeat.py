@@ -16,9 +16,10 @@ import pytest
 
 import conveyor
 from conveyor import RetryPolicy, TaskState
+from conveyor.backends.params import HeartbeatResult
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.protocol import HeartbeatResult, WorkerInfo
 from conveyor.model import LeaseToken
+from conveyor.records import WorkerInfo
 from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
 from tests.worker.helpers import RunningWorker, wait_terminal
 

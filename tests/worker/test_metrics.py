@@ -17,9 +17,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import conveyor
-from conveyor.backends.protocol import WorkerInfo
 from conveyor.metrics import Metrics, StoreMetrics
 from conveyor.model import RetryPolicy
+from conveyor.records import WorkerInfo
 from tests.cli_harness import ROOT, Cli
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 from tools.redis_server import free_port

@@ -17,7 +17,7 @@ import pytest
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskContext, TaskState
-from conveyor.backends.protocol import ClaimParams
+from conveyor.backends.params import ClaimParams
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 
 LONG_POLL = 60.0

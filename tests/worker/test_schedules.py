@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import conveyor
-from conveyor.backends.protocol import RELEASE_LIFETIME, ScheduleSync
+from conveyor.backends.params import RELEASE_LIFETIME, ScheduleSync
 from conveyor.errors import ConfigurationError, PayloadError
 from conveyor.worker.scheduler import RELEASE_REFRESH, RESYNC_SLEEP, Scheduler, stored
 from tests.worker.helpers import RunningWorker

@@ -20,9 +20,9 @@ import pytest
 from psycopg import sql
 
 import conveyor
-from conveyor.backends.protocol import PruneParams
 from conveyor.errors import BackendUnavailableError
 from conveyor.model import Outcome, TaskState
+from conveyor.records import PruneParams
 from tests.conftest import PG_URL, backend_url, schema_for
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 from tools.redis_server import RedisServer

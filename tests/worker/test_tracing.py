@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import conveyor
 from conveyor import Poll, RetryPolicy, TaskContext, TaskState
-from conveyor.backends.protocol import ClaimedTask, ClaimParams
+from conveyor.backends.params import ClaimedTask, ClaimParams
 from conveyor.client import ENQUEUE_CHUNK
 from conveyor.testing import drain_async
 from conveyor.tracing import MAX_TRACE_CHARS, Tracing, carrier, stored_context

@@ -13,7 +13,7 @@ import pytest
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskContext, TaskState
-from conveyor.backends.protocol import FinishParams
+from conveyor.backends.params import FinishParams
 from tests.apps import cpu
 from tests.worker.helpers import (
     RunningWorker,

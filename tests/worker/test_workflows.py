@@ -10,7 +10,7 @@ import pytest
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskContext, TaskState
-from conveyor.backends.protocol import EnqueueParams, FinishParams
+from conveyor.backends.params import EnqueueParams, FinishParams
 from tests.worker.helpers import RunningWorker, listening, run_all, steal, wait_for
 
 FAST = RetryPolicy(max_attempts=2, initial_interval=0.01, max_interval=0.01, jitter=0)

@@ -22,15 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import (
-    ActivityBucket,
-    ClaimedTask,
-    Completion,
-    ErrorInfo,
-    StoredSchedule,
-    TaskSummary,
-    last_error_of,
-)
+from conveyor.backends.params import ClaimedTask, Completion, ErrorInfo
 from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
@@ -50,6 +42,7 @@ from conveyor.model import (
     Task,
     TaskState,
 )
+from conveyor.records import ActivityBucket, StoredSchedule, TaskSummary, last_error_of
 
 log = logging.getLogger("conveyor.backends")
 

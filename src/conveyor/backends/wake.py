@@ -4,7 +4,7 @@ Backends without a server-side notification channel (SQLite, memory) use
 this registry, keyed by what identifies their store (a database file, a
 store name). ``notify`` may be called from any thread; every subscription
 gets the queue name on its own event loop, and ``notify_cancel`` a
-:class:`~conveyor.backends.protocol.CancelHint`. A wake-up is a hint: a
+:class:`~conveyor.backends.params.CancelHint`. A wake-up is a hint: a
 worker that misses one still finds the work at its next poll, and the
 cancel at its next heartbeat.
 """
@@ -16,7 +16,7 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
 
-from conveyor.backends.protocol import CancelHint, Wakeup
+from conveyor.backends.params import CancelHint, Wakeup
 
 _subscriptions: dict[str, set[Subscription]] = {}
 _lock = threading.Lock()

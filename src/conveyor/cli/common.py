@@ -29,7 +29,6 @@ import click
 from rich.console import Console
 
 from conveyor.app import App
-from conveyor.backends.protocol import WorkerInfo
 from conveyor.cli.text import shown
 from conveyor.errors import (
     BackendUnavailableError,
@@ -38,6 +37,7 @@ from conveyor.errors import (
     StoreNotReadyError,
 )
 from conveyor.model import TaskState, parse_task_id
+from conveyor.records import WorkerInfo
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")

@@ -12,7 +12,6 @@ import click
 from rich.progress import Progress
 
 from conveyor.app import App
-from conveyor.backends.protocol import TaskSummary
 from conveyor.cli.common import (
     APP_ENV,
     TASK_ID,
@@ -34,6 +33,7 @@ from conveyor.controls import CANCELLABLE
 from conveyor.errors import ConveyorError, InvalidTransitionError, TaskNotFoundError
 from conveyor.model import RetryPolicy, TaskState
 from conveyor.options import EnqueueOptions
+from conveyor.records import TaskSummary
 
 PAGE = 500
 """Tasks read per page when a bulk command selects them by filter."""

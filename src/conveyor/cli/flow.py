@@ -10,7 +10,6 @@ import click
 from rich.table import Table
 
 from conveyor.app import App
-from conveyor.backends.protocol import StoredSchedule
 from conveyor.cli.common import (
     backend_options,
     console,
@@ -24,6 +23,7 @@ from conveyor.cli.text import plain, shown
 from conveyor.durations import relative, span
 from conveyor.errors import ConveyorError
 from conveyor.model import Task
+from conveyor.records import StoredSchedule
 from conveyor.retention import Retention
 from conveyor.schedules import next_stored_slot
 

@@ -12,7 +12,6 @@ import click
 from rich.table import Table
 
 from conveyor.app import App
-from conveyor.backends.protocol import TaskSummary, WorkerInfo
 from conveyor.cli.common import (
     EXIT_ERROR,
     TASK_ID,
@@ -33,6 +32,7 @@ from conveyor.cli.text import line, plain
 from conveyor.durations import relative
 from conveyor.errors import ConveyorError
 from conveyor.model import Task, TaskState
+from conveyor.records import TaskSummary, WorkerInfo
 
 
 def _due(task: TaskSummary, now: datetime) -> str:

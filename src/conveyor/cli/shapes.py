@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.protocol import StoredSchedule, TaskSummary, WorkerInfo
 from conveyor.cli.common import iso
 from conveyor.model import Attempt, Message, Pause, Task, TaskState
+from conveyor.records import StoredSchedule, TaskSummary, WorkerInfo
 
 WAITS = (TaskState.PENDING, TaskState.WAITING)
 

@@ -23,12 +23,12 @@ from rich.live import Live
 from rich.table import Table
 
 from conveyor.app import App
-from conveyor.backends.protocol import QueueBacklog, WorkerInfo
 from conveyor.cli.common import backend_options, console, fail, open_client
 from conveyor.cli.text import line, plain
 from conveyor.durations import relative, span
 from conveyor.errors import ConveyorError
 from conveyor.model import TaskState
+from conveyor.records import QueueBacklog, WorkerInfo
 
 
 @dataclass

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conveyor import durations
-from conveyor.backends.protocol import ActivityBucket
+from conveyor.records import ActivityBucket
 
 SHOWN_BYTES = 64 * 1024
 """The most of a payload, result or message body a page shows."""

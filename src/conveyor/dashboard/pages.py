@@ -12,13 +12,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from conveyor.backends.protocol import TaskFilter, TaskSummary
 from conveyor.dashboard import format
 from conveyor.dashboard.hosts import local_redirect
 from conveyor.dashboard.state import dashboard_of
 from conveyor.errors import ConfigurationError
 from conveyor.model import PauseKind, Task, TaskState, parse_task_id
 from conveyor.overview import Overview
+from conveyor.records import TaskFilter, TaskSummary
 from conveyor.schedules import next_stored_slot
 
 CHILDREN_SHOWN = 20

@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import AttemptTransaction, ClaimedTask, Completion
+from conveyor.backends.capabilities import AttemptTransaction
+from conveyor.backends.params import ClaimedTask, Completion
 from conveyor.context import TaskContext
 from conveyor.coroutine import Coroutine, PollEnd
 from conveyor.errors import (

@@ -2,7 +2,7 @@
 
 A cancel of a running task only flags it in the store; its worker learns of
 it from its next heartbeat (a third of a lease later, 10 s by default) or,
-much sooner, from a :class:`~conveyor.backends.protocol.CancelHint` on the
+much sooner, from a :class:`~conveyor.backends.params.CancelHint` on the
 wake-up channel (PostgreSQL: NOTIFY on the cancel channel; SQLite: at once
 in the cancelling process, and within ~10 ms in the others; memory: at
 once). A hint is only a hint: this component asks the store which of the

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from conveyor.backends.protocol import ClaimedTask
+from conveyor.backends.params import ClaimedTask
 
 MAX_IN_FLIGHT = 2
 RETRY_MIN = 0.1

@@ -38,14 +38,14 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from conveyor.backends.protocol import (
-    Backend,
+from conveyor.backends.params import (
     ClaimedTask,
     Completion,
     FinishParams,
     FinishResult,
     HeartbeatParams,
 )
+from conveyor.backends.protocol import Backend
 from conveyor.errors import BackendUnavailableError
 from conveyor.model import LeaseToken
 from conveyor.worker import outcomes

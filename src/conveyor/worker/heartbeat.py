@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from conveyor.backends.protocol import Backend, HeartbeatParams, HeartbeatResult
+from conveyor.backends.params import HeartbeatParams, HeartbeatResult
+from conveyor.backends.protocol import Backend
 from conveyor.errors import BackendUnavailableError
 from conveyor.model import LeaseToken
 from conveyor.worker.config import beat_interval

@@ -7,7 +7,7 @@ grow with the error) and never trusts ``str(exc)`` to work.
 
 from __future__ import annotations
 
-from conveyor.backends.protocol import ClaimedTask, Completion, ErrorInfo
+from conveyor.backends.params import ClaimedTask, Completion, ErrorInfo
 from conveyor.errors import Fatal, PayloadError, PayloadTooLargeError, Retry, Snooze
 from conveyor.model import Outcome, TaskState, error_types
 from conveyor.worker.executors import RemoteError

@@ -4,7 +4,7 @@ does not keep.
 Every worker runs a :class:`Pruner` unless its config says
 ``retention=None``. After each prune it vacuums the store's tables if the
 store needs it and its server will not (PostgreSQL with autovacuum off:
-see :class:`~conveyor.backends.protocol.Vacuums`). On PostgreSQL one
+see :class:`~conveyor.backends.capabilities.Vacuums`). On PostgreSQL one
 worker at a time prunes (the others find the batch ``busy`` and wait for
 their next turn).
 
@@ -33,7 +33,9 @@ import logging
 import random
 from datetime import UTC, datetime
 
-from conveyor.backends.protocol import Backend, PruneResult, vacuums_of
+from conveyor.backends.capabilities import capability_of
+from conveyor.backends.protocol import Backend, Capability
+from conveyor.records import PruneResult
 from conveyor.retention import Retention
 from conveyor.worker.stopping import Background
 from conveyor.worker.texts import reason
@@ -117,8 +119,8 @@ class Pruner(Background):
 
     async def _vacuum(self) -> None:
         """Vacuum what the store needs and its server will not (see
-        :class:`~conveyor.backends.protocol.Vacuums`)."""
-        vacuums = vacuums_of(self.backend)
+        :class:`~conveyor.backends.capabilities.Vacuums`)."""
+        vacuums = capability_of(self.backend, Capability.VACUUM)
         if vacuums is not None:
             vacuumed = await vacuums.vacuum()
             if vacuumed:

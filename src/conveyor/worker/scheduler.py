@@ -1,7 +1,7 @@
 """The worker's scheduler: fires its app's periodic schedules.
 
 At start the worker syncs its app's schedules to the store as one release
-(:class:`~conveyor.backends.protocol.ScheduleSync`): a new one starts from
+(:class:`~conveyor.backends.params.ScheduleSync`): a new one starts from
 that moment; removed ones of its task names are deleted, so they stop
 firing everywhere once a worker with the new code starts. Then it wakes at
 each schedule's next slot, computes the due slots from the stored last slot
@@ -32,14 +32,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
-from conveyor.backends.protocol import (
-    Backend,
-    FireParams,
-    ScheduleSync,
-    StoredSchedule,
-)
+from conveyor.backends.params import FireParams, ScheduleSync
+from conveyor.backends.protocol import Backend
 from conveyor.events import EventBus, ScheduleFired
 from conveyor.options import EnqueueOptions
+from conveyor.records import StoredSchedule
 from conveyor.schedules import Schedule
 from conveyor.task import TaskDef
 from conveyor.worker.stopping import Background

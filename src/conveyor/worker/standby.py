@@ -5,7 +5,7 @@ enqueue's, then the claim's. Where the store has hand-offs
 (``Capability.HANDOFF``, PostgreSQL), an idle worker offers some of its
 free slots instead, and an enqueue of one task due now leases the task to
 it in the enqueue's own commit and tells it on a channel of its own (see
-:class:`~conveyor.backends.protocol.HandOffs`): one commit, and no round
+:class:`~conveyor.backends.capabilities.HandOffs`): one commit, and no round
 trip between the notice and the start.
 
 How the worker keeps its slots:
@@ -53,13 +53,8 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from conveyor.backends.protocol import (
-    ClaimedTask,
-    HandOff,
-    HandOffs,
-    HandOffsHeard,
-    OfferParams,
-)
+from conveyor.backends.capabilities import HandOffs
+from conveyor.backends.params import ClaimedTask, HandOff, HandOffsHeard, OfferParams
 from conveyor.worker.config import beat_interval
 from conveyor.worker.outage import Outage
 from conveyor.worker.texts import reason

@@ -5,7 +5,7 @@ each answered with a claim, every enqueued task would cost one claim per
 worker, all but one of them finding nothing, and a fleet of idle workers
 would load the database more than the work does. So the workers of one kind
 (the same queues and task names) on one store take turns, at a lock of the
-store (:class:`~conveyor.backends.protocol.TurnLock`):
+store (:class:`~conveyor.backends.capabilities.TurnLock`):
 
 - **The worker that holds the turn answers wake-ups** with a claim; the
   others let them pass. Taking the turn is itself answered with a claim,
@@ -35,7 +35,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from conveyor.backends.protocol import TurnLock
+from conveyor.backends.capabilities import TurnLock
 from conveyor.worker.stopping import cancel_and_wait
 from conveyor.worker.texts import reason
 

@@ -25,23 +25,18 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
-from conveyor.backends.protocol import (
-    AttemptTransaction,
-    Backend,
+from conveyor.backends.capabilities import AttemptTransaction, capability_of
+from conveyor.backends.params import (
     CancelHint,
-    Capability,
     ClaimedTask,
     ClaimParams,
     Completion,
     HandOff,
     HandOffsHeard,
     HeartbeatResult,
-    WorkerInfo,
     WorkFilter,
-    attempt_transactions_of,
-    handoffs_of,
-    turns_of,
 )
+from conveyor.backends.protocol import Backend, Capability
 from conveyor.client import Client
 from conveyor.context import TaskContext
 from conveyor.coroutine import Coroutine as CoroutineTask
@@ -60,6 +55,7 @@ from conveyor.events import (
     LeaseRenewed,
 )
 from conveyor.model import LeaseToken, Message, Outcome, TaskState
+from conveyor.records import WorkerInfo
 from conveyor.schedules import Schedule
 from conveyor.task import TaskDef
 from conveyor.worker import outcomes
@@ -260,7 +256,7 @@ class Worker:
             timeout=self.config.lease,
             outage=self.outage,
         )
-        transactions = attempt_transactions_of(backend)
+        transactions = capability_of(backend, Capability.ATTEMPT_TRANSACTION)
         if transactions is not None:
             self._open_transaction = functools.partial(
                 transactions.begin_attempt_transaction, self.id
@@ -432,7 +428,7 @@ class Worker:
 
     def _take_turns(self, backend: Backend) -> None:
         """Join the wake-up turns of this worker's kind, where the store has them."""
-        turns = turns_of(backend)
+        turns = capability_of(backend, Capability.TURNS)
         if turns is None or not self.config.wakeup_turns or not self.names:
             return
         self.turn = Turn(turns.turn_lock(worker_kind(self.queues, self.names)), self._hint)
@@ -445,7 +441,7 @@ class Worker:
 
     def _stand_by(self, backend: Backend) -> None:
         """Offer idle slots to enqueues, where the store has hand-offs."""
-        store = handoffs_of(backend)
+        store = capability_of(backend, Capability.HANDOFF)
         config = self.config
         if store is None or not config.handoffs or config.burst or not self.names:
             return

@@ -20,38 +20,40 @@ from conveyor.backends import wake
 from conveyor.backends.memory import keys as concurrency_keys
 from conveyor.backends.memory import reads, retention, schedules
 from conveyor.backends.memory.store import Store
-from conveyor.backends.protocol import (
-    ActivityBucket,
-    CancelMany,
-    Capability,
+from conveyor.backends.params import (
     ClaimedTask,
     ClaimParams,
-    DeleteMany,
     EnqueueParams,
     FinishParams,
     FinishResult,
     FireParams,
     HeartbeatParams,
     HeartbeatResult,
+    NewTask,
+    ScheduleSync,
+    SendParams,
+    Wakeup,
+    WorkFilter,
+)
+from conveyor.backends.protocol import Capability
+from conveyor.backends.stored import check_bucket_seconds
+from conveyor.model import LeaseToken, Message, Pause, PauseKind, Task, TaskState, check_pause
+from conveyor.records import (
+    ActivityBucket,
+    CancelMany,
+    DeleteMany,
     KeyInfo,
     Migration,
-    NewTask,
     PruneParams,
     PruneResult,
     QueueBacklog,
     RetryMany,
-    ScheduleSync,
-    SendParams,
     StoredSchedule,
     TaskCount,
     TaskFilter,
     TaskSummary,
-    Wakeup,
     WorkerInfo,
-    WorkFilter,
 )
-from conveyor.backends.stored import check_bucket_seconds
-from conveyor.model import LeaseToken, Message, Pause, PauseKind, Task, TaskState, check_pause
 from conveyor.redaction import redact_url
 
 _STORES: dict[str, Store] = {}

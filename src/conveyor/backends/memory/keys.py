@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from conveyor.backends.memory.index import claim_order
 from conveyor.backends.memory.rows import Row
-from conveyor.backends.protocol import KeyInfo
 from conveyor.backends.stored import key_scan
 from conveyor.model import TaskState
+from conveyor.records import KeyInfo
 
 if TYPE_CHECKING:
     from conveyor.backends.memory.store import Store

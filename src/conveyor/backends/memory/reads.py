@@ -12,18 +12,18 @@ from datetime import datetime
 
 from conveyor.backends.memory.rows import Row
 from conveyor.backends.memory.store import Store
-from conveyor.backends.protocol import (
+from conveyor.backends.params import WorkFilter
+from conveyor.backends.stored import activity_buckets
+from conveyor.model import Message, Task, TaskState
+from conveyor.records import (
     ActivityBucket,
     QueueBacklog,
     TaskCount,
     TaskFilter,
     TaskSummary,
     WorkerInfo,
-    WorkFilter,
     last_error_of,
 )
-from conveyor.backends.stored import activity_buckets
-from conveyor.model import Message, Task, TaskState
 
 
 def get_task(store: Store, task_id: int, with_attempts: bool) -> Task | None:

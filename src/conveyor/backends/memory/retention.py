@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from conveyor.backends.memory.rows import Row
 from conveyor.backends.memory.store import Store
-from conveyor.backends.protocol import DeleteMany, PruneParams, PruneResult
 from conveyor.backends.stored import delete_refused
 from conveyor.model import TaskState
+from conveyor.records import DeleteMany, PruneParams, PruneResult
 
 _ALIVE = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import ClaimedTask, ErrorInfo, NewTask, Transition
+from conveyor.backends.params import ClaimedTask, ErrorInfo, NewTask, Transition
 from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
 
 

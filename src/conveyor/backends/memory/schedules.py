@@ -7,8 +7,9 @@ from datetime import datetime, timedelta
 
 from conveyor.backends.memory import unique
 from conveyor.backends.memory.store import ScheduleRelease, Store
-from conveyor.backends.protocol import FireParams, ScheduleSync, StoredSchedule
+from conveyor.backends.params import FireParams, ScheduleSync
 from conveyor.model import Cause
+from conveyor.records import StoredSchedule
 
 
 def sync(store: Store, params: ScheduleSync, now: datetime) -> bool:

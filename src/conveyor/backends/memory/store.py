@@ -34,8 +34,7 @@ from conveyor.backends.memory.flow import Pauses
 from conveyor.backends.memory.inboxes import Inboxes
 from conveyor.backends.memory.index import ClaimIndex
 from conveyor.backends.memory.rows import Row
-from conveyor.backends.protocol import (
-    CancelMany,
+from conveyor.backends.params import (
     ClaimedTask,
     ClaimParams,
     Completion,
@@ -47,10 +46,6 @@ from conveyor.backends.protocol import (
     HeartbeatParams,
     HeartbeatResult,
     NewTask,
-    RetryMany,
-    StoredSchedule,
-    TaskSelection,
-    WorkerInfo,
 )
 from conveyor.backends.stored import (
     LEASE_EXPIRED,
@@ -70,6 +65,7 @@ from conveyor.model import (
     TaskState,
     check_state_change,
 )
+from conveyor.records import CancelMany, RetryMany, StoredSchedule, TaskSelection, WorkerInfo
 
 _COMPLETION_CAUSES = {
     TaskState.SUCCEEDED: Cause.SUCCEED,

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from conveyor.backends.memory.rows import Row
-from conveyor.backends.protocol import NewTask
+from conveyor.backends.params import NewTask
 from conveyor.errors import TaskExistsError
 from conveyor.model import TaskState
 

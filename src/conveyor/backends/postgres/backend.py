@@ -22,6 +22,22 @@ import psycopg
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from conveyor.backends.params import (
+    ClaimedTask,
+    ClaimParams,
+    EnqueueParams,
+    FinishParams,
+    FinishResult,
+    HandOff,
+    HeartbeatParams,
+    HeartbeatResult,
+    NewTask,
+    Offered,
+    OfferParams,
+    SendParams,
+    Wakeup,
+    WorkFilter,
+)
 from conveyor.backends.postgres import failures, handoffs, listen, queries, scripts, turns
 from conveyor.backends.postgres.flow import FlowControl
 from conveyor.backends.postgres.inboxes import (
@@ -50,26 +66,7 @@ from conveyor.backends.postgres.transactions import (
     PostgresTransaction,
 )
 from conveyor.backends.postgres.urls import connect_timeout
-from conveyor.backends.protocol import (
-    Capability,
-    ClaimedTask,
-    ClaimParams,
-    EnqueueParams,
-    FinishParams,
-    FinishResult,
-    HandOff,
-    HeartbeatParams,
-    HeartbeatResult,
-    Migration,
-    NewTask,
-    Offered,
-    OfferParams,
-    SendParams,
-    TaskCount,
-    Wakeup,
-    WorkerInfo,
-    WorkFilter,
-)
+from conveyor.backends.protocol import Capability
 from conveyor.backends.refusals import one_line
 from conveyor.backends.stored import (
     Unread,
@@ -94,6 +91,7 @@ from conveyor.model import (
     Task,
     TaskState,
 )
+from conveyor.records import Migration, TaskCount, WorkerInfo
 from conveyor.redaction import redact_message, redact_url
 
 log = logging.getLogger("conveyor.postgres")

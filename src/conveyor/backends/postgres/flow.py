@@ -15,22 +15,8 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
+from conveyor.backends.params import FireParams, ScheduleSync
 from conveyor.backends.postgres.inboxes import insert_tasks
-from conveyor.backends.protocol import (
-    ACTIVITY_SCAN,
-    ActivityBucket,
-    CancelMany,
-    DeleteMany,
-    FireParams,
-    KeyInfo,
-    PruneParams,
-    PruneResult,
-    QueueBacklog,
-    RetryMany,
-    ScheduleSync,
-    StoredSchedule,
-    TaskSelection,
-)
 from conveyor.backends.stored import (
     activity_buckets,
     check_bucket_seconds,
@@ -39,6 +25,19 @@ from conveyor.backends.stored import (
     transition_result,
 )
 from conveyor.model import Pause, PauseKind, TaskState, check_pause
+from conveyor.records import (
+    ACTIVITY_SCAN,
+    ActivityBucket,
+    CancelMany,
+    DeleteMany,
+    KeyInfo,
+    PruneParams,
+    PruneResult,
+    QueueBacklog,
+    RetryMany,
+    StoredSchedule,
+    TaskSelection,
+)
 
 
 class FlowControl:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from conveyor.backends.protocol import HandOff, NewTask
+from conveyor.backends.params import HandOff, NewTask
 from conveyor.backends.stored import claimed_task
 
 MAX_NOTICE_FIELDS = 3500

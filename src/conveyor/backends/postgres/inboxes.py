@@ -22,9 +22,9 @@ from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor, pq
 
+from conveyor.backends.params import Completion, NewTask
 from conveyor.backends.postgres import scripts
 from conveyor.backends.postgres.rows import deliver_args, finish_args
-from conveyor.backends.protocol import Completion, NewTask
 from conveyor.model import TaskState
 
 Statements = Mapping[str, bytes]

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Sequence
 import psycopg
 from psycopg import AsyncConnection, sql
 
+from conveyor.backends.params import CancelHint, HandOffsHeard, Wakeup
 from conveyor.backends.postgres import handoffs
-from conveyor.backends.protocol import CancelHint, HandOffsHeard, Wakeup
 from conveyor.backends.reconnect import Outage
 
 log = logging.getLogger("conveyor.postgres")

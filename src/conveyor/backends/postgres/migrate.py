@@ -24,8 +24,8 @@ from psycopg import AsyncClientCursor, AsyncConnection, sql
 from psycopg.rows import tuple_row
 
 from conveyor.backends.postgres.queries import compose, migrations
-from conveyor.backends.protocol import Migration
 from conveyor.errors import StoreNotReadyError
+from conveyor.records import Migration
 
 log = logging.getLogger("conveyor.migrate")
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from conveyor.backends.protocol import SUMMARY_ERROR_CHARS, TaskFilter, TaskSummary
 from conveyor.backends.stored import summary_row, task_row
 from conveyor.model import Task, TaskState
+from conveyor.records import SUMMARY_ERROR_CHARS, TaskFilter, TaskSummary
 
 
 def _filter_args(task_filter: TaskFilter) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def _summaries_statement(task_filter: TaskFilter) -> str:
 
 class Listings:
     """``list_tasks``, ``list_summaries`` and ``running_by_worker`` (see
-    :class:`~conveyor.backends.protocol.Inspector`)."""
+    :class:`~conveyor.backends.capabilities.Inspector`)."""
 
     sql: Mapping[str, bytes]
 

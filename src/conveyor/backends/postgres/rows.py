@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.protocol import Completion, Delivery, EnqueueParams, NewTask
+from conveyor.backends.params import Completion, Delivery, EnqueueParams, NewTask
 from conveyor.backends.stored import retry_json
 from conveyor.model import Outcome, TaskState
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from psycopg import AsyncConnection, Connection
 
+from conveyor.backends.params import Delivery, EnqueueParams, NewTask
 from conveyor.backends.postgres.rows import (
     deliver_args,
     enqueue_statement,
@@ -30,7 +31,6 @@ from conveyor.backends.postgres.rows import (
     ordered_ids,
     replace_args,
 )
-from conveyor.backends.protocol import Delivery, EnqueueParams, NewTask
 from conveyor.backends.stored import check_recipient
 from conveyor.errors import BackendError, TaskExistsError, TaskFinishedError
 

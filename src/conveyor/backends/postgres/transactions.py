@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, LiteralString
 import psycopg
 from psycopg import AsyncConnection
 
+from conveyor.backends.params import Completion
 from conveyor.backends.postgres import failures
 from conveyor.backends.postgres.inboxes import finish_with_effects
 from conveyor.backends.postgres.rows import finish_args
-from conveyor.backends.protocol import Completion
 from conveyor.errors import BackendError
 
 ATTEMPT_END = "set local enable_seqscan to off"

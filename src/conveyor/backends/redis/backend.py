@@ -73,8 +73,7 @@ import secrets
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
-from conveyor.backends.protocol import (
-    Capability,
+from conveyor.backends.params import (
     ClaimedTask,
     ClaimParams,
     Completion,
@@ -87,6 +86,7 @@ from conveyor.backends.protocol import (
     NewTask,
     Wakeup,
 )
+from conveyor.backends.protocol import Capability
 from conveyor.backends.redis import (
     keys,
     listen,

@@ -1,5 +1,5 @@
 """Concurrency keys and rate limits on Redis: what ``list_keys.lua`` returns,
-as :class:`~conveyor.backends.protocol.KeyInfo`.
+as :class:`~conveyor.records.KeyInfo`.
 
 The design is in ``lua/lib/flow.lua`` (and the layout in :mod:`.keys`): a row
 per key with pending tasks (or a refilling rate bucket), each key's due
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from conveyor.backends.protocol import KeyInfo
 from conveyor.backends.redis import rows
 from conveyor.errors import BackendError
+from conveyor.records import KeyInfo
 
 
 def listed(found: Sequence[Any], limit: int) -> list[KeyInfo]:

@@ -8,17 +8,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.protocol import (
-    CancelMany,
-    DeleteMany,
-    PruneParams,
-    PruneResult,
-    RetryMany,
-    ScheduleSync,
-    SendParams,
-    TaskSelection,
-    WorkerInfo,
-)
+from conveyor.backends.params import ScheduleSync, SendParams
 from conveyor.backends.redis import (
     rows,
     schedules,
@@ -36,6 +26,15 @@ from conveyor.model import (
     PauseKind,
     TaskState,
     check_pause,
+)
+from conveyor.records import (
+    CancelMany,
+    DeleteMany,
+    PruneParams,
+    PruneResult,
+    RetryMany,
+    TaskSelection,
+    WorkerInfo,
 )
 
 

@@ -10,20 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import cast
 
-from conveyor.backends.protocol import (
-    ActivityBucket,
-    KeyInfo,
-    Migration,
-    PruneParams,
-    PruneResult,
-    QueueBacklog,
-    StoredSchedule,
-    TaskCount,
-    TaskFilter,
-    TaskSummary,
-    WorkerInfo,
-    WorkFilter,
-)
+from conveyor.backends.params import WorkFilter
 from conveyor.backends.redis import (
     concurrency,
     keys,
@@ -38,6 +25,19 @@ from conveyor.model import (
     Message,
     Pause,
     Task,
+)
+from conveyor.records import (
+    ActivityBucket,
+    KeyInfo,
+    Migration,
+    PruneParams,
+    PruneResult,
+    QueueBacklog,
+    StoredSchedule,
+    TaskCount,
+    TaskFilter,
+    TaskSummary,
+    WorkerInfo,
 )
 
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from redis import exceptions as redis_errors
 
-from conveyor.backends.protocol import CancelHint, Wakeup
+from conveyor.backends.params import CancelHint, Wakeup
 from conveyor.backends.reconnect import RECONNECT_MAX_DELAY, Outage
 from conveyor.backends.redis import connect
 

@@ -15,7 +15,10 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from conveyor.backends.protocol import (
+from conveyor.backends.redis import keys, rows
+from conveyor.backends.stored import activity_buckets
+from conveyor.model import Task, TaskState
+from conveyor.records import (
     ActivityBucket,
     QueueBacklog,
     TaskCount,
@@ -23,9 +26,6 @@ from conveyor.backends.protocol import (
     TaskSummary,
     WorkerInfo,
 )
-from conveyor.backends.redis import keys, rows
-from conveyor.backends.stored import activity_buckets
-from conveyor.model import Task, TaskState
 
 PAGE = 200
 """Task ids a list or a count reads per round trip."""

@@ -43,18 +43,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conveyor import payload as codec
-from conveyor.backends.protocol import (
-    ClaimedTask,
-    Completion,
-    Delivery,
-    Effects,
-    NewTask,
-    PruneParams,
-    TaskSummary,
-    Transition,
-    WorkerInfo,
-    last_error_of,
-)
+from conveyor.backends.params import ClaimedTask, Completion, Delivery, Effects, NewTask, Transition
 from conveyor.backends.stored import Unread, claimed_rows, retry_json, stored_retry_policy
 from conveyor.errors import BackendError
 from conveyor.model import (
@@ -68,6 +57,7 @@ from conveyor.model import (
     Task,
     TaskState,
 )
+from conveyor.records import PruneParams, TaskSummary, WorkerInfo, last_error_of
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)

@@ -13,7 +13,7 @@ Each release of schedules synced is a hash, ``{p}:schedule-release:NAME``
 (``generation``, ``tasks`` as a JSON array, ``seen_at`` in ms), and a member
 of ``{p}:schedule-releases`` scored by its ``seen_at``, so that a sync reads
 only the live ones; ``{p}:schedule-generations`` holds the last generation
-given (see :class:`~conveyor.backends.protocol.ScheduleSync`).
+given (see :class:`~conveyor.backends.params.ScheduleSync`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from conveyor.backends.protocol import ScheduleSync, StoredSchedule
+from conveyor.backends.params import ScheduleSync
 from conveyor.backends.redis import keys, rows
 from conveyor.errors import BackendError
+from conveyor.records import StoredSchedule
 
 _DEFINITION = ("name", "task", "cron", "every", "tz", "missed", "catch_up", "args", "fingerprint")
 

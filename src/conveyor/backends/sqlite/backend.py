@@ -27,9 +27,8 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.backends import wake
-from conveyor.backends.protocol import (
+from conveyor.backends.params import (
     CancelHint,
-    Capability,
     ClaimedTask,
     ClaimParams,
     EnqueueParams,
@@ -37,14 +36,12 @@ from conveyor.backends.protocol import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
-    Migration,
     NewTask,
     SendParams,
-    TaskCount,
     Wakeup,
-    WorkerInfo,
     WorkFilter,
 )
+from conveyor.backends.protocol import Capability
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import (
     DEFAULT_BUSY_TIMEOUT,
@@ -81,6 +78,7 @@ from conveyor.backends.stored import (
 from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
 from conveyor.errors import ConfigurationError, StoreNotReadyError
 from conveyor.model import Attempt, LeaseToken, Message, Task, TaskState
+from conveyor.records import Migration, TaskCount, WorkerInfo
 from conveyor.redaction import redact_url
 
 log = logging.getLogger("conveyor.sqlite")

@@ -16,23 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.backends import wake
-from conveyor.backends.protocol import (
-    ACTIVITY_SCAN,
-    ActivityBucket,
-    CancelMany,
-    ClaimParams,
-    DeleteMany,
-    EnqueueParams,
-    FireParams,
-    KeyInfo,
-    PruneParams,
-    PruneResult,
-    QueueBacklog,
-    RetryMany,
-    ScheduleSync,
-    StoredSchedule,
-    TaskSelection,
-)
+from conveyor.backends.params import ClaimParams, EnqueueParams, FireParams, ScheduleSync
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.inboxes import insert_tasks
@@ -46,6 +30,19 @@ from conveyor.backends.stored import (
     transition_result,
 )
 from conveyor.model import Pause, PauseKind, TaskState, check_pause
+from conveyor.records import (
+    ACTIVITY_SCAN,
+    ActivityBucket,
+    CancelMany,
+    DeleteMany,
+    KeyInfo,
+    PruneParams,
+    PruneResult,
+    QueueBacklog,
+    RetryMany,
+    StoredSchedule,
+    TaskSelection,
+)
 
 
 def served(conn: sqlite3.Connection, params: ClaimParams) -> ClaimParams:

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.backends.protocol import Completion, Delivery, EnqueueParams, NewTask
+from conveyor.backends.params import Completion, Delivery, EnqueueParams, NewTask
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.statements import SQL
 from conveyor.backends.stored import check_recipient, message_row

@@ -14,9 +14,9 @@ from collections.abc import Iterator, Mapping
 from typing import LiteralString
 
 from conveyor.backends import sqlfiles
-from conveyor.backends.protocol import Migration
 from conveyor.backends.sqlite.database import immediate
 from conveyor.errors import StoreNotReadyError
+from conveyor.records import Migration
 
 log = logging.getLogger("conveyor.migrate")
 

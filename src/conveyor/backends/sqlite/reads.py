@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.backends.protocol import SUMMARY_ERROR_CHARS, TaskFilter, TaskSummary
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.statements import SQL
 from conveyor.model import Task
+from conveyor.records import SUMMARY_ERROR_CHARS, TaskFilter, TaskSummary
 
 
 def _filter_args(task_filter: TaskFilter) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def _summaries_statement(task_filter: TaskFilter) -> str:
 
 class Listings:
     """``list_tasks``, ``list_summaries`` and ``running_by_worker`` (see
-    :class:`~conveyor.backends.protocol.Inspector`)."""
+    :class:`~conveyor.backends.capabilities.Inspector`)."""
 
     _db: Database
 

@@ -12,16 +12,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from conveyor.backends import stored
-from conveyor.backends.protocol import (
-    ClaimedTask,
-    Completion,
-    EnqueueParams,
-    TaskSummary,
-    Transition,
-    WorkerInfo,
-)
+from conveyor.backends.params import ClaimedTask, Completion, EnqueueParams, Transition
 from conveyor.backends.stored import attempt_row, retry_json, summary_row, task_row
 from conveyor.model import Attempt, LeaseToken, Task
+from conveyor.records import TaskSummary, WorkerInfo
 
 # Column positions of the timestamps in get_task/list_tasks and get_attempts.
 _TASK_TIMES = (6, 13, 14, 16)
