@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import sqlite3
-import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -60,12 +59,8 @@ from conveyor.backends.sqlite.inboxes import (
     rewake,
     send,
 )
-from conveyor.backends.sqlite.migrate import (
-    apply_migrations,
-    pending_migrations,
-    require_migrated,
-)
 from conveyor.backends.sqlite.reads import Listings
+from conveyor.backends.sqlite.schema import Schema
 from conveyor.backends.sqlite.statements import SQL
 from conveyor.backends.sqlite.statements import clock as _clock
 from conveyor.backends.stored import (
@@ -76,10 +71,9 @@ from conveyor.backends.stored import (
     transition_result,
 )
 from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
-from conveyor.errors import ConfigurationError, StoreNotReadyError
+from conveyor.errors import ConfigurationError
 from conveyor.model import Attempt, LeaseToken, Message, Task, TaskState
-from conveyor.records import Migration, TaskCount, WorkerInfo
-from conveyor.redaction import redact_url
+from conveyor.records import TaskCount, WorkerInfo
 
 log = logging.getLogger("conveyor.sqlite")
 CHANGE_POLL_INTERVAL = 0.01
@@ -91,7 +85,7 @@ commit seen: while work keeps coming, a commit is seen within 2 ms."""
 CHANGE_BUSY_WINDOW = 1.0
 
 
-class SQLiteBackend(Listings, FlowControl):
+class SQLiteBackend(Schema, Listings, FlowControl):
     """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``).
 
     ``migrate`` says what :meth:`open` does: True applies the pending
@@ -130,10 +124,6 @@ class SQLiteBackend(Listings, FlowControl):
         self._wake_key = f"sqlite:{os.path.realpath(self.path)}"
         self._db = Database(self.path, busy_timeout, synchronous)
 
-    @property
-    def location(self) -> str:
-        return redact_url(f"sqlite:///{self.path}")
-
     async def open(self) -> None:
         """Open the file (creating it) and apply the pending migrations; with
         ``migrate=False``, refuse a file that does not exist or is behind,
@@ -151,40 +141,8 @@ class SQLiteBackend(Listings, FlowControl):
             await self.close()
             raise
 
-    def _require_file(self) -> None:
-        """Raise StoreNotReadyError unless the file exists with every
-        migration applied (read on a connection of its own, read-only)."""
-        if not os.path.exists(self.path):
-            raise StoreNotReadyError(
-                f"no SQLite database at {self.path} (check --url or CONVEYOR_URL; "
-                "`conveyor migrate` or a worker creates it)"
-            )
-        with translated_errors():
-            conn = sqlite3.connect(
-                f"file:{urllib.parse.quote(self.path)}?mode=ro",
-                uri=True,
-                timeout=self._busy_timeout,
-            )
-            try:
-                require_migrated(conn, SQL, self.location)
-            finally:
-                conn.close()
-
     async def close(self) -> None:
         await self._db.close()
-
-    async def migrate(self) -> list[int]:
-        return await self._db.read(lambda conn: apply_migrations(conn, SQL))
-
-    async def require_migrated(self) -> None:
-        await self._db.read(lambda conn: require_migrated(conn, SQL, self.location))
-
-    async def destroy(self) -> None:
-        def drop(conn: sqlite3.Connection) -> None:
-            for table in ("message_keys", "messages", "attempts", "workers", "tasks", "migrations"):
-                conn.execute(SQL[f"drop_{table}"])
-
-        await self._db.write(drop)
 
     # -- enqueue ---------------------------------------------------------
 
@@ -555,9 +513,6 @@ class SQLiteBackend(Listings, FlowControl):
                 SQL["stop_worker"], {"id": worker_id, "now": _clock(conn, None)}
             )
         )
-
-    async def pending_migrations(self) -> list[Migration]:
-        return await self._db.read(lambda conn: pending_migrations(conn, SQL))
 
     async def list_workers(self) -> list[WorkerInfo]:
         found = await self._db.read(lambda conn: conn.execute(SQL["list_workers"]).fetchall())
