@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,12 +30,10 @@ from conveyor.backends.params import (
     CancelHint,
     ClaimedTask,
     ClaimParams,
-    EnqueueParams,
     FinishParams,
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
-    NewTask,
     SendParams,
     Wakeup,
     WorkFilter,
@@ -50,11 +48,11 @@ from conveyor.backends.sqlite.database import (
     connect,
     translated_errors,
 )
+from conveyor.backends.sqlite.enqueue import Enqueuing, check_caller
 from conveyor.backends.sqlite.flow import FlowControl, keyed_candidates, served, settle_keys
 from conveyor.backends.sqlite.inboxes import (
     apply_effects,
     holding,
-    insert_tasks,
     read_inbox,
     rewake,
     send,
@@ -85,7 +83,7 @@ commit seen: while work keeps coming, a commit is seen within 2 ms."""
 CHANGE_BUSY_WINDOW = 1.0
 
 
-class SQLiteBackend(Schema, Listings, FlowControl):
+class SQLiteBackend(Schema, Enqueuing, Listings, FlowControl):
     """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``).
 
     ``migrate`` says what :meth:`open` does: True applies the pending
@@ -143,61 +141,6 @@ class SQLiteBackend(Schema, Listings, FlowControl):
 
     async def close(self) -> None:
         await self._db.close()
-
-    # -- enqueue ---------------------------------------------------------
-
-    def _insert(self, conn: sqlite3.Connection, params: EnqueueParams) -> list[int]:
-        return insert_tasks(conn, params, _clock(conn, params.now))
-
-    async def enqueue(self, params: EnqueueParams) -> list[int]:
-        if not params.tasks:
-            return []
-        ids = await self._db.write(lambda conn: self._insert(conn, params))
-        wake.notify(self._wake_key, (t.queue for t in params.tasks))
-        return ids
-
-    async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
-        return await self.enqueue(EnqueueParams.gathered(chunks))
-
-    async def enqueue_in(self, params: EnqueueParams, connection: Any) -> list[int]:
-        """As :meth:`enqueue_in_sync`: the caller's connection belongs to the
-        caller's thread, so the insert runs there."""
-        return self.enqueue_in_sync(params, connection)
-
-    def enqueue_in_sync(self, params: EnqueueParams, connection: Any) -> list[int]:
-        """Insert on the caller's ``sqlite3.Connection``, inside its open
-        transaction (begun explicitly, or implicitly by Python's sqlite3
-        before the first insert); the caller commits. The connection must be
-        on this backend's file."""
-        self._check_caller(connection)
-        if not params.tasks:
-            return []
-        with translated_errors():
-            ids = self._insert(connection, params)
-        wake.notify(self._wake_key, (t.queue for t in params.tasks))
-        return ids
-
-    def _check_caller(self, connection: Any) -> None:
-        """The caller's connection: a sqlite3.Connection on this file, in a transaction."""
-        if not isinstance(connection, sqlite3.Connection):
-            raise ConfigurationError("transactional writes take the caller's sqlite3.Connection")
-        with translated_errors():
-            self._check_same_file(connection)
-        if connection.isolation_level is None and not connection.in_transaction:
-            raise ConfigurationError(
-                "the connection is in autocommit mode with no open transaction: "
-                "run BEGIN first, so these writes commit with your own"
-            )
-
-    def _check_same_file(self, connection: sqlite3.Connection) -> None:
-        for _seq, name, file in connection.execute("pragma database_list"):
-            if name == "main":
-                if not file or os.path.realpath(file) != os.path.realpath(self.path):
-                    raise ConfigurationError(
-                        f"the connection is on {file or 'a temporary database'!r}, "
-                        f"not on this backend's file {self.path!r}"
-                    )
-                return
 
     # -- claim, heartbeat, finish ---------------------------------------
 
@@ -437,7 +380,7 @@ class SQLiteBackend(Schema, Listings, FlowControl):
     def send_in_sync(self, params: SendParams, connection: Any) -> list[int]:
         """Send on the caller's ``sqlite3.Connection`` inside its open
         transaction (as for ``enqueue_in_sync``); the caller commits."""
-        self._check_caller(connection)
+        check_caller(connection, self.path)
         with translated_errors():
             ids = send(connection, params.deliveries, _clock(connection, params.now))
         wake.notify_all(self._wake_key)

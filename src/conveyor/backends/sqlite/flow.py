@@ -19,7 +19,7 @@ from conveyor.backends import wake
 from conveyor.backends.params import ClaimParams, EnqueueParams, FireParams, ScheduleSync
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
-from conveyor.backends.sqlite.inboxes import insert_tasks
+from conveyor.backends.sqlite.enqueue import insert_tasks
 from conveyor.backends.sqlite.statements import SQL, clock
 from conveyor.backends.stored import (
     activity_buckets,
