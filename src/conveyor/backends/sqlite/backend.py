@@ -34,7 +34,6 @@ from conveyor.backends.params import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
-    SendParams,
     Wakeup,
     WorkFilter,
 )
@@ -46,17 +45,10 @@ from conveyor.backends.sqlite.database import (
     Database,
     check_version,
     connect,
-    translated_errors,
 )
-from conveyor.backends.sqlite.enqueue import Enqueuing, check_caller
+from conveyor.backends.sqlite.enqueue import Enqueuing
 from conveyor.backends.sqlite.flow import FlowControl, keyed_candidates, served, settle_keys
-from conveyor.backends.sqlite.inboxes import (
-    apply_effects,
-    holding,
-    read_inbox,
-    rewake,
-    send,
-)
+from conveyor.backends.sqlite.messages import Messages, apply_effects, holding, rewake
 from conveyor.backends.sqlite.reads import Listings
 from conveyor.backends.sqlite.schema import Schema
 from conveyor.backends.sqlite.statements import SQL
@@ -70,7 +62,7 @@ from conveyor.backends.stored import (
 )
 from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
 from conveyor.errors import ConfigurationError
-from conveyor.model import Attempt, LeaseToken, Message, Task, TaskState
+from conveyor.model import Attempt, LeaseToken, Task, TaskState
 from conveyor.records import TaskCount, WorkerInfo
 
 log = logging.getLogger("conveyor.sqlite")
@@ -83,7 +75,7 @@ commit seen: while work keeps coming, a commit is seen within 2 ms."""
 CHANGE_BUSY_WINDOW = 1.0
 
 
-class SQLiteBackend(Schema, Enqueuing, Listings, FlowControl):
+class SQLiteBackend(Schema, Enqueuing, Messages, Listings, FlowControl):
     """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``).
 
     ``migrate`` says what :meth:`open` does: True applies the pending
@@ -361,33 +353,6 @@ class SQLiteBackend(Schema, Enqueuing, Listings, FlowControl):
             lambda conn: {(r[0], r[1]) for r in conn.execute(SQL["cancel_requested"], args)}
         )
         return frozenset(t for t in tokens if (t.task_id, t.attempt) in found)
-
-    # -- messages --------------------------------------------------------
-
-    async def send(self, params: SendParams) -> list[int]:
-        if not params.deliveries:
-            return []
-        ids = await self._db.write(
-            lambda conn: send(conn, params.deliveries, _clock(conn, params.now))
-        )
-        wake.notify_all(self._wake_key)
-        return ids
-
-    async def send_in(self, params: SendParams, connection: Any) -> list[int]:
-        """As :meth:`send_in_sync`, on the caller's thread."""
-        return self.send_in_sync(params, connection)
-
-    def send_in_sync(self, params: SendParams, connection: Any) -> list[int]:
-        """Send on the caller's ``sqlite3.Connection`` inside its open
-        transaction (as for ``enqueue_in_sync``); the caller commits."""
-        check_caller(connection, self.path)
-        with translated_errors():
-            ids = send(connection, params.deliveries, _clock(connection, params.now))
-        wake.notify_all(self._wake_key)
-        return ids
-
-    async def inbox(self, task_id: int) -> list[Message]:
-        return await self._db.read(lambda conn: read_inbox(conn, task_id))
 
     async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
         return await self._transition("retry", task_id, now, "retry")

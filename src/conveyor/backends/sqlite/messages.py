@@ -3,7 +3,9 @@
 Every function runs inside the caller's write transaction (BEGIN
 IMMEDIATE): with one writer at a time, a poll's completion, its effects and any
 send are serialised, so a message is either seen by a poll or wakes the
-task once that poll has ended.
+task once that poll has ended. :class:`Messages` is the section of
+:class:`~conveyor.backends.sqlite.backend.SQLiteBackend` that sends and
+reads inboxes.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.backends.params import Completion, Delivery, EnqueueParams
+from conveyor.backends import wake
+from conveyor.backends.params import Completion, Delivery, EnqueueParams, SendParams
 from conveyor.backends.sqlite import rows
-from conveyor.backends.sqlite.enqueue import insert_tasks
-from conveyor.backends.sqlite.statements import SQL
+from conveyor.backends.sqlite.database import Database, translated_errors
+from conveyor.backends.sqlite.enqueue import check_caller, insert_tasks
+from conveyor.backends.sqlite.statements import SQL, clock
 from conveyor.backends.stored import check_recipient, message_row
 from conveyor.model import Message, TaskState
 
@@ -104,3 +108,38 @@ def rewake(conn: sqlite3.Connection, applied: Sequence[Completion], now: float) 
 def read_inbox(conn: sqlite3.Connection, task_id: int) -> list[Message]:
     found = conn.execute(SQL["inbox"], {"task_id": task_id}).fetchall()
     return [message_row(rows.message(r)) for r in found]
+
+
+class Messages:
+    """``send`` and ``inbox`` (see :class:`~conveyor.backends.protocol.Backend`),
+    ``send_in`` and ``send_in_sync`` (see
+    :class:`~conveyor.backends.capabilities.TransactionalEnqueue`)."""
+
+    path: str
+    _db: Database
+    _wake_key: str
+
+    async def send(self, params: SendParams) -> list[int]:
+        if not params.deliveries:
+            return []
+        ids = await self._db.write(
+            lambda conn: send(conn, params.deliveries, clock(conn, params.now))
+        )
+        wake.notify_all(self._wake_key)
+        return ids
+
+    async def send_in(self, params: SendParams, connection: Any) -> list[int]:
+        """As :meth:`send_in_sync`, on the caller's thread."""
+        return self.send_in_sync(params, connection)
+
+    def send_in_sync(self, params: SendParams, connection: Any) -> list[int]:
+        """Send on the caller's ``sqlite3.Connection`` inside its open
+        transaction (as for ``enqueue_in_sync``); the caller commits."""
+        check_caller(connection, self.path)
+        with translated_errors():
+            ids = send(connection, params.deliveries, clock(connection, params.now))
+        wake.notify_all(self._wake_key)
+        return ids
+
+    async def inbox(self, task_id: int) -> list[Message]:
+        return await self._db.read(lambda conn: read_inbox(conn, task_id))
