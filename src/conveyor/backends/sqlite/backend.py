@@ -29,6 +29,7 @@ from conveyor.backends.params import CancelHint, Wakeup, WorkFilter
 from conveyor.backends.protocol import Capability
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.attempts import Attempts
+from conveyor.backends.sqlite.controls import Controls
 from conveyor.backends.sqlite.database import (
     DEFAULT_BUSY_TIMEOUT,
     SYNCHRONOUS,
@@ -43,7 +44,6 @@ from conveyor.backends.sqlite.reads import Listings
 from conveyor.backends.sqlite.schema import Schema
 from conveyor.backends.sqlite.statements import SQL
 from conveyor.backends.sqlite.statements import clock as _clock
-from conveyor.backends.stored import transition_result
 from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
 from conveyor.errors import ConfigurationError
 from conveyor.model import Attempt, Task, TaskState
@@ -58,7 +58,7 @@ commit seen: while work keeps coming, a commit is seen within 2 ms."""
 CHANGE_BUSY_WINDOW = 1.0
 
 
-class SQLiteBackend(Schema, Enqueuing, Attempts, Messages, Listings, FlowControl):
+class SQLiteBackend(Schema, Enqueuing, Attempts, Messages, Controls, FlowControl, Listings):
     """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``).
 
     ``migrate`` says what :meth:`open` does: True applies the pending
@@ -116,34 +116,6 @@ class SQLiteBackend(Schema, Enqueuing, Attempts, Messages, Listings, FlowControl
 
     async def close(self) -> None:
         await self._db.close()
-
-    # -- control ---------------------------------------------------------
-
-    async def _transition(
-        self, name: str, task_id: int, now: datetime | None, what: str
-    ) -> TaskState:
-        def change(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
-            args = {"id": task_id, "now": _clock(conn, now)}
-            row = conn.execute(SQL[name], args).fetchone()
-            if row is not None:
-                return row[0], None
-            current = conn.execute(SQL["task_state"], {"id": task_id}).fetchone()
-            return None, current[0] if current else None
-
-        changed, current = await self._db.write(change)
-        return transition_result(task_id, what, changed, current)
-
-    async def cancel(self, task_id: int, now: datetime | None = None) -> TaskState:
-        state = await self._transition("cancel", task_id, now, "cancel")
-        wake.notify_all(self._wake_key)  # a parent may have an end message
-        # Workers of this process hear of it at once (without an id: the
-        # cancel of a coroutine task reaches its running children too);
-        # others see the file change (see wakeups).
-        wake.notify_cancel(self._wake_key, [None])
-        return state
-
-    async def retry(self, task_id: int, now: datetime | None = None) -> TaskState:
-        return await self._transition("retry", task_id, now, "retry")
 
     # -- reads -----------------------------------------------------------
 

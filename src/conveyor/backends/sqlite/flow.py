@@ -24,24 +24,18 @@ from conveyor.backends.sqlite.statements import SQL, clock
 from conveyor.backends.stored import (
     activity_buckets,
     check_bucket_seconds,
-    delete_refused,
     key_scan,
     schedule_args,
-    transition_result,
 )
-from conveyor.model import Pause, PauseKind, TaskState, check_pause
+from conveyor.model import Pause, PauseKind, check_pause
 from conveyor.records import (
     ACTIVITY_SCAN,
     ActivityBucket,
-    CancelMany,
-    DeleteMany,
     KeyInfo,
     PruneParams,
     PruneResult,
     QueueBacklog,
-    RetryMany,
     StoredSchedule,
-    TaskSelection,
 )
 
 
@@ -168,66 +162,6 @@ class FlowControl:
         if ids:
             wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
-
-    async def run_now(self, task_id: int, now: datetime | None = None) -> TaskState:
-        def move(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
-            args = {"id": task_id, "now": clock(conn, now)}
-            moved = conn.execute(SQL["run_now"], args).fetchone()
-            if moved is not None:
-                return moved[0], None
-            current = conn.execute(SQL["task_state"], {"id": task_id}).fetchone()
-            return None, current[0] if current else None
-
-        changed, current = await self._db.write(move)
-        if changed is not None:
-            wake.notify_all(self._wake_key)
-        return transition_result(task_id, "run now", changed, current)
-
-    async def delete(self, task_id: int) -> None:
-        def delete(conn: sqlite3.Connection) -> tuple[str | None, str | None] | None:
-            if conn.execute(SQL["delete_task"], {"id": task_id}).fetchone() is not None:
-                return None
-            found = conn.execute(SQL["delete_blocker"], {"id": task_id}).fetchone()
-            return (found[0], found[1]) if found else (None, None)
-
-        refused = await self._db.write(delete)
-        if refused is not None:
-            raise delete_refused(task_id, *refused)
-
-    async def retry_many(self, selection: RetryMany) -> list[int]:
-        ids = await self._act_on(selection, "retry_many")
-        if ids:
-            wake.notify_all(self._wake_key)
-        return ids
-
-    async def cancel_many(self, selection: CancelMany) -> list[int]:
-        ids = await self._act_on(selection, "cancel_many")
-        if ids:
-            wake.notify_all(self._wake_key)  # a parent may have an end message
-            wake.notify_cancel(self._wake_key, [None])  # running ones: see cancel
-        return ids
-
-    async def delete_many(self, selection: DeleteMany) -> list[int]:
-        return await self._act_on(selection, "delete_many")
-
-    async def _act_on(self, selection: TaskSelection, statement: str) -> list[int]:
-        """Run a bulk action's statement on one selection, in one write."""
-
-        def act(conn: sqlite3.Connection) -> list[int]:
-            args = {
-                "states": json.dumps([s.value for s in selection.states]),
-                "ids": None if selection.ids is None else json.dumps(list(selection.ids)),
-                "name": selection.name,
-                "queue": selection.queue,
-                "since": rows.seconds(selection.since),
-                "until": rows.seconds(selection.until),
-                "after": selection.after,
-                "limit": selection.limit,
-                "now": clock(conn, selection.now),
-            }
-            return sorted(r[0] for r in conn.execute(SQL[statement], args).fetchall())
-
-        return await self._db.write(act)
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)
