@@ -39,15 +39,17 @@ from conveyor.backends.sqlite.database import (
 )
 from conveyor.backends.sqlite.enqueue import Enqueuing
 from conveyor.backends.sqlite.flow import FlowControl
+from conveyor.backends.sqlite.maintenance import Maintenance
 from conveyor.backends.sqlite.messages import Messages
 from conveyor.backends.sqlite.reads import Listings
 from conveyor.backends.sqlite.schema import Schema
 from conveyor.backends.sqlite.statements import SQL
 from conveyor.backends.sqlite.statements import clock as _clock
+from conveyor.backends.sqlite.workers import Workers
 from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
 from conveyor.errors import ConfigurationError
 from conveyor.model import Attempt, Task, TaskState
-from conveyor.records import TaskCount, WorkerInfo
+from conveyor.records import TaskCount
 
 CHANGE_POLL_INTERVAL = 0.01
 """Seconds between checks for commits made by other processes (wake-ups),
@@ -58,7 +60,17 @@ commit seen: while work keeps coming, a commit is seen within 2 ms."""
 CHANGE_BUSY_WINDOW = 1.0
 
 
-class SQLiteBackend(Schema, Enqueuing, Attempts, Messages, Controls, FlowControl, Listings):
+class SQLiteBackend(
+    Schema,
+    Enqueuing,
+    Attempts,
+    Messages,
+    Controls,
+    FlowControl,
+    Workers,
+    Maintenance,
+    Listings,
+):
     """Tasks in a SQLite file (``sqlite:///relative.db``, ``sqlite:////abs.db``).
 
     ``migrate`` says what :meth:`open` does: True applies the pending
@@ -154,37 +166,6 @@ class SQLiteBackend(Schema, Enqueuing, Attempts, Messages, Controls, FlowControl
             lambda conn: conn.execute(SQL["next_run_at"], args).fetchone()[0]
         )
         return rows.moment(value)
-
-    # -- workers ---------------------------------------------------------
-
-    async def register_worker(self, info: WorkerInfo) -> None:
-        def register(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                SQL["register_worker"],
-                {
-                    "now": _clock(conn, None),
-                    "id": info.id,
-                    "host": info.host,
-                    "pid": info.pid,
-                    "queues": json.dumps(list(info.queues)),
-                    "concurrency": info.concurrency,
-                    "tasks": json.dumps(list(info.tasks)),
-                    "beat_seconds": info.beat_seconds,
-                },
-            )
-
-        await self._db.write(register)
-
-    async def stop_worker(self, worker_id: str) -> None:
-        await self._db.write(
-            lambda conn: conn.execute(
-                SQL["stop_worker"], {"id": worker_id, "now": _clock(conn, None)}
-            )
-        )
-
-    async def list_workers(self) -> list[WorkerInfo]:
-        found = await self._db.read(lambda conn: conn.execute(SQL["list_workers"]).fetchall())
-        return [rows.worker(row) for row in found]
 
     # -- wake-ups --------------------------------------------------------
 

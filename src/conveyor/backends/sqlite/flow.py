@@ -1,6 +1,7 @@
-"""Flow control and retention on SQLite: pauses, schedules and pruning.
+"""Flow control on SQLite: pauses, concurrency keys and rate limits (read
+and settled by the claim), and schedules.
 
-A mixin of :class:`~conveyor.backends.sqlite.backend.SQLiteBackend`. The
+:class:`FlowControl` is a mixin of :class:`~conveyor.backends.sqlite.backend.SQLiteBackend`. The
 claim reads the paused queues and names in its own write transaction
 (:func:`served`), so a pause holds from its commit on.
 """
@@ -32,8 +33,6 @@ from conveyor.records import (
     ACTIVITY_SCAN,
     ActivityBucket,
     KeyInfo,
-    PruneParams,
-    PruneResult,
     QueueBacklog,
     StoredSchedule,
 )
@@ -102,10 +101,8 @@ def settle_keys(
 
 
 class FlowControl:
-    """Pause, resume, list pauses, prune (see :class:`~conveyor.backends.protocol.Backend`).
-
-    A prune batch is one write transaction: SQLite has one writer at a
-    time, so batches of several processes take turns (never ``busy``)."""
+    """Pause, resume, list pauses, and sync, list and fire schedules (see
+    :class:`~conveyor.backends.protocol.Backend`)."""
 
     _db: Database
     _wake_key: str
@@ -189,22 +186,6 @@ class FlowControl:
             for kind, name, at in found
         ]
 
-    async def prune(self, params: PruneParams) -> PruneResult:
-        def prune(conn: sqlite3.Connection) -> PruneResult:
-            left = params.limit
-            for state, before in params.before.items():
-                if left <= 0:
-                    break
-                args = {"state": state.value, "before": rows.seconds(before), "limit": left}
-                left -= len(conn.execute(SQL["prune_tasks"], args).fetchall())
-            workers = 0
-            if params.workers_before is not None:
-                args = {"workers_before": rows.seconds(params.workers_before)}
-                workers = len(conn.execute(SQL["prune_workers"], args).fetchall())
-            return PruneResult(tasks=params.limit - left, workers=workers)
-
-        return await self._db.write(prune)
-
     async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
         def read(conn: sqlite3.Connection) -> list[KeyInfo]:
             moment = clock(conn, now)
@@ -236,20 +217,6 @@ class FlowControl:
             return [task_id for (task_id,) in found]
 
         return await self._db.read(read)
-
-    async def count_prunable(self, params: PruneParams) -> PruneResult:
-        def count(conn: sqlite3.Connection) -> PruneResult:
-            tasks = 0
-            for state, before in params.before.items():
-                args = {"state": state.value, "before": rows.seconds(before)}
-                tasks += conn.execute(SQL["count_prunable"], args).fetchone()[0]
-            workers = 0
-            if params.workers_before is not None:
-                args = {"workers_before": rows.seconds(params.workers_before)}
-                workers = conn.execute(SQL["count_prunable_workers"], args).fetchone()[0]
-            return PruneResult(tasks=tasks, workers=workers)
-
-        return await self._db.read(count)
 
 
 def _stored(row: tuple[Any, ...]) -> StoredSchedule:
