@@ -30,7 +30,7 @@ from conveyor.backends.postgres import queries as pg_queries
 from conveyor.backends.redis import keys as redis_keys
 from conveyor.backends.sqlfiles import migrations as sql_migrations
 from conveyor.backends.sqlite import schema as sqlite_schema
-from conveyor.backends.sqlite.backend import SQL as SQLITE_SQL
+from conveyor.backends.sqlite.statements import SQL as SQLITE_SQL
 from conveyor.dashboard import create_app
 from conveyor.model import MAX_SECONDS
 from tests.cli_harness import Cli

@@ -17,17 +17,14 @@ commits made by other processes (they watch ``PRAGMA data_version``).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
 from typing import Any
 
 from conveyor.backends import wake
-from conveyor.backends.params import CancelHint, Wakeup, WorkFilter
+from conveyor.backends.params import CancelHint, Wakeup
 from conveyor.backends.protocol import Capability
-from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.attempts import Attempts
 from conveyor.backends.sqlite.controls import Controls
 from conveyor.backends.sqlite.database import (
@@ -44,12 +41,9 @@ from conveyor.backends.sqlite.messages import Messages
 from conveyor.backends.sqlite.reads import Listings
 from conveyor.backends.sqlite.schema import Schema
 from conveyor.backends.sqlite.statements import SQL
-from conveyor.backends.sqlite.statements import clock as _clock
 from conveyor.backends.sqlite.workers import Workers
 from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
 from conveyor.errors import ConfigurationError
-from conveyor.model import Attempt, Task, TaskState
-from conveyor.records import TaskCount
 
 CHANGE_POLL_INTERVAL = 0.01
 """Seconds between checks for commits made by other processes (wake-ups),
@@ -76,7 +70,11 @@ class SQLiteBackend(
     ``migrate`` says what :meth:`open` does: True applies the pending
     migrations (creating the file at first use), False refuses a file that
     does not exist or is behind (StoreNotReadyError) and creates nothing,
-    None only opens the file (creating it)."""
+    None only opens the file (creating it).
+
+    Each section of the store is a mixin over the one :class:`Database` (see
+    the modules of the same names); this class opens and closes it and
+    watches for wake-ups."""
 
     capabilities = frozenset(
         {Capability.TRANSACTIONAL_ENQUEUE, Capability.NOTIFICATIONS, Capability.INSPECT}
@@ -128,44 +126,6 @@ class SQLiteBackend(
 
     async def close(self) -> None:
         await self._db.close()
-
-    # -- reads -----------------------------------------------------------
-
-    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
-        def fetch(conn: sqlite3.Connection) -> Task | None:
-            row = conn.execute(SQL["get_task"], {"id": task_id}).fetchone()
-            if row is None:
-                return None
-            attempts: tuple[Attempt, ...] = ()
-            if with_attempts:
-                found = conn.execute(SQL["get_attempts"], {"id": task_id}).fetchall()
-                attempts = tuple(rows.attempt(r) for r in found)
-            return rows.task(row, attempts)
-
-        return await self._db.read(fetch)
-
-    async def count_tasks(self) -> list[TaskCount]:
-        found = await self._db.read(lambda conn: conn.execute(SQL["count_tasks"]).fetchall())
-        return [TaskCount(TaskState(r[0]), r[1], r[2], r[3]) for r in found]
-
-    async def count_unfinished(self, work: WorkFilter) -> int:
-        def count(conn: sqlite3.Connection) -> int:
-            args = {
-                "now": _clock(conn, work.now),
-                "queues": json.dumps(list(work.queues)),
-                "names": json.dumps(list(work.names)),
-            }
-            value: int = conn.execute(SQL["count_unfinished"], args).fetchone()[0]
-            return value
-
-        return await self._db.read(count)
-
-    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
-        args = {"queues": json.dumps(list(queues))}
-        value = await self._db.read(
-            lambda conn: conn.execute(SQL["next_run_at"], args).fetchone()[0]
-        )
-        return rows.moment(value)
 
     # -- wake-ups --------------------------------------------------------
 

@@ -23,17 +23,11 @@ from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.enqueue import insert_tasks
 from conveyor.backends.sqlite.statements import SQL, clock
 from conveyor.backends.stored import (
-    activity_buckets,
-    check_bucket_seconds,
     key_scan,
     schedule_args,
 )
 from conveyor.model import Pause, PauseKind, check_pause
 from conveyor.records import (
-    ACTIVITY_SCAN,
-    ActivityBucket,
-    KeyInfo,
-    QueueBacklog,
     StoredSchedule,
 )
 
@@ -131,12 +125,6 @@ class FlowControl:
 
         return await self._db.read(read)
 
-    async def store_clock(self) -> datetime:
-        def read(conn: sqlite3.Connection) -> datetime:
-            return rows.moment(clock(conn, None)) or rows.EARLIEST
-
-        return await self._db.read(read)
-
     async def fire_schedule(self, params: FireParams) -> list[int]:
         if not params.slots:
             return []
@@ -186,38 +174,6 @@ class FlowControl:
             for kind, name, at in found
         ]
 
-    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
-        def read(conn: sqlite3.Connection) -> list[KeyInfo]:
-            moment = clock(conn, now)
-            found = conn.execute(SQL["list_keys"], {"now": moment, "limit": limit}).fetchall()
-            return [key_info(row, moment) for row in found]
-
-        return await self._db.read(read)
-
-    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
-        def read(conn: sqlite3.Connection) -> list[QueueBacklog]:
-            found = conn.execute(SQL["queue_backlogs"], {"now": clock(conn, now)}).fetchall()
-            return [QueueBacklog(q, int(d), int(la), rows.moment(o)) for q, d, la, o in found]
-
-        return await self._db.read(read)
-
-    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
-        bucket = check_bucket_seconds(bucket_seconds)
-        args = {"since": since.timestamp(), "bucket": bucket, "scan": ACTIVITY_SCAN}
-
-        def read(conn: sqlite3.Connection) -> list[ActivityBucket]:
-            found = conn.execute(SQL["activity"], args).fetchall()
-            return activity_buckets(since, bucket, found)
-
-        return await self._db.read(read)
-
-    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
-        def read(conn: sqlite3.Connection) -> list[int]:
-            found = conn.execute(SQL["key_holders"], {"key": key, "limit": limit}).fetchall()
-            return [task_id for (task_id,) in found]
-
-        return await self._db.read(read)
-
 
 def _stored(row: tuple[Any, ...]) -> StoredSchedule:
     name, task, cron, every, tz, missed, catch_up, args, fingerprint = row[:9]
@@ -236,11 +192,3 @@ def _stored(row: tuple[Any, ...]) -> StoredSchedule:
         synced_at=rows.moment(row[11]),
         release=row[12],
     )
-
-
-def key_info(row: tuple[Any, ...], now: float) -> KeyInfo:
-    key, max_running, running, pending, rate, period, tokens = row
-    upcoming = None
-    if tokens is not None and tokens < 1:
-        upcoming = rows.moment(now + (1 - tokens) * period / rate)
-    return KeyInfo(key, max_running, running, pending, rate, period, tokens, upcoming)
