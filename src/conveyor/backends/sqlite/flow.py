@@ -1,9 +1,10 @@
 """Flow control on SQLite: pauses, concurrency keys and rate limits (read
 and settled by the claim), and schedules.
 
-:class:`FlowControl` is a mixin of :class:`~conveyor.backends.sqlite.backend.SQLiteBackend`. The
-claim reads the paused queues and names in its own write transaction
-(:func:`served`), so a pause holds from its commit on.
+:class:`FlowControl` is a mixin of
+:class:`~conveyor.backends.sqlite.backend.SQLiteBackend`. The claim reads
+the paused queues and names in its own write transaction (:func:`served`),
+so a pause holds from its commit on.
 """
 
 from __future__ import annotations
@@ -22,14 +23,9 @@ from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.enqueue import insert_tasks
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.backends.stored import (
-    key_scan,
-    schedule_args,
-)
+from conveyor.backends.stored import key_scan, schedule_args
 from conveyor.model import Pause, PauseKind, check_pause
-from conveyor.records import (
-    StoredSchedule,
-)
+from conveyor.records import StoredSchedule
 
 
 def served(conn: sqlite3.Connection, params: ClaimParams) -> ClaimParams:
