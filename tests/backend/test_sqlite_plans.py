@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from conveyor.backends.sqlite import SQLiteBackend
-from conveyor.backends.sqlite.backend import SQL
 from conveyor.backends.sqlite.reads import _summaries_statement as summaries_statement
+from conveyor.backends.sqlite.statements import SQL
 from conveyor.model import TaskState
 from conveyor.records import TaskFilter
 

@@ -29,8 +29,8 @@ from conveyor.backends.params import ClaimParams
 from conveyor.backends.postgres import queries as pg_queries
 from conveyor.backends.redis import keys as redis_keys
 from conveyor.backends.sqlfiles import migrations as sql_migrations
-from conveyor.backends.sqlite import migrate as sqlite_migrate
-from conveyor.backends.sqlite.backend import SQL as SQLITE_SQL
+from conveyor.backends.sqlite import schema as sqlite_schema
+from conveyor.backends.sqlite.statements import SQL as SQLITE_SQL
 from conveyor.dashboard import create_app
 from conveyor.model import MAX_SECONDS
 from tests.cli_harness import Cli
@@ -273,7 +273,7 @@ async def _store_before_bounds(store: Store) -> None:
         conn.execute(SQLITE_SQL["migrations_table"])
         for version, name, text in sql_migrations("conveyor.backends.sqlite"):
             if version <= before:
-                for statement in sqlite_migrate.statements(text):
+                for statement in sqlite_schema.statements(text):
                     conn.execute(statement)
                 conn.execute(SQLITE_SQL["record_migration"], {"version": version, "name": name})
 

@@ -1,8 +1,10 @@
-"""Flow control and retention on SQLite: pauses, schedules and pruning.
+"""Flow control on SQLite: pauses, concurrency keys and rate limits (read
+and settled by the claim), and schedules.
 
-A mixin of :class:`~conveyor.backends.sqlite.backend.SQLiteBackend`. The
-claim reads the paused queues and names in its own write transaction
-(:func:`served`), so a pause holds from its commit on.
+:class:`FlowControl` is a mixin of
+:class:`~conveyor.backends.sqlite.backend.SQLiteBackend`. The claim reads
+the paused queues and names in its own write transaction (:func:`served`),
+so a pause holds from its commit on.
 """
 
 from __future__ import annotations
@@ -19,30 +21,11 @@ from conveyor.backends import wake
 from conveyor.backends.params import ClaimParams, EnqueueParams, FireParams, ScheduleSync
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
-from conveyor.backends.sqlite.inboxes import insert_tasks
+from conveyor.backends.sqlite.enqueue import insert_tasks
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.backends.stored import (
-    activity_buckets,
-    check_bucket_seconds,
-    delete_refused,
-    key_scan,
-    schedule_args,
-    transition_result,
-)
-from conveyor.model import Pause, PauseKind, TaskState, check_pause
-from conveyor.records import (
-    ACTIVITY_SCAN,
-    ActivityBucket,
-    CancelMany,
-    DeleteMany,
-    KeyInfo,
-    PruneParams,
-    PruneResult,
-    QueueBacklog,
-    RetryMany,
-    StoredSchedule,
-    TaskSelection,
-)
+from conveyor.backends.stored import key_scan, schedule_args
+from conveyor.model import Pause, PauseKind, check_pause
+from conveyor.records import StoredSchedule
 
 
 def served(conn: sqlite3.Connection, params: ClaimParams) -> ClaimParams:
@@ -108,10 +91,8 @@ def settle_keys(
 
 
 class FlowControl:
-    """Pause, resume, list pauses, prune (see :class:`~conveyor.backends.protocol.Backend`).
-
-    A prune batch is one write transaction: SQLite has one writer at a
-    time, so batches of several processes take turns (never ``busy``)."""
+    """Pause, resume, list pauses, and sync, list and fire schedules (see
+    :class:`~conveyor.backends.protocol.Backend`)."""
 
     _db: Database
     _wake_key: str
@@ -140,12 +121,6 @@ class FlowControl:
 
         return await self._db.read(read)
 
-    async def store_clock(self) -> datetime:
-        def read(conn: sqlite3.Connection) -> datetime:
-            return rows.moment(clock(conn, None)) or rows.EARLIEST
-
-        return await self._db.read(read)
-
     async def fire_schedule(self, params: FireParams) -> list[int]:
         if not params.slots:
             return []
@@ -168,66 +143,6 @@ class FlowControl:
         if ids:
             wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids
-
-    async def run_now(self, task_id: int, now: datetime | None = None) -> TaskState:
-        def move(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
-            args = {"id": task_id, "now": clock(conn, now)}
-            moved = conn.execute(SQL["run_now"], args).fetchone()
-            if moved is not None:
-                return moved[0], None
-            current = conn.execute(SQL["task_state"], {"id": task_id}).fetchone()
-            return None, current[0] if current else None
-
-        changed, current = await self._db.write(move)
-        if changed is not None:
-            wake.notify_all(self._wake_key)
-        return transition_result(task_id, "run now", changed, current)
-
-    async def delete(self, task_id: int) -> None:
-        def delete(conn: sqlite3.Connection) -> tuple[str | None, str | None] | None:
-            if conn.execute(SQL["delete_task"], {"id": task_id}).fetchone() is not None:
-                return None
-            found = conn.execute(SQL["delete_blocker"], {"id": task_id}).fetchone()
-            return (found[0], found[1]) if found else (None, None)
-
-        refused = await self._db.write(delete)
-        if refused is not None:
-            raise delete_refused(task_id, *refused)
-
-    async def retry_many(self, selection: RetryMany) -> list[int]:
-        ids = await self._act_on(selection, "retry_many")
-        if ids:
-            wake.notify_all(self._wake_key)
-        return ids
-
-    async def cancel_many(self, selection: CancelMany) -> list[int]:
-        ids = await self._act_on(selection, "cancel_many")
-        if ids:
-            wake.notify_all(self._wake_key)  # a parent may have an end message
-            wake.notify_cancel(self._wake_key, [None])  # running ones: see cancel
-        return ids
-
-    async def delete_many(self, selection: DeleteMany) -> list[int]:
-        return await self._act_on(selection, "delete_many")
-
-    async def _act_on(self, selection: TaskSelection, statement: str) -> list[int]:
-        """Run a bulk action's statement on one selection, in one write."""
-
-        def act(conn: sqlite3.Connection) -> list[int]:
-            args = {
-                "states": json.dumps([s.value for s in selection.states]),
-                "ids": None if selection.ids is None else json.dumps(list(selection.ids)),
-                "name": selection.name,
-                "queue": selection.queue,
-                "since": rows.seconds(selection.since),
-                "until": rows.seconds(selection.until),
-                "after": selection.after,
-                "limit": selection.limit,
-                "now": clock(conn, selection.now),
-            }
-            return sorted(r[0] for r in conn.execute(SQL[statement], args).fetchall())
-
-        return await self._db.write(act)
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)
@@ -255,68 +170,6 @@ class FlowControl:
             for kind, name, at in found
         ]
 
-    async def prune(self, params: PruneParams) -> PruneResult:
-        def prune(conn: sqlite3.Connection) -> PruneResult:
-            left = params.limit
-            for state, before in params.before.items():
-                if left <= 0:
-                    break
-                args = {"state": state.value, "before": rows.seconds(before), "limit": left}
-                left -= len(conn.execute(SQL["prune_tasks"], args).fetchall())
-            workers = 0
-            if params.workers_before is not None:
-                args = {"workers_before": rows.seconds(params.workers_before)}
-                workers = len(conn.execute(SQL["prune_workers"], args).fetchall())
-            return PruneResult(tasks=params.limit - left, workers=workers)
-
-        return await self._db.write(prune)
-
-    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
-        def read(conn: sqlite3.Connection) -> list[KeyInfo]:
-            moment = clock(conn, now)
-            found = conn.execute(SQL["list_keys"], {"now": moment, "limit": limit}).fetchall()
-            return [key_info(row, moment) for row in found]
-
-        return await self._db.read(read)
-
-    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
-        def read(conn: sqlite3.Connection) -> list[QueueBacklog]:
-            found = conn.execute(SQL["queue_backlogs"], {"now": clock(conn, now)}).fetchall()
-            return [QueueBacklog(q, int(d), int(la), rows.moment(o)) for q, d, la, o in found]
-
-        return await self._db.read(read)
-
-    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
-        bucket = check_bucket_seconds(bucket_seconds)
-        args = {"since": since.timestamp(), "bucket": bucket, "scan": ACTIVITY_SCAN}
-
-        def read(conn: sqlite3.Connection) -> list[ActivityBucket]:
-            found = conn.execute(SQL["activity"], args).fetchall()
-            return activity_buckets(since, bucket, found)
-
-        return await self._db.read(read)
-
-    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
-        def read(conn: sqlite3.Connection) -> list[int]:
-            found = conn.execute(SQL["key_holders"], {"key": key, "limit": limit}).fetchall()
-            return [task_id for (task_id,) in found]
-
-        return await self._db.read(read)
-
-    async def count_prunable(self, params: PruneParams) -> PruneResult:
-        def count(conn: sqlite3.Connection) -> PruneResult:
-            tasks = 0
-            for state, before in params.before.items():
-                args = {"state": state.value, "before": rows.seconds(before)}
-                tasks += conn.execute(SQL["count_prunable"], args).fetchone()[0]
-            workers = 0
-            if params.workers_before is not None:
-                args = {"workers_before": rows.seconds(params.workers_before)}
-                workers = conn.execute(SQL["count_prunable_workers"], args).fetchone()[0]
-            return PruneResult(tasks=tasks, workers=workers)
-
-        return await self._db.read(count)
-
 
 def _stored(row: tuple[Any, ...]) -> StoredSchedule:
     name, task, cron, every, tz, missed, catch_up, args, fingerprint = row[:9]
@@ -335,11 +188,3 @@ def _stored(row: tuple[Any, ...]) -> StoredSchedule:
         synced_at=rows.moment(row[11]),
         release=row[12],
     )
-
-
-def key_info(row: tuple[Any, ...], now: float) -> KeyInfo:
-    key, max_running, running, pending, rate, period, tokens = row
-    upcoming = None
-    if tokens is not None and tokens < 1:
-        upcoming = rows.moment(now + (1 - tokens) * period / rate)
-    return KeyInfo(key, max_running, running, pending, rate, period, tokens, upcoming)

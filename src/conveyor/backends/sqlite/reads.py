@@ -1,19 +1,36 @@
-"""The listings of the SQLite store: tasks whole, tasks summarized, and
-running tasks counted by worker.
+"""The reads of the SQLite store: a task whole, tasks listed and
+summarized, counts, backlogs, activity, keys and the store's clock.
 
-A mixin of :class:`~conveyor.backends.sqlite.backend.SQLiteBackend`: each
-method is one statement of ``sql/reads.sql`` read on the backend's connection.
+:class:`Listings` is the section of
+:class:`~conveyor.backends.sqlite.backend.SQLiteBackend` that reads: each
+method reads on the backend's connection outside a transaction, with the
+statements of ``sql/reads.sql`` (and the clock's and the next due time's).
 """
 
 from __future__ import annotations
 
+import json
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
+from conveyor.backends.params import WorkFilter
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
-from conveyor.backends.sqlite.statements import SQL
-from conveyor.model import Task
-from conveyor.records import SUMMARY_ERROR_CHARS, TaskFilter, TaskSummary
+from conveyor.backends.sqlite.statements import SQL, clock
+from conveyor.backends.stored import activity_buckets, check_bucket_seconds
+from conveyor.model import Attempt, Task, TaskState
+from conveyor.records import (
+    ACTIVITY_SCAN,
+    SUMMARY_ERROR_CHARS,
+    ActivityBucket,
+    KeyInfo,
+    QueueBacklog,
+    TaskCount,
+    TaskFilter,
+    TaskSummary,
+)
 
 
 def _filter_args(task_filter: TaskFilter) -> dict[str, Any]:
@@ -36,8 +53,11 @@ def _summaries_statement(task_filter: TaskFilter) -> str:
 
 
 class Listings:
-    """``list_tasks``, ``list_summaries`` and ``running_by_worker`` (see
-    :class:`~conveyor.backends.capabilities.Inspector`)."""
+    """``get_task``, ``count_unfinished``, ``next_due_at`` and
+    ``store_clock`` (see :class:`~conveyor.backends.protocol.Backend`);
+    ``list_tasks``, ``list_summaries``, ``running_by_worker``,
+    ``count_tasks``, ``list_keys``, ``key_holders``, ``queue_backlogs`` and
+    ``activity`` (see :class:`~conveyor.backends.capabilities.Inspector`)."""
 
     _db: Database
 
@@ -60,3 +80,85 @@ class Listings:
         """Counted off the lease index, which holds only running tasks."""
         found = await self._db.read(lambda conn: conn.execute(SQL["running_by_worker"]).fetchall())
         return {worker_id: count for worker_id, count in found if worker_id is not None}
+
+    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
+        def fetch(conn: sqlite3.Connection) -> Task | None:
+            row = conn.execute(SQL["get_task"], {"id": task_id}).fetchone()
+            if row is None:
+                return None
+            attempts: tuple[Attempt, ...] = ()
+            if with_attempts:
+                found = conn.execute(SQL["get_attempts"], {"id": task_id}).fetchall()
+                attempts = tuple(rows.attempt(r) for r in found)
+            return rows.task(row, attempts)
+
+        return await self._db.read(fetch)
+
+    async def count_tasks(self) -> list[TaskCount]:
+        found = await self._db.read(lambda conn: conn.execute(SQL["count_tasks"]).fetchall())
+        return [TaskCount(TaskState(r[0]), r[1], r[2], r[3]) for r in found]
+
+    async def count_unfinished(self, work: WorkFilter) -> int:
+        def count(conn: sqlite3.Connection) -> int:
+            args = {
+                "now": clock(conn, work.now),
+                "queues": json.dumps(list(work.queues)),
+                "names": json.dumps(list(work.names)),
+            }
+            value: int = conn.execute(SQL["count_unfinished"], args).fetchone()[0]
+            return value
+
+        return await self._db.read(count)
+
+    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
+        args = {"queues": json.dumps(list(queues))}
+        value = await self._db.read(
+            lambda conn: conn.execute(SQL["next_run_at"], args).fetchone()[0]
+        )
+        return rows.moment(value)
+
+    async def store_clock(self) -> datetime:
+        def read(conn: sqlite3.Connection) -> datetime:
+            return rows.moment(clock(conn, None)) or rows.EARLIEST
+
+        return await self._db.read(read)
+
+    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
+        def read(conn: sqlite3.Connection) -> list[KeyInfo]:
+            moment = clock(conn, now)
+            found = conn.execute(SQL["list_keys"], {"now": moment, "limit": limit}).fetchall()
+            return [key_info(row, moment) for row in found]
+
+        return await self._db.read(read)
+
+    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
+        def read(conn: sqlite3.Connection) -> list[QueueBacklog]:
+            found = conn.execute(SQL["queue_backlogs"], {"now": clock(conn, now)}).fetchall()
+            return [QueueBacklog(q, int(d), int(la), rows.moment(o)) for q, d, la, o in found]
+
+        return await self._db.read(read)
+
+    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        bucket = check_bucket_seconds(bucket_seconds)
+        args = {"since": since.timestamp(), "bucket": bucket, "scan": ACTIVITY_SCAN}
+
+        def read(conn: sqlite3.Connection) -> list[ActivityBucket]:
+            found = conn.execute(SQL["activity"], args).fetchall()
+            return activity_buckets(since, bucket, found)
+
+        return await self._db.read(read)
+
+    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
+        def read(conn: sqlite3.Connection) -> list[int]:
+            found = conn.execute(SQL["key_holders"], {"key": key, "limit": limit}).fetchall()
+            return [task_id for (task_id,) in found]
+
+        return await self._db.read(read)
+
+
+def key_info(row: tuple[Any, ...], now: float) -> KeyInfo:
+    key, max_running, running, pending, rate, period, tokens = row
+    upcoming = None
+    if tokens is not None and tokens < 1:
+        upcoming = rows.moment(now + (1 - tokens) * period / rate)
+    return KeyInfo(key, max_running, running, pending, rate, period, tokens, upcoming)

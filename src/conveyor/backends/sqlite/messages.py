@@ -1,9 +1,11 @@
-"""Tasks, messages and a poll's effects on a SQLite connection.
+"""Messages and a poll's effects on a SQLite connection.
 
 Every function runs inside the caller's write transaction (BEGIN
 IMMEDIATE): with one writer at a time, a poll's completion, its effects and any
 send are serialised, so a message is either seen by a poll or wakes the
-task once that poll has ended.
+task once that poll has ended. :class:`Messages` is the section of
+:class:`~conveyor.backends.sqlite.backend.SQLiteBackend` that sends and
+reads inboxes.
 """
 
 from __future__ import annotations
@@ -13,88 +15,14 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.backends.params import Completion, Delivery, EnqueueParams, NewTask
+from conveyor.backends import wake
+from conveyor.backends.params import Completion, Delivery, EnqueueParams, SendParams
 from conveyor.backends.sqlite import rows
-from conveyor.backends.sqlite.statements import SQL
+from conveyor.backends.sqlite.database import Database, translated_errors
+from conveyor.backends.sqlite.enqueue import check_caller, insert_tasks
+from conveyor.backends.sqlite.statements import SQL, clock
 from conveyor.backends.stored import check_recipient, message_row
-from conveyor.errors import TaskExistsError
 from conveyor.model import Message, TaskState
-
-
-def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) -> list[int]:
-    """Insert tasks and their first messages; their ids in input order. A
-    task whose name and unique key a stored task holds is not inserted (nor
-    its first message): see :func:`_insert_keyed`."""
-    values = rows.enqueue_rows(params, now)
-    if any(t.idempotency_key is not None for t in params.tasks):
-        # A savepoint: a TaskExistsError midway leaves the transaction as it
-        # was. Begun first, as sqlite3 would before an insert: a savepoint
-        # outside a transaction would commit at its release.
-        if not conn.in_transaction:
-            conn.execute("begin")
-        conn.execute("savepoint conveyor_enqueue")
-        try:
-            ids, fresh = _insert_keyed(conn, params.tasks, values)
-        except BaseException:
-            conn.execute("rollback to conveyor_enqueue")
-            conn.execute("release conveyor_enqueue")
-            raise
-        conn.execute("release conveyor_enqueue")
-    else:
-        conn.executemany(SQL["enqueue"], values)
-        # Under the write lock rowids are drawn one after another: the last
-        # one and the count give every id, in input order.
-        last: int = conn.execute("select last_insert_rowid()").fetchone()[0]
-        ids = list(range(last - len(params.tasks) + 1, last + 1))
-        fresh = [True] * len(ids)
-    firsts = [
-        {
-            "task_id": task_id,
-            "sender_id": t.parent_id,
-            "body": t.message,
-            "now": now,
-            "trace": t.trace,
-        }
-        for task_id, t, new in zip(ids, params.tasks, fresh, strict=True)
-        if t.message is not None and new
-    ]
-    if firsts:
-        conn.executemany(SQL["first_message"], firsts)
-    return ids
-
-
-def _insert_keyed(
-    conn: sqlite3.Connection, tasks: Sequence[NewTask], values: list[dict[str, Any]]
-) -> tuple[list[int], list[bool]]:
-    """Insert one task at a time (under the write lock: no one else writes
-    meanwhile): each id, and whether it is new. A key whose holder's period
-    is over is freed first; a held key answers by the task's
-    ``on_conflict`` (a key repeated in the batch is the batch's first task)."""
-    ids, fresh = [], []
-    mine: set[int] = set()
-    for task, value in zip(tasks, values, strict=True):
-        held = None
-        if task.idempotency_key is not None:
-            held = conn.execute(SQL["stored_key"], value).fetchone()
-            if held is not None and held[1]:
-                conn.execute(SQL["release_key"], {"id": held[0]})
-                held = None
-        if held is None:
-            inserted = conn.execute(SQL["enqueue_keyed"], value).fetchone()
-            ids.append(int(inserted[0]))
-            fresh.append(True)
-            mine.add(int(inserted[0]))
-            continue
-        holder = int(held[0])
-        if holder not in mine:
-            if task.on_conflict == "raise":
-                assert task.idempotency_key is not None
-                raise TaskExistsError(task.name, task.idempotency_key, holder)
-            if task.on_conflict == "replace":
-                conn.execute(SQL["replace_pending"], {**value, "id": holder})
-        ids.append(holder)
-        fresh.append(False)
-    return ids, fresh
 
 
 def send(conn: sqlite3.Connection, deliveries: Sequence[Delivery], now: float) -> list[int]:
@@ -180,3 +108,38 @@ def rewake(conn: sqlite3.Connection, applied: Sequence[Completion], now: float) 
 def read_inbox(conn: sqlite3.Connection, task_id: int) -> list[Message]:
     found = conn.execute(SQL["inbox"], {"task_id": task_id}).fetchall()
     return [message_row(rows.message(r)) for r in found]
+
+
+class Messages:
+    """``send`` and ``inbox`` (see :class:`~conveyor.backends.protocol.Backend`),
+    ``send_in`` and ``send_in_sync`` (see
+    :class:`~conveyor.backends.capabilities.TransactionalEnqueue`)."""
+
+    path: str
+    _db: Database
+    _wake_key: str
+
+    async def send(self, params: SendParams) -> list[int]:
+        if not params.deliveries:
+            return []
+        ids = await self._db.write(
+            lambda conn: send(conn, params.deliveries, clock(conn, params.now))
+        )
+        wake.notify_all(self._wake_key)
+        return ids
+
+    async def send_in(self, params: SendParams, connection: Any) -> list[int]:
+        """As :meth:`send_in_sync`, on the caller's thread."""
+        return self.send_in_sync(params, connection)
+
+    def send_in_sync(self, params: SendParams, connection: Any) -> list[int]:
+        """Send on the caller's ``sqlite3.Connection`` inside its open
+        transaction (as for ``enqueue_in_sync``); the caller commits."""
+        check_caller(connection, self.path)
+        with translated_errors():
+            ids = send(connection, params.deliveries, clock(connection, params.now))
+        wake.notify_all(self._wake_key)
+        return ids
+
+    async def inbox(self, task_id: int) -> list[Message]:
+        return await self._db.read(lambda conn: read_inbox(conn, task_id))

@@ -1,22 +1,30 @@
-"""Apply the numbered migrations of the SQLite schema, once each.
+"""The SQLite schema: its numbered migrations, applied once each and recorded.
 
 Each migration runs in one ``BEGIN IMMEDIATE`` transaction together with its
 record in ``conveyor_migrations``: SQLite's DDL is transactional, and the
 write lock makes processes starting at once apply each migration exactly
 once. A failed migration leaves nothing half-done. Re-running is a no-op.
+
+:class:`Schema` is the section of
+:class:`~conveyor.backends.sqlite.backend.SQLiteBackend` that migrates,
+checks and drops the store.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import LiteralString
 
 from conveyor.backends import sqlfiles
-from conveyor.backends.sqlite.database import immediate
+from conveyor.backends.sqlite.database import Database, immediate, translated_errors
+from conveyor.backends.sqlite.statements import SQL
 from conveyor.errors import StoreNotReadyError
 from conveyor.records import Migration
+from conveyor.redaction import redact_url
 
 log = logging.getLogger("conveyor.migrate")
 
@@ -94,3 +102,52 @@ def pending_migrations(
         text = f"begin immediate;\n{prepare}{script.rstrip()}\n{record}\ncommit;\n"
         found.append(Migration(version, name, text))
     return found
+
+
+class Schema:
+    """``migrate``, ``require_migrated``, ``pending_migrations`` and
+    ``destroy`` (see :class:`~conveyor.backends.protocol.Backend`), and the
+    store's ``location``."""
+
+    path: str
+    _busy_timeout: float
+    _db: Database
+
+    @property
+    def location(self) -> str:
+        return redact_url(f"sqlite:///{self.path}")
+
+    async def migrate(self) -> list[int]:
+        return await self._db.read(lambda conn: apply_migrations(conn, SQL))
+
+    async def require_migrated(self) -> None:
+        await self._db.read(lambda conn: require_migrated(conn, SQL, self.location))
+
+    async def pending_migrations(self) -> list[Migration]:
+        return await self._db.read(lambda conn: pending_migrations(conn, SQL))
+
+    def _require_file(self) -> None:
+        """Raise StoreNotReadyError unless the file exists with every
+        migration applied (read on a connection of its own, read-only)."""
+        if not os.path.exists(self.path):
+            raise StoreNotReadyError(
+                f"no SQLite database at {self.path} (check --url or CONVEYOR_URL; "
+                "`conveyor migrate` or a worker creates it)"
+            )
+        with translated_errors():
+            conn = sqlite3.connect(
+                f"file:{urllib.parse.quote(self.path)}?mode=ro",
+                uri=True,
+                timeout=self._busy_timeout,
+            )
+            try:
+                require_migrated(conn, SQL, self.location)
+            finally:
+                conn.close()
+
+    async def destroy(self) -> None:
+        def drop(conn: sqlite3.Connection) -> None:
+            for table in ("message_keys", "messages", "attempts", "workers", "tasks", "migrations"):
+                conn.execute(SQL[f"drop_{table}"])
+
+        await self._db.write(drop)
