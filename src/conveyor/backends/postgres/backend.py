@@ -23,7 +23,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import PoolTimeout
 
 from conveyor.backends.params import Wakeup
-from conveyor.backends.postgres import listen, queries, turns
+from conveyor.backends.postgres import listen, statements, turns
 from conveyor.backends.postgres.attempts import Attempts
 from conveyor.backends.postgres.controls import Controls
 from conveyor.backends.postgres.enqueue import Enqueue
@@ -160,5 +160,5 @@ class PostgresBackend(
         """Queue names from the wake-up channel, cancel hints (task ids) from
         the cancel channel, hand-offs to ``handoffs_for`` from its own (see
         :mod:`.listen`)."""
-        cancels = queries.cancel_channel(self.schema)
+        cancels = statements.cancel_channel(self.schema)
         return listen.wakeups(self.url, self.channel, cancels, queues, handoffs_for)

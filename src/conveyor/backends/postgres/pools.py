@@ -22,7 +22,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from conveyor.backends.postgres import failures, queries
+from conveyor.backends.postgres import failures, statements
 from conveyor.backends.postgres.loaders import ADAPTERS
 from conveyor.backends.postgres.urls import connect_timeout
 from conveyor.errors import BackendError, ConfigurationError
@@ -102,9 +102,9 @@ class Pools:
     ) -> None:
         self.url = url
         self._connect_timeout = connect_timeout(url)
-        self.schema = queries.validate_schema(schema)
-        self.sql: Mapping[str, bytes] = queries.load(self.schema)
-        self.channel = queries.channel(self.schema)
+        self.schema = statements.validate_schema(schema)
+        self.sql: Mapping[str, bytes] = statements.load(self.schema)
+        self.channel = statements.channel(self.schema)
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
         self._pool_size = pool_size

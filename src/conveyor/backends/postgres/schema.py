@@ -24,7 +24,7 @@ from psycopg import AsyncClientCursor, AsyncConnection, sql
 from psycopg.rows import tuple_row
 
 from conveyor.backends.postgres.pools import Pools
-from conveyor.backends.postgres.queries import compose, migrations
+from conveyor.backends.postgres.statements import compose, migrations
 from conveyor.errors import StoreNotReadyError
 from conveyor.records import Migration
 from conveyor.redaction import redact_url
