@@ -19,7 +19,7 @@ import pytest
 from conveyor import Retention
 from conveyor.backends.params import ClaimParams, Completion, EnqueueParams
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.postgres.flow import _prune_args as prune_args
+from conveyor.backends.postgres.maintenance import _prune_args as prune_args
 from conveyor.backends.postgres.reads import IN_INDEX_ORDER, ORDERED_STATEMENTS
 from conveyor.backends.postgres.reads import _summaries_statement as summaries_statement
 from conveyor.backends.postgres.rows import finish_statement

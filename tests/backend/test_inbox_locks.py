@@ -22,7 +22,7 @@ import pytest
 from conveyor import payload as codec
 from conveyor.backends.params import Delivery, FinishParams, HeartbeatParams, SendParams
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.postgres.inboxes import finish_with_effects
+from conveyor.backends.postgres.messages import finish_with_effects
 from conveyor.model import TaskState
 from tests.conformance.test_inboxes import NAMES, coroutine, rest
 from tests.conformance.test_tasks import LEASE, claim, enqueue, later

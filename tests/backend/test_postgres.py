@@ -20,7 +20,8 @@ from conveyor.backends.params import (
     HeartbeatParams,
     NewTask,
 )
-from conveyor.backends.postgres import PostgresBackend, queries
+from conveyor.backends.postgres import PostgresBackend
+from conveyor.backends.postgres import statements as pg_statements
 from conveyor.errors import BackendError, ConfigurationError
 from conveyor.model import Outcome, TaskState
 from conveyor.records import PruneParams, PruneResult, TaskFilter
@@ -38,7 +39,7 @@ async def test_migrations_are_recorded_and_idempotent(backend: PostgresBackend) 
                 )
             )
         ).fetchall()
-    assert rows == [(version,) for version, _name, _sql in queries.migrations()]
+    assert rows == [(version,) for version, _name, _sql in pg_statements.migrations()]
 
 
 async def test_no_row_trigger_runs_before_an_update_of_tasks(backend: PostgresBackend) -> None:
@@ -69,14 +70,14 @@ def test_every_statement_stays_short_enough_for_psycopg_to_keep_it_parsed() -> N
     every execution, about 0.1 ms of the worker's time per claim."""
     from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 
-    statements = queries.load("s" * 40)  # the longest schema name
+    statements = pg_statements.load("s" * 40)  # the longest schema name
     assert "claim" in statements
     assert not [name for name in statements if name.startswith(sqlfiles.PART)]
     too_long = {n: len(s) for n, s in statements.items() if len(s) > MAX_CACHED_STATEMENT_LENGTH}
     # The claim that also takes back expired leases runs once per poll
     # interval, not per claim: it must fit under the default schema name.
     assert set(too_long) <= {"claim_reclaim"}
-    assert len(queries.load("conveyor")["claim_reclaim"]) <= MAX_CACHED_STATEMENT_LENGTH
+    assert len(pg_statements.load("conveyor")["claim_reclaim"]) <= MAX_CACHED_STATEMENT_LENGTH
     lines = [line for s in statements.values() for line in s.splitlines()]
     assert not [line for line in lines if line.startswith(b"--")]
 
@@ -256,7 +257,7 @@ async def test_one_pruner_at_a_time(backend: PostgresBackend) -> None:
     params = PruneParams({TaskState.SUCCEEDED: later(2)})
     async with await psycopg.AsyncConnection.connect(backend.url) as other:
         await other.execute(
-            "select pg_advisory_xact_lock(%s, -1)", (queries.lock_space(backend.schema),)
+            "select pg_advisory_xact_lock(%s, -1)", (pg_statements.lock_space(backend.schema),)
         )
         assert await backend.prune(params) == PruneResult(tasks=0, workers=0, busy=True)
         await other.rollback()

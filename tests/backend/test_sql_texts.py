@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 
 from conveyor.backends import sqlfiles
-from conveyor.backends.postgres import queries
+from conveyor.backends.postgres import statements as pg_statements
 from conveyor.backends.stored import SQL_TEXTS
 
 PACKAGES = ["conveyor.backends.postgres", "conveyor.backends.sqlite"]
@@ -49,6 +49,6 @@ def test_the_sql_files_name_the_texts_and_never_copy_them(package: str) -> None:
 
 
 def test_postgres_statements_load_with_the_texts() -> None:
-    statements = queries.load("conveyor")
+    statements = pg_statements.load("conveyor")
     assert sqlfiles.sql_literal(SQL_TEXTS["lease_expired"]).encode() in statements["claim_reclaim"]
     assert b"cast(spent as text)" in statements["quarantine"]

@@ -26,7 +26,7 @@ from starlette.testclient import TestClient
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskState
 from conveyor.backends.params import ClaimParams
-from conveyor.backends.postgres import queries as pg_queries
+from conveyor.backends.postgres import statements as pg_statements
 from conveyor.backends.redis import keys as redis_keys
 from conveyor.backends.sqlfiles import migrations as sql_migrations
 from conveyor.backends.sqlite import schema as sqlite_schema
@@ -251,17 +251,17 @@ async def _store_before_bounds(store: Store) -> None:
     before = BEFORE_BOUNDS[store.kind]
     if store.kind == "postgres":
         with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(pg_queries.compose("create schema {schema}", store.schema))
+            conn.execute(pg_statements.compose("create schema {schema}", store.schema))
             conn.execute(
-                pg_queries.compose(
+                pg_statements.compose(
                     "create table {schema}.migrations (version integer primary key, "
                     "name text not null, applied_at timestamptz not null default now())",
                     store.schema,
                 )
             )
-            for version, name, text in pg_queries.migrations():
+            for version, name, text in pg_statements.migrations():
                 if version <= before:
-                    conn.execute(pg_queries.compose(text, store.schema))
+                    conn.execute(pg_statements.compose(text, store.schema))
                     conn.execute(
                         sql.SQL("insert into {} (version, name) values (%s, %s)").format(
                             sql.Identifier(store.schema, "migrations")

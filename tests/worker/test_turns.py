@@ -13,7 +13,7 @@ import pytest
 
 import conveyor
 from conveyor.backends.postgres import turns as pg_turns
-from conveyor.backends.postgres.queries import lock_space
+from conveyor.backends.postgres.statements import lock_space
 from conveyor.worker.turns import Turn, worker_kind
 from tests.conftest import PG_URL
 from tests.worker.helpers import RunningWorker, wait_for, wait_terminal

@@ -1,59 +1,29 @@
-"""Flow control and retention on PostgreSQL: pauses, schedules and pruning.
+"""Flow control on PostgreSQL: pauses and schedules.
 
 A mixin of :class:`~conveyor.backends.postgres.backend.PostgresBackend`:
-each method is one statement of the ``sql`` folder run through the backend's
-``_fetchall``. The claims read the ``pauses`` table themselves (see
-``part_served_queues``), so a pause holds from its commit on.
+each method is one statement of sql/flow.sql run through ``_fetchall``, or
+a few in one transaction (a schedules' sync, a schedule's firing). The
+claims read the ``pauses`` table themselves (see ``part_served``), so a
+pause holds from its commit on. Concurrency keys, rate limits and unique
+keys are read and written by the enqueues and claims that use them
+(sql/flow.sql, :mod:`.enqueue`, :mod:`.attempts`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any
-
-from psycopg import AsyncConnection, sql
 
 from conveyor.backends.params import FireParams, ScheduleSync
-from conveyor.backends.postgres.inboxes import insert_tasks
-from conveyor.backends.stored import (
-    activity_buckets,
-    check_bucket_seconds,
-    delete_refused,
-    schedule_args,
-    transition_result,
-)
-from conveyor.model import Pause, PauseKind, TaskState, check_pause
-from conveyor.records import (
-    ACTIVITY_SCAN,
-    ActivityBucket,
-    CancelMany,
-    DeleteMany,
-    KeyInfo,
-    PruneParams,
-    PruneResult,
-    QueueBacklog,
-    RetryMany,
-    StoredSchedule,
-    TaskSelection,
-)
+from conveyor.backends.postgres.enqueue import insert_tasks
+from conveyor.backends.postgres.pools import Pools
+from conveyor.backends.stored import schedule_args
+from conveyor.model import Pause, PauseKind, check_pause
+from conveyor.records import StoredSchedule
 
 
-class FlowControl:
-    """Pause, resume, list pauses, prune (see :class:`~conveyor.backends.protocol.Backend`)."""
-
-    sql: Mapping[str, bytes]
-    schema: str
-
-    async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        raise NotImplementedError  # the backend's own
-
-    async def _fetchall_scanning(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        raise NotImplementedError  # the backend's own
-
-    def _connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
-        raise NotImplementedError  # the backend's own
+class FlowControl(Pools):
+    """Pause, resume, list pauses; sync, list and fire schedules (see
+    :class:`~conveyor.backends.protocol.Backend`)."""
 
     async def sync_schedules(self, params: ScheduleSync) -> bool:
         release = {
@@ -83,10 +53,6 @@ class FlowControl:
             return (await self._fetchall("store_clock", {}))[0][0], []
         return rows[0][-1], [StoredSchedule(*row[:-1]) for row in rows]
 
-    async def store_clock(self) -> datetime:
-        clock: datetime = (await self._fetchall("store_clock", {}))[0][0]
-        return clock
-
     async def fire_schedule(self, params: FireParams) -> list[int]:
         if not params.slots:
             return []
@@ -107,28 +73,6 @@ class FlowControl:
                 )
             return ids
 
-    async def run_now(self, task_id: int, now: datetime | None = None) -> TaskState:
-        rows = await self._fetchall("run_now", {"id": task_id, "now": now})
-        if rows:
-            return TaskState(rows[0][0])
-        current = await self._fetchall("task_state", {"id": task_id})
-        return transition_result(task_id, "run now", None, current[0][0] if current else None)
-
-    async def delete(self, task_id: int) -> None:
-        if await self._fetchall("delete_task", {"id": task_id}):
-            return
-        found = await self._fetchall("delete_blocker", {"id": task_id})
-        raise delete_refused(task_id, *(found[0] if found else (None, None)))
-
-    async def retry_many(self, selection: RetryMany) -> list[int]:
-        return list((await self._fetchall("retry_many", _selected(selection)))[0][0])
-
-    async def cancel_many(self, selection: CancelMany) -> list[int]:
-        return list((await self._fetchall("cancel_many", _selected(selection)))[0][0])
-
-    async def delete_many(self, selection: DeleteMany) -> list[int]:
-        return list((await self._fetchall("delete_many", _selected(selection)))[0][0])
-
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)
         rows = await self._fetchall("pause", {"kind": kind.value, "name": name, "now": now})
@@ -142,67 +86,3 @@ class FlowControl:
     async def list_pauses(self) -> list[Pause]:
         rows = await self._fetchall("list_pauses", {})
         return [Pause(PauseKind(kind), name, paused_at) for kind, name, paused_at in rows]
-
-    async def prune(self, params: PruneParams) -> PruneResult:
-        held, tasks, workers = (await self._fetchall("prune", _prune_args(params)))[0]
-        return PruneResult(tasks=tasks, workers=workers, busy=not held)
-
-    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
-        rows = await self._fetchall("list_keys", {"limit": limit, "now": now})
-        return [KeyInfo(*row) for row in rows]
-
-    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
-        rows = await self._fetchall("queue_backlogs", {"now": now})
-        return [QueueBacklog(*row) for row in rows]
-
-    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
-        bucket = check_bucket_seconds(bucket_seconds)
-        args = {"since": since, "bucket": bucket, "scan": ACTIVITY_SCAN}
-        rows = await self._fetchall("activity", args)
-        return activity_buckets(since, bucket, rows)
-
-    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
-        rows = await self._fetchall("key_holders", {"key": key, "limit": limit})
-        return [task_id for (task_id,) in rows]
-
-    async def count_prunable(self, params: PruneParams) -> PruneResult:
-        args = _prune_args(params)
-        counts = await self._fetchall_scanning("count_prunable", args)
-        tasks = sum(count for _state, count in counts)
-        workers = 0
-        if params.workers_before is not None:
-            workers = (await self._fetchall("count_prunable_workers", args))[0][0]
-        return PruneResult(tasks=tasks, workers=workers)
-
-    async def vacuum(self) -> list[str]:
-        done = []
-        for (table,) in await self._fetchall("tables_to_vacuum", {"schema": self.schema}):
-            target = sql.Identifier(self.schema, table)
-            async with self._connection() as conn:
-                await conn.execute(sql.SQL("vacuum (skip_locked, analyze) {}").format(target))
-            done.append(str(table))
-        return done
-
-
-def _prune_args(params: PruneParams) -> dict[str, Any]:
-    return {
-        "states": [state.value for state in params.before],
-        "befores": list(params.before.values()),
-        "limit": params.limit,
-        "workers_before": params.workers_before,
-    }
-
-
-def _selected(selection: TaskSelection) -> dict[str, Any]:
-    """The arguments of a bulk action's statement (``part_selected``)."""
-    return {
-        "states": [s.value for s in selection.states],
-        "ids": None if selection.ids is None else list(selection.ids),
-        "name": selection.name,
-        "queue": selection.queue,
-        "since": selection.since,
-        "until": selection.until,
-        "after": selection.after,
-        "limit": selection.limit,
-        "now": selection.now,
-    }

@@ -1,23 +1,39 @@
-"""The listings of the PostgreSQL store: tasks whole, tasks summarized, and
-running tasks counted by worker.
+"""The reads of the PostgreSQL store: a task with its attempts, tasks whole
+and summarized, counts, activity, backlogs, concurrency keys, the clock.
 
 A mixin of :class:`~conveyor.backends.postgres.backend.PostgresBackend`:
-each method is one statement of ``sql/reads.sql``, run through the backend's
-``_fetchall``, or in a transaction of its own where it needs a planner
-setting (:data:`IN_INDEX_ORDER`).
+each method is a statement or two of ``sql/reads.sql`` (``next_run_at`` is
+in sql/flow.sql), run through ``_fetchall``, or in a transaction of its own
+where it needs a planner setting (:data:`IN_INDEX_ORDER`, or the sequential
+scans of ``_fetchall_scanning``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from psycopg import AsyncConnection
-
-from conveyor.backends.stored import summary_row, task_row
-from conveyor.model import Task, TaskState
-from conveyor.records import SUMMARY_ERROR_CHARS, TaskFilter, TaskSummary
+from conveyor.backends.params import WorkFilter
+from conveyor.backends.postgres.pools import Pools
+from conveyor.backends.stored import (
+    activity_buckets,
+    attempt_row,
+    check_bucket_seconds,
+    summary_row,
+    task_row,
+)
+from conveyor.model import Attempt, Task, TaskState
+from conveyor.records import (
+    ACTIVITY_SCAN,
+    SUMMARY_ERROR_CHARS,
+    ActivityBucket,
+    KeyInfo,
+    QueueBacklog,
+    TaskCount,
+    TaskFilter,
+    TaskSummary,
+)
 
 
 def _filter_args(task_filter: TaskFilter) -> dict[str, Any]:
@@ -56,17 +72,10 @@ def _summaries_statement(task_filter: TaskFilter) -> str:
     return "list_summaries_in_state"
 
 
-class Listings:
-    """``list_tasks``, ``list_summaries`` and ``running_by_worker`` (see
+class Listings(Pools):
+    """``get_task``, the listings, counts, activity, backlogs and keys (see
+    :class:`~conveyor.backends.protocol.Backend` and
     :class:`~conveyor.backends.capabilities.Inspector`)."""
-
-    sql: Mapping[str, bytes]
-
-    async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        raise NotImplementedError  # the backend's own
-
-    def _connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
-        raise NotImplementedError  # the backend's own
 
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         name = "list_tasks" if task_filter.parent is None else "list_children"
@@ -93,3 +102,53 @@ class Listings:
         """Counted off the lease index, which holds only running tasks."""
         rows = await self._fetchall("running_by_worker", {})
         return {worker_id: count for worker_id, count in rows if worker_id is not None}
+
+    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
+        async with self._connection() as conn:
+            cursor = await conn.execute(self.sql["get_task"], {"id": task_id})
+            row = await cursor.fetchone()
+            if row is None:
+                return None
+            attempts: tuple[Attempt, ...] = ()
+            if with_attempts:
+                cursor = await conn.execute(self.sql["get_attempts"], {"id": task_id})
+                attempts = tuple(attempt_row(r) for r in await cursor.fetchall())
+        return task_row(row, attempts)
+
+    async def count_tasks(self) -> list[TaskCount]:
+        rows = await self._fetchall_scanning("count_tasks", {})
+        return [TaskCount(TaskState(r[0]), r[1], r[2], r[3]) for r in rows]
+
+    async def count_unfinished(self, work: WorkFilter) -> int:
+        rows = await self._fetchall(
+            "count_unfinished",
+            {"names": list(work.names), "queues": list(work.queues), "now": work.now},
+        )
+        return int(rows[0][0])
+
+    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
+        rows = await self._fetchall("next_run_at", {"queues": list(queues)})
+        value = rows[0][0] if rows else None
+        return value if isinstance(value, datetime) else None
+
+    async def store_clock(self) -> datetime:
+        clock: datetime = (await self._fetchall("store_clock", {}))[0][0]
+        return clock
+
+    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
+        rows = await self._fetchall("list_keys", {"limit": limit, "now": now})
+        return [KeyInfo(*row) for row in rows]
+
+    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
+        rows = await self._fetchall("queue_backlogs", {"now": now})
+        return [QueueBacklog(*row) for row in rows]
+
+    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        bucket = check_bucket_seconds(bucket_seconds)
+        args = {"since": since, "bucket": bucket, "scan": ACTIVITY_SCAN}
+        rows = await self._fetchall("activity", args)
+        return activity_buckets(since, bucket, rows)
+
+    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
+        rows = await self._fetchall("key_holders", {"key": key, "limit": limit})
+        return [task_id for (task_id,) in rows]

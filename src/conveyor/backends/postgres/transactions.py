@@ -17,7 +17,7 @@ from psycopg import AsyncConnection
 
 from conveyor.backends.params import Completion
 from conveyor.backends.postgres import failures
-from conveyor.backends.postgres.inboxes import finish_with_effects
+from conveyor.backends.postgres.messages import finish_with_effects
 from conveyor.backends.postgres.rows import finish_args
 from conveyor.errors import BackendError
 
@@ -44,15 +44,13 @@ def translated_errors() -> Iterator[None]:
 
 
 if TYPE_CHECKING:
-    from conveyor.backends.postgres.backend import PostgresBackend
+    from conveyor.backends.postgres.pools import Pools
 
 
 class PostgresTransaction:
     """An attempt's own transaction on a pooled connection (see protocol)."""
 
-    def __init__(
-        self, backend: PostgresBackend, conn: AsyncConnection[Any], worker_id: str
-    ) -> None:
+    def __init__(self, backend: Pools, conn: AsyncConnection[Any], worker_id: str) -> None:
         self._backend = backend
         self._conn = conn
         self._worker_id = worker_id
@@ -114,9 +112,7 @@ class PostgresTransaction:
 class PostgresSyncTransaction:
     """An attempt's transaction on a synchronous connection (thread handlers)."""
 
-    def __init__(
-        self, backend: PostgresBackend, conn: psycopg.Connection[Any], worker_id: str
-    ) -> None:
+    def __init__(self, backend: Pools, conn: psycopg.Connection[Any], worker_id: str) -> None:
         self._backend = backend
         self._conn = conn
         self._worker_id = worker_id

@@ -2,7 +2,7 @@
 -- quarantine, heartbeats and finishes.
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: part_claim_due
 -- Part of both claims (composed in where they say {part_claim_due}): the due

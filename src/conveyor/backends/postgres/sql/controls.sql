@@ -2,7 +2,7 @@
 -- bulk forms over a selection.
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: cancel
 -- Cancel a task: pending and waiting ones at once; a running one is flagged

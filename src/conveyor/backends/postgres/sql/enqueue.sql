@@ -2,7 +2,7 @@
 -- (and the standby offers themselves), and with idempotency keys.
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: enqueue
 -- Insert many tasks in one statement. Ids come back as one array, in

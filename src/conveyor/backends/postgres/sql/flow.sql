@@ -3,7 +3,7 @@
 -- keyed claim), pauses, the next due time, and schedules.
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: lock_unique_keys
 -- The unique keys of a batch, locked (advisory, until commit) in one order

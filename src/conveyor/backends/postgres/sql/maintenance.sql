@@ -2,7 +2,7 @@
 -- delete, and the tables the server will not vacuum.
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: prune
 -- Delete up to %(limit)s::int finished tasks, oldest ids first, of each

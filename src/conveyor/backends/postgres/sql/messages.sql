@@ -2,7 +2,7 @@
 -- a poll's completion (its locks and fence), consumption and rewakes.
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: lock_tasks
 -- Lock, in id order, the rows a coroutine poll's completion will touch: its own

@@ -2,7 +2,7 @@
 -- backlogs, activity and concurrency keys. They change nothing.
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: task_state
 select state from {schema}.tasks where id = %(id)s;

@@ -2,7 +2,7 @@
 -- the numbered files of migrations/).
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: applied_migrations
 -- What opening a store reads first, in one round trip and without DDL: a

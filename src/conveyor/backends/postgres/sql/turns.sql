@@ -1,7 +1,7 @@
 -- The wake-up turns of workers of one kind (advisory session locks).
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: turn_take
 -- Waits for the wake-up turn of one kind of worker (%(kind)s: a 32-bit key

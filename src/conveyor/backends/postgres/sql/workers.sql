@@ -1,7 +1,7 @@
 -- The worker registry: register, stop, list.
 --
 -- Named blocks of the PostgreSQL backend; what their placeholders stand for is
--- said once, in conveyor.backends.postgres.queries.
+-- said once, in conveyor.backends.postgres.statements.
 
 -- name: register_worker
 insert into {schema}.workers (id, host, pid, queues, concurrency, tasks, beat_seconds)

@@ -1,4 +1,11 @@
-"""Coroutine tasks on PostgreSQL: a poll's completion with its effects, and sends.
+"""Coroutine tasks on PostgreSQL: sends, inboxes, and a poll's completion
+with its effects.
+
+:class:`Messages` is a mixin of
+:class:`~conveyor.backends.postgres.backend.PostgresBackend`: a send is the
+script :func:`~conveyor.backends.postgres.scripts.send` (its advisory locks,
+checks and idempotency keys), in one transaction, the backend's or the
+caller's.
 
 A poll's completion is one transaction: take the advisory lock that orders it
 after the outside sends to its task under way (see ``guard_send`` in
@@ -22,12 +29,44 @@ from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor, pq
 
-from conveyor.backends.params import Completion, NewTask
+from conveyor.backends.params import Completion, SendParams
 from conveyor.backends.postgres import scripts
+from conveyor.backends.postgres.enqueue import insert_tasks
+from conveyor.backends.postgres.pools import Pools, check_async, check_sync
 from conveyor.backends.postgres.rows import deliver_args, finish_args
-from conveyor.model import TaskState
+from conveyor.backends.stored import message_row
+from conveyor.model import Message, TaskState
 
 Statements = Mapping[str, bytes]
+
+
+class Messages(Pools):
+    """``send`` and its forms in an application's transaction, and a task's
+    inbox (see :class:`~conveyor.backends.protocol.Backend`)."""
+
+    async def send(self, params: SendParams) -> list[int]:
+        if not params.deliveries:
+            return []
+        async with self._connection() as conn, conn.transaction():
+            return await self._send_on(conn, params)
+
+    async def send_in(self, params: SendParams, connection: Any) -> list[int]:
+        check_async(connection)
+        if not params.deliveries:
+            return []
+        return await self._send_on(connection, params)
+
+    async def _send_on(self, conn: AsyncConnection[Any], params: SendParams) -> list[int]:
+        return await scripts.run(conn, scripts.send(self.sql, params.deliveries, params.now))
+
+    def send_in_sync(self, params: SendParams, connection: Any) -> list[int]:
+        check_sync(connection)
+        if not params.deliveries:
+            return []
+        return scripts.run_sync(connection, scripts.send(self.sql, params.deliveries, params.now))
+
+    async def inbox(self, task_id: int) -> list[Message]:
+        return [message_row(r) for r in await self._fetchall("inbox", {"id": task_id})]
 
 
 def has_effects(completions: Sequence[Completion]) -> bool:
@@ -140,12 +179,3 @@ async def _apply_effects(
     sends = [d for c in holding if c.effects for d in c.effects.sends]
     if sends:
         await conn.execute(sql["deliver"], deliver_args(sends, now))
-
-
-async def insert_tasks(
-    conn: AsyncConnection[Any], sql: Statements, tasks: Sequence[NewTask], now: datetime | None
-) -> list[int]:
-    """Insert ``tasks`` and their first messages on ``conn`` (in a transaction
-    when any has a first message or an idempotency key); their ids in order
-    (see :func:`conveyor.backends.postgres.scripts.insert`)."""
-    return await scripts.run(conn, scripts.insert(sql, tasks, now))

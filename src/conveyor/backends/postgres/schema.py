@@ -23,9 +23,11 @@ import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection, sql
 from psycopg.rows import tuple_row
 
-from conveyor.backends.postgres.queries import compose, migrations
+from conveyor.backends.postgres.pools import Pools
+from conveyor.backends.postgres.statements import compose, migrations
 from conveyor.errors import StoreNotReadyError
 from conveyor.records import Migration
+from conveyor.redaction import redact_url
 
 log = logging.getLogger("conveyor.migrate")
 
@@ -135,3 +137,27 @@ async def pending_migrations(
         body = compose(text, schema).decode().rstrip()
         found.append(Migration(version, name, f"begin;\n{prepare}{body}\n{record}\ncommit;\n"))
     return found
+
+
+class Migrations(Pools):
+    """``migrate``, ``require_migrated``, ``pending_migrations`` and
+    ``destroy`` (see :class:`~conveyor.backends.protocol.Backend`): the
+    functions above, on a connection of the backend's pool."""
+
+    async def migrate(self) -> list[int]:
+        async with self._connection() as conn:
+            return await apply_migrations(conn, self.schema, self.sql)
+
+    async def require_migrated(self) -> None:
+        async with self._connection() as conn:
+            await require_migrated(
+                conn, self.sql, f'schema "{self.schema}" at {redact_url(self.url)}'
+            )
+
+    async def destroy(self) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(compose("drop schema if exists {schema} cascade", self.schema))
+
+    async def pending_migrations(self) -> list[Migration]:
+        async with self._connection() as conn:
+            return await pending_migrations(conn, self.schema, self.sql)

@@ -1,0 +1,231 @@
+"""The PostgreSQL backend's connections: three pools and their session settings.
+
+The main pool (autocommit, at least one connection while open) serves every
+statement but the claims; the claims' pool, opened at the first claim,
+plans each claim once per connection; the synchronous pool, opened at first
+use, serves thread handlers' attempt transactions. Every connection reads
+timestamps with conveyor's bounded loaders (:mod:`.loaders`) and runs with
+the settings of :data:`SESSION`. psycopg's errors on a connection of
+:meth:`Pools._connection` come out as conveyor's (:mod:`.failures`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from conveyor.backends.postgres import failures, statements
+from conveyor.backends.postgres.loaders import ADAPTERS
+from conveyor.backends.postgres.urls import connect_timeout
+from conveyor.errors import BackendError, ConfigurationError
+
+DEFAULT_SCHEMA = "conveyor"
+DEFAULT_POOL_SIZE = 10
+# Every fence relies on READ COMMITTED re-checking a row after a concurrent
+# update; a server whose default is stricter would fail those statements.
+READ_COMMITTED = "set default_transaction_isolation to 'read committed'"
+# No JIT compilation: the planner's cost of a claim grows with the tasks
+# table (a generic plan assumes a LIMIT takes a tenth of the rows), and past
+# jit_above_cost the server compiled each claim's expressions at every
+# execution, 0.3-0.6 s a claim with 2.5 million tasks pending instead of a
+# few milliseconds. conveyor's statements are short; none gains from it.
+NO_JIT = "set jit to off"
+# The worker's own transactions (a completion with its effects, a bulk enqueue)
+# send their statements back to back. A process frozen in the middle of one
+# (SIGSTOP, a paused VM, a thread handler holding the GIL in a C call) would
+# keep its row locks, and no other worker could reclaim those tasks (claims
+# skip locked rows) until it woke: the server ends such a session after one
+# second instead, and its transaction rolls back. An attempt transaction
+# waits on the handler, so it lifts the limit for itself.
+BOUND_IDLE_TRANSACTIONS = "set idle_in_transaction_session_timeout to '1s'"
+# A prepared statement keeps its plan for the connection's life, and that
+# plan must not depend on how big the tasks table was when it was made. A
+# worker that started on an empty queue planned its claim, its finishes and
+# its renewals while a scan of the table cost less than a look in the
+# primary key, and kept scanning the whole table as the backlog grew: 35 ms
+# a claim beside 100,000 tasks, and a finish of 50,000 completions that
+# compared each row with the whole batch (11 s), until an ANALYZE made the
+# server plan again. Every statement of conveyor reaches its rows through an
+# index, so no sequential scan is weighed at all; where no index serves (a
+# count of every task), the scan still runs.
+NO_SEQSCAN = "set enable_seqscan to off"
+SCANNING = "set local enable_seqscan to default"
+"""For a statement that reads (nearly) every task (see _fetchall_scanning)."""
+SESSION = "; ".join((READ_COMMITTED, BOUND_IDLE_TRANSACTIONS, NO_JIT, NO_SEQSCAN))
+"""Every setting of a conveyor connection, in one round trip."""
+SYNC_SESSION = "; ".join((READ_COMMITTED, NO_JIT, NO_SEQSCAN))
+# Claims run on connections of their own, each statement planned once per
+# connection: see Attempts.claim.
+CLAIM_PLANS = "set plan_cache_mode to force_generic_plan"
+
+
+def _configure_sync(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(SYNC_SESSION)
+
+
+def check_async(connection: Any) -> None:
+    """Refuse an application's connection that is not an AsyncConnection."""
+    if not isinstance(connection, AsyncConnection):
+        raise ConfigurationError(
+            "the async API takes a psycopg AsyncConnection; "
+            "pass a sync psycopg Connection to the sync API"
+        )
+
+
+def check_sync(connection: Any) -> None:
+    """Refuse an application's connection that is not a sync Connection."""
+    if not isinstance(connection, psycopg.Connection):
+        raise ConfigurationError(
+            "the sync API takes a psycopg Connection; pass an AsyncConnection to the async API"
+        )
+
+
+class Pools:
+    """The state every section of the backend shares: its URL, schema and
+    statements, and the pools (see the module's docstring). The pools are
+    not open until the backend's ``open``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        pool_size: int = DEFAULT_POOL_SIZE,
+    ) -> None:
+        self.url = url
+        self._connect_timeout = connect_timeout(url)
+        self.schema = statements.validate_schema(schema)
+        self.sql: Mapping[str, bytes] = statements.load(self.schema)
+        self.channel = statements.channel(self.schema)
+        if pool_size < 1:
+            raise ConfigurationError("pool_size must be at least 1")
+        self._pool_size = pool_size
+        self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._sync_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._sync_lock = threading.Lock()
+        self._claim_pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._claim_pool_lock = asyncio.Lock()
+        self._connections: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
+
+    @property
+    def pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        if self._pool is None:
+            raise BackendError("the backend is not open")
+        return self._pool
+
+    async def _configure(self, conn: AsyncConnection[Any]) -> None:
+        await conn.execute(SESSION)
+        self._connections.add(conn)
+
+    async def _configure_claims(self, conn: AsyncConnection[Any]) -> None:
+        await self._configure(conn)
+        await conn.execute(CLAIM_PLANS)
+        conn.prepare_threshold = 0  # prepared at once: the plan is kept from the first claim
+
+    async def claim_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        """The claims' own pool, opened at the first claim (a backend that only
+        enqueues never opens it). It starts empty and grows to the claims in
+        flight at once, two for a worker."""
+        if self._claim_pool is not None:
+            return self._claim_pool
+        self.pool  # noqa: B018 - raises if the backend is not open
+        async with self._claim_pool_lock:
+            if self._claim_pool is None:
+                claims = self._async_pool(0, self._configure_claims, "-claims")
+                await claims.open()
+                if self._pool is None:  # closed meanwhile
+                    await claims.close()
+                    raise BackendError("the backend is not open")
+                self._claim_pool = claims
+            return self._claim_pool
+
+    @property
+    def sync_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        """A synchronous pool, opened on first use (thread handlers' transactions)."""
+        with self._sync_lock:
+            if self._sync_pool is None:
+                pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+                    self.url,
+                    min_size=0,
+                    max_size=self._pool_size,
+                    kwargs={
+                        "autocommit": True,
+                        "context": ADAPTERS,
+                        "connect_timeout": self._connect_timeout,
+                    },
+                    configure=_configure_sync,
+                    open=False,
+                    name=f"conveyor-{self.schema}-sync",
+                )
+                pool.open()
+                self._sync_pool = pool
+            return self._sync_pool
+
+    def _async_pool(
+        self,
+        min_size: int,
+        configure: Callable[[AsyncConnection[Any]], Awaitable[None]],
+        suffix: str = "",
+    ) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        """An unopened pool of autocommit connections, up to ``pool_size``."""
+        return AsyncConnectionPool(
+            self.url,
+            min_size=min_size,
+            max_size=self._pool_size,
+            kwargs={
+                "autocommit": True,
+                "context": ADAPTERS,
+                "connect_timeout": self._connect_timeout,
+            },
+            configure=configure,
+            open=False,
+            name=f"conveyor-{self.schema}{suffix}",
+        )
+
+    async def _close_pool(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
+        try:
+            await pool.close()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # The loop is shutting down and already cancelled the pool's
+            # own tasks, so the pool could not close its connections.
+            for conn in list(self._connections):
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    @contextlib.asynccontextmanager
+    async def _connection(
+        self, pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection of ``pool`` (the main pool by default); psycopg errors
+        come out as conveyor's, classified by cause (see :mod:`.failures`)."""
+        try:
+            async with (pool or self.pool).connection() as conn:
+                yield conn
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise failures.translated(exc) from exc
+
+    async def _fetchall(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        async with self._connection() as conn:
+            cursor = await conn.execute(self.sql[name], args)
+            return await cursor.fetchall()
+
+    async def _fetchall_scanning(self, name: str, args: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """``name``, which reads (nearly) every task, with sequential scans
+        weighed as usual: forced to scan with them off, the planner also
+        gives up the rest of a good plan (a count by state took five times
+        as long, sorting where it would hash)."""
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(SCANNING)
+            cursor = await conn.execute(self.sql[name], args)
+            return await cursor.fetchall()
