@@ -42,7 +42,13 @@ from conveyor.model import (
     Task,
     TaskState,
 )
-from conveyor.records import ActivityBucket, StoredSchedule, TaskSummary, last_error_of
+from conveyor.records import (
+    ActivityBucket,
+    StoredSchedule,
+    TaskFilter,
+    TaskSummary,
+    last_error_of,
+)
 
 log = logging.getLogger("conveyor.backends")
 
@@ -134,6 +140,18 @@ def schedule_args(stored: StoredSchedule, now: object) -> dict[str, object]:
 
 KEY_SCAN_PER_SLOT = 4
 MIN_KEY_SCAN = 16
+
+
+def filter_args(task_filter: TaskFilter) -> dict[str, Any]:
+    """The statement arguments of a task list's filter (SQL backends)."""
+    return {
+        "state": task_filter.state.value if task_filter.state else None,
+        "name": task_filter.name,
+        "queue": task_filter.queue,
+        "limit": task_filter.limit,
+        "before": task_filter.before,
+        "parent": task_filter.parent,
+    }
 
 
 def key_scan(limit: int) -> int:

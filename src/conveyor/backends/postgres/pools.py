@@ -156,11 +156,7 @@ class Pools:
                     self.url,
                     min_size=0,
                     max_size=self._pool_size,
-                    kwargs={
-                        "autocommit": True,
-                        "context": ADAPTERS,
-                        "connect_timeout": self._connect_timeout,
-                    },
+                    kwargs=self._connection_options(),
                     configure=_configure_sync,
                     open=False,
                     name=f"conveyor-{self.schema}-sync",
@@ -168,6 +164,15 @@ class Pools:
                 pool.open()
                 self._sync_pool = pool
             return self._sync_pool
+
+    def _connection_options(self) -> dict[str, Any]:
+        """Every pooled connection's: autocommit, conveyor's adapters, the
+        URL's connect timeout."""
+        return {
+            "autocommit": True,
+            "context": ADAPTERS,
+            "connect_timeout": self._connect_timeout,
+        }
 
     def _async_pool(
         self,
@@ -180,11 +185,7 @@ class Pools:
             self.url,
             min_size=min_size,
             max_size=self._pool_size,
-            kwargs={
-                "autocommit": True,
-                "context": ADAPTERS,
-                "connect_timeout": self._connect_timeout,
-            },
+            kwargs=self._connection_options(),
             configure=configure,
             open=False,
             name=f"conveyor-{self.schema}{suffix}",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from conveyor.backends.params import WorkFilter
 from conveyor.backends.postgres.pools import Pools
@@ -20,6 +19,7 @@ from conveyor.backends.stored import (
     activity_buckets,
     attempt_row,
     check_bucket_seconds,
+    filter_args,
     summary_row,
     task_row,
 )
@@ -34,18 +34,6 @@ from conveyor.records import (
     TaskFilter,
     TaskSummary,
 )
-
-
-def _filter_args(task_filter: TaskFilter) -> dict[str, Any]:
-    return {
-        "state": task_filter.state.value if task_filter.state else None,
-        "name": task_filter.name,
-        "queue": task_filter.queue,
-        "limit": task_filter.limit,
-        "before": task_filter.before,
-        "parent": task_filter.parent,
-    }
-
 
 IN_INDEX_ORDER = "set local enable_bitmapscan to off"
 """For the summarized pages that an index holds in order: without statistics
@@ -79,7 +67,7 @@ class Listings(Pools):
 
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         name = "list_tasks" if task_filter.parent is None else "list_children"
-        rows = await self._fetchall(name, _filter_args(task_filter))
+        rows = await self._fetchall(name, filter_args(task_filter))
         return [task_row(row, ()) for row in rows]
 
     async def list_summaries(self, task_filter: TaskFilter) -> list[TaskSummary]:
@@ -87,7 +75,7 @@ class Listings(Pools):
         listing index, lease index, a parent's index of children), then only
         those rows' narrow columns and each one's latest attempt by key: the
         payload and result are never read."""
-        args = {**_filter_args(task_filter), "error_chars": SUMMARY_ERROR_CHARS}
+        args = {**filter_args(task_filter), "error_chars": SUMMARY_ERROR_CHARS}
         name = _summaries_statement(task_filter)
         if name not in ORDERED_STATEMENTS:
             rows = await self._fetchall(name, args)

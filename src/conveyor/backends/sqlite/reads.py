@@ -19,7 +19,7 @@ from conveyor.backends.params import WorkFilter
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.backends.stored import activity_buckets, check_bucket_seconds
+from conveyor.backends.stored import activity_buckets, check_bucket_seconds, filter_args
 from conveyor.model import Attempt, Task, TaskState
 from conveyor.records import (
     ACTIVITY_SCAN,
@@ -31,17 +31,6 @@ from conveyor.records import (
     TaskFilter,
     TaskSummary,
 )
-
-
-def _filter_args(task_filter: TaskFilter) -> dict[str, Any]:
-    return {
-        "state": task_filter.state.value if task_filter.state else None,
-        "name": task_filter.name,
-        "queue": task_filter.queue,
-        "limit": task_filter.limit,
-        "before": task_filter.before,
-        "parent": task_filter.parent,
-    }
 
 
 def _summaries_statement(task_filter: TaskFilter) -> str:
@@ -62,7 +51,7 @@ class Listings:
     _db: Database
 
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
-        args = _filter_args(task_filter)
+        args = filter_args(task_filter)
         statement = SQL["list_tasks" if task_filter.parent is None else "list_children"]
         found = await self._db.read(lambda conn: conn.execute(statement, args).fetchall())
         return [rows.task(row, ()) for row in found]
@@ -71,7 +60,7 @@ class Listings:
         """The page's ids off the state index, the rowids or a parent's index
         of children, then those rows' narrow columns and each one's latest
         attempt by key: the payload and result are never read."""
-        args = {**_filter_args(task_filter), "error_chars": SUMMARY_ERROR_CHARS}
+        args = {**filter_args(task_filter), "error_chars": SUMMARY_ERROR_CHARS}
         name = _summaries_statement(task_filter)
         found = await self._db.read(lambda conn: conn.execute(SQL[name], args).fetchall())
         return [rows.summary(row) for row in found]

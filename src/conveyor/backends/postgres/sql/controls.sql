@@ -97,19 +97,23 @@ and (%(queue)s::text is null or t.queue = %(queue)s::text)
 and (%(since)s::timestamptz is null or t.created_at >= %(since)s::timestamptz)
 and (%(until)s::timestamptz is null or t.created_at < %(until)s::timestamptz)
 
+-- name: part_batch
+-- Part of retry_many and cancel_many: the ids of the next batch of the
+-- selection (part_selected), up to %(limit)s, oldest first, each row locked
+-- FOR NO KEY UPDATE; rows locked by others are passed by.
+select t.id from {schema}.tasks t
+where {part_selected}
+order by t.id
+limit %(limit)s::int
+for no key update of t skip locked
+
 -- name: retry_many
 -- One batch of a bulk retry: up to %(limit)s selected tasks (failed or
 -- cancelled), oldest first, pending again now with a fresh budget (as
 -- retry); rows locked by others are passed by. The ids moved, and their
 -- queues' idle workers told. FOR NO KEY UPDATE re-reads a row another
 -- transaction changed before it is locked, so the filter holds at the write.
-with chosen as materialized (
-    select t.id from {schema}.tasks t
-    where {part_selected}
-    order by t.id
-    limit %(limit)s::int
-    for no key update of t skip locked
-),
+with chosen as materialized ({part_batch}),
 moved as (
     update {schema}.tasks t
     set state = 'pending', spent = 0,
@@ -134,13 +138,7 @@ select array(select id from moved order by id), (select n from notified);
 -- completion that locks a batch in another order. A row another transaction
 -- changed is re-read once locked: a task that finished or moved meanwhile
 -- is left as it is. The ids cancelled.
-with chosen as materialized (
-    select t.id from {schema}.tasks t
-    where {part_selected}
-    order by t.id
-    limit %(limit)s::int
-    for no key update of t skip locked
-),
+with chosen as materialized ({part_batch}),
 cancelled as (
     update {schema}.tasks t
     set state = case when t.state = 'in_progress' then t.state else 'cancelled' end,
