@@ -6,71 +6,33 @@ store, and a full-page screenshot of each page is saved (to
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import threading
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 import conveyor
 from conveyor.dashboard import create_app, token_auth
 from conveyor.model import TaskState
-from tests.conftest import PG_URL
-from tests.dashboard.seed import Seeded, seed_app
+from tests.dashboard.live import chromium, needs_chromium, seeded_store, serving
+from tests.dashboard.seed import Seeded
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium")
+pytestmark = needs_chromium
 TOKEN = "browser-token"
 
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[conveyor.App, Seeded, str]]:
     """A seeded PostgreSQL store and its dashboard served by uvicorn in a thread."""
-    import uvicorn
-
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    app = conveyor.App(PG_URL, schema=schema)
-    app.migrate()
-    seeded = app.portal.run(seed_app(app))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    web = create_app(app, auth=token_auth(TOKEN))
-    server = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started, "the dashboard did not start"
-    try:
-        yield app, seeded, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        app.close()
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(
-                psycopg.sql.SQL("drop schema if exists {} cascade").format(
-                    psycopg.sql.Identifier(schema)
-                )
-            )
+    with seeded_store() as (app, seeded), serving(create_app(app, auth=token_auth(TOKEN))) as url:
+        yield app, seeded, url
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+    with chromium() as launched:
         yield launched
-        launched.close()
 
 
 @pytest.fixture

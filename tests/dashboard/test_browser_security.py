@@ -7,60 +7,27 @@ from __future__ import annotations
 
 import html
 import re
-import shutil
-import socket
 import threading
-import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import psycopg
 import pytest
 from starlette.requests import Request
 
 import conveyor
 from conveyor.dashboard import Auth, basic_auth, create_app, token_auth
 from conveyor.model import TaskState
-from tests.conftest import PG_URL
-from tests.dashboard.seed import Seeded, seed_app
+from tests.dashboard.live import chromium, free_port, needs_chromium, seeded_store, serving
+from tests.dashboard.seed import Seeded
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium")
+pytestmark = needs_chromium
 TOKEN = "browser-token"
 SITE_SESSION = "site_session"
 """The cookie of the host application that the custom hook below trusts."""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@contextmanager
-def serving(web: Any) -> Iterator[str]:
-    """``web`` served by uvicorn in a thread on 127.0.0.1; its base URL."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started, "the server did not start"
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @contextmanager
@@ -98,34 +65,14 @@ def attacker(page_for: Callable[[str], tuple[str, str]]) -> Iterator[str]:
 
 @pytest.fixture
 def store() -> Iterator[tuple[conveyor.App, Seeded]]:
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    app = conveyor.App(PG_URL, schema=schema)
-    app.migrate()
-    seeded = app.portal.run(seed_app(app))
-    try:
-        yield app, seeded
-    finally:
-        app.close()
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(
-                psycopg.sql.SQL("drop schema if exists {} cascade").format(
-                    psycopg.sql.Identifier(schema)
-                )
-            )
+    with seeded_store() as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--host-resolver-rules=MAP rebind.test 127.0.0.1"],
-        )
+    with chromium(["--host-resolver-rules=MAP rebind.test 127.0.0.1"]) as launched:
         yield launched
-        launched.close()
 
 
 def site_session_hook(request: Request) -> bool:
