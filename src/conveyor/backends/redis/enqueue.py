@@ -64,5 +64,6 @@ def stored_ids(tasks: Sequence[NewTask], found: list[Any]) -> list[int]:
 
 
 def check_new(task: NewTask) -> None:
+    """Raise ConfigurationError for a priority beyond 32 bits."""
     if task.priority not in PRIORITY_RANGE:
         raise ConfigurationError(f"priority must fit in 32 bits, not {task.priority}")
