@@ -113,9 +113,9 @@ class RedisBackend(
     capabilities: frozenset[Capability] = frozenset({Capability.NOTIFICATIONS, Capability.INSPECT})
 
     async def open(self) -> None:
-        """Connect, then as ``migrate`` says (see the class): mark a new store
-        or convert an older one (:meth:`migrate`), or refuse one that is
-        missing or older (:meth:`require_migrated`). Raises
+        """Connect, then as ``migrate`` says (see :class:`~.store.RedisStore`):
+        mark a new store or convert an older one (:meth:`migrate`), or refuse
+        one that is missing or older (:meth:`require_migrated`). Raises
         ConfigurationError for a store written with another layout. No
         connection is left open when it raises."""
         client = connect.client(self._url)
