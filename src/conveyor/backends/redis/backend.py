@@ -64,73 +64,47 @@ Limits, stated plainly:
   (written around conveyor) is set aside alone, ended ``failed``
   (``CorruptTask``); reads show it as corrupt (see :mod:`.rows`). A name or
   queue changed to another valid one cannot be told from a real one.
+
+This module wires the sections, each a mixin over the store
+(:mod:`.store`: the client, the key prefix, the scripts):
+:mod:`.enqueue`, :mod:`.attempts`, :mod:`.messages`, :mod:`.controls`,
+:mod:`.flow`, :mod:`.workers`, :mod:`.maintenance`, :mod:`.reads` and
+:mod:`.schema`; here are only opening, closing, the capabilities, the
+server's clock and the wake-ups (:mod:`.listen`).
 """
 
 from __future__ import annotations
 
-import logging
-import secrets
-from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 
-from conveyor.backends.params import (
-    ClaimedTask,
-    ClaimParams,
-    Completion,
-    EnqueueParams,
-    FinishParams,
-    FinishResult,
-    FireParams,
-    HeartbeatParams,
-    HeartbeatResult,
-    NewTask,
-    Wakeup,
-)
+from conveyor.backends.params import Wakeup
 from conveyor.backends.protocol import Capability
-from conveyor.backends.redis import (
-    keys,
-    listen,
-    rows,
-)
-from conveyor.backends.redis.control import RedisControl
-from conveyor.backends.redis.inspector import RedisInspector
+from conveyor.backends.redis import connect, keys, listen, rows
+from conveyor.backends.redis.attempts import Attempts
+from conveyor.backends.redis.controls import Controls
+from conveyor.backends.redis.enqueue import Enqueue
+from conveyor.backends.redis.flow import FlowControl
+from conveyor.backends.redis.maintenance import Maintenance
+from conveyor.backends.redis.messages import Messages
+from conveyor.backends.redis.reads import Listings
+from conveyor.backends.redis.schema import Layout
+from conveyor.backends.redis.scripts import Scripts
 from conveyor.backends.redis.store import translated
-from conveyor.backends.stored import (
-    CANCELLED_MEANWHILE,
-    CRASH_BUDGET_SPENT,
-    LEASE_EXPIRED,
-    LEASE_EXPIRED_ERROR,
-    Unread,
-    key_scan,
-)
-from conveyor.errors import (
-    BackendError,
-    ConfigurationError,
-    TaskExistsError,
-)
-from conveyor.model import (
-    LeaseToken,
-    Outcome,
-    TaskState,
-)
-
-log = logging.getLogger("conveyor.redis")
-
-PRIORITY_RANGE = range(-(2**31), 2**31)
-"""The priorities the claim order's fixed-width members hold (32-bit, as
-``conveyor.options.check_priority`` takes)."""
-_FINISH_STATES = frozenset(
-    {
-        TaskState.SUCCEEDED,
-        TaskState.FAILED,
-        TaskState.CANCELLED,
-        TaskState.PENDING,
-        TaskState.WAITING,
-    }
-)
+from conveyor.backends.redis.workers import Workers
 
 
-class RedisBackend(RedisInspector, RedisControl):
+class RedisBackend(
+    Enqueue,
+    Attempts,
+    Messages,
+    Controls,
+    FlowControl,
+    Workers,
+    Maintenance,
+    Listings,
+    Layout,
+):
     """Tasks in Redis (``redis://HOST:PORT/DB``, ``rediss://`` for TLS); all
     keys start with ``{PREFIX}`` (``prefix``, or ``?prefix=`` in the URL;
     default ``conveyor``). See the module docstring for what it guarantees
@@ -138,137 +112,36 @@ class RedisBackend(RedisInspector, RedisControl):
 
     capabilities: frozenset[Capability] = frozenset({Capability.NOTIFICATIONS, Capability.INSPECT})
 
-    async def enqueue(self, params: EnqueueParams) -> list[int]:
-        """Store every task in one script, all or none; the ids of the tasks
-        it stores ascend in input order, with their first messages (from
-        their parent). A task whose unique key a stored task holds is not
-        stored: by its ``on_conflict`` the holder's id comes back, a pending
-        holder takes its payload, priority and due time, or TaskExistsError
-        is raised and nothing of the enqueue is stored (checked in the same
-        script, so concurrent enqueues of one key store one task). Raises
-        ConfigurationError, storing nothing, for a priority beyond 32 bits."""
-        tasks = list(params.tasks)
-        if not tasks:
-            return []
-        for task in tasks:
-            _check_new(task)
-        args = [rows.now_arg(params.now), rows.tasks_arg(tasks)]
-        return _stored_ids(tasks, await self._run("enqueue", args))
-
-    async def enqueue_chunks(self, chunks: Iterable[Sequence[NewTask]]) -> list[int]:
-        """Every chunk drawn first, then one script stores them all (all or none)."""
-        return await self.enqueue(EnqueueParams.gathered(chunks))
-
-    async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-        """One script (``claim.lua``): see :meth:`Backend.claim`. Every claim
-        looks for expired leases of its queues. A task whose stored fields do
-        not read is set aside alone (ended failed, ``CorruptTask``): by the
-        script, or, for a row that does not decode here, by a completion."""
-        if params.limit <= 0 or not params.names or not params.queues:
-            return []
-        queues = list(dict.fromkeys(params.queues))
-        nonce = secrets.token_hex(8)
-        args = [
-            rows.now_arg(params.now),
-            f"{nonce} {params.worker_id}",
-            params.limit,
-            repr(float(params.lease)),
-            LEASE_EXPIRED_ERROR,
-            LEASE_EXPIRED,
-            CANCELLED_MEANWHILE,
-            CRASH_BUDGET_SPENT,
-            key_scan(params.limit),
-            len(queues),
-            *queues,
-            *dict.fromkeys(params.names),
-        ]
-        found = await self._run("claim", args)
-        claimed, unread = rows.claimed_tasks(found, params.worker_id, nonce)
-        if unread:
-            await self._set_aside(unread)
-        return claimed
-
-    async def _set_aside(self, unread: Sequence[Unread]) -> None:
-        """Claimed rows that do not read end ``failed`` (``CorruptTask``),
-        each fenced by its token; one without a token waits out its lease,
-        and the claim that meets it sets it aside. Never raises: the rest of
-        the claim runs either way."""
-        failures = [c for c in (bad.completion() for bad in unread) if c is not None]
-        if not failures:
-            return
+    async def open(self) -> None:
+        """Connect, then as ``migrate`` says (see :class:`~.store.RedisStore`):
+        mark a new store or convert an older one (:meth:`migrate`), or refuse
+        one that is missing or older (:meth:`require_migrated`). Raises
+        ConfigurationError for a store written with another layout. No
+        connection is left open when it raises."""
+        client = connect.client(self._url)
+        self._client, self._scripts = client, Scripts(client, functions=self._functions)
         try:
-            await self.finish(FinishParams(failures[0].token.worker_id, failures))
-        except Exception as exc:
-            log.error("claimed rows that do not read were not set aside: %s", exc)
+            with translated():
+                await self._scripts.load()
+            if self._auto_migrate:
+                await self.migrate()
+            elif self._auto_migrate is False:
+                await self.require_migrated()
+            await self._check_persistence(client)
+        except BaseException:
+            await self.close()
+            raise
 
-    async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
-        """One script for the batch: each lease renewed if live (its nonce
-        too), else lost; a registered worker is marked seen (even with no
-        tokens), an unregistered one is told so."""
-        tokens = list(params.tokens)
-        args: list[Any] = [rows.now_arg(params.now), params.worker_id, repr(float(params.lease))]
-        for token in tokens:
-            args += [token.task_id, token.attempt, token.nonce]
-        *flags, registered = await self._run("heartbeat", args)
-        renewed = frozenset(t for t, flag in zip(tokens, flags, strict=True) if flag)
-        cancel = frozenset(t for t, flag in zip(tokens, flags, strict=True) if flag == 2)
-        return HeartbeatResult(renewed, frozenset(tokens) - renewed, cancel, registered == 1)
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = self._scripts = None
 
-    async def cancel_requested(
-        self, worker_id: str, tokens: Sequence[LeaseToken]
-    ) -> frozenset[LeaseToken]:
-        """Reads only: one pipelined HMGET per token."""
-        if not tokens:
-            return frozenset()
+    async def store_clock(self) -> datetime:
+        """The server's now (one TIME), to the millisecond as the store keeps time."""
         with translated():
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for t in tokens:
-                    fields = ("attempt", "worker_id", "cancel_requested", "nonce")
-                    pipe.hmget(keys.task(self.prefix, t.task_id), *fields)
-                found = await pipe.execute()
-        return frozenset(
-            t
-            for t, (attempt, worker, cancel, nonce) in zip(tokens, found, strict=True)
-            if attempt == str(t.attempt)
-            and worker == worker_id
-            and cancel == "1"
-            and nonce == t.nonce
-        )
-
-    async def finish(self, params: FinishParams) -> FinishResult:
-        """One script for the batch (``finish.lua``), each completion fenced
-        on its own, with its transition and a poll's effects (see
-        :meth:`Backend.finish`). Raises ConfigurationError, writing nothing,
-        for a completion that spawns a task with a priority beyond 32 bits."""
-        completions = list(params.completions)
-        if not completions:
-            return FinishResult(frozenset(), frozenset())
-        for c in completions:
-            _check_completion(c)
-        args = [rows.now_arg(params.now), params.worker_id, rows.finish_arg(completions)]
-        flags = await self._run("finish", args)
-        tokens = [c.token for c in completions]
-        applied = frozenset(t for t, flag in zip(tokens, flags, strict=True) if flag)
-        return FinishResult(applied, frozenset(tokens) - applied)
-
-    async def fire_schedule(self, params: FireParams) -> list[int]:
-        """Enqueue the slots' tasks and move the schedule's last slot in one
-        script, if this call takes the slots (see ``fire_schedule.lua``);
-        else []. Raises TaskExistsError, storing nothing, as :meth:`enqueue`."""
-        slots, tasks = list(params.slots), list(params.tasks)
-        if not slots:
-            return []
-        for task in tasks:
-            _check_new(task)
-        args = [
-            rows.now_arg(None),
-            params.name,
-            params.fingerprint,
-            rows.ms(slots[0]),
-            rows.ms(slots[-1]),
-            rows.tasks_arg(tasks),
-        ]
-        return _stored_ids(tasks, await self._run("fire_schedule", args))
+            seconds, micros = await self._redis.time()
+        return rows.moment(int(seconds) * 1000 + int(micros) // 1000)
 
     def wakeups(
         self, queues: Sequence[str], handoffs_for: tuple[str, str] | None = None
@@ -280,31 +153,3 @@ class RedisBackend(RedisInspector, RedisControl):
         return listen.wakeups(
             self._url, keys.wake_channel(self.prefix), keys.cancel_channel(self.prefix), queues
         )
-
-
-def _stored_ids(tasks: Sequence[NewTask], found: list[Any]) -> list[int]:
-    """The ids an enqueue (or a fire) returned: ``{1, ids...}``; ``{2}``, a
-    fire whose slots were not its own; or ``{0, index, holder}``, refused."""
-    if found[0] == 2:
-        return []
-    if not found[0]:
-        refused, holder = tasks[int(found[1])], int(found[2])
-        if refused.idempotency_key is None:
-            raise BackendError("Redis refused a task without a unique key")
-        raise TaskExistsError(refused.name, refused.idempotency_key, holder)
-    return [int(task_id) for task_id in found[1:]]
-
-
-def _check_new(task: NewTask) -> None:
-    if task.priority not in PRIORITY_RANGE:
-        raise ConfigurationError(f"priority must fit in 32 bits, not {task.priority}")
-
-
-def _check_completion(c: Completion) -> None:
-    if c.effects is not None:
-        for spawn in c.effects.spawns:
-            _check_new(spawn)
-    if c.next_state not in _FINISH_STATES:
-        raise ConfigurationError(f"no completion of an attempt moves its task to {c.next_state}")
-    if c.outcome is Outcome.IN_PROGRESS:
-        raise ConfigurationError("a completion's outcome cannot be in_progress")

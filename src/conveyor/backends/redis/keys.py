@@ -56,11 +56,11 @@ key                             type   holds
 ``{p}:pauses``                  hash   ``queue:NAME`` or ``task:NAME`` -> the
                                        pause's time (ms); read by every claim
 ``{p}:schedules``               set    the names of the stored schedules
-``{p}:schedule:NAME``           hash   one schedule (see :mod:`.schedules`)
+``{p}:schedule:NAME``           hash   one schedule (see :mod:`.flow`)
 ``{p}:schedule-releases``       zset   the releases of schedules ever synced (score:
                                        their last sync, ms)
 ``{p}:schedule-release:NAME``   hash   one release: its generation, task names and
-                                       last sync (see :mod:`.schedules`)
+                                       last sync (see :mod:`.flow`)
 ``{p}:schedule-generations``    str    the last generation given to a release (INCR)
 ``{p}:message-ids``             str    the last message id given (INCR: ascending)
 ``{p}:inbox:ID``                zset   task ID's unread messages (score: message

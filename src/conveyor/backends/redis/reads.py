@@ -1,30 +1,37 @@
-"""The inspector's reads on Redis: task lists from indexes, counts, workers.
+"""The Inspector's reads on Redis: get, list, summaries, counts, activity,
+backlogs, keys, and what is due (``count_unfinished``, ``next_due_at``).
 
-Reads only, never a script: each is a few pipelined round trips, not one
-atomic snapshot (a list may see a task move state between two pages, as a
-SQL read under READ COMMITTED would). No read walks the key space.
+A mixin of :class:`~conveyor.backends.redis.backend.RedisBackend`
+(:class:`Listings`). Most reads are a few pipelined round trips on indexes,
+never a script and never a walk of the key space: not one atomic snapshot
+(a list may see a task move state between two pages, as a SQL read under
+READ COMMITTED would). Scripts that only read serve the reads that must
+see one moment (``count_unfinished``, ``list_keys``).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import cast
 
 import redis.asyncio as aioredis
 
+from conveyor.backends.params import WorkFilter
 from conveyor.backends.redis import keys, rows
-from conveyor.backends.stored import activity_buckets
-from conveyor.model import Task, TaskState
+from conveyor.backends.redis.flow import listed_keys
+from conveyor.backends.redis.store import RedisStore, translated
+from conveyor.backends.stored import activity_buckets, check_bucket_seconds
+from conveyor.model import Attempt, Task, TaskState
 from conveyor.records import (
     ActivityBucket,
+    KeyInfo,
     QueueBacklog,
     TaskCount,
     TaskFilter,
     TaskSummary,
-    WorkerInfo,
 )
 
 PAGE = 200
@@ -241,20 +248,6 @@ async def count_tasks(client: aioredis.Redis, prefix: str) -> list[TaskCount]:
 _STATE_NAMES = tuple(state.value for state in TaskState)
 
 
-async def list_workers(client: aioredis.Redis, prefix: str) -> list[WorkerInfo]:
-    """Every registered worker, newest start first."""
-    ids = cast(list[str], await client.zrevrange(keys.workers(prefix), 0, -1))
-    async with client.pipeline(transaction=False) as pipe:
-        for worker_id in ids:
-            pipe.hgetall(keys.worker(prefix, worker_id))
-        hashes = await pipe.execute()
-    return [
-        rows.worker(worker_id, fields)
-        for worker_id, fields in zip(ids, hashes, strict=True)
-        if fields
-    ]
-
-
 def _finished_bound(ms: int) -> str:
     """The lexical bound before every member ``ms|id`` of a finished index."""
     return f"{ms + FINISHED_TIME_SHIFT:015d}|"
@@ -307,3 +300,98 @@ async def _members_since(client: aioredis.Redis, index: str, start: str) -> Asyn
         if len(page) < PAGE:
             return
         low = f"({page[-1]}"
+
+
+class Listings(RedisStore):
+    """The Inspector's reads, and the reads a worker makes of what is due."""
+
+    async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
+        """The task and its attempt log, read together (MULTI). Raises
+        BackendError for a task whose stored fields do not read."""
+        with translated():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hgetall(keys.task(self.prefix, task_id))
+                if with_attempts:
+                    pipe.lrange(keys.attempts(self.prefix, task_id), 0, -1)
+                found = await pipe.execute()
+        if not found[0]:
+            return None
+        attempts: tuple[Attempt, ...] = ()
+        if with_attempts:
+            attempts = rows.attempts(task_id, found[0], found[1])
+        return rows.task(task_id, found[0], attempts)
+
+    async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
+        """Tasks newest first, filtered and paged as :class:`TaskFilter`
+        says, without attempt logs: served by the per-state index when the
+        filter names a state, else by the index of every task; a name or
+        queue filter is applied to what the index gives (see
+        :func:`.list_tasks` for its cost)."""
+        with translated():
+            return await list_tasks(self._redis, self.prefix, task_filter)
+
+    async def list_summaries(self, task_filter: TaskFilter) -> list[TaskSummary]:
+        """What :meth:`list_tasks` lists, as summaries: the named fields of
+        each hash and the last row of each failed attempt log, never a
+        payload or a result (see :func:`.list_summaries`)."""
+        with translated():
+            return await list_summaries(self._redis, self.prefix, task_filter)
+
+    async def running_by_worker(self) -> dict[str, int]:
+        """Running tasks by owner, off the index of running tasks (see
+        :func:`.running_by_worker`)."""
+        with translated():
+            return await running_by_worker(self._redis, self.prefix)
+
+    async def count_tasks(self) -> list[TaskCount]:
+        """Tasks by state, queue and name: reads every task's three fields,
+        pipelined, as :meth:`Inspector.count_tasks` allows."""
+        with translated():
+            return await count_tasks(self._redis, self.prefix)
+
+    async def count_unfinished(self, work: WorkFilter) -> int:
+        queues = list(dict.fromkeys(work.queues))
+        if not queues or not work.names:
+            return 0
+        args = [rows.now_arg(work.now), len(queues), *queues, *dict.fromkeys(work.names)]
+        return int(await self._run("count_unfinished", args))
+
+    async def next_due_at(self, queues: Sequence[str]) -> datetime | None:
+        """The earliest run time of a pending task of these queues: the head
+        of each queue's pending set, read in one pipelined round trip."""
+        wanted = list(dict.fromkeys(queues))
+        if not wanted:
+            return None
+        with translated():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for queue in wanted:
+                    pipe.zrange(keys.pending(self.prefix, queue), 0, 0, withscores=True)
+                heads = await pipe.execute()
+        found = [int(score) for head in heads for _, score in head]
+        return rows.moment(min(found)) if found else None
+
+    async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
+        """The concurrency keys that hold tasks back, by key, at most
+        ``limit`` (one script, reads only; it reads every key row). Unique
+        keys are not listed here, on any backend."""
+        found = await self._run("list_keys", [rows.now_arg(now)])
+        return listed_keys(found, limit)
+
+    async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
+        """Each known queue's pending set (by run time): three reads a
+        queue, pipelined, at the server's time."""
+        with translated():
+            return await queue_backlogs(self._redis, self.prefix, now)
+
+    async def activity(self, since: datetime, bucket_seconds: int) -> list[ActivityBucket]:
+        """Tasks finished since ``since`` by bucket: counted in the index of
+        finished tasks by finish time, a few reads (see :func:`.activity`)."""
+        bucket = check_bucket_seconds(bucket_seconds)
+        with translated():
+            return await activity(self._redis, self.prefix, since, bucket)
+
+    async def key_holders(self, key: str, limit: int = 20) -> list[int]:
+        """The running tasks of key ``key``: its set of leases (reads only)."""
+        with translated():
+            found = await self._redis.zrange(keys.concurrency_leases(self.prefix, key), 0, -1)
+        return sorted(int(cast(str, task_id)) for task_id in found)[:limit]

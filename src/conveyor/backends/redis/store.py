@@ -1,10 +1,10 @@
 """The Redis store under a backend: its URL and key prefix, the client, the
-layout check at ``open``, the persistence warning, and the scripts.
+persistence warning, and the running of the scripts.
 
-:class:`RedisStore` is the base of :class:`~.backend.RedisBackend` (beside
-:class:`~.control.RedisControl` and :class:`~.inspector.RedisInspector`): it
-holds the connection and runs an operation's script (``_run``);
-:func:`translated` turns redis-py's errors into conveyor's.
+:class:`RedisStore` is the base of every section mixin of
+:class:`~.backend.RedisBackend`: it holds the connection and runs an
+operation's script (``_run``); :func:`translated` turns redis-py's errors
+into conveyor's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from conveyor.backends.redis import (
-    connect,
     keys,
     persistence,
 )
@@ -30,7 +29,6 @@ from conveyor.errors import (
     BackendError,
     BackendUnavailableError,
     ConfigurationError,
-    StoreNotReadyError,
 )
 from conveyor.redaction import redact_url
 
@@ -156,37 +154,6 @@ class RedisStore:
     def location(self) -> str:
         return self._location
 
-    async def open(self) -> None:
-        """Connect, then as ``migrate`` says (see the class): mark a new store
-        or convert an older one (:meth:`migrate`), or refuse one that is
-        missing or older (:meth:`require_migrated`). Raises
-        ConfigurationError for a store written with another layout. No
-        connection is left open when it raises."""
-        client = connect.client(self._url)
-        self._client, self._scripts = client, Scripts(client, functions=self._functions)
-        try:
-            with translated():
-                await self._scripts.load()
-            if self._auto_migrate:
-                await self.migrate()
-            elif self._auto_migrate is False:
-                await self.require_migrated()
-            await self._check_persistence(client)
-        except BaseException:
-            await self.close()
-            raise
-
-    async def _layout(self) -> str | None:
-        with translated():
-            found = await self._redis.get(keys.layout(self.prefix))
-        return None if found is None else str(found)  # decode_responses: a str
-
-    def _other_layout(self, found: str) -> ConfigurationError:
-        return ConfigurationError(
-            f"the Redis store {self.location} has key layout {found!r}; "
-            f"this conveyor reads layout {keys.LAYOUT_VERSION!r}"
-        )
-
     async def _check_persistence(self, client: aioredis.Redis) -> None:
         """Warn, once per process and server, of each persistence setting
         that can lose acknowledged work (see :mod:`.persistence`); a read
@@ -198,56 +165,6 @@ class RedisStore:
         _CHECKED.add(self._server)
         for problem in found.problems():
             log.warning("Redis at %s: %s", self._server, problem)
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = self._scripts = None
-
-    async def migrate(self) -> list[int]:
-        """Mark a new store with this layout's version, or convert one of a
-        layout this one upgrades (:data:`keys.UPGRADED`, ``lua/open.lua``);
-        a store of this layout is only read (one GET). Raises
-        ConfigurationError for a store written with another layout. Returns
-        the layout version when it wrote it (Redis has no numbered
-        migrations: the layout stands for them), else nothing."""
-        found = await self._layout()
-        if found == keys.LAYOUT_VERSION:
-            return []
-        found = await self._run("open", [keys.LAYOUT_VERSION, *sorted(keys.UPGRADED)])
-        if found != keys.LAYOUT_VERSION:
-            raise self._other_layout(str(found))
-        return [int(keys.LAYOUT_VERSION)]
-
-    async def require_migrated(self) -> None:
-        """Raise StoreNotReadyError unless the prefix holds a store of this
-        layout (an older one that :meth:`migrate` converts too); one GET."""
-        found = await self._layout()
-        if found is None:
-            raise StoreNotReadyError(
-                f"no conveyor store at {self.location}: run `conveyor migrate`"
-            )
-        if found in keys.UPGRADED:
-            raise StoreNotReadyError(
-                f"the conveyor store at {self.location} has the older key layout {found!r}: "
-                "run `conveyor migrate`"
-            )
-        if found != keys.LAYOUT_VERSION:
-            raise self._other_layout(found)
-
-    async def destroy(self) -> None:
-        """Delete every key of this store (those of its prefix), found with
-        SCAN: the only operation that walks the key space."""
-        client = self._redis
-        with translated():
-            batch: list[str] = []
-            async for key in client.scan_iter(match=keys.pattern(self.prefix), count=1000):
-                batch.append(key)
-                if len(batch) >= 1000:
-                    await client.unlink(*batch)
-                    batch = []
-            if batch:
-                await client.unlink(*batch)
 
     @property
     def _redis(self) -> aioredis.Redis:
