@@ -160,8 +160,10 @@ async def test_no_listener_makes_no_event(
     def refuse(*args: object) -> None:
         raise AssertionError("an event was made with nobody listening")
 
-    for name in ("AttemptStarted", "AttemptEnded", "ClaimSent", "LeaseRenewed"):
-        monkeypatch.setattr(worker_module, name, refuse)
+    makers = [(ev, "AttemptStarted"), (ev, "AttemptEnded"), (ev, "TaskEnqueued")]
+    makers += [(worker_module, "ClaimSent"), (worker_module, "LeaseRenewed")]
+    for module, name in makers:
+        monkeypatch.setattr(module, name, refuse)
 
     @app.task()
     async def job(n: int) -> int:

@@ -47,19 +47,19 @@ from conveyor.errors import (
     WorkerShutdown,
 )
 from conveyor.events import (
-    AttemptEnded,
-    AttemptStarted,
     ClaimReturned,
     ClaimSent,
     LeaseLost,
     LeaseRenewed,
 )
-from conveyor.model import LeaseToken, Message, Outcome, TaskState
+from conveyor.middleware import AttemptInfo, Middlewares
+from conveyor.model import LeaseToken, Message
 from conveyor.records import WorkerInfo
 from conveyor.schedules import Schedule
 from conveyor.task import TaskDef
 from conveyor.worker import outcomes
 from conveyor.worker.attempt import RunningAttempt
+from conveyor.worker.attemptlog import AttemptLog
 from conveyor.worker.cancels import CancelConfig, CancelWatch
 from conveyor.worker.claims import RETRY_MAX, RETRY_MIN, ClaimOutcome, Claims, Pace
 from conveyor.worker.completer import Completer
@@ -162,6 +162,19 @@ class Worker:
         self.claims_made = 0
         self._open_transaction: Callable[[], Awaitable[AttemptTransaction]] | None = None
         self._open_transaction_sync: Callable[[], AttemptTransaction] | None = None
+        self.attempt_log = AttemptLog(quiet=not self.config.log_attempts)
+        """This worker's middleware around its own attempts (outermost)."""
+        self._client_chain: Middlewares | None = None
+        self._chain = Middlewares()
+
+    def middlewares(self) -> Middlewares:
+        """Around this worker's attempts: its attempt log, then the client's
+        middleware (composed again only when the client's changed)."""
+        current = self.client.middlewares
+        if current is not self._client_chain:
+            self._client_chain = current
+            self._chain = current.with_(self.attempt_log, first=True)
+        return self._chain
 
     # -- control -------------------------------------------------------------
 
@@ -658,20 +671,12 @@ class Worker:
             task, definition, ctx, self.client.max_payload_bytes, self.processes, self._loop
         )
         self._running[task.token] = running
-        if self.events.active:
-            token = task.token
-            self.events.emit(
-                AttemptStarted(
-                    token.task_id,
-                    token.attempt,
-                    task.name,
-                    task.queue,
-                    self.id,
-                    due_delay(task),
-                    handed_off,
-                )
-            )
-        runner = _start_runner(self._run_attempt(running), running.loop)
+        info = running.info = AttemptInfo(task, running.kind, self.id, running.started, handed_off)
+        try:
+            attempt = self.middlewares().attempt(running.run, info)
+        except Exception as exc:  # a middleware's: the runner's crash path takes it
+            attempt = _raise(exc)
+        runner = _start_runner(self._run_attempt(running, attempt), running.loop)
         # The runner leaves the set itself, as its last step (a done callback
         # would cost every attempt one more turn of the event loop); one that
         # already ended, eagerly, is not added.
@@ -692,6 +697,8 @@ class Worker:
             extra={"task_id": token.task_id, "attempt": token.attempt},
         )
         stale.superseded = True
+        if stale.info is not None:
+            stale.info.superseded = True
         stale.stop(LeaseLostError(f"task {token.task_id} was lost by the store"))
         if self.completer is not None:
             self.completer.discard(token)
@@ -704,22 +711,19 @@ class Worker:
         )
         if task.inbox is not None:
             read = _first_read(task.inbox, read)
-        tracing = self.client.tracing
-        return read if tracing is None else tracing.inbox_reader(read)
+        return self.middlewares().inbox_reader(read)
 
-    async def _run_attempt(self, running: RunningAttempt) -> None:
+    async def _run_attempt(
+        self, running: RunningAttempt, attempt: Awaitable[Completion | None]
+    ) -> None:
+        """Await ``attempt`` (the middleware around ``running.run()``) and
+        hand its completion to the completer."""
         assert self.heartbeat is not None
         assert self.completer is not None
         token = running.task.token
-        tracing = self.client.tracing
         try:
             try:
-                if tracing is None:
-                    completion = await running.run()
-                else:
-                    completion = await tracing.attempt(
-                        running.run, running.task, running.kind, self.id
-                    )
+                completion = await attempt
             except Exception:  # a bug of ours must not lose the slot or the worker
                 log.exception("attempt crashed in the worker", extra={"task_id": token.task_id})
                 completion = None
@@ -736,86 +740,9 @@ class Worker:
             if completion is None:
                 self.heartbeat.release(token)
             else:
-                if self.events.active:
-                    self._emit_ended(running, completion)
-                self._log_ending(running, completion)
                 self.completer.submit(completion, running.task)
         finally:
             self._runners.discard(asyncio.current_task(running.loop))
-
-    def _emit_ended(self, running: RunningAttempt, completion: Completion) -> None:
-        task, token = running.task, completion.token
-        self.events.emit(
-            AttemptEnded(
-                token.task_id,
-                token.attempt,
-                task.name,
-                task.queue,
-                self.id,
-                completion.outcome,
-                completion.next_state,
-                time.monotonic() - running.started,
-            )
-        )
-
-    def _log_ending(self, running: RunningAttempt, completion: Completion) -> None:
-        """A finished attempt at INFO with its duration (DEBUG when the worker
-        is quiet), a retry at WARNING, a final failure at ERROR with its
-        traceback."""
-        succeeded = completion.outcome is Outcome.SUCCEEDED
-        level = logging.INFO if self.config.log_attempts else logging.DEBUG
-        if succeeded and not log.isEnabledFor(level):
-            return
-        token = completion.token
-        seconds = round(time.monotonic() - running.started, 3)
-        name = running.task.name
-        fields = {
-            "task_id": token.task_id,
-            "attempt": token.attempt,
-            "task_name": name,
-            "duration": seconds,
-            "worker_id": self.id,
-        }
-        if succeeded:
-            log.log(
-                level, "task %s %s succeeded in %.3fs", name, token.task_id, seconds, extra=fields
-            )
-            return
-        error = completion.error
-        detail = f"{error.type}: {error.message}" if error else completion.outcome.value
-        if completion.next_state is TaskState.PENDING and completion.retry_delay is not None:
-            log.warning(
-                "task %s %s attempt %s %s after %.3fs (%s); again in %.1fs",
-                name,
-                token.task_id,
-                token.attempt,
-                completion.outcome.value,
-                seconds,
-                detail,
-                completion.retry_delay,
-                extra=fields,
-            )
-        elif completion.next_state is TaskState.FAILED:
-            trace = f"\n{error.traceback.rstrip()}" if error and error.traceback else ""
-            log.error(
-                "task %s %s failed for good after %s attempt(s) (%s)%s",
-                name,
-                token.task_id,
-                token.attempt,
-                detail,
-                trace,
-                extra=fields,
-            )
-        else:
-            log.warning(
-                "task %s %s %s after %.3fs: %s",
-                name,
-                token.task_id,
-                completion.next_state.value,
-                seconds,
-                detail,
-                extra=fields,
-            )
 
     def _recorded(self, completion: Completion, applied: bool) -> None:
         """Called by the completer once a completion is written (or rejected)."""
@@ -923,12 +850,8 @@ def _soonest(*timeouts: float | None) -> float | None:
     return min(given) if given else None
 
 
-def due_delay(task: ClaimedTask) -> float | None:
-    """Seconds from when ``task`` was due (the store's clock) to now (this
-    process's), None when the claim did not say."""
-    if task.run_at is None:
-        return None
-    return time.time() - task.run_at.timestamp()
+async def _raise(exc: Exception) -> Completion | None:
+    raise exc
 
 
 def _first_read(
