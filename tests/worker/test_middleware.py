@@ -8,22 +8,32 @@ task."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from pathlib import Path
+from typing import Any, cast
+from unittest import mock
 
 import pytest
 
 import conveyor
 from conveyor import Poll, TaskState
-from conveyor.backends.params import Completion, Delivery, NewTask
+from conveyor.backends.params import ClaimedTask, Completion, Delivery, NewTask
 from conveyor.client import ENQUEUE_CHUNK
-from conveyor.middleware import AttemptInfo, EnqueueScope, InboxRead, Middleware, Run
+from conveyor.middleware import (
+    AttemptInfo,
+    EnqueueScope,
+    InboxRead,
+    Middleware,
+    Middlewares,
+    Run,
+)
 from conveyor.model import Message
 from tests.conftest import backend_url, schema_for
-from tests.worker.helpers import RunningWorker, wait_terminal
+from tests.worker.helpers import RunningWorker, wait_for, wait_terminal
 
 
 @pytest.fixture(params=["postgres", "sqlite", "memory"])
@@ -193,3 +203,77 @@ async def test_an_attempt_hook_that_raises_costs_the_attempt_not_the_task(
     assert task.state is TaskState.SUCCEEDED and task.result == 7
     assert failing.calls == 2  # reclaimed once its lease expired, and run again
     assert any("attempt crashed in the worker" in r.message for r in caplog.records)
+
+
+class Raising(Middleware):
+    def attempt(self, run: Run, info: AttemptInfo) -> Awaitable[Completion | None]:
+        raise RuntimeError("raised before the attempt ran")
+
+
+async def test_an_attempt_hook_that_raises_at_once_is_a_crash_too(
+    app: conveyor.App, caplog: pytest.LogCaptureFixture
+) -> None:
+    raising = Raising()
+    app.add_middleware(raising)
+
+    @app.task()
+    async def job(n: int) -> int:
+        return n
+
+    async with app:
+        handle = await job.enqueue_async(n=3)
+        async with RunningWorker(app, lease=1.0) as worker:
+
+            async def crashed() -> bool:
+                return "attempt crashed in the worker" in caplog.text
+
+            await wait_for(crashed)
+            app.remove_middleware(raising)
+            [task] = await wait_terminal(app, [handle.id])
+            assert worker.running_count == 0
+    assert task.state is TaskState.SUCCEEDED and task.result == 3
+
+
+class Named(Middleware):
+    def __init__(self, name: str, seen: list[str]) -> None:
+        self.name, self.seen = name, seen
+
+    @contextlib.contextmanager
+    def enqueue(self, tasks: Sequence[NewTask]) -> Iterator[EnqueueScope]:
+        self.seen.append(f"enter {self.name}")
+        yield EnqueueScope()
+        self.seen.append(f"leave {self.name}")
+
+    async def attempt(self, run: Run, info: AttemptInfo) -> Completion | None:
+        self.seen.append(f"start {self.name}")
+        completion = await run()
+        self.seen.append(f"end {self.name}")
+        return completion
+
+
+def test_the_first_middleware_is_the_outermost() -> None:
+    seen: list[str] = []
+    chain = Middlewares([Named("a", seen), Middleware(), Named("b", seen)])
+    with chain.enqueue([]):
+        seen.append("store")
+
+    async def run() -> Completion | None:
+        seen.append("run")
+        return None
+
+    info = AttemptInfo(cast(ClaimedTask, None), "attempt", "w", 0.0)
+    asyncio.run(cast(Coroutine[Any, Any, None], chain.attempt(run, info)))
+    assert seen == [
+        *("enter a", "enter b", "store", "leave b", "leave a"),
+        *("start a", "start b", "run", "end b", "end a"),
+    ]
+
+
+def test_a_hook_nobody_overrides_calls_through() -> None:
+    chain = Middlewares([Middleware(), Middleware()])
+    run = mock.Mock(return_value="the attempt itself")
+    assert chain.attempt(run, cast(AttemptInfo, None)) == "the attempt itself"
+    read = mock.Mock()
+    assert chain.inbox_reader(read) is read
+    with chain.send(["d"]) as deliveries:  # type: ignore[list-item]
+        assert deliveries == ["d"]
