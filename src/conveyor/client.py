@@ -33,9 +33,10 @@ from conveyor.backends.params import Delivery, EnqueueParams, NewTask, SendParam
 from conveyor.backends.protocol import Capability
 from conveyor.controls import Controls
 from conveyor.errors import ConfigurationError
-from conveyor.events import EventBus, TaskEnqueued
+from conveyor.events import EventBus, EventsMiddleware
 from conveyor.explain import Explanation, explain
 from conveyor.handle import TaskHandle
+from conveyor.middleware import EnqueueScope, Middleware, Middlewares
 from conveyor.model import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Message,
@@ -49,7 +50,6 @@ from conveyor.model import (
 from conveyor.portal import INHERITED_AT_FORK, Portal
 from conveyor.reads import Reads
 from conveyor.records import TaskCount, TaskFilter, TaskSummary, WorkerInfo
-from conveyor.tracehooks import EnqueueStamp, TraceHooks
 
 SCHEMA_ENV = "CONVEYOR_SCHEMA"
 ENQUEUE_CHUNK = 1000
@@ -139,9 +139,9 @@ class Client(Controls, Reads):
         self.portal = Portal()
         self.events = EventBus()
         """This client's events, and its workers' (see :mod:`conveyor.events`)."""
-        self.tracing: TraceHooks | None = None
-        """Traces this client's enqueues and sends, and its workers' attempts
-        (``conveyor.tracing.Tracing().install(app)``); None: not traced."""
+        self._middleware = Middlewares([EventsMiddleware(self.events)])
+        """Around this client's enqueues and sends and its workers' attempts:
+        its events first (see :meth:`add_middleware`)."""
         self.inline_runner: InlineRunner | None = None
         """Runs the tasks of these queues to the end, on a backend with
         ``Capability.INLINE`` (the App sets it: a client has no handlers)."""
@@ -304,6 +304,29 @@ class Client(Controls, Reads):
             raise ConfigurationError(f"the {type(backend).__name__} cannot list or count tasks")
         return found
 
+    # -- middleware ----------------------------------------------------------
+
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Install ``middleware`` around this client's enqueues and sends and
+        its workers' attempts (see :mod:`conveyor.middleware`), inside the
+        ones installed before it. Installing one twice does nothing."""
+        if not any(m is middleware for m in self._middleware.items):
+            self._middleware = self._middleware.with_(middleware)
+
+    def remove_middleware(self, middleware: Middleware) -> None:
+        """Uninstall ``middleware`` (nothing if it is not installed)."""
+        self._middleware = self._middleware.without(middleware)
+
+    @property
+    def middleware(self) -> tuple[Middleware, ...]:
+        """The installed middleware, outermost first (this client's events first)."""
+        return self._middleware.items
+
+    @property
+    def middlewares(self) -> Middlewares:
+        """The installed middleware, composed (what the workers run through)."""
+        return self._middleware
+
     # -- enqueue -------------------------------------------------------------
 
     def enqueue_new(self, tasks: Sequence[NewTask], connection: Any = None) -> list[TaskHandle]:
@@ -315,15 +338,10 @@ class Client(Controls, Reads):
         checked_names(tasks)
         if connection is not None:
             statements = self._transactional(self._statements)
-            tracing = self.tracing
-            if tracing is None:
+            with self._middleware.enqueue(tasks) as scope:
+                scope.stamp(tasks)
                 ids = statements.enqueue_in_sync(EnqueueParams(tasks=tasks), connection)
-            else:
-                with tracing.enqueue(tasks) as span:
-                    ids = statements.enqueue_in_sync(EnqueueParams(tasks=tasks), connection)
-                    span.stored(ids)
-            if self.events.active:
-                self._emit_enqueued(tasks, ids)
+                scope.stored(ids)
             return self.handles(ids)
         return self.portal.run(self.enqueue_new_async(tasks))
 
@@ -333,25 +351,15 @@ class Client(Controls, Reads):
         """Async form of :meth:`enqueue_new` (``connection``: an async native
         connection, or a ``sqlite3.Connection`` used on the caller's thread)."""
         checked_names(tasks)
-        tracing = self.tracing
-        if tracing is None:
-            return await self._enqueue_new_async(tasks, connection)
-        with tracing.enqueue(tasks) as span:
-            handles = await self._enqueue_new_async(tasks, connection)
-            span.stored([h.id for h in handles])
-            return handles
-
-    async def _enqueue_new_async(
-        self, tasks: Sequence[NewTask], connection: Any = None
-    ) -> list[TaskHandle]:
-        backend = await self.backend()
-        params = EnqueueParams(tasks=tasks)
-        if connection is not None:
-            ids = await self._transactional(backend).enqueue_in(params, connection)
-        else:
-            ids = await backend.enqueue(params)
-        if self.events.active:
-            self._emit_enqueued(tasks, ids)
+        with self._middleware.enqueue(tasks) as scope:
+            backend = await self.backend()
+            scope.stamp(tasks)
+            params = EnqueueParams(tasks=tasks)
+            if connection is not None:
+                ids = await self._transactional(backend).enqueue_in(params, connection)
+            else:
+                ids = await backend.enqueue(params)
+            scope.stored(ids)
         return await self._stored(backend, ids, {t.queue for t in tasks})
 
     def enqueue_encoded(
@@ -373,39 +381,20 @@ class Client(Controls, Reads):
         if connection is not None or total <= ENQUEUE_CHUNK:  # one statement
             return await self.enqueue_new_async(encode(0, total), connection)
         queues: set[str] = set()
-        drawn_tasks: list[NewTask] = []
-        keep = self.events.active
 
         def chunks() -> Iterator[list[NewTask]]:
             for start, end in chunk_bounds(total):
                 tasks = encode(start, end)
                 queues.update(t.queue for t in tasks)
-                if keep:
-                    drawn_tasks.extend(tasks)
                 yield tasks
 
         drawn = chunks()
         first = next(drawn)  # checked before any I/O, like a small batch whole
-        backend = await self.backend()
-        tracing = self.tracing
-        if tracing is None:
-            ids = await backend.enqueue_chunks(_chained(first, drawn))
-        else:
-            with tracing.enqueue(first) as span:
-                ids = await backend.enqueue_chunks(_chained(first, _stamped(drawn, span)))
-                span.stored(ids)
-        if keep:
-            self._emit_enqueued(drawn_tasks, ids)
+        with self._middleware.enqueue(first) as scope:
+            backend = await self.backend()
+            ids = await backend.enqueue_chunks(_stamped(_chained(first, drawn), scope))
+            scope.stored(ids)
         return await self._stored(backend, ids, queues)
-
-    def _emit_enqueued(self, tasks: Sequence[NewTask], ids: Sequence[int]) -> None:
-        """One :class:`TaskEnqueued` per name and queue, with the ids the
-        enqueue returned for them (a unique key's holder included)."""
-        grouped: dict[tuple[str, str], list[int]] = {}
-        for task, task_id in zip(tasks, ids, strict=True):
-            grouped.setdefault((task.name, task.queue), []).append(task_id)
-        for (name, queue), task_ids in grouped.items():
-            self.events.emit(TaskEnqueued(name, queue, tuple(task_ids)))
 
     def handles(self, ids: Sequence[int]) -> list[TaskHandle]:
         """Handles of the tasks with these ids."""
@@ -465,10 +454,7 @@ class Client(Controls, Reads):
         if connection is None:
             return self.portal.run(self._send_async(params))
         statements = self._transactional(self._statements)
-        tracing = self.tracing
-        if tracing is None:
-            return statements.send_in_sync(params, connection)[0]
-        with tracing.send(params.deliveries) as deliveries:
+        with self._middleware.send(params.deliveries) as deliveries:
             return statements.send_in_sync(SendParams(deliveries), connection)[0]
 
     async def send_async(
@@ -485,10 +471,7 @@ class Client(Controls, Reads):
         )
 
     async def _send_async(self, params: SendParams, connection: Any = None) -> int:
-        tracing = self.tracing
-        if tracing is None:
-            return await self._send_stored(params, connection)
-        with tracing.send(params.deliveries) as deliveries:
+        with self._middleware.send(params.deliveries) as deliveries:
             return await self._send_stored(SendParams(deliveries), connection)
 
     async def _send_stored(self, params: SendParams, connection: Any) -> int:
@@ -674,10 +657,10 @@ def checked_names(tasks: Sequence[NewTask]) -> None:
         check_name("queue", task.queue)
 
 
-def _stamped(chunks: Iterator[list[NewTask]], span: EnqueueStamp) -> Iterator[list[NewTask]]:
-    """``chunks``, each given the trace context of ``span`` as it is drawn."""
+def _stamped(chunks: Iterator[list[NewTask]], scope: EnqueueScope) -> Iterator[list[NewTask]]:
+    """``chunks``, each stamped by the enqueue's middleware as it is drawn."""
     for tasks in chunks:
-        span.stamp(tasks)
+        scope.stamp(tasks)
         yield tasks
 
 

@@ -6,7 +6,10 @@ do the App's enqueues. ``app.events.subscribe(callback)`` calls
 ``callback(event)`` for each event, in the thread that emits it (a worker's
 event-loop thread; the caller's for an enqueue) and right there: a callback
 must be quick and must not block (hand slow work to a queue of your own).
-Metrics (:mod:`conveyor.metrics`) are built on these events.
+Metrics (:mod:`conveyor.metrics`) are built on these events. The client
+emits TaskEnqueued, AttemptStarted and AttemptEnded through its
+middleware (:class:`EventsMiddleware`, the first it installs, so the
+outermost: see :mod:`conveyor.middleware`).
 
 Guarantees and limits:
 
@@ -22,11 +25,16 @@ Guarantees and limits:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+from conveyor.backends.params import Completion, NewTask
+from conveyor.middleware import PASS_SCOPE, AttemptInfo, EnqueueScope, Middleware, Run
 from conveyor.model import Outcome, TaskState
 
 log = logging.getLogger("conveyor.events")
@@ -193,3 +201,90 @@ class EventBus:
                 if key not in self._warned:
                     self._warned.add(key)
                     log.exception("an event callback raised on %s", type(event).__name__)
+
+
+class _Enqueued(EnqueueScope):
+    __slots__ = ("ids", "tasks")
+
+    def __init__(self) -> None:
+        self.tasks: list[NewTask] = []
+        self.ids: Sequence[int] | None = None
+
+    def stamp(self, tasks: Sequence[NewTask]) -> None:
+        self.tasks.extend(tasks)
+
+    def stored(self, ids: Sequence[int]) -> None:
+        self.ids = ids
+
+
+class EventsMiddleware(Middleware):
+    """Emits TaskEnqueued, AttemptStarted and AttemptEnded on ``bus``, only
+    while something listens (tested when an enqueue or an attempt starts):
+    nobody listening costs one attribute test per enqueue and attempt.
+
+    TaskEnqueued is emitted once the enqueue's hooks have all left (it is
+    the outermost), one per name and queue; AttemptStarted when the worker
+    starts the attempt, AttemptEnded when its handler ended with a
+    completion to record (not for an attempt the worker crashed on,
+    abandoned or found superseded)."""
+
+    __slots__ = ("bus",)
+
+    def __init__(self, bus: EventBus) -> None:
+        self.bus = bus
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> AbstractContextManager[EnqueueScope]:
+        if not self.bus.active:
+            return contextlib.nullcontext(PASS_SCOPE)
+        return self._told()
+
+    @contextlib.contextmanager
+    def _told(self) -> Iterator[EnqueueScope]:
+        scope = _Enqueued()
+        yield scope
+        if scope.ids is None:
+            return
+        grouped: dict[tuple[str, str], list[int]] = {}
+        for task, task_id in zip(scope.tasks, scope.ids, strict=True):
+            grouped.setdefault((task.name, task.queue), []).append(task_id)
+        for (name, queue), task_ids in grouped.items():
+            self.bus.emit(TaskEnqueued(name, queue, tuple(task_ids)))
+
+    def attempt(self, run: Run, info: AttemptInfo) -> Awaitable[Completion | None]:
+        if not self.bus.active:
+            return run()
+        task = info.task
+        token = task.token
+        delay = None if task.run_at is None else time.time() - task.run_at.timestamp()
+        self.bus.emit(
+            AttemptStarted(
+                token.task_id,
+                token.attempt,
+                task.name,
+                task.queue,
+                info.worker_id,
+                delay,
+                info.handed_off,
+            )
+        )
+        return self._ended(run(), info)
+
+    async def _ended(
+        self, running: Awaitable[Completion | None], info: AttemptInfo
+    ) -> Completion | None:
+        completion = await running
+        if completion is not None and not info.superseded:
+            task, token = info.task, completion.token
+            self.bus.emit(
+                AttemptEnded(
+                    token.task_id,
+                    token.attempt,
+                    task.name,
+                    task.queue,
+                    info.worker_id,
+                    completion.outcome,
+                    completion.next_state,
+                    time.monotonic() - info.started,
+                )
+            )
+        return completion

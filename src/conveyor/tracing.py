@@ -1,7 +1,10 @@
 """OpenTelemetry traces of enqueues, sends and attempts (the ``otel`` extra).
 
 ``Tracing().install(app)`` traces everything the App and its workers do,
-with the global tracer provider (or ``Tracing(tracer_provider=...)``):
+with the global tracer provider (or ``Tracing(tracer_provider=...)``).
+A :class:`Tracing` is a middleware (:mod:`conveyor.middleware`):
+``install`` is ``app.add_middleware(tracing)``, inside the middleware installed before
+it (the App's events among them), and ``uninstall`` removes it.
 
 - ``conveyor.enqueue NAME`` (kind producer) around each enqueue call, with
   the task name, queue, count and ids as attributes (``conveyor.task.*``,
@@ -27,8 +30,8 @@ that run days after their enqueue, or retry for long).
 
 Guarantees and limits:
 
-- Nothing is traced until ``install``; an App without tracing pays one
-  attribute test per enqueue, send and attempt.
+- Nothing is traced until ``install``; an App without tracing pays nothing
+  for it.
 - A stored context that does not decode (written around conveyor, or cut)
   is ignored: the attempt's span starts a trace of its own, and the attempt
   runs as always. A carrier over :data:`MAX_TRACE_CHARS` is not stored.
@@ -51,9 +54,10 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from importlib import metadata
 
-from conveyor.backends.params import ClaimedTask, Completion, Delivery, NewTask
+from conveyor.backends.params import Completion, Delivery, NewTask
 from conveyor.client import Client
 from conveyor.errors import ConfigurationError
+from conveyor.middleware import AttemptInfo, EnqueueScope, Middleware
 
 try:
     from opentelemetry import context as otel_context
@@ -123,7 +127,7 @@ def _decoded(text: str) -> otel_context.Context | None:
     return context
 
 
-class EnqueueSpan:
+class EnqueueSpan(EnqueueScope):
     """The span of one enqueue: ``stamp`` gives tasks its context, ``stored``
     names the ids they got."""
 
@@ -144,7 +148,7 @@ class EnqueueSpan:
             self.span.set_attribute("messaging.message.id", str(ids[0]))
 
 
-class Tracing:
+class Tracing(Middleware):
     """OpenTelemetry spans of an App's enqueues, sends and attempts (see the
     module docstring). One instance may serve several Apps."""
 
@@ -155,21 +159,21 @@ class Tracing:
         self.link = link
 
     def install(self, client: Client) -> Tracing:
-        """Trace ``client`` (an App) and its workers from now on."""
-        client.tracing = self
+        """Trace ``client`` (an App) and its workers from now on:
+        ``client.add_middleware(self)``."""
+        client.add_middleware(self)
         return self
 
     def uninstall(self, client: Client) -> None:
         """Stop tracing ``client`` (if this instance traces it)."""
-        if client.tracing is self:
-            client.tracing = None
+        client.remove_middleware(self)
 
     # -- producers ---------------------------------------------------------------
 
     @contextlib.contextmanager
     def enqueue(self, tasks: Sequence[NewTask]) -> Iterator[EnqueueSpan]:
         """A span around an enqueue of ``tasks`` (its first ones, for a batch
-        encoded in chunks), with its context stamped on them."""
+        encoded in chunks); its scope stamps the span's context on each chunk."""
         names = {t.name for t in tasks}
         queues = {t.queue for t in tasks}
         name = next(iter(names)) if len(names) == 1 else "tasks"
@@ -184,9 +188,7 @@ class Tracing:
         with self.tracer.start_as_current_span(
             f"conveyor.enqueue {name}", kind=SpanKind.PRODUCER, attributes=attributes
         ) as span:
-            found = EnqueueSpan(span)
-            found.stamp(tasks)
-            yield found
+            yield EnqueueSpan(span)
 
     @contextlib.contextmanager
     def send(self, deliveries: Sequence[Delivery]) -> Iterator[list[Delivery]]:
@@ -207,12 +209,10 @@ class Tracing:
     async def attempt(
         self,
         run: Callable[[], Awaitable[Completion | None]],
-        task: ClaimedTask,
-        kind: str,
-        worker_id: str,
+        info: AttemptInfo,
     ) -> Completion | None:
-        """Run one attempt (``run``) inside its span. ``kind`` is ``attempt``,
-        ``step`` or ``poll``."""
+        """Run one attempt (``run``) inside its span."""
+        task, kind, worker_id = info.task, info.kind, info.worker_id
         parent = stored_context(task.trace)
         links: list[Link] = []
         if parent is not None and self.link:

@@ -14,7 +14,7 @@ import pytest
 import conveyor
 from conveyor import events as ev
 from conveyor.model import Outcome, RetryPolicy, TaskState
-from conveyor.worker import worker as worker_module
+from conveyor.worker import heartbeat, producer
 from tests.worker.helpers import RunningWorker, listening, steal, wait_for, wait_terminal
 
 
@@ -160,8 +160,10 @@ async def test_no_listener_makes_no_event(
     def refuse(*args: object) -> None:
         raise AssertionError("an event was made with nobody listening")
 
-    for name in ("AttemptStarted", "AttemptEnded", "ClaimSent", "LeaseRenewed"):
-        monkeypatch.setattr(worker_module, name, refuse)
+    makers = [(ev, "AttemptStarted"), (ev, "AttemptEnded"), (ev, "TaskEnqueued")]
+    makers += [(producer, "ClaimSent"), (heartbeat, "LeaseRenewed")]
+    for module, name in makers:
+        monkeypatch.setattr(module, name, refuse)
 
     @app.task()
     async def job(n: int) -> int:

@@ -377,7 +377,7 @@ async def test_an_attempt_that_never_waits_ends_at_its_start_on_python_3_12() ->
     waits for a turn of the event loop."""
     import sys
 
-    from conveyor.worker.worker import _start_runner
+    from conveyor.worker.producer import _start_runner
 
     steps: list[str] = []
 

@@ -29,6 +29,7 @@ from conveyor.errors import (
     StopAttempt,
     WorkerShutdown,
 )
+from conveyor.middleware import AttemptInfo
 from conveyor.model import Outcome
 from conveyor.task import TaskDef
 from conveyor.worker import outcomes
@@ -53,6 +54,7 @@ class RunningAttempt:
         "ctx",
         "definition",
         "execution",
+        "info",
         "loop",
         "max_result_bytes",
         "processes",
@@ -84,6 +86,8 @@ class RunningAttempt:
         self.started = time.monotonic()
         """When the worker began the attempt (monotonic seconds)."""
         self.superseded = False
+        self.info: AttemptInfo | None = None
+        """What the worker's middleware were told of this attempt."""
         """The store handed this attempt's lease token out again (it lost the
         task: a restore, a wipe): nothing of this attempt is written."""
 

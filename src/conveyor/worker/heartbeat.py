@@ -20,16 +20,21 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from conveyor.backends.params import HeartbeatParams, HeartbeatResult
 from conveyor.backends.protocol import Backend
 from conveyor.errors import BackendUnavailableError
+from conveyor.events import EventBus, LeaseLost, LeaseRenewed
 from conveyor.model import LeaseToken
 from conveyor.worker.config import beat_interval
 from conveyor.worker.outage import Outage
 from conveyor.worker.texts import reason
+
+if TYPE_CHECKING:
+    from conveyor.worker.attempt import RunningAttempt
 
 log = logging.getLogger("conveyor.worker.heartbeat")
 
@@ -259,3 +264,22 @@ class Heartbeat:
             self.fence_untrusted()
             return None
         return backend
+
+
+def emit_heartbeat(
+    events: EventBus,
+    worker_id: str,
+    result: HeartbeatResult,
+    running: Mapping[LeaseToken, RunningAttempt],
+) -> None:
+    """Emit what a heartbeat of worker ``worker_id`` found, while ``events``
+    has subscribers: LeaseRenewed for its renewals, LeaseLost for each lease
+    lost (with the name and queue of its attempt if it still runs)."""
+    if not events.active:
+        return
+    if result.renewed:
+        events.emit(LeaseRenewed(worker_id, len(result.renewed)))
+    for token in result.lost:
+        found = running.get(token)
+        name, queue = (found.task.name, found.task.queue) if found else ("", "")
+        events.emit(LeaseLost(worker_id, token.task_id, token.attempt, name, queue))

@@ -1,8 +1,14 @@
 """The worker: claims tasks, runs them, keeps their leases, records completions.
 
-Pieces (each a small start/stop component): the claim loop (here), the
-heartbeat thread (:mod:`.heartbeat`), batched completions (:mod:`.completer`)
-and the wake-up listener. Shutdown (SIGTERM/SIGINT or :meth:`request_stop`)
+This module wires the pieces, runs them and handles signals. Pieces (each
+a small start/stop component): the producer (:mod:`.producer`: the claim
+loop, the wake-up listener, the start of each attempt), the heartbeat
+thread (:mod:`.heartbeat`, which also tells the events of renewed and lost
+leases), batched completions (:mod:`.completer`), the cancel watch, the
+pruner and the scheduler. Each attempt runs through the client's
+middleware, inside the worker's own attempt log (:mod:`.attemptlog`).
+
+Shutdown (:mod:`.stopping`; SIGTERM/SIGINT or :meth:`request_stop`)
 stops claiming, keeps heartbeating while running handlers drain for up to
 ``grace`` seconds, then stops what is left and releases it as
 ``interrupted`` (pending again at once, no attempt burned). A second signal
@@ -18,86 +24,48 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
 from conveyor.backends.capabilities import AttemptTransaction, capability_of
 from conveyor.backends.params import (
-    CancelHint,
-    ClaimedTask,
-    ClaimParams,
     Completion,
-    HandOff,
-    HandOffsHeard,
     HeartbeatResult,
-    WorkFilter,
 )
 from conveyor.backends.protocol import Backend, Capability
 from conveyor.client import Client
-from conveyor.context import TaskContext
 from conveyor.coroutine import Coroutine as CoroutineTask
 from conveyor.errors import (
     BackendUnavailableError,
     CancelledByRequest,
     LeaseLostError,
-    WorkerShutdown,
 )
-from conveyor.events import (
-    AttemptEnded,
-    AttemptStarted,
-    ClaimReturned,
-    ClaimSent,
-    LeaseLost,
-    LeaseRenewed,
-)
-from conveyor.model import LeaseToken, Message, Outcome, TaskState
+from conveyor.model import LeaseToken
 from conveyor.records import WorkerInfo
 from conveyor.schedules import Schedule
 from conveyor.task import TaskDef
 from conveyor.worker import outcomes
 from conveyor.worker.attempt import RunningAttempt
+from conveyor.worker.attemptlog import AttemptLog
 from conveyor.worker.cancels import CancelConfig, CancelWatch
-from conveyor.worker.claims import RETRY_MAX, RETRY_MIN, ClaimOutcome, Claims, Pace
+from conveyor.worker.claims import RETRY_MAX, RETRY_MIN
 from conveyor.worker.completer import Completer
 from conveyor.worker.config import WorkerConfig
 from conveyor.worker.dump import state_dump
-from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig
-from conveyor.worker.outage import Outage, answered
+from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig, emit_heartbeat
+from conveyor.worker.outage import Outage
 from conveyor.worker.processes import ProcessPool
+from conveyor.worker.producer import Producer
 from conveyor.worker.pruner import Pruner
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.standby import Standby
-from conveyor.worker.stopping import cancel_and_wait
+from conveyor.worker.stopping import shut_down
 from conveyor.worker.texts import reason
-from conveyor.worker.turns import Turn, worker_kind
+from conveyor.worker.turns import Turn
 
 log = logging.getLogger("conveyor.worker")
-
-ABANDON_SETTLE = 2.0
-"""Seconds a shutdown gives the runners of abandoned handlers to end their
-attempt transactions before it goes on."""
-LAST_WRITES = 5.0
-"""Seconds a shutdown gives, once its handlers have ended or been given up,
-to the completions still unwritten, and as much to its exit from the
-workers table: what is not written by then is given up (the leases expire
-and the tasks are reclaimed)."""
-
-
-def _start_runner(
-    coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop
-) -> asyncio.Task[None]:
-    """Start an attempt's runner on ``loop``, the running one. On Python 3.12+
-    it starts eagerly: its first step runs now, as the current task and in
-    its own context, so an attempt whose handler never waits ends without a
-    turn of the event loop (several microseconds less per attempt). Before
-    3.12 it is scheduled as usual."""
-    if sys.version_info >= (3, 12):
-        return asyncio.Task(coro, loop=loop, eager_start=True)
-    return loop.create_task(coro)
 
 
 class Registry(Protocol):
@@ -136,15 +104,13 @@ class Worker:
         )
         self.processes = ProcessPool(self.config.kept_processes())
         """The handler processes of ``process=True`` tasks, kept between attempts."""
-        self._running: dict[LeaseToken, RunningAttempt] = {}
-        self._runners: set[asyncio.Task[None]] = set()
-        self._stopping = False
-        self._immediate = False
-        self._stop_event: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False
+        """Stopping: claims no more, and registers no more."""
+        self.immediate = False
+        """Stopping without the grace (a second signal, or asked so)."""
+        self.stop_event: asyncio.Event | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._wake: asyncio.Event | None = None
-        self._hinted = False
         self._registering: asyncio.Task[None] | None = None
         self.backend: Backend | None = None
         self.heartbeat: Heartbeat | None = None
@@ -152,16 +118,50 @@ class Worker:
         self.cancels: CancelWatch | None = None
         self.pruner: Pruner | None = None
         self.scheduler: Scheduler | None = None
-        self.claimed_count = 0
-        self.turn: Turn | None = None
-        """This worker's place in the wake-up turns of its kind (PostgreSQL)."""
-        self.standby: Standby | None = None
-        """This worker's offer of idle slots to enqueues (PostgreSQL)."""
         self.outage = Outage()
         """The store's reachability, logged once per change (every part reports)."""
-        self.claims_made = 0
-        self._open_transaction: Callable[[], Awaitable[AttemptTransaction]] | None = None
-        self._open_transaction_sync: Callable[[], AttemptTransaction] | None = None
+        self.open_transaction: Callable[[], Awaitable[AttemptTransaction]] | None = None
+        self.open_transaction_sync: Callable[[], AttemptTransaction] | None = None
+        self.producer = Producer(self)
+        """The claim loop, its wake-ups and the attempts it starts."""
+
+    @property
+    def _running(self) -> dict[LeaseToken, RunningAttempt]:
+        return self.producer.attempts
+
+    @property
+    def _runners(self) -> set[asyncio.Task[None]]:
+        return self.producer.runners
+
+    @property
+    def turn(self) -> Turn | None:
+        """This worker's place in the wake-up turns of its kind (PostgreSQL)."""
+        return self.producer.turn
+
+    @property
+    def standby(self) -> Standby | None:
+        """This worker's offer of idle slots to enqueues (PostgreSQL)."""
+        return self.producer.standby
+
+    @property
+    def claims_made(self) -> int:
+        """Claims that returned (with tasks or none)."""
+        return self.producer.claims_made
+
+    @property
+    def claimed_count(self) -> int:
+        """Attempts started, from claims and hand-offs."""
+        return self.producer.claimed_count
+
+    @property
+    def handed_off_count(self) -> int:
+        """Tasks started from hand-offs (no claim), of ``claimed_count``."""
+        return self.producer.handed_off_count
+
+    @property
+    def attempt_log(self) -> AttemptLog:
+        """This worker's middleware around its own attempts (outermost)."""
+        return self.producer.attempt_log
 
     # -- control -------------------------------------------------------------
 
@@ -169,16 +169,16 @@ class Worker:
         """Stop claiming and shut down (after the grace, unless ``immediate``).
 
         Safe to call from any thread (and from a signal handler)."""
-        loop = self._loop
+        loop = self.loop
         if loop is not None and threading.get_ident() != self._loop_thread:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to stop
                 loop.call_soon_threadsafe(self.request_stop, immediate)
             return
-        if self._stopping:
+        if self.stopping:
             immediate = True
-        self._stopping = True
-        self._immediate = self._immediate or immediate
-        for event in (self._stop_event, self._wake):
+        self.stopping = True
+        self.immediate = self.immediate or immediate
+        for event in (self.stop_event, self.producer.wake):
             if event is not None:
                 event.set()
 
@@ -206,10 +206,10 @@ class Worker:
         )
         if not self.names:
             log.warning("the app registers no tasks: nothing to run")
-        self._stop_event = asyncio.Event()
-        self._wake = asyncio.Event()
+        self.stop_event = asyncio.Event()
+        self.producer.wake = asyncio.Event()
         loop = asyncio.get_running_loop()
-        self._loop, self._loop_thread = loop, threading.get_ident()
+        self.loop, self._loop_thread = loop, threading.get_ident()
         backend = self.backend = self.client.make_backend(
             pool_size=self.config.connections(),
             sweep_interval=self.config.poll_interval,
@@ -228,9 +228,9 @@ class Worker:
         try:  # whatever started is stopped, and the backend closed, however this ends
             listener = self._start_parts(backend, loop)
             self._install_signals(loop)
-            await self._claim_loop(backend)
+            await self.producer.claim_loop(backend)
         finally:
-            await self._shutdown(backend, listener)
+            await shut_down(self, backend, listener)
             self._remove_signals(loop)
 
     def _start_parts(
@@ -258,10 +258,10 @@ class Worker:
         )
         transactions = capability_of(backend, Capability.ATTEMPT_TRANSACTION)
         if transactions is not None:
-            self._open_transaction = functools.partial(
+            self.open_transaction = functools.partial(
                 transactions.begin_attempt_transaction, self.id
             )
-            self._open_transaction_sync = functools.partial(
+            self.open_transaction_sync = functools.partial(
                 transactions.begin_attempt_transaction_sync, self.id
             )
         self.completer.start()
@@ -282,9 +282,9 @@ class Worker:
             )
             self.scheduler.start()
         if Capability.NOTIFICATIONS in backend.capabilities:
-            self._take_turns(backend)
-            self._stand_by(backend)
-            return loop.create_task(self._listen(backend), name="conveyor-listener")
+            self.producer.take_turns(backend)
+            self.producer.stand_by(backend)
+            return loop.create_task(self.producer.listen(backend), name="conveyor-listener")
         return None
 
     async def _enter(self, backend: Backend) -> None:
@@ -309,7 +309,7 @@ class Worker:
                 self.outage.ok("registration")
                 return
             except (BackendUnavailableError, TimeoutError) as exc:
-                if self._stopping:
+                if self.stopping:
                     raise BackendUnavailableError(f"stopped while starting: {reason(exc)}") from exc
                 self.outage.failed("registration", exc)
                 await self._sleep(delay)
@@ -333,7 +333,7 @@ class Worker:
         who deleted the row): register it again, one registration at a
         time, never once the worker is stopping (its stop is recorded)."""
         backend = self.backend
-        if self._stopping or self._registering is not None or backend is None:
+        if self.stopping or self._registering is not None or backend is None:
             return
         self._registering = asyncio.get_running_loop().create_task(
             self._register(backend), name="conveyor-register"
@@ -363,8 +363,7 @@ class Worker:
             loop.call_soon_threadsafe(self._on_heartbeat, result)
 
     def _on_heartbeat(self, result: HeartbeatResult) -> None:
-        if self.events.active:
-            self._emit_heartbeat(result)
+        emit_heartbeat(self.events, self.id, result, self._running)
         for token in result.lost:
             running = self._running.get(token)
             if running is not None:
@@ -378,14 +377,6 @@ class Worker:
         self._stop_cancelled(result.cancel_requested)
         if not result.registered:
             self._register_again()
-
-    def _emit_heartbeat(self, result: HeartbeatResult) -> None:
-        if result.renewed:
-            self.events.emit(LeaseRenewed(self.id, len(result.renewed)))
-        for token in result.lost:
-            running = self._running.get(token)
-            name, queue = (running.task.name, running.task.queue) if running else ("", "")
-            self.events.emit(LeaseLost(self.id, token.task_id, token.attempt, name, queue))
 
     def _stop_cancelled(self, tokens: frozenset[LeaseToken]) -> None:
         """Stop the handlers of these leases: their tasks were cancelled."""
@@ -417,7 +408,7 @@ class Worker:
             "worker %s (%s, %d running; %d claims returned, %d tasks started, %d of them "
             "handed off, %d turns taken): %s",
             self.id,
-            "stopping" if self._stopping else "serving",
+            "stopping" if self.stopping else "serving",
             len(self._running),
             self.claims_made,
             self.claimed_count,
@@ -426,396 +417,11 @@ class Worker:
             state_dump(),
         )
 
-    def _take_turns(self, backend: Backend) -> None:
-        """Join the wake-up turns of this worker's kind, where the store has them."""
-        turns = capability_of(backend, Capability.TURNS)
-        if turns is None or not self.config.wakeup_turns or not self.names:
-            return
-        self.turn = Turn(turns.turn_lock(worker_kind(self.queues, self.names)), self._hint)
-        self.turn.start()
-
-    @property
-    def handed_off_count(self) -> int:
-        """Tasks started from hand-offs (no claim), of ``claimed_count``."""
-        return 0 if self.standby is None else self.standby.handed_off
-
-    def _stand_by(self, backend: Backend) -> None:
-        """Offer idle slots to enqueues, where the store has hand-offs."""
-        store = capability_of(backend, Capability.HANDOFF)
-        config = self.config
-        if store is None or not config.handoffs or config.burst or not self.names:
-            return
-        self.standby = Standby(
-            store,
-            self.id,
-            self.queues,
-            self.names,
-            config.concurrency,
-            config.lease,
-            config.heartbeat_interval,
-            functools.partial(self._start_all, backend=backend, handed_off=True),
-            self._wake.set if self._wake is not None else lambda: None,
-            self.outage,
-        )
-
-    def _hint(self) -> None:
-        """Work may be due: claim at once rather than at the next poll."""
-        self._hinted = True
-        if self._wake is not None:
-            self._wake.set()
-
-    async def _listen(self, backend: Backend) -> None:
-        """Turn wake-ups into claim hints. Wake-ups are only hints: if the
-        listener fails, the worker goes on polling, and says so."""
-        assert self._wake is not None
-        standby = self.standby
-        try:
-            if standby is None:
-                wakeups = backend.wakeups(self.queues)
-            else:
-                wakeups = backend.wakeups(self.queues, handoffs_for=standby.listen_as)
-            async for wakeup in wakeups:
-                if isinstance(wakeup, CancelHint):
-                    if self._running and self.cancels is not None:
-                        self.cancels.hint(wakeup.task_id)
-                    continue
-                if isinstance(wakeup, HandOff):
-                    if standby is not None:
-                        standby.heard(wakeup)
-                    continue
-                if isinstance(wakeup, HandOffsHeard):
-                    if standby is not None:
-                        standby.hearing_changed(wakeup)
-                    continue
-                if self.turn is not None and not self.turn.answers:
-                    continue  # another worker of this kind holds the turn: it claims
-                self._hint()
-        except Exception as exc:
-            log.warning(
-                "wake-ups stopped (%s); polling every %.1fs", reason(exc), self.config.poll_interval
-            )
-            if standby is not None:
-                standby.deaf()
-
-    # -- claiming ------------------------------------------------------------
-
-    async def _claim_loop(self, backend: Backend) -> None:
-        """Claim while slots are free and work is due (see :mod:`.claims`)."""
-        assert self._wake is not None
-        wake = self._wake
-        claims = Claims(self.config.concurrency, wake.set)
-        standby = self.standby
-        pace = Pace(self.config.poll_interval)
-        try:
-            while not self._stopping:
-                if self._hinted:
-                    self._hinted = False
-                    pace.hinted(time.monotonic())
-                wake.clear()
-                for outcome in claims.collect():
-                    self._take(outcome, pace, time.monotonic(), backend)
-                now = time.monotonic()
-                free = self.config.concurrency - len(self._running) - claims.reserved
-                if standby is not None:
-                    claim_due = bool(self.names) and pace.may_claim(now)
-                    standby.tick(now, not pace.due and not claims, free, claim_due)
-                    free -= standby.reserved()
-                if self.turn is not None:
-                    # Slots a claim in flight reserved count as free: a worker
-                    # would otherwise give its turn up with each claim it sends.
-                    idle_slots = self.config.concurrency - len(self._running)
-                    self.turn.want(idle_slots > 0 and not claims.flowing)
-                if self.names and pace.may_claim(now) and claims.may_send(free):
-                    claims.send(functools.partial(self._claim, backend), free)
-                    continue
-                idle = not pace.due and not claims and not self._running
-                if self.config.burst and idle and await self._nothing_due(backend):
-                    log.info("burst: nothing due or running; stopping")
-                    return
-                until = None if standby is None else standby.timeout(now)
-                await self._wait(_soonest(pace.timeout(now), until))
-        finally:
-            if self.turn is not None:
-                self.turn.want(False)  # a stopping worker claims no more: next in line
-            # Claims already sent may have committed: their tasks are ours to
-            # run (or, on an immediate stop, to release) like every other.
-            for outcome in await claims.settle():
-                if not isinstance(outcome.result, BaseException):
-                    self._start_all(outcome.result, outcome.sent_at, backend)
-            if standby is not None:
-                # So are the hand-offs still owed, read from the store.
-                await standby.close()
-
-    def _take(self, outcome: ClaimOutcome, pace: Pace, now: float, backend: Backend) -> None:
-        """Start a returned claim's tasks, or note its failure."""
-        if isinstance(outcome.result, BaseException):
-            pace.failed(now)
-            if answered(outcome.result):
-                self.outage.refused("claim", outcome.result)
-            else:
-                self.outage.failed("claim", outcome.result)
-            return
-        self.outage.ok("claim")
-        self.claims_made += 1
-        self._start_all(outcome.result, outcome.sent_at, backend)
-        pace.returned(len(outcome.result), outcome.limit, outcome.sent_at, now)
-
-    async def _claim(self, backend: Backend, limit: int) -> list[ClaimedTask]:
-        params = ClaimParams(
-            worker_id=self.id,
-            names=self.names,
-            queues=self.queues,
-            limit=limit,
-            lease=self.config.lease,
-            inbox_names=self.inbox_names,
-        )
-        if self.events.active:
-            return await self._claim_told(backend, params)
-        return await self._claim_bounded(backend, params)
-
-    async def _claim_bounded(self, backend: Backend, params: ClaimParams) -> list[ClaimedTask]:
-        # Bounded: a connection that swallows packets must not stall claiming.
-        # A claim that times out may still commit later; its tasks then wait
-        # out their lease and are reclaimed.
-        async with asyncio.timeout(self.config.lease):
-            return await backend.claim(params)
-
-    async def _claim_told(self, backend: Backend, params: ClaimParams) -> list[ClaimedTask]:
-        """A claim, between its ClaimSent and ClaimReturned events."""
-        self.events.emit(ClaimSent(self.id, params.limit))
-        sent = time.monotonic()
-        try:
-            found = await self._claim_bounded(backend, params)
-        except Exception as exc:
-            seconds = time.monotonic() - sent
-            self.events.emit(ClaimReturned(self.id, params.limit, 0, seconds, reason(exc)))
-            raise
-        seconds = time.monotonic() - sent
-        self.events.emit(ClaimReturned(self.id, params.limit, len(found), seconds))
-        return found
-
-    async def _nothing_due(self, backend: Backend) -> bool:
-        if self.completer is not None:
-            await self.completer.wait_idle()  # our own completions must be written first
-        try:
-            left = await backend.count_unfinished(WorkFilter(names=self.names, queues=self.queues))
-        except Exception as exc:
-            log.warning("cannot count unfinished tasks: %s", reason(exc))
-            return False
-        return left == 0
-
-    async def _wait(self, timeout: float | None) -> None:
-        """Until a claim returns, a slot frees, a wake-up or a stop arrives, or ``timeout``."""
-        assert self._wake is not None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._wake.wait()
-
     async def _sleep(self, seconds: float) -> None:
-        assert self._stop_event is not None
+        assert self.stop_event is not None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
-                await self._stop_event.wait()
-
-    def _start_all(
-        self, tasks: list[ClaimedTask], sent_at: float, backend: Backend, handed_off: bool = False
-    ) -> None:
-        """Run the tasks of one claim sent at ``sent_at`` (or of a hand-off
-        whose lease began then), their leases held first."""
-        assert self.heartbeat is not None
-        lease = self.config.lease
-        self.heartbeat.hold_many(((t.token, t.lease or lease) for t in tasks), sent_at)
-        for task in tasks:
-            self._start(task, backend, handed_off)
-
-    def _start(self, task: ClaimedTask, backend: Backend, handed_off: bool = False) -> None:
-        if task.token in self._running:
-            self._supersede(self._running[task.token])
-        definition = self.tasks[task.name]
-        self.claimed_count += 1
-        opener = sync_opener = None
-        if self._open_transaction is not None:
-            if definition.executor == "async":
-                opener = self._open_transaction
-            elif definition.executor == "thread":
-                sync_opener = self._open_transaction_sync
-        ctx = TaskContext(
-            task.token.task_id,
-            task.name,
-            task.queue,
-            task.token.attempt,
-            self.id,
-            step=task.step,
-            step_attempt=task.spent,
-            open_transaction=opener,
-            open_transaction_sync=sync_opener,
-            parent_id=task.parent_id,
-            read_inbox=self._inbox_reader(backend, task),
-            nonce=task.token.nonce,
-        )
-        assert self._loop is not None
-        running = RunningAttempt(
-            task, definition, ctx, self.client.max_payload_bytes, self.processes, self._loop
-        )
-        self._running[task.token] = running
-        if self.events.active:
-            token = task.token
-            self.events.emit(
-                AttemptStarted(
-                    token.task_id,
-                    token.attempt,
-                    task.name,
-                    task.queue,
-                    self.id,
-                    due_delay(task),
-                    handed_off,
-                )
-            )
-        runner = _start_runner(self._run_attempt(running), running.loop)
-        # The runner leaves the set itself, as its last step (a done callback
-        # would cost every attempt one more turn of the event loop); one that
-        # already ended, eagerly, is not added.
-        if not runner.done():
-            self._runners.add(runner)
-
-    def _supersede(self, stale: RunningAttempt) -> None:
-        """The store handed out a lease token this worker holds: it no longer
-        has the task of that attempt (a store restored from a copy, or a
-        server restarted without its data, gives its id out again), so the
-        new claim is of another task. The old attempt is stopped and nothing
-        of it is written: its completion, queued or to come, would finish the
-        new task. One already being written is beyond recall."""
-        token = stale.task.token
-        log.error(
-            "the store handed out again the lease of a running attempt: it lost that "
-            "task (restored or wiped); the old attempt is stopped and its result dropped",
-            extra={"task_id": token.task_id, "attempt": token.attempt},
-        )
-        stale.superseded = True
-        stale.stop(LeaseLostError(f"task {token.task_id} was lost by the store"))
-        if self.completer is not None:
-            self.completer.discard(token)
-
-    def _inbox_reader(
-        self, backend: Backend, task: ClaimedTask
-    ) -> Callable[[], Awaitable[list[Message]]]:
-        read: Callable[[], Awaitable[list[Message]]] = functools.partial(
-            backend.inbox, task.token.task_id
-        )
-        if task.inbox is not None:
-            read = _first_read(task.inbox, read)
-        tracing = self.client.tracing
-        return read if tracing is None else tracing.inbox_reader(read)
-
-    async def _run_attempt(self, running: RunningAttempt) -> None:
-        assert self.heartbeat is not None
-        assert self.completer is not None
-        token = running.task.token
-        tracing = self.client.tracing
-        try:
-            try:
-                if tracing is None:
-                    completion = await running.run()
-                else:
-                    completion = await tracing.attempt(
-                        running.run, running.task, running.kind, self.id
-                    )
-            except Exception:  # a bug of ours must not lose the slot or the worker
-                log.exception("attempt crashed in the worker", extra={"task_id": token.task_id})
-                completion = None
-            finally:
-                if self._running.get(token) is running:
-                    del self._running[token]
-                # In burst mode a completion may be the last one, or make work due
-                # that no wake-up announces: it counts as a hint.
-                self._hinted = self._hinted or self.config.burst
-                if self._wake is not None:
-                    self._wake.set()
-            if running.superseded:
-                return  # the lease token is the new claim's now
-            if completion is None:
-                self.heartbeat.release(token)
-            else:
-                if self.events.active:
-                    self._emit_ended(running, completion)
-                self._log_ending(running, completion)
-                self.completer.submit(completion, running.task)
-        finally:
-            self._runners.discard(asyncio.current_task(running.loop))
-
-    def _emit_ended(self, running: RunningAttempt, completion: Completion) -> None:
-        task, token = running.task, completion.token
-        self.events.emit(
-            AttemptEnded(
-                token.task_id,
-                token.attempt,
-                task.name,
-                task.queue,
-                self.id,
-                completion.outcome,
-                completion.next_state,
-                time.monotonic() - running.started,
-            )
-        )
-
-    def _log_ending(self, running: RunningAttempt, completion: Completion) -> None:
-        """A finished attempt at INFO with its duration (DEBUG when the worker
-        is quiet), a retry at WARNING, a final failure at ERROR with its
-        traceback."""
-        succeeded = completion.outcome is Outcome.SUCCEEDED
-        level = logging.INFO if self.config.log_attempts else logging.DEBUG
-        if succeeded and not log.isEnabledFor(level):
-            return
-        token = completion.token
-        seconds = round(time.monotonic() - running.started, 3)
-        name = running.task.name
-        fields = {
-            "task_id": token.task_id,
-            "attempt": token.attempt,
-            "task_name": name,
-            "duration": seconds,
-            "worker_id": self.id,
-        }
-        if succeeded:
-            log.log(
-                level, "task %s %s succeeded in %.3fs", name, token.task_id, seconds, extra=fields
-            )
-            return
-        error = completion.error
-        detail = f"{error.type}: {error.message}" if error else completion.outcome.value
-        if completion.next_state is TaskState.PENDING and completion.retry_delay is not None:
-            log.warning(
-                "task %s %s attempt %s %s after %.3fs (%s); again in %.1fs",
-                name,
-                token.task_id,
-                token.attempt,
-                completion.outcome.value,
-                seconds,
-                detail,
-                completion.retry_delay,
-                extra=fields,
-            )
-        elif completion.next_state is TaskState.FAILED:
-            trace = f"\n{error.traceback.rstrip()}" if error and error.traceback else ""
-            log.error(
-                "task %s %s failed for good after %s attempt(s) (%s)%s",
-                name,
-                token.task_id,
-                token.attempt,
-                detail,
-                trace,
-                extra=fields,
-            )
-        else:
-            log.warning(
-                "task %s %s %s after %.3fs: %s",
-                name,
-                token.task_id,
-                completion.next_state.value,
-                seconds,
-                detail,
-                extra=fields,
-            )
+                await self.stop_event.wait()
 
     def _recorded(self, completion: Completion, applied: bool) -> None:
         """Called by the completer once a completion is written (or rejected)."""
@@ -827,119 +433,9 @@ class Worker:
         if applied and outcomes.makes_work_due(completion):
             # A workflow's next step (or a release, a poll's effects) is due
             # now: claim it at once rather than at the next poll.
-            self._hint()
+            self.producer.hint()
         if not applied:
             log.warning(
                 "completion rejected: the lease was lost",
                 extra={"task_id": token.task_id, "attempt": token.attempt},
             )
-
-    # -- shutdown ------------------------------------------------------------
-
-    async def _shutdown(self, backend: Backend, listener: asyncio.Task[None] | None) -> None:
-        if self._runners and not self._immediate:
-            log.info(
-                "draining %d running attempts (grace %.0fs)", len(self._runners), self.config.grace
-            )
-            await self._drain(self.config.grace)
-        await self._stop_running()
-        await self.processes.close()
-        if self.turn is not None:
-            await self.turn.stop()
-        if listener is not None:
-            await cancel_and_wait(listener)
-        if self.pruner is not None:
-            await self.pruner.stop()
-        if self.scheduler is not None:
-            await self.scheduler.stop()
-        if self.cancels is not None:
-            await self.cancels.stop()
-        if self.completer is not None:
-            await self.completer.stop(LAST_WRITES)
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
-        if self._registering is not None:
-            await cancel_and_wait(self._registering)
-        with contextlib.suppress(Exception):  # TimeoutError included
-            # A stranded connection, a store away: given up.
-            async with asyncio.timeout(min(self.config.lease, LAST_WRITES)):
-                await backend.stop_worker(self.id)
-        await backend.close()
-        log.info(
-            "worker %s stopped: %d claims returned, %d tasks started, %d of them handed off",
-            self.id,
-            self.claims_made,
-            self.claimed_count,
-            self.handed_off_count,
-        )
-
-    async def _stop_running(self) -> None:
-        """Order every running handler to stop and wait up to ``stop_timeout``
-        for them, their leases still renewed: a handler that stops in time
-        is released (``interrupted``). Handlers that ignore the order are
-        given up: their tasks are never released while they may still run;
-        each lease is left to expire (the task is then reclaimed), and an
-        abandoned thread's attempt transaction is ended so that nothing it
-        writes afterwards commits."""
-        if self._running:
-            log.info("stopping %d attempts still running", len(self._running))
-            for running in list(self._running.values()):
-                running.stop(WorkerShutdown("the worker is shutting down"))
-        if not self._runners:
-            return
-        _, stuck = await asyncio.wait(set(self._runners), timeout=self.config.stop_timeout)
-        if not stuck:
-            return
-        log.error(
-            "%d handlers ignored the order to stop for %.0fs; their tasks stay in progress "
-            "until their leases expire, then are reclaimed",
-            len(stuck),
-            self.config.stop_timeout,
-        )
-        for running in list(self._running.values()):
-            running.abandon()
-        # An abandoned thread's runner ends at once, writing nothing; an
-        # async handler that swallows cancellation stays stuck.
-        await asyncio.wait(stuck, timeout=ABANDON_SETTLE)
-
-    async def _drain(self, grace: float) -> None:
-        assert self._stop_event is not None
-        deadline = asyncio.get_running_loop().time() + grace
-        while self._runners and not self._immediate:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                return
-            self._stop_event.clear()
-            stop_wait = asyncio.ensure_future(self._stop_event.wait())
-            await asyncio.wait(
-                {*self._runners, stop_wait}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
-            stop_wait.cancel()
-
-
-def _soonest(*timeouts: float | None) -> float | None:
-    """The shortest of ``timeouts`` (None: no limit)."""
-    given = [t for t in timeouts if t is not None]
-    return min(given) if given else None
-
-
-def due_delay(task: ClaimedTask) -> float | None:
-    """Seconds from when ``task`` was due (the store's clock) to now (this
-    process's), None when the claim did not say."""
-    if task.run_at is None:
-        return None
-    return time.time() - task.run_at.timestamp()
-
-
-def _first_read(
-    inbox: list[Message], read: Callable[[], Awaitable[list[Message]]]
-) -> Callable[[], Awaitable[list[Message]]]:
-    """The inbox the claim read, at the first read; the store's after."""
-    given = [inbox]
-
-    async def reader() -> list[Message]:
-        if given:
-            return given.pop()
-        return await read()
-
-    return reader
