@@ -1,5 +1,17 @@
 """The memory backend: the async :class:`~conveyor.backends.protocol.Backend`
-around a :class:`~conveyor.backends.memory.store.Store`.
+around a :class:`Store`, the task state machine written as plain Python.
+
+The store is composed of one mixin per section (:mod:`.enqueue`,
+:mod:`.attempts`, :mod:`.messages`, :mod:`.controls`, :mod:`.flow`,
+:mod:`.workers`) over its tables (:mod:`.schema`); :mod:`.maintenance` and
+:mod:`.reads` are functions of it. Every operation is pure and synchronous
+(no I/O, no event loop, no clock: each write takes ``now``) and atomic (it
+takes the store's lock for its whole run, as a SQL backend runs one
+transaction). This is the reference model of the SQL backends: the
+Hypothesis state machine of ``tests/conformance/test_state_machine.py``
+drives it and a SQL backend with the same operations and clock, and
+compares every answer and every stored row. What the sections' docstrings
+guarantee, the SQL backends guarantee too.
 
 It adds what the store leaves out: the clock (this process's, a
 :class:`Clock` set for the store's name with :meth:`MemoryBackend.set_clock`,
@@ -17,9 +29,14 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from conveyor.backends import wake
-from conveyor.backends.memory import keys as concurrency_keys
-from conveyor.backends.memory import reads, retention, schedules
-from conveyor.backends.memory.store import Store
+from conveyor.backends.memory import flow, maintenance, reads
+from conveyor.backends.memory.attempts import Attempts
+from conveyor.backends.memory.controls import Controls, delete, delete_many
+from conveyor.backends.memory.enqueue import Enqueue
+from conveyor.backends.memory.flow import Flow
+from conveyor.backends.memory.messages import Messages
+from conveyor.backends.memory.schema import Tables
+from conveyor.backends.memory.workers import Workers
 from conveyor.backends.params import (
     ClaimedTask,
     ClaimParams,
@@ -58,6 +75,10 @@ from conveyor.redaction import redact_url
 
 _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()
+
+
+class Store(Attempts, Messages, Enqueue, Controls, Flow, Workers, Tables):
+    """A memory store: its tables, and every section's operations on them."""
 
 
 class Clock(Protocol):
@@ -179,7 +200,7 @@ class MemoryBackend:
         return state
 
     async def delete(self, task_id: int) -> None:
-        retention.delete(self._store, task_id)
+        delete(self._store, task_id)
 
     async def retry_many(self, selection: RetryMany) -> list[int]:
         ids = self._store.retry_many(selection, self._now(selection.now))
@@ -192,27 +213,27 @@ class MemoryBackend:
         return ids
 
     async def delete_many(self, selection: DeleteMany) -> list[int]:
-        return retention.delete_many(self._store, selection)
+        return delete_many(self._store, selection)
 
     async def sync_schedules(self, params: ScheduleSync) -> bool:
-        return schedules.sync(self._store, params, self._now(params.now))
+        return flow.sync(self._store, params, self._now(params.now))
 
     async def list_schedules(self) -> tuple[datetime, list[StoredSchedule]]:
-        return self._now(None), schedules.listed(self._store)
+        return self._now(None), flow.listed_schedules(self._store)
 
     async def store_clock(self) -> datetime:
         return self._now(None)
 
     async def fire_schedule(self, params: FireParams) -> list[int]:
-        ids = schedules.fire(self._store, params, self._now(None))
+        ids = flow.fire(self._store, params, self._now(None))
         self._notify_woken()
         return ids
 
     async def prune(self, params: PruneParams) -> PruneResult:
-        return retention.prune(self._store, params)
+        return maintenance.prune(self._store, params)
 
     async def list_keys(self, limit: int = 1000, now: datetime | None = None) -> list[KeyInfo]:
-        return concurrency_keys.listed(self._store, self._now(now), limit)
+        return flow.listed_keys(self._store, self._now(now), limit)
 
     async def queue_backlogs(self, now: datetime | None = None) -> list[QueueBacklog]:
         return reads.queue_backlogs(self._store, self._now(now))
@@ -225,7 +246,7 @@ class MemoryBackend:
             return sorted(self._store.index.keyed_running.get(key, ()))[:limit]
 
     async def count_prunable(self, params: PruneParams) -> PruneResult:
-        return retention.count_prunable(self._store, params)
+        return maintenance.count_prunable(self._store, params)
 
     async def pause(self, kind: PauseKind, name: str, now: datetime | None = None) -> bool:
         kind, name = check_pause(kind, name)

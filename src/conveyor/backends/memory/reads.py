@@ -9,9 +9,9 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from conveyor.backends.memory.rows import Row
-from conveyor.backends.memory.store import Store
 from conveyor.backends.params import WorkFilter
 from conveyor.backends.stored import activity_buckets
 from conveyor.model import Message, Task, TaskState
@@ -24,6 +24,9 @@ from conveyor.records import (
     WorkerInfo,
     last_error_of,
 )
+
+if TYPE_CHECKING:
+    from conveyor.backends.memory.backend import Store
 
 
 def get_task(store: Store, task_id: int, with_attempts: bool) -> Task | None:

@@ -48,7 +48,7 @@ local function served(queues, names)
 end
 
 -- Concurrency keys and rate limits. The memory store
--- (conveyor.backends.memory.keys) is the model; keys.py draws the layout.
+-- (conveyor.backends.memory.flow) is the model; keys.py draws the layout.
 --
 -- A key has a row, {p}:concurrency:KEY (a hash: max_running, and for a rate
 -- its bucket: rate_limit, rate_period, tokens as of refilled_at), while it

@@ -1,17 +1,17 @@
-"""Pruning and deleting in memory: what the SQL backends delete, from the store."""
+"""Retention in memory: prune, and the counts of what prune would delete;
+and what deleting a task takes with it."""
 
 from __future__ import annotations
 
 from conveyor.backends.memory.rows import Row
-from conveyor.backends.memory.store import Store
-from conveyor.backends.stored import delete_refused
+from conveyor.backends.memory.schema import Tables
 from conveyor.model import TaskState
-from conveyor.records import DeleteMany, PruneParams, PruneResult
+from conveyor.records import PruneParams, PruneResult
 
-_ALIVE = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
+ALIVE = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
 
 
-def _prunable(store: Store, params: PruneParams) -> list[Row]:
+def _prunable(store: Tables, params: PruneParams) -> list[Row]:
     """Every task the cutoffs allow, by state in the order given, oldest id first."""
     found = []
     for state, before in params.before.items():
@@ -29,12 +29,12 @@ def _prunable(store: Store, params: PruneParams) -> list[Row]:
     return found
 
 
-def _parent_alive(store: Store, row: Row) -> bool:
+def _parent_alive(store: Tables, row: Row) -> bool:
     parent = store.tasks.get(row.parent_id) if row.parent_id is not None else None
-    return parent is not None and parent.state in _ALIVE
+    return parent is not None and parent.state in ALIVE
 
 
-def _old_workers(store: Store, params: PruneParams) -> list[str]:
+def _old_workers(store: Tables, params: PruneParams) -> list[str]:
     before = params.workers_before
     if before is None:
         return []
@@ -45,7 +45,7 @@ def _old_workers(store: Store, params: PruneParams) -> list[str]:
     ]
 
 
-def forget(store: Store, row: Row) -> None:
+def forget(store: Tables, row: Row) -> None:
     """Delete ``row`` with what the SQL backends delete with it (its
     messages and keys); its children lose their parent. Under the lock."""
     del store.tasks[row.id]
@@ -63,7 +63,7 @@ def forget(store: Store, row: Row) -> None:
             child.parent_id = None
 
 
-def prune(store: Store, params: PruneParams) -> PruneResult:
+def prune(store: Tables, params: PruneParams) -> PruneResult:
     """Delete one batch (see :meth:`conveyor.backends.protocol.Backend.prune`)."""
     with store.lock:
         doomed = _prunable(store, params)[: params.limit]
@@ -75,33 +75,9 @@ def prune(store: Store, params: PruneParams) -> PruneResult:
         return PruneResult(tasks=len(doomed), workers=len(workers))
 
 
-def count_prunable(store: Store, params: PruneParams) -> PruneResult:
+def count_prunable(store: Tables, params: PruneParams) -> PruneResult:
     """What :func:`prune` would delete over all its batches."""
     with store.lock:
         return PruneResult(
             tasks=len(_prunable(store, params)), workers=len(_old_workers(store, params))
         )
-
-
-def delete(store: Store, task_id: int) -> None:
-    """Delete a task (see :meth:`conveyor.backends.protocol.Backend.delete`)."""
-    with store.lock:
-        row = store.tasks.get(task_id)
-        if row is None:
-            raise delete_refused(task_id, None, None)
-        parent = store.tasks.get(row.parent_id) if row.parent_id is not None else None
-        blocked = row.state is TaskState.IN_PROGRESS or (
-            not row.state.is_terminal and parent is not None and parent.state in _ALIVE
-        )
-        if blocked:
-            raise delete_refused(task_id, row.state, parent.state if parent else None)
-        forget(store, row)
-
-
-def delete_many(store: Store, selection: DeleteMany) -> list[int]:
-    """One batch of a bulk delete (see :class:`DeleteMany`), each as :func:`delete`."""
-    with store.lock:
-        chosen = store.selected(selection)
-        for task_id in chosen:
-            forget(store, store.tasks[task_id])
-        return chosen
