@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 from conveyor.backends.memory import unique
 from conveyor.backends.memory.store import ScheduleRelease, Store
 from conveyor.backends.params import FireParams, ScheduleSync
-from conveyor.model import Cause
 from conveyor.records import StoredSchedule
+from conveyor.states import Cause
 
 
 def sync(store: Store, params: ScheduleSync, now: datetime) -> bool:

@@ -55,17 +55,15 @@ from conveyor.backends.stored import (
 )
 from conveyor.errors import InvalidTransitionError, TaskNotFoundError
 from conveyor.model import (
-    Cause,
-    IllegalStateChangeError,
     LeaseToken,
     MessageKind,
     Outcome,
     Pause,
     PauseKind,
     TaskState,
-    check_state_change,
 )
 from conveyor.records import CancelMany, RetryMany, StoredSchedule, TaskSelection, WorkerInfo
+from conveyor.states import Cause, IllegalStateChangeError, check_state_change
 
 _COMPLETION_CAUSES = {
     TaskState.SUCCEEDED: Cause.SUCCEED,
