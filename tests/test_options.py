@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sqlite3
+import typing
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +18,8 @@ import pytest
 import conveyor
 import conveyor.testing
 from conveyor import EnqueueOptions, RetryPolicy, TaskContext
+from conveyor.options import OPTIONS, TASK_DEFAULTS, OptionFields
+from conveyor.task import TaskOptions
 
 FIVE = RetryPolicy(max_attempts=5)
 
@@ -224,3 +228,40 @@ def test_every_kind_of_key_refuses_text_a_store_cannot_hold(
     with pytest.raises(conveyor.ConfigurationError, match="key function's result"):
         bound.enqueue(to="a")
     assert app.list_tasks() == []
+
+
+def test_the_keyword_form_is_the_declaration_s_options_without_none() -> None:
+    declared = typing.get_type_hints(EnqueueOptions)
+    keywords = typing.get_type_hints(OptionFields)
+    assert list(keywords) == [name for name, _ in OPTIONS] == list(declared)
+    assert all(declared[name] == hint | None for name, hint in keywords.items())
+
+
+def test_a_task_s_defaults_are_the_options_declared_as_such() -> None:
+    declared = typing.get_type_hints(EnqueueOptions)
+    defaults = typing.get_type_hints(TaskOptions)
+    assert list(defaults) == list(TASK_DEFAULTS)
+    assert all(declared[name] in (hint, hint | None) for name, hint in defaults.items())
+
+
+def test_app_task_takes_a_task_s_defaults_as_keywords_of_the_same_types() -> None:
+    fields = {f.name: f for f in dataclasses.fields(TaskOptions)}
+    for form in [*typing.get_overloads(conveyor.App.task), conveyor.App.task]:
+        keywords = inspect.signature(form).parameters.values()
+        given = {p.name: p for p in keywords if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        if not given:
+            continue  # a bare decorator's form: fn only
+        assert [name for name in given if name in fields] == list(TASK_DEFAULTS)
+        assert set(given) - set(fields) == {"name", "process"}
+        for name, found in fields.items():
+            assert given[name].annotation == found.type, name
+            assert given[name].default == found.default, name
+
+
+def test_conveyor_enqueue_has_a_flag_for_every_option_that_declares_one() -> None:
+    from conveyor.cli.control import enqueue
+
+    flags = {param.name: param.opts for param in enqueue.params}
+    declared = {name: spec.flag.name for name, spec in OPTIONS if spec.flag is not None}
+    assert declared
+    assert all(flags[name] == [flag] for name, flag in declared.items())

@@ -15,43 +15,33 @@ through a private loop thread (:mod:`conveyor.portal`).
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import contextlib
-import functools
-import os
 import time
 import types
-import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
-from typing import Any, Self
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 from conveyor import payload as codec
-from conveyor.backends import Backend, backend_from_url, resolve_url
+from conveyor.backends import Backend
 from conveyor.backends.capabilities import Inspector, TransactionalEnqueue, capability_of
 from conveyor.backends.params import Delivery, EnqueueParams, NewTask, SendParams
 from conveyor.backends.protocol import Capability
+from conveyor.connections import Connections
 from conveyor.controls import Controls
 from conveyor.errors import ConfigurationError
 from conveyor.events import EventBus, EventsMiddleware
-from conveyor.explain import Explanation, explain
 from conveyor.handle import TaskHandle
 from conveyor.middleware import EnqueueScope, Middleware, Middlewares
 from conveyor.model import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Message,
-    Task,
     TaskState,
     check_idempotency_key,
     check_name,
     findable,
     stored_id,
 )
-from conveyor.portal import INHERITED_AT_FORK, Portal
 from conveyor.reads import Reads
-from conveyor.records import TaskCount, TaskFilter, TaskSummary, WorkerInfo
 
-SCHEMA_ENV = "CONVEYOR_SCHEMA"
 ENQUEUE_CHUNK = 1000
 """Tasks per chunk of an ``enqueue_many`` without a caller's connection."""
 ENQUEUE_FIRST_CHUNK = 125
@@ -99,7 +89,7 @@ def chunk_bounds(total: int) -> Iterator[tuple[int, int]]:
         start, size = end, min(size * 2, ENQUEUE_CHUNK)
 
 
-class Client(Controls, Reads):
+class Client(Connections, Controls, Reads):
     """A connection to one store (see the module docstring).
 
     ``url`` is a backend URL (``postgresql://…``, ``sqlite:///path.db``,
@@ -126,17 +116,8 @@ class Client(Controls, Reads):
         pool_size: int | None = None,
         migrate: bool = True,
     ) -> None:
-        self.url = resolve_url(url)
-        schema = schema if schema is not None else os.environ.get(SCHEMA_ENV) or None
+        super().__init__(url, schema=schema, pool_size=pool_size, migrate=migrate)
         self.max_payload_bytes = max_payload_bytes
-        self._backend_options: dict[str, Any] = {}
-        if schema is not None:
-            self._backend_options["schema"] = schema
-        if pool_size is not None:
-            self._backend_options["pool_size"] = pool_size
-        if not migrate:
-            self._backend_options["migrate"] = False
-        self.portal = Portal()
         self.events = EventBus()
         """This client's events, and its workers' (see :mod:`conveyor.events`)."""
         self._middleware = Middlewares([EventsMiddleware(self.events)])
@@ -146,147 +127,6 @@ class Client(Controls, Reads):
         """Runs the tasks of these queues to the end, on a backend with
         ``Capability.INLINE`` (the App sets it: a client has no handlers)."""
         self._inline_running = False
-        self._backends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._closers: dict[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = {}
-        self._guards: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
-        atexit.register(_close_at_exit, weakref.ref(self))
-        os.register_at_fork(after_in_child=functools.partial(_forget_after_fork, weakref.ref(self)))
-        # Validates the URL and schema now; runs sync enqueues on callers' connections.
-        self._statements: Backend = backend_from_url(self.url, **self._backend_options)
-
-    # -- backends ------------------------------------------------------------
-
-    def rebind(
-        self, url: str | None = None, *, schema: str | None = None, migrate: bool | None = None
-    ) -> None:
-        """Point this client at another store (``url``) or PostgreSQL schema, as
-        ``conveyor worker --url/--schema`` does, or change whether opening it
-        migrates (``migrate``, as in the constructor: ``--no-migrate``); None
-        keeps the current one. Only before the client has opened a backend:
-        raises ConfigurationError after."""
-        if self._backends or self.portal.started:
-            raise ConfigurationError("rebind() must come before the app opens its store")
-        options = dict(self._backend_options)
-        if schema is not None:
-            options["schema"] = schema
-        if migrate is not None:
-            options.pop("migrate", None)
-            if not migrate:
-                options["migrate"] = False
-        new_url = resolve_url(url) if url is not None else self.url
-        statements = backend_from_url(new_url, **options)  # validates first
-        self.url, self._backend_options, self._statements = new_url, options, statements
-
-    def use(self, url: str, *, schema: str | None = None) -> None:
-        """Point this client at another store from now on, even after it has
-        opened one (``rebind`` refuses then): for tests that move an app
-        defined at import time to a fresh store, ``app.use("memory://t1")``
-        (:func:`conveyor.testing.in_memory` does it, and undoes it).
-
-        ``schema`` None keeps the current one. The sync API's backend is
-        closed now; one opened on another event loop is no longer used and
-        closes when that loop ends, or when that loop opens the new store.
-        Handles taken before read the new store.
-        A worker already running keeps the store it opened: call this while
-        none runs. Raises ConfigurationError for an invalid URL, changing
-        nothing."""
-        options = dict(self._backend_options)
-        if schema is not None:
-            options["schema"] = schema
-        new_url = resolve_url(url)
-        statements = backend_from_url(new_url, **options)  # validates first
-        if self.portal.started:
-            self.portal.run(self.aclose())
-        # The backend of another loop closes when that loop ends, or when a
-        # backend opened there afterwards replaces its closer (_close_with_loop).
-        self._backends = weakref.WeakKeyDictionary()
-        self._opening = weakref.WeakKeyDictionary()
-        self.url, self._backend_options, self._statements = new_url, options, statements
-
-    @property
-    def location(self) -> str:
-        """Where this client's store is, as shown to people: the URL with its
-        secrets shown as ``***`` (:func:`conveyor.redaction.redact_url`; and
-        the PostgreSQL schema), an absolute SQLite path."""
-        return self._statements.location
-
-    @property
-    def auto_migrate(self) -> bool:
-        """Whether opening the store applies its pending migrations (the
-        constructor's ``migrate``)."""
-        return bool(self._backend_options.get("migrate", True))
-
-    def make_backend(self, **overrides: Any) -> Backend:
-        """A new, unopened backend for this client's URL (``migrate=None``:
-        one whose open only connects)."""
-        return backend_from_url(self.url, **{**self._backend_options, **overrides})
-
-    async def backend(self) -> Backend:
-        """The open backend bound to the running event loop."""
-        loop = asyncio.get_running_loop()
-        found = self._backends.get(loop)
-        if found is not None:
-            return found
-        lock = self._opening.setdefault(loop, asyncio.Lock())
-        async with lock:
-            found = self._backends.get(loop)
-            if found is None:
-                found = self.make_backend()
-                await found.open()
-                self._backends[loop] = found
-                # Closed when the loop shuts down, for code that never calls
-                # aclose(): at the cancellation of every task (asyncio.run's
-                # first step), or when async generators are finalized.
-                closer = _close_with_loop(self, loop, found)
-                await closer.__anext__()
-                self._closers[loop] = closer
-                replaced = self._guards.get(loop)
-                if replaced is not None:
-                    # A backend this loop opened before use(), no longer used:
-                    # closed now (its guard, only held here, would otherwise be
-                    # collected while it waits, and never close it).
-                    replaced.cancel()
-                self._guards[loop] = loop.create_task(
-                    _close_when_cancelled(self, loop, closer), name="conveyor-close-at-loop-end"
-                )
-        return found
-
-    async def aclose(self) -> None:
-        """Close the backend of the running loop."""
-        loop = asyncio.get_running_loop()
-        self._closers.pop(loop, None)
-        found = self._backends.pop(loop, None)
-        guard = self._guards.pop(loop, None)
-        if guard is not None:
-            guard.cancel()  # it closes ``found``, through its closer
-            await asyncio.wait([guard])
-        if found is not None:
-            await found.close()
-
-    def close(self) -> None:
-        """Close the sync API's backend and its loop thread."""
-        loop = self.portal._loop
-        if loop is not None:
-            self.portal.run(self.aclose())
-        self.portal.close()
-
-    async def __aenter__(self) -> Self:
-        await self.backend()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _transactional(self, backend: Backend) -> TransactionalEnqueue:
         found = capability_of(backend, Capability.TRANSACTIONAL_ENQUEUE)
@@ -498,112 +338,6 @@ class Client(Controls, Reads):
 
     # -- inspect and control ---------------------------------------------------
 
-    async def get_async(self, task_id: int) -> Task | None:
-        """The task with its attempt log, or None."""
-        if not findable(task_id):
-            return None
-        return await (await self.backend()).get_task(task_id)
-
-    def get(self, task_id: int) -> Task | None:
-        """The task with its attempt log, or None."""
-        return self.portal.run(self.get_async(task_id))
-
-    async def explain_async(self, task_id: int) -> Explanation:
-        """Why task ``task_id`` is not running, or what it is doing: one
-        sentence and its facts (see :mod:`conveyor.explain`). Raises
-        ConfigurationError on a backend without an inspector."""
-        inspector = await self._inspector()
-        backend = await self.backend()
-        return await explain(backend, inspector, task_id, await backend.store_clock())
-
-    def explain(self, task_id: int) -> Explanation:
-        """Sync form of :meth:`explain_async`."""
-        return self.portal.run(self.explain_async(task_id))
-
-    async def list_tasks_async(
-        self,
-        *,
-        state: TaskState | str | None = None,
-        name: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-        before: int | None = None,
-        parent: int | None = None,
-    ) -> list[Task]:
-        """Tasks newest first (highest id first), filtered by state, name and
-        queue, at most ``limit``; ``before`` pages on: only tasks with a
-        smaller id (pass the last id of the page before); ``parent``: only
-        the children that coroutine task spawned. Raises
-        ConfigurationError on a bad filter."""
-        wanted = TaskState(state) if state is not None else None
-        task_filter = TaskFilter(
-            state=wanted, name=name, queue=queue, limit=limit, before=before, parent=parent
-        )
-        return await (await self._inspector()).list_tasks(task_filter)
-
-    def list_tasks(
-        self,
-        *,
-        state: TaskState | str | None = None,
-        name: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-        before: int | None = None,
-        parent: int | None = None,
-    ) -> list[Task]:
-        """Sync form of :meth:`list_tasks_async`."""
-        return self.portal.run(
-            self.list_tasks_async(
-                state=state, name=name, queue=queue, limit=limit, before=before, parent=parent
-            )
-        )
-
-    async def list_summaries_async(
-        self,
-        *,
-        state: TaskState | str | None = None,
-        name: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-        before: int | None = None,
-        parent: int | None = None,
-    ) -> list[TaskSummary]:
-        """The tasks :meth:`list_tasks_async` lists for the same filters (the
-        same ids, in the same order), as summaries: what a listing shows
-        (state, attempts, times, owner, the latest attempt's error) without
-        payloads or results, so that a page costs the same whatever its
-        tasks carry. Raises ConfigurationError on a bad filter."""
-        wanted = TaskState(state) if state is not None else None
-        task_filter = TaskFilter(
-            state=wanted, name=name, queue=queue, limit=limit, before=before, parent=parent
-        )
-        return await (await self._inspector()).list_summaries(task_filter)
-
-    def list_summaries(
-        self,
-        *,
-        state: TaskState | str | None = None,
-        name: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-        before: int | None = None,
-        parent: int | None = None,
-    ) -> list[TaskSummary]:
-        """Sync form of :meth:`list_summaries_async`."""
-        return self.portal.run(
-            self.list_summaries_async(
-                state=state, name=name, queue=queue, limit=limit, before=before, parent=parent
-            )
-        )
-
-    async def count_tasks_async(self) -> list[TaskCount]:
-        """How many tasks the store holds, by state, queue and name."""
-        return await (await self._inspector()).count_tasks()
-
-    def count_tasks(self) -> list[TaskCount]:
-        """How many tasks the store holds, by state, queue and name."""
-        return self.portal.run(self.count_tasks_async())
-
     async def cancel_async(self, task_id: int) -> TaskState:
         """Cancel a task. Pending/waiting ones end ``cancelled`` now; a running
         one is stopped by its worker as soon as it hears of it, within about a
@@ -624,14 +358,6 @@ class Client(Controls, Reads):
     def retry(self, task_id: int) -> TaskState:
         """Sync form of :meth:`retry_async`."""
         return self.portal.run(self.retry_async(task_id))
-
-    async def list_workers_async(self) -> list[WorkerInfo]:
-        """Workers known to the store, with their last heartbeat."""
-        return await (await self._inspector()).list_workers()
-
-    def list_workers(self) -> list[WorkerInfo]:
-        """Workers known to the store, with their last heartbeat."""
-        return self.portal.run(self.list_workers_async())
 
     async def migrate_async(self) -> list[int]:
         """Async form of :meth:`migrate`."""
@@ -667,69 +393,3 @@ def _stamped(chunks: Iterator[list[NewTask]], scope: EnqueueScope) -> Iterator[l
 def _chained(first: list[NewTask], rest: Iterator[list[NewTask]]) -> Iterator[list[NewTask]]:
     yield first
     yield from rest
-
-
-async def _close_with_loop(
-    client: Client, loop: asyncio.AbstractEventLoop, backend: Backend
-) -> AsyncGenerator[None, None]:
-    try:
-        yield
-    finally:
-        current = client._backends.get(loop)
-        if current is backend or current is None:  # a newer backend's closer stays (use())
-            client._closers.pop(loop, None)
-        if current is backend:
-            del client._backends[loop]
-            guard = client._guards.pop(loop, None)  # this backend's: finalized first
-            if guard is not None and guard is not asyncio.current_task():
-                guard.cancel()
-        await backend.close()
-
-
-async def _close_when_cancelled(
-    client: Client, loop: asyncio.AbstractEventLoop, closer: AsyncGenerator[None, None]
-) -> None:
-    """Wait until cancelled, then finish ``closer`` (which closes its backend).
-
-    A loop's shutdown (``asyncio.run``, ``asyncio.Runner``) cancels every
-    task and waits for them all before it finalizes async generators. A
-    psycopg pool that is reconnecting then (after a lost connection) takes
-    its task's cancellation for a failed connect and goes on: that shutdown
-    would never end. Closing the pool here, at this task's cancellation,
-    stops the pool's tasks, and the shutdown ends."""
-    try:
-        await loop.create_future()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None:
-            # Taken: the closing below is this task's answer to it. The
-            # backend's close tells a cancellation of its own from the
-            # loop's tasks (a pool's) cancelled around it by that count.
-            task.uncancel()
-        if client._guards.get(loop) is task:
-            del client._guards[loop]
-        # A no-op when finished; RuntimeError when finishing now (it cancelled us).
-        with contextlib.suppress(RuntimeError):
-            await closer.aclose()
-        raise
-    # A loop closed without cancelling its tasks drops this one unfinished
-    # (GeneratorExit when collected): nothing can be awaited then, and the
-    # closer is finalized with the loop's async generators, if ever.
-
-
-def _forget_after_fork(ref: weakref.ref[Client]) -> None:
-    """In a forked child: start afresh, keeping (never closing) the parent's pools."""
-    client = ref()
-    if client is not None:
-        INHERITED_AT_FORK.append(dict(client._backends))
-        client._backends = weakref.WeakKeyDictionary()
-        client._opening = weakref.WeakKeyDictionary()
-        client._guards = {}
-
-
-def _close_at_exit(ref: weakref.ref[Client]) -> None:
-    """Close the sync API's pool at interpreter exit, for scripts that never do."""
-    client = ref()
-    if client is not None and client.portal.started:
-        with contextlib.suppress(Exception):
-            client.close()

@@ -6,6 +6,13 @@ Every way of starting work takes the same frozen :class:`EnqueueOptions`:
 None keeps the task's own default. Options are checked when they are made,
 before any I/O: a wrong type or value, or a name that is not an option,
 raises ConfigurationError (naming the valid options).
+
+Each option is declared once, as a field of :class:`EnqueueOptions` with its
+:class:`Spec`: its check, whether a task's defaults hold it
+(:data:`TASK_DEFAULTS`, the fields of ``conveyor.task.TaskOptions``) and its
+``conveyor enqueue`` flag. The keyword form :class:`OptionFields` and
+``App.task``'s parameters restate them for type checkers;
+``tests/test_options.py`` keeps them the same.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypedDict
 
@@ -188,6 +195,15 @@ def check_kind(name: str, value: object, kind: type) -> None:
         raise ConfigurationError(f"{name} must be a conveyor.{kind.__name__}")
 
 
+def check_priority(priority: object) -> int:
+    """``priority`` if it is an int that fits in 32 bits; else ConfigurationError."""
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ConfigurationError("priority must be an integer")
+    if not -(2**31) <= priority < 2**31:
+        raise ConfigurationError("priority must fit in 32 bits")
+    return priority
+
+
 def _key_of(
     what: str, key: str | Callable[[Mapping[str, Any]], str], args: Mapping[str, Any]
 ) -> str:
@@ -211,20 +227,82 @@ def _check_limit(what: str, limit: object) -> None:
         raise ConfigurationError(f"{what} is an integer from 1 to {MAX_CONCURRENCY_LIMIT}")
 
 
-class OptionFields(TypedDict, total=False):
-    """The keyword form of :class:`EnqueueOptions` (``**options`` of every start)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Flag:
+    """An option's command-line form, ``conveyor enqueue --NAME``: ``kind``
+    is what the flag's text is read as (a ``datetime``: a time, ISO 8601),
+    ``minimum`` its lowest value, and ``to_value`` makes the option's value
+    of it (None: the value itself)."""
 
-    queue: str
-    priority: int
-    delay: float | timedelta
-    run_at: datetime
-    retry: RetryPolicy
-    timeout: float
-    lease: float
-    idempotency_key: str
-    unique: Unique
-    concurrency: Concurrency
-    rate: RateLimit
+    name: str
+    kind: type = str
+    minimum: float | None = None
+    help: str | None = None
+    to_value: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Spec:
+    """What :class:`EnqueueOptions` declares of one option, beside its name
+    and type: ``check`` raises ConfigurationError for a bad value and returns
+    the value kept (its normal form: ``delay`` in seconds); ``task_default``
+    says whether a task's own defaults (:class:`conveyor.task.TaskOptions`)
+    hold it, for the option to override; ``flag`` is its command-line form,
+    if it has one."""
+
+    check: Callable[[Any], Any]
+    task_default: bool = False
+    flag: Flag | None = None
+
+
+SPEC = "conveyor.option"
+
+
+def option(
+    check: Callable[[Any], Any], *, task_default: bool = False, flag: Flag | None = None
+) -> dict[str, Spec]:
+    """The metadata of a field of :class:`EnqueueOptions`: its :class:`Spec`."""
+    return {SPEC: Spec(check=check, task_default=task_default, flag=flag)}
+
+
+def _kind(name: str, kind: type) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        check_kind(name, value, kind)
+        return value
+
+    return check
+
+
+def _duration(name: str, minimum: float) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        check_duration(name, value, minimum=minimum)
+        return value
+
+    return check
+
+
+def _delay(value: Any) -> float | None:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    return check_duration("delay", seconds)
+
+
+def _run_at(value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        raise ConfigurationError("run_at must be a datetime")
+    if value.tzinfo is None:
+        raise ConfigurationError("run_at must be timezone-aware")
+    if not EARLIEST_RUN_AT <= value <= LATEST_RUN_AT:
+        raise ConfigurationError(
+            f"run_at must be from {EARLIEST_RUN_AT.date()} to "
+            f"{LATEST_RUN_AT.date()} UTC (what every store holds), "
+            f"not {value.isoformat()}"
+        )
+    return value
+
+
+EXCLUSIVE = (("delay", "run_at"), ("idempotency_key", "unique"))
+"""Pairs of options of which one call gives at most one (a later call's one
+replaces the other: :meth:`EnqueueOptions.merge`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -242,55 +320,103 @@ class EnqueueOptions:
     ``concurrency`` limits how many tasks of a key run at once (see
     :class:`Concurrency`) and ``rate`` how many start per period (see
     :class:`RateLimit`), each overriding the task's own.
+
+    Each field is the one declaration of its option (:class:`Spec`): its
+    check, whether a task's defaults hold it, and its command-line form.
     """
 
-    queue: str | None = None
-    priority: int | None = None
-    delay: float | timedelta | None = None
-    run_at: datetime | None = None
-    retry: RetryPolicy | None = None
-    timeout: float | None = None
-    lease: float | None = None
-    idempotency_key: str | None = None
-    unique: Unique | None = None
-    concurrency: Concurrency | None = None
-    rate: RateLimit | None = None
+    queue: str | None = field(
+        default=None,
+        metadata=option(
+            lambda value: check_name("queue", value),
+            task_default=True,
+            flag=Flag(
+                name="--queue", help="Queue (default: the task's own with --app, else 'default')."
+            ),
+        ),
+    )
+    priority: int | None = field(
+        default=None,
+        metadata=option(check_priority, task_default=True, flag=Flag(name="--priority", kind=int)),
+    )
+    delay: float | timedelta | None = field(
+        default=None,
+        metadata=option(
+            _delay,
+            flag=Flag(name="--delay", kind=float, minimum=0, help="Seconds before it is due."),
+        ),
+    )
+    run_at: datetime | None = field(
+        default=None,
+        metadata=option(
+            _run_at,
+            flag=Flag(
+                name="--run-at",
+                kind=datetime,
+                help="When it is due: ISO 8601, UTC unless it has an offset.",
+            ),
+        ),
+    )
+    retry: RetryPolicy | None = field(
+        default=None,
+        metadata=option(
+            _kind("retry", RetryPolicy),
+            task_default=True,
+            flag=Flag(
+                name="--max-attempts",
+                kind=int,
+                minimum=1,
+                to_value=lambda attempts: RetryPolicy(max_attempts=attempts),
+            ),
+        ),
+    )
+    timeout: float | None = field(
+        default=None,
+        metadata=option(
+            _duration("timeout", 0.001),
+            task_default=True,
+            flag=Flag(
+                name="--timeout", kind=float, minimum=0, help="Seconds each attempt may run."
+            ),
+        ),
+    )
+    lease: float | None = field(
+        default=None,
+        metadata=option(
+            _duration("lease", MIN_LEASE_SECONDS),
+            task_default=True,
+            flag=Flag(name="--lease", kind=float, minimum=0, help="Lease seconds of each attempt."),
+        ),
+    )
+    idempotency_key: str | None = field(
+        default=None,
+        metadata=option(
+            check_idempotency_key,
+            flag=Flag(
+                name="--idempotency-key",
+                help="Store at most one task of NAME under this key: repeating the command prints "
+                "the first task's id.",
+            ),
+        ),
+    )
+    unique: Unique | None = field(
+        default=None, metadata=option(_kind("unique", Unique), task_default=True)
+    )
+    concurrency: Concurrency | None = field(
+        default=None, metadata=option(_kind("concurrency", Concurrency), task_default=True)
+    )
+    rate: RateLimit | None = field(
+        default=None, metadata=option(_kind("rate", RateLimit), task_default=True)
+    )
 
     def __post_init__(self) -> None:
-        if self.queue is not None:
-            check_name("queue", self.queue)
-        if self.priority is not None:
-            check_priority(self.priority)
-        self._check_due()
-        check_kind("retry", self.retry, RetryPolicy)
-        check_duration("timeout", self.timeout, minimum=0.001)
-        check_duration("lease", self.lease, minimum=MIN_LEASE_SECONDS)
-        check_idempotency_key(self.idempotency_key)
-        check_kind("unique", self.unique, Unique)
-        if self.unique is not None and self.idempotency_key is not None:
-            raise ConfigurationError("give idempotency_key or unique, not both")
-        check_kind("concurrency", self.concurrency, Concurrency)
-        check_kind("rate", self.rate, RateLimit)
-
-    def _check_due(self) -> None:
-        if self.delay is not None and self.run_at is not None:
-            raise ConfigurationError("give delay or run_at, not both")
-        if self.run_at is not None:
-            if not isinstance(self.run_at, datetime):
-                raise ConfigurationError("run_at must be a datetime")
-            if self.run_at.tzinfo is None:
-                raise ConfigurationError("run_at must be timezone-aware")
-            if not EARLIEST_RUN_AT <= self.run_at <= LATEST_RUN_AT:
-                raise ConfigurationError(
-                    f"run_at must be from {EARLIEST_RUN_AT.date()} to "
-                    f"{LATEST_RUN_AT.date()} UTC (what every store holds), "
-                    f"not {self.run_at.isoformat()}"
-                )
-        if self.delay is not None:
-            seconds = self.delay
-            if isinstance(seconds, timedelta):
-                seconds = seconds.total_seconds()
-            object.__setattr__(self, "delay", check_duration("delay", seconds))
+        for one, other in EXCLUSIVE:
+            if getattr(self, one) is not None and getattr(self, other) is not None:
+                raise ConfigurationError(f"give {one} or {other}, not both")
+        for name, spec in OPTIONS:
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, spec.check(value))
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> EnqueueOptions:
@@ -315,7 +441,7 @@ class EnqueueOptions:
         """These options with ``later``'s set fields on top (``delay`` and
         ``run_at`` replace each other, as ``idempotency_key`` and ``unique`` do)."""
         changes = later.given()
-        for pair in (("delay", "run_at"), ("idempotency_key", "unique")):
+        for pair in EXCLUSIVE:
             if any(name in changes for name in pair):
                 for name in pair:
                     changes.setdefault(name, None)
@@ -332,17 +458,34 @@ class EnqueueOptions:
             raise ConfigurationError(f"option {', '.join(given)} cannot be given here: {why}")
 
 
-NAMES = frozenset(f.name for f in dataclasses.fields(EnqueueOptions))
+OPTIONS: tuple[tuple[str, Spec], ...] = tuple(
+    (f.name, f.metadata[SPEC]) for f in dataclasses.fields(EnqueueOptions)
+)
+"""Every option's name and :class:`Spec`, in declaration order."""
+NAMES = frozenset(name for name, _ in OPTIONS)
+TASK_DEFAULTS = tuple(name for name, spec in OPTIONS if spec.task_default)
+"""The options that a task's defaults hold too, and a call's options override."""
+
+
+class OptionFields(TypedDict, total=False):
+    """The keyword form of :class:`EnqueueOptions` (``**options`` of every
+    start): its fields, each without None (``tests/test_options.py`` keeps
+    them the same)."""
+
+    queue: str
+    priority: int
+    delay: float | timedelta
+    run_at: datetime
+    retry: RetryPolicy
+    timeout: float
+    lease: float
+    idempotency_key: str
+    unique: Unique
+    concurrency: Concurrency
+    rate: RateLimit
+
+
 NO_OPTIONS = EnqueueOptions()
-
-
-def check_priority(priority: object) -> int:
-    """``priority`` if it is an int that fits in 32 bits; else ConfigurationError."""
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise ConfigurationError("priority must be an integer")
-    if not -(2**31) <= priority < 2**31:
-        raise ConfigurationError("priority must fit in 32 bits")
-    return priority
 
 
 def options_from(options: EnqueueOptions | None, keywords: Mapping[str, Any]) -> EnqueueOptions:

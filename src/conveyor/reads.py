@@ -1,6 +1,7 @@
 """The store's views, read through a client: its clock, an overview (counts,
 backlogs, live workers), the last hour's activity, the attempts running per
-worker, and the migrations a store still lacks.
+worker, and the migrations a store still lacks; and its tasks: one with its
+attempt log, why it is where it is, listings, counts, and the workers.
 
 :class:`Reads` is a base of :class:`conveyor.Client` (and so of
 :class:`conveyor.App`): every read has a sync form and an ``_async`` form,
@@ -19,9 +20,19 @@ from conveyor.backends import Backend, sqlite_path
 from conveyor.backends.capabilities import Inspector, capability_of
 from conveyor.backends.protocol import Capability
 from conveyor.errors import StoreNotReadyError
+from conveyor.explain import Explanation, explain
+from conveyor.model import Task, TaskState, findable
 from conveyor.overview import Overview, read_overview
 from conveyor.portal import Portal
-from conveyor.records import ActivityBucket, Migration, QueueBacklog, WorkerInfo
+from conveyor.records import (
+    ActivityBucket,
+    Migration,
+    QueueBacklog,
+    TaskCount,
+    TaskFilter,
+    TaskSummary,
+    WorkerInfo,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,3 +158,129 @@ class Reads:
     def check_ready(self) -> None:
         """Sync form of :meth:`check_ready_async`."""
         self.portal.run(self.check_ready_async())
+
+    # -- tasks -------------------------------------------------------------------
+
+    async def get_async(self, task_id: int) -> Task | None:
+        """The task with its attempt log, or None."""
+        if not findable(task_id):
+            return None
+        return await (await self.backend()).get_task(task_id)
+
+    def get(self, task_id: int) -> Task | None:
+        """The task with its attempt log, or None."""
+        return self.portal.run(self.get_async(task_id))
+
+    async def explain_async(self, task_id: int) -> Explanation:
+        """Why task ``task_id`` is not running, or what it is doing: one
+        sentence and its facts (see :mod:`conveyor.explain`). Raises
+        ConfigurationError on a backend without an inspector."""
+        inspector = await self._inspector()
+        backend = await self.backend()
+        return await explain(backend, inspector, task_id, await backend.store_clock())
+
+    def explain(self, task_id: int) -> Explanation:
+        """Sync form of :meth:`explain_async`."""
+        return self.portal.run(self.explain_async(task_id))
+
+    async def list_tasks_async(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+        parent: int | None = None,
+    ) -> list[Task]:
+        """Tasks newest first (highest id first), filtered by state, name and
+        queue, at most ``limit``; ``before`` pages on: only tasks with a
+        smaller id (pass the last id of the page before); ``parent``: only
+        the children that coroutine task spawned. Raises
+        ConfigurationError on a bad filter."""
+        task_filter = _task_filter(state, name, queue, limit, before, parent)
+        return await (await self._inspector()).list_tasks(task_filter)
+
+    def list_tasks(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+        parent: int | None = None,
+    ) -> list[Task]:
+        """Sync form of :meth:`list_tasks_async`."""
+        return self.portal.run(
+            self.list_tasks_async(
+                state=state, name=name, queue=queue, limit=limit, before=before, parent=parent
+            )
+        )
+
+    async def list_summaries_async(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+        parent: int | None = None,
+    ) -> list[TaskSummary]:
+        """The tasks :meth:`list_tasks_async` lists for the same filters (the
+        same ids, in the same order), as summaries: what a listing shows
+        (state, attempts, times, owner, the latest attempt's error) without
+        payloads or results, so that a page costs the same whatever its
+        tasks carry. Raises ConfigurationError on a bad filter."""
+        task_filter = _task_filter(state, name, queue, limit, before, parent)
+        return await (await self._inspector()).list_summaries(task_filter)
+
+    def list_summaries(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+        parent: int | None = None,
+    ) -> list[TaskSummary]:
+        """Sync form of :meth:`list_summaries_async`."""
+        return self.portal.run(
+            self.list_summaries_async(
+                state=state, name=name, queue=queue, limit=limit, before=before, parent=parent
+            )
+        )
+
+    async def count_tasks_async(self) -> list[TaskCount]:
+        """How many tasks the store holds, by state, queue and name."""
+        return await (await self._inspector()).count_tasks()
+
+    def count_tasks(self) -> list[TaskCount]:
+        """How many tasks the store holds, by state, queue and name."""
+        return self.portal.run(self.count_tasks_async())
+
+    async def list_workers_async(self) -> list[WorkerInfo]:
+        """Workers known to the store, with their last heartbeat."""
+        return await (await self._inspector()).list_workers()
+
+    def list_workers(self) -> list[WorkerInfo]:
+        """Workers known to the store, with their last heartbeat."""
+        return self.portal.run(self.list_workers_async())
+
+
+def _task_filter(
+    state: TaskState | str | None,
+    name: str | None,
+    queue: str | None,
+    limit: int,
+    before: int | None,
+    parent: int | None,
+) -> TaskFilter:
+    """The filter :meth:`Reads.list_tasks_async` and
+    :meth:`Reads.list_summaries_async` both read by."""
+    wanted = TaskState(state) if state is not None else None
+    return TaskFilter(
+        state=wanted, name=name, queue=queue, limit=limit, before=before, parent=parent
+    )

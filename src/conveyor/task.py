@@ -51,6 +51,7 @@ from conveyor.model import (
 )
 from conveyor.options import (
     NO_OPTIONS,
+    TASK_DEFAULTS,
     Concurrency,
     EnqueueOptions,
     OptionFields,
@@ -97,14 +98,12 @@ class TaskDecorator(Protocol):
     def __call__(self, fn: Callable[P, R], /) -> TaskDef[P, R]: ...
 
 
-OVERRIDDEN = ("queue", "priority", "retry", "timeout", "lease", "unique", "concurrency", "rate")
-"""The task defaults that an enqueue's options override, one by one."""
-
-
 @dataclass(frozen=True, slots=True)
 class TaskOptions:
     """A task's defaults; the options of one call (:class:`EnqueueOptions`)
-    override them field by field."""
+    override them field by field. Its fields are the options declared with
+    ``task_default`` (:data:`conveyor.options.TASK_DEFAULTS`; a test keeps
+    them the same)."""
 
     queue: str = DEFAULT_QUEUE
     priority: int = 0
@@ -129,7 +128,7 @@ class TaskOptions:
     def apply(self, options: EnqueueOptions) -> TaskOptions:
         """These defaults with the options of one call on top."""
         changes = {
-            name: value for name in OVERRIDDEN if (value := getattr(options, name)) is not None
+            name: value for name in TASK_DEFAULTS if (value := getattr(options, name)) is not None
         }
         return dataclasses.replace(self, **changes) if changes else self
 

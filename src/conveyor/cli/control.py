@@ -31,8 +31,8 @@ from conveyor.cli.common import (
 )
 from conveyor.controls import CANCELLABLE
 from conveyor.errors import ConveyorError, InvalidTransitionError, TaskNotFoundError
-from conveyor.model import RetryPolicy, TaskState
-from conveyor.options import EnqueueOptions
+from conveyor.model import TaskState
+from conveyor.options import OPTIONS, EnqueueOptions
 from conveyor.records import TaskSummary
 
 PAGE = 500
@@ -40,21 +40,41 @@ PAGE = 500
 SHOWN_IN_DRY_RUN = 20
 
 
+def option_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """The command-line form of every option that has one
+    (:class:`conveyor.options.Flag`), in the options' declared order, each
+    passed as its option's name."""
+    for name, spec in reversed(OPTIONS):
+        flag = spec.flag
+        if flag is not None:
+            kind: Any = None if flag.kind in (str, datetime) else flag.kind
+            if flag.minimum is not None:
+                kind = (
+                    click.IntRange(min=int(flag.minimum))
+                    if flag.kind is int
+                    else click.FloatRange(min=flag.minimum)
+                )
+            command = click.option(flag.name, name, type=kind, help=flag.help)(command)
+    return command
+
+
+def flag_values(flags: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The options given by their flags (a time read as ``--run-at`` is)."""
+    values = {}
+    for name, spec in OPTIONS:
+        flag, value = spec.flag, flags.get(name)
+        if flag is None or value is None:
+            continue
+        if flag.kind is datetime:
+            value = parse_time(value, now, flag.name)
+        values[name] = flag.to_value(value) if flag.to_value is not None else value
+    return values
+
+
 @click.command()
 @click.argument("name")
 @click.option("--args", "args_json", default="{}", help="Payload: a JSON object.")
-@click.option("--queue", help="Queue (default: the task's own with --app, else 'default').")
-@click.option("--priority", type=int)
-@click.option("--delay", type=click.FloatRange(min=0), help="Seconds before it is due.")
-@click.option("--run-at", help="When it is due: ISO 8601, UTC unless it has an offset.")
-@click.option("--max-attempts", type=click.IntRange(min=1))
-@click.option("--timeout", type=click.FloatRange(min=0), help="Seconds each attempt may run.")
-@click.option("--lease", type=click.FloatRange(min=0), help="Lease seconds of each attempt.")
-@click.option(
-    "--idempotency-key",
-    help="Store at most one task of NAME under this key: repeating the command prints "
-    "the first task's id.",
-)
+@option_flags
 @click.option(
     "--app",
     "app_spec",
@@ -67,18 +87,11 @@ SHOWN_IN_DRY_RUN = 20
 def enqueue(
     name: str,
     args_json: str,
-    queue: str | None,
-    priority: int | None,
-    delay: float | None,
-    run_at: str | None,
-    max_attempts: int | None,
-    timeout: float | None,
-    lease: float | None,
-    idempotency_key: str | None,
     app_spec: str | None,
     url: str | None,
     schema: str | None,
     as_json: bool,
+    **flags: Any,
 ) -> None:
     """Enqueue task NAME; prints the new task id (or, with a key already used,
     the stored one's).
@@ -87,18 +100,8 @@ def enqueue(
     args = parse_json(args_json, "--args")
     if not isinstance(args, dict):
         fail("--args must be a JSON object")
-    due = parse_time(run_at, datetime.now(UTC), "--run-at") if run_at is not None else None
     try:
-        options = EnqueueOptions(
-            queue=queue,
-            priority=priority,
-            delay=delay,
-            run_at=due,
-            retry=RetryPolicy(max_attempts=max_attempts) if max_attempts else None,
-            timeout=timeout,
-            lease=lease,
-            idempotency_key=idempotency_key,
-        )
+        options = EnqueueOptions(**flag_values(flags, datetime.now(UTC)))
         with open_client(url, schema, app_spec) as app:
             handle = app.enqueue(name, args, options=options)
             stored = app.get(handle.id) if not app_spec else None
