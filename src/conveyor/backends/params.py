@@ -70,6 +70,10 @@ class NewTask:
     trace: str | None = None
     """The trace context of the enqueue (a propagator's carrier as JSON text,
     see :mod:`conveyor.tracing`), stored with the task; None untraced."""
+    expires_at: datetime | None = None
+    """No attempt of the task starts after this time: a claim that would
+    start its first one later hands it over expired (``ClaimedTask.expired_at``)
+    and the worker ends it cancelled. None: it never expires."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,11 @@ class ClaimedTask:
     inbox: list[Message] | None = None
     """The task's inbox as its claim read it (see ``ClaimParams.inbox_names``);
     None: not read, the poll reads it itself."""
+    expired_at: datetime | None = None
+    """The task's expiry time (``NewTask.expires_at``) when this claim started
+    its first attempt past it, by the store's clock: the worker then ends
+    the task cancelled without running it. None otherwise (a retry or a
+    reclaim never expires)."""
 
 
 @dataclass(frozen=True, slots=True)

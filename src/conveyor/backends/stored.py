@@ -281,14 +281,24 @@ def _token(row: Sequence[Any], worker_id: str, nonce: str) -> LeaseToken | None:
     return LeaseToken(task_id, attempt, worker_id, nonce)
 
 
+CLAIM_COLUMNS = 16
+"""The columns of a claim's row that :func:`claimed_task` reads before the
+inbox a PostgreSQL claim may add."""
+
+
 def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:
     """A row of a claim: id, attempt, name, queue, payload, spent, max_attempts,
     retry policy, timeout, lease, lease expiry (a datetime), step, parent id,
-    run time (a datetime), trace context, and (PostgreSQL) the inbox read
-    with the claim (see :func:`claimed_inbox`)."""
+    run time (a datetime), trace context, the task's expiry time when this
+    claim started its first attempt past it (a datetime, else None; a hand-off's
+    row stops before it), and (PostgreSQL) the inbox read with the claim (see
+    :func:`claimed_inbox`)."""
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
     timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
-    inbox = claimed_inbox(task_id, row[15]) if len(row) > 15 and row[15] is not None else None
+    expired_at = row[15] if len(row) > 15 else None
+    inbox = None
+    if len(row) > CLAIM_COLUMNS and row[CLAIM_COLUMNS] is not None:
+        inbox = claimed_inbox(task_id, row[CLAIM_COLUMNS])
     return ClaimedTask(
         token=LeaseToken(task_id=task_id, attempt=attempt, worker_id=worker_id),
         name=name,
@@ -305,6 +315,7 @@ def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:
         run_at=run_at,
         trace=trace,
         inbox=inbox,
+        expired_at=expired_at,
     )
 
 

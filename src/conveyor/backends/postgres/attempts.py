@@ -31,7 +31,7 @@ from conveyor.backends.postgres.messages import applied, has_effects, record_wit
 from conveyor.backends.postgres.pools import Pools
 from conveyor.backends.postgres.rows import finish_statement
 from conveyor.backends.postgres.transactions import PostgresSyncTransaction, PostgresTransaction
-from conveyor.backends.stored import Unread, claimed_rows, claimed_task, key_scan
+from conveyor.backends.stored import CLAIM_COLUMNS, Unread, claimed_rows, claimed_task, key_scan
 from conveyor.backends.sweep import Sweep
 from conveyor.model import LeaseToken
 
@@ -108,6 +108,8 @@ class Attempts(Pools):
                 if not sweep:
                     waiting = bool(plain[0][-1])
                     plain = [row[:-1] for row in plain if row[0] is not None]
+                else:  # the claimed rows whole: a claim's columns, then three more
+                    plain = [row[:CLAIM_COLUMNS] for row in plain]
                 # Keys are looked for when they were seen last time, when the
                 # plain claim comes back short, and at each sweep: a keyed
                 # task waits at most a poll interval behind a plain backlog.

@@ -30,6 +30,7 @@ def _options(task: NewTask) -> tuple[Any, ...]:
         task.inbox,
         task.parent_id,
         task.trace,
+        task.expires_at,
     )
 
 
@@ -56,6 +57,7 @@ def enqueue_statement(params: EnqueueParams) -> tuple[str, dict[str, Any]]:
             "inbox": head.inbox,
             "parent_id": head.parent_id,
             "trace": head.trace,
+            "expires_at": head.expires_at,
             "payloads": head.payload if one else "[" + ",".join(t.payload for t in tasks) + "]",
         }
     return "enqueue", _columns(tasks, params.now)
@@ -79,6 +81,7 @@ def _columns(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]:
         "inboxes": [t.inbox for t in tasks],
         "parent_ids": [t.parent_id for t in tasks],
         "traces": [t.trace for t in tasks],
+        "expires": [t.expires_at for t in tasks],
     }
 
 

@@ -20,7 +20,7 @@ from conveyor.records import TaskSummary, WorkerInfo
 # Column positions of the timestamps in get_task/list_tasks and get_attempts.
 _TASK_TIMES = (6, 13, 14, 16)
 _ATTEMPT_TIMES = (4, 5)
-_CLAIM_TIMES = (10, 13)
+_CLAIM_TIMES = (10, 13, 15)
 _SUMMARY_TIMES = (5, 8, 9)
 
 
@@ -77,6 +77,7 @@ def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
             "rate_limit": t.rate_limit,
             "rate_period": t.rate_period,
             "trace": t.trace,
+            "expires_at": seconds(t.expires_at),
         }
         for t in params.tasks
     ]

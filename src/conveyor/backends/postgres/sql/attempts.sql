@@ -52,7 +52,10 @@ served as (
 -- found by key, as an array: joined with `chosen`, the generic plan of a
 -- claim beside a backlog the statistics know of (a tenth of it, the
 -- planner guesses, passes the LIMIT) hashed the chosen ids and scanned the
--- whole table for them.
+-- whole table for them. Its first columns are a claim's row (see
+-- conveyor.backends.stored.claimed_task), the 16th the task's expiry time
+-- when this is its first attempt and it starts past it; then the columns
+-- the claims order and count keys by.
 claimed as (
     update {schema}.tasks t
     set state = 'in_progress',
@@ -67,8 +70,11 @@ claimed as (
     -- (a cast keeps its column's name: payload, retry_policy)
     returning t.id, t.attempt, t.name, t.queue, t.payload::text, t.spent,
               t.max_attempts, t.retry_policy::text, t.timeout_seconds,
-              t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.priority, t.run_at,
-              t.concurrency_key, t.concurrency_limit, t.trace_context
+              t.lease_seconds, t.lease_expires_at, t.step, t.parent_id, t.run_at,
+              t.trace_context,
+              case when t.attempt = 1 and t.expires_at <= clock.now then t.expires_at end
+                  as expired_at,
+              t.priority, t.concurrency_key, t.concurrency_limit
 )
 
 -- name: part_claim_inbox
@@ -119,7 +125,7 @@ chosen as (
 -- round trip of its own. When nothing is claimed, one row of nulls carries it.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
        timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context,
-       {part_claim_inbox},
+       expired_at, {part_claim_inbox},
        w.keys_waiting
 from (select exists (select 1 from {schema}.concurrency) as keys_waiting) as w
 left join claimed on true
@@ -223,10 +229,10 @@ lost as (
         error_message = excluded.error_message
     where a.outcome = 'in_progress'
 )
--- In claim order, like every backend.
-select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
-       timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context
-from claimed
+-- In claim order, like every backend: the claimed rows whole (their last
+-- three columns are left out by the caller; naming the others would take
+-- this statement over psycopg's 4 KiB of cached statement).
+select * from claimed
 order by priority desc, run_at, id;
 
 -- name: quarantine

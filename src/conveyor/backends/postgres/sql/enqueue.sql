@@ -12,19 +12,20 @@
 with inserted as (
     insert into {schema}.tasks
         (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, created_at)
+         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, expires_at, created_at)
     select i.name, i.queue, i.payload::jsonb, i.priority,
            coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
            i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
-           i.inbox, i.parent_id, i.trace_context,
+           i.inbox, i.parent_id, i.trace_context, i.expires_at,
            coalesce(%(now)s::timestamptz, statement_timestamp())
     from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
                 %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
                 %(max_attempts)s::int[], %(retry_policies)s::text[],
                 %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
-                %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(traces)s::text[])
+                %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(traces)s::text[],
+                %(expires)s::timestamptz[])
         as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
-             timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context)
+             timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, expires_at)
     returning id
 )
 select array_agg(id order by id) from inserted;
@@ -36,14 +37,15 @@ select array_agg(id order by id) from inserted;
 with inserted as (
     insert into {schema}.tasks
         (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, created_at)
+         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, expires_at, created_at)
     select %(name)s::text, %(queue)s::text, p.value, %(priority)s::int,
            coalesce(%(run_at)s::timestamptz,
                     coalesce(%(now)s::timestamptz, statement_timestamp())
                     + make_interval(secs => %(delay)s::float8)),
            %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
            %(lease)s::float8, %(step)s::text, %(inbox)s::boolean, %(parent_id)s::bigint,
-           %(trace)s::text, coalesce(%(now)s::timestamptz, statement_timestamp())
+           %(trace)s::text, %(expires_at)s::timestamptz,
+           coalesce(%(now)s::timestamptz, statement_timestamp())
     from jsonb_array_elements(%(payloads)s::jsonb) with ordinality as p(value, ord)
     order by p.ord
     returning id
@@ -56,14 +58,15 @@ select array_agg(id order by id) from inserted;
 -- back as in enqueue, an array.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, created_at)
+     timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, expires_at, created_at)
 values (%(name)s::text, %(queue)s::text, %(payloads)s::jsonb, %(priority)s::int,
         coalesce(%(run_at)s::timestamptz,
                  coalesce(%(now)s::timestamptz, statement_timestamp())
                  + make_interval(secs => %(delay)s::float8)),
         %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
         %(lease)s::float8, %(step)s::text, %(inbox)s::boolean, %(parent_id)s::bigint,
-        %(trace)s::text, coalesce(%(now)s::timestamptz, statement_timestamp()))
+        %(trace)s::text, %(expires_at)s::timestamptz,
+           coalesce(%(now)s::timestamptz, statement_timestamp()))
 returning array[id];
 
 -- name: enqueue_handoff
@@ -114,12 +117,12 @@ taken as (
 inserted as (
     insert into {schema}.tasks
         (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, created_at,
+         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, expires_at, created_at,
          state, attempt, spent, worker_id, attempt_started_at, lease_expires_at)
     select %(name)s::text, %(queue)s::text, %(payloads)s::jsonb, %(priority)s::int, clock.now,
            %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::float8,
            %(lease)s::float8, %(step)s::text, false, %(parent_id)s::bigint,
-           %(trace)s::text, clock.now,
+           %(trace)s::text, %(expires_at)s::timestamptz, clock.now,
            case when k.worker_id is null then 'pending' else 'in_progress' end,
            (k.worker_id is not null)::int, (k.worker_id is not null)::int, k.worker_id,
            case when k.worker_id is not null then clock.now end,
@@ -218,13 +221,13 @@ where t.state = 'in_progress'
 -- whose snapshot sees the commit that made this one skip.
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
-     timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, idempotency_key,
-     unique_scope, unique_until, concurrency_key, concurrency_limit, rate_limit, rate_period,
+     timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, expires_at,
+     idempotency_key, unique_scope, unique_until, concurrency_key, concurrency_limit, rate_limit, rate_period,
      created_at)
 select i.name, i.queue, i.payload::jsonb, i.priority,
        coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
        i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
-       i.inbox, i.parent_id, i.trace_context, i.idempotency_key, i.unique_scope,
+       i.inbox, i.parent_id, i.trace_context, i.expires_at, i.idempotency_key, i.unique_scope,
        coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.unique_for),
        i.concurrency_key, i.concurrency_limit, i.rate_limit, i.rate_period,
        coalesce(%(now)s::timestamptz, statement_timestamp())
@@ -233,13 +236,14 @@ from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(max_attempts)s::int[], %(retry_policies)s::text[],
             %(timeouts)s::float8[], %(leases)s::float8[], %(steps)s::text[],
             %(inboxes)s::boolean[], %(parent_ids)s::bigint[], %(traces)s::text[],
-            %(keys)s::text[], %(scopes)s::text[], %(periods)s::float8[],
+            %(expires)s::timestamptz[], %(keys)s::text[], %(scopes)s::text[],
+            %(periods)s::float8[],
             %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
             %(rate_limits)s::int[], %(rate_periods)s::float8[])
     with ordinality
     as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
-         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, idempotency_key,
-         unique_scope, unique_for, concurrency_key, concurrency_limit, rate_limit, rate_period,
+         timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, expires_at,
+         idempotency_key, unique_scope, unique_for, concurrency_key, concurrency_limit, rate_limit, rate_period,
          ord)
 order by i.ord
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing

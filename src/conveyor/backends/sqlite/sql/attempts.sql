@@ -79,7 +79,8 @@ set outcome = excluded.outcome, finished_at = excluded.finished_at,
     error_type = excluded.error_type, error_message = excluded.error_message;
 
 -- name: claim_take
--- Hand the picked tasks to the worker under a fresh lease.
+-- Hand the picked tasks to the worker under a fresh lease (and say which
+-- first attempts start past their task's expiry time).
 update conveyor_tasks
 set state = 'in_progress',
     attempt = attempt + 1,
@@ -89,7 +90,9 @@ set state = 'in_progress',
 where id in (select value from json_each(:ids))
 returning id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
           timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at,
-          trace_context;
+          trace_context,
+          -- a first attempt started past the task's expiry: the worker ends it
+          case when attempt = 1 and expires_at <= :now then expires_at end;
 
 -- name: claim_log
 -- One attempt row per claimed task, in the same transaction as the claim.
