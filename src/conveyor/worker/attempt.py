@@ -114,7 +114,11 @@ class RunningAttempt:
             self.execution.abandon()
 
     async def run(self) -> Completion | None:
-        """Run the handler; the completion to record, or None if nothing is left to record."""
+        """Run the handler; the completion to record, or None if nothing is
+        left to record. A task its claim found past its expiry time ends
+        cancelled without running."""
+        if self.task.expired_at is not None:
+            return outcomes.expired(self.task, self.task.expired_at)
         try:
             kwargs = self._arguments()
         except PayloadError as exc:

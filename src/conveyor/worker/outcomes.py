@@ -7,6 +7,8 @@ grow with the error) and never trusts ``str(exc)`` to work.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from conveyor.backends.params import ClaimedTask, Completion, ErrorInfo
 from conveyor.errors import Fatal, PayloadError, PayloadTooLargeError, Retry, Snooze
 from conveyor.model import Outcome, TaskState, error_types
@@ -35,6 +37,9 @@ def error_info(exc: BaseException) -> ErrorInfo:
         traceback=format_traceback(exc, MAX_TRACEBACK),
     )
 
+
+EXPIRED = "Expired"
+"""The error type an expired task's attempt log names (see :func:`expired`)."""
 
 REMOTE_FATAL = frozenset(
     f"conveyor.errors.{kind.__name__}" for kind in (Fatal, PayloadError, PayloadTooLargeError)
@@ -112,6 +117,15 @@ def succeeded(task: ClaimedTask, result: str) -> Completion:
 
 def cancelled(task: ClaimedTask) -> Completion:
     info = ErrorInfo(type="Cancelled", message="cancelled on request while running")
+    return Completion(task.token, Outcome.CANCELLED, TaskState.CANCELLED, error=info)
+
+
+def expired(task: ClaimedTask, expired_at: datetime) -> Completion:
+    """A task whose first attempt its claim started past its expiry time
+    (``expires``) ends cancelled without running; its attempt log says why."""
+    info = ErrorInfo(
+        type=EXPIRED, message=f"not started by its expiry time, {expired_at.isoformat()}"
+    )
     return Completion(task.token, Outcome.CANCELLED, TaskState.CANCELLED, error=info)
 
 
