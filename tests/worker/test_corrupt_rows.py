@@ -392,6 +392,7 @@ PENDING_NUMBERS = (
     "lease_expires_at",
     "started_at",
     "unique_until",
+    "expires_at",
     "concurrency_limit",
     "rate_limit",
     "rate_period",
@@ -424,12 +425,13 @@ CLAIM_READS = {
     "lease",
     "parent_id",
     "concurrency_limit",
+    "expires_at",
     "name",
     "queue",
     "state",
 }
 """What a claim reads of a pending task: one of these that does not read sets
-the task aside (but for a negative priority or run time, which are fine)."""
+the task aside (but for a negative priority, run time or expiry, which are fine)."""
 RUNNING_READS = {
     "priority",
     "run_at",
@@ -449,8 +451,8 @@ def _must_set_aside(field: str, value: str | bytes | None, reads: set[str]) -> b
         return reads is CLAIM_READS  # what a claim hands the worker is UTF-8
     if field not in reads:
         return False
-    if value == "-1" and field in ("priority", "run_at"):
-        return False
+    if value == "-1" and field in ("priority", "run_at", "expires_at"):
+        return False  # readable: a negative priority, a time in 1969
     return field != "worker_id" or value is None  # any text is a worker's id
 
 

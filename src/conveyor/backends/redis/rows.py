@@ -17,7 +17,8 @@ current budget), ``max_attempts``, ``retry`` (the policy as JSON),
 a task holding a unique key, ``idempotency_key``, ``unique_scope`` and
 ``unique_until`` (ms); ``concurrency_key``, ``concurrency_limit``,
 ``rate_limit`` and ``rate_period`` (seconds) when given (see
-``lua/lib/flow.lua``). An attempt row is a JSON object with ``number``,
+``lua/lib/flow.lua``); ``expires_at`` (ms) when it expires. An attempt row
+is a JSON object with ``number``,
 ``worker_id``, ``outcome``, ``started_at``, ``finished_at``,
 ``error_type``, ``error_message``, ``traceback`` and ``step``. An inbox message is a JSON array (see
 :func:`message`). A worker's hash holds ``host``, ``pid``, ``queues`` and
@@ -61,7 +62,7 @@ from conveyor.records import PruneParams, TaskSummary, WorkerInfo, last_error_of
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
-TASK_FIELDS = 23
+TASK_FIELDS = 24
 """Arguments per task of ``enqueue.lua`` (and per spawn of ``finish.lua``)."""
 
 
@@ -123,13 +124,14 @@ def task_fields(t: NewTask, parent_id: int | None = None) -> list[str]:
         opt(t.rate_limit),
         opt(_seconds(t.rate_period)),
         opt(t.trace),
+        opt(None if t.expires_at is None else ms(t.expires_at)),
     ]
 
 
 def tasks_arg(tasks: Sequence[NewTask]) -> str:
     """The tasks of ``enqueue.lua`` (and ``fire_schedule.lua``): every task's
     fields end to end, as one JSON array (one argument, which the script
-    decodes in C: packing 22 arguments a task cost more than the script)."""
+    decodes in C: packing 24 arguments a task cost more than the script)."""
     fields: list[str] = []
     for t in tasks:
         fields += task_fields(t)
@@ -197,7 +199,8 @@ def claimed_tasks(
     """The rows of ``claim.lua``, each: id, attempt, name, queue, payload,
     spent, max_attempts, retry policy, timeout, lease, lease expiry, step,
     parent id (optional ones as :func:`opt` writes them), run time ("" if
-    it does not read), trace context (optional); every lease of the claim
+    it does not read), trace context (optional), the task's expiry time
+    when this claim started its first attempt past it ("" otherwise); every lease of the claim
     has its ``nonce``. Tasks of one claim mostly share a lease expiry: each
     distinct one is converted once.
 
@@ -230,6 +233,7 @@ def _claimed(
 ) -> ClaimedTask:
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
     timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
+    expired = row[15] if len(row) > 15 else ""
     for position, field in _CLAIMED_TEXTS:
         if not utf8(row[position]):
             raise ValueError(f"task {task_id}'s field {field!r} is not UTF-8")
@@ -254,6 +258,7 @@ def _claimed(
         parent_id=int(parent_id[1:]) if parent_id else None,
         run_at=moment(int(run_at)) if run_at.isdigit() else None,
         trace=trace[1:] if trace else None,
+        expired_at=moment(int(expired)) if expired else None,
     )
 
 

@@ -136,7 +136,7 @@ table.sort(candidates, function(a, b) return a[1] < b[1] end)
 local HANDED = {
   'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
   'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope', 'run_at',
-  'trace_context', 'name', 'queue', 'state', 'priority',
+  'trace_context', 'name', 'queue', 'state', 'priority', 'expires_at',
 }
 local function misplaced(f, queue, name, reclaim)
   if f[15] ~= name then return 'name', f[15] end
@@ -184,6 +184,9 @@ for i = 1, math.min(limit, #candidates) do
     local lease, timeout = number('lease', f[3]), number('timeout', f[8])
     local expires = now + math.floor((lease or default_lease) * 1000 + 0.5)
     local parent, run_at = number('parent_id', f[9]), number('run_at', f[13])
+    -- a first attempt started past the task's expiry: the worker ends it
+    local expiry = number('expires_at', f[19])
+    local expired = attempt == 1 and expiry and expiry <= now
     move_state(id, reclaim and 'in_progress' or 'pending', 'in_progress', f[12],
       'attempt', attempt, 'spent', spent, 'worker_id', worker, 'lease_expires_at', expires,
       'started_at', now, 'nonce', nonce)
@@ -200,7 +203,7 @@ for i = 1, math.min(limit, #candidates) do
       string.format('%d', number('max_attempts', f[6])), f[7], seconds_text(timeout),
       seconds_text(lease), string.format('%d', expires), f[4] and '=' .. f[4] or '',
       parent and '=' .. string.format('%d', parent) or '', string.format('%d', run_at),
-      f[14] and '=' .. f[14] or '',
+      f[14] and '=' .. f[14] or '', expired and string.format('%d', expiry) or '',
     }
   end
 end

@@ -1,14 +1,14 @@
 -- enqueue.lua: new tasks, their ids and unique keys.
 
--- A task's fields, 22 arguments from index i of args (ARGV, or a spawn's
+-- A task's fields, 24 arguments from index i of args (ARGV, or a spawn's
 -- decoded array): name, queue, payload, priority, run_at (opt, ms), delay
 -- (ms, used without run_at), max_attempts, retry policy (JSON), timeout
 -- (opt, seconds), lease (opt, seconds), step (opt), inbox ("0"/"1"),
 -- parent id (opt), first message (opt, JSON), unique key (opt), unique
 -- scope (opt), unique period (opt, ms), on_conflict, concurrency key (opt),
 -- concurrency limit (opt), rate limit (opt), rate period (opt, seconds),
--- trace context (opt, JSON text). Python checked them.
-local TASK_FIELDS = 23
+-- trace context (opt, JSON text), expiry time (opt, ms). Python checked them.
+local TASK_FIELDS = 24
 
 -- An optional argument's value (see opt), appended to a field list when given.
 local function optional_field(fields, field, argument)
@@ -53,6 +53,7 @@ local function insert_task(id, a, i, now, adds)
   optional_field(fields, 'rate_limit', a[i + 20])
   optional_field(fields, 'rate_period', a[i + 21])
   local trace = optional_field(fields, 'trace_context', a[i + 22])
+  optional_field(fields, 'expires_at', a[i + 23])
   redis.call('HSET', key, unpack(fields))
   zadd(adds, key_state('pending'), id, id)  -- a new task gives no key up
   if parent then redis.call('ZADD', key_children(parent), id, id) end

@@ -26,6 +26,7 @@ local BOUNDS = {
   started_at = TIME_BOUNDS,
   lease_expires_at = TIME_BOUNDS,
   unique_until = TIME_BOUNDS,
+  expires_at = TIME_BOUNDS,
   lease = {0.5, MAX_SECONDS, false},
   timeout = {0, MAX_SECONDS, false, true},
   parent_id = {1, 999999999999999, true},
