@@ -91,7 +91,7 @@ class Attempts(Messages):
         else:
             self._move(row, Cause.CLAIM, TaskState.IN_PROGRESS)
         row.start_attempt(params.worker_id, params.lease, now)
-        return row.claimed()
+        return row.claimed(now)
 
     def heartbeat(self, params: HeartbeatParams, now: datetime) -> HeartbeatResult:
         """Extend exactly the leases this worker still holds (this attempt,

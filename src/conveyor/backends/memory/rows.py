@@ -51,6 +51,7 @@ class Row:
     rate_limit: int | None = None
     rate_period: float | None = None
     trace: str | None = None
+    expires_at: datetime | None = None
     attempts: list[Attempt] = field(default_factory=list)
 
     @classmethod
@@ -77,6 +78,7 @@ class Row:
             rate_limit=new.rate_limit,
             rate_period=new.rate_period,
             trace=new.trace,
+            expires_at=new.expires_at,
             unique_scope=new.unique_scope if new.idempotency_key is not None else None,
             unique_until=now + timedelta(seconds=new.unique_for)
             if new.unique_for is not None and new.idempotency_key is not None
@@ -140,8 +142,9 @@ class Row:
         self.max_attempts, self.retry = move.max_attempts, move.retry
         self.timeout, self.lease = move.timeout, move.lease
 
-    def claimed(self) -> ClaimedTask:
-        """What the worker that just claimed this row gets."""
+    def claimed(self, now: datetime) -> ClaimedTask:
+        """What the worker that just claimed this row at ``now`` gets (its
+        expiry time when this first attempt starts past it)."""
         assert self.worker_id is not None
         assert self.lease_expires_at is not None
         return ClaimedTask(
@@ -159,6 +162,11 @@ class Row:
             parent_id=self.parent_id,
             run_at=self.run_at,
             trace=self.trace,
+            expired_at=(
+                self.expires_at
+                if self.attempt == 1 and self.expires_at is not None and self.expires_at <= now
+                else None
+            ),
         )
 
     def snapshot(self, with_attempts: bool) -> Task:
