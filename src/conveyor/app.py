@@ -105,6 +105,7 @@ class App(Client):
         retry: RetryPolicy = DEFAULT_RETRY,
         timeout: float | None = None,
         lease: float | None = None,
+        expires: float | timedelta | datetime | None = None,
         process: bool = False,
         unique: Unique | None = None,
         concurrency: Concurrency | None = None,
@@ -122,6 +123,7 @@ class App(Client):
         retry: RetryPolicy = DEFAULT_RETRY,
         timeout: float | None = None,
         lease: float | None = None,
+        expires: float | timedelta | datetime | None = None,
         process: bool = False,
         unique: Unique | None = None,
         concurrency: Concurrency | None = None,
@@ -134,7 +136,9 @@ class App(Client):
         an enqueue's own ``unique=`` or ``idempotency_key=`` overrides it).
         ``concurrency`` caps how many of its tasks run at once per key (see
         :class:`conveyor.Concurrency`), ``rate`` how many start per period
-        (see :class:`conveyor.RateLimit`).
+        (see :class:`conveyor.RateLimit`). ``expires`` (seconds, a timedelta
+        or an aware datetime) is when each of its tasks no longer starts,
+        counted from its enqueue: one not started by then ends cancelled.
 
         ``name`` (default: the handler's ``__name__``) and ``queue`` are 1 to
         200 printable characters (no newline or other control character, no
@@ -148,6 +152,7 @@ class App(Client):
             retry=retry,
             timeout=timeout,
             lease=lease,
+            expires=expires,
             unique=unique,
             concurrency=concurrency,
             rate=rate,

@@ -22,7 +22,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypedDict
 
 from conveyor.errors import ConfigurationError
@@ -300,6 +300,45 @@ def _run_at(value: Any) -> datetime:
     return value
 
 
+def check_expires(value: Any) -> float | datetime:
+    """``expires``: a duration (seconds or a timedelta, more than 0) or an
+    aware datetime that every store holds; else ConfigurationError."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ConfigurationError("expires must be timezone-aware when it is a datetime")
+        if not EARLIEST_RUN_AT <= value <= LATEST_RUN_AT:
+            raise ConfigurationError(
+                f"expires must be from {EARLIEST_RUN_AT.date()} to {LATEST_RUN_AT.date()} UTC"
+            )
+        return value
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    checked = check_duration("expires", seconds, minimum=0.001)
+    assert checked is not None
+    return checked
+
+
+def expiry(
+    expires: float | timedelta | datetime | None, run_at: datetime | None, delay: float
+) -> datetime | None:
+    """The time after which a task enqueued now no longer starts
+    (``NewTask.expires_at``): ``expires`` itself, or that many seconds from
+    now by this process's clock. ConfigurationError unless it is after the
+    time the task is due (``run_at``, else ``delay`` seconds from now)."""
+    if expires is None:
+        return None
+    now = datetime.now(UTC)
+    if isinstance(expires, datetime):
+        at = expires
+    else:
+        at = now + (expires if isinstance(expires, timedelta) else timedelta(seconds=expires))
+    due = run_at if run_at is not None else now + timedelta(seconds=delay)
+    if at <= due:
+        raise ConfigurationError(
+            f"expires ({at.isoformat()}) must be after the time the task is due ({due.isoformat()})"
+        )
+    return at
+
+
 EXCLUSIVE = (("delay", "run_at"), ("idempotency_key", "unique"))
 """Pairs of options of which one call gives at most one (a later call's one
 replaces the other: :meth:`EnqueueOptions.merge`)."""
@@ -319,7 +358,12 @@ class EnqueueOptions:
     overriding the task's own; give it or ``idempotency_key``, not both.
     ``concurrency`` limits how many tasks of a key run at once (see
     :class:`Concurrency`) and ``rate`` how many start per period (see
-    :class:`RateLimit`), each overriding the task's own.
+    :class:`RateLimit`), each overriding the task's own. ``expires`` (seconds
+    or a timedelta from the call, by this process's clock, or an aware
+    datetime) is when the task no longer starts: a claim that would start
+    its first attempt at or after it ends it ``cancelled`` instead (see
+    docs/guarantees.md, "Expiry"); it must be after the time the task is
+    due.
 
     Each field is the one declaration of its option (:class:`Spec`): its
     check, whether a task's defaults hold it, and its command-line form.
@@ -396,6 +440,20 @@ class EnqueueOptions:
                 name="--idempotency-key",
                 help="Store at most one task of NAME under this key: repeating the command prints "
                 "the first task's id.",
+            ),
+        ),
+    )
+    expires: float | timedelta | datetime | None = field(
+        default=None,
+        metadata=option(
+            check_expires,
+            task_default=True,
+            flag=Flag(
+                name="--expires",
+                kind=float,
+                minimum=0,
+                help="Seconds after which it no longer starts: not started by then, it "
+                "ends cancelled.",
             ),
         ),
     )
@@ -480,6 +538,7 @@ class OptionFields(TypedDict, total=False):
     timeout: float
     lease: float
     idempotency_key: str
+    expires: float | timedelta | datetime
     unique: Unique
     concurrency: Concurrency
     rate: RateLimit

@@ -57,8 +57,10 @@ from conveyor.options import (
     OptionFields,
     RateLimit,
     Unique,
+    check_expires,
     check_kind,
     check_priority,
+    expiry,
     flow_key,
     options_from,
 )
@@ -110,11 +112,14 @@ class TaskOptions:
     retry: RetryPolicy = DEFAULT_RETRY
     timeout: float | None = None
     lease: float | None = None
+    expires: float | timedelta | datetime | None = None
     unique: Unique | None = None
     concurrency: Concurrency | None = None
     rate: RateLimit | None = None
 
     def __post_init__(self) -> None:
+        if self.expires is not None:
+            object.__setattr__(self, "expires", check_expires(self.expires))
         check_kind("unique", self.unique, Unique)
         check_kind("concurrency", self.concurrency, Concurrency)
         check_kind("rate", self.rate, RateLimit)
@@ -147,6 +152,7 @@ class TaskOptions:
             delay=delay,
             timeout=self.timeout,
             lease=self.lease,
+            expires_at=expiry(self.expires, run_at, delay),
             **extra,
         )
 

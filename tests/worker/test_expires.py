@@ -2,18 +2,21 @@
 expiry time ends cancelled without running, its attempt log saying why; one
 started in time runs, and its retries run past the time; a task's own
 default applies to each enqueue; an expiry not after the time the task is
-due is refused before any I/O."""
+due is refused before any I/O; ``conveyor enqueue --expires`` does the same."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskState
 from conveyor.errors import ConfigurationError
+from tests.cli_harness import Cli
 from tests.worker.helpers import RunningWorker, wait_terminal
 
 
@@ -103,3 +106,25 @@ async def test_an_expiry_not_after_the_due_time_is_refused_before_any_io(
             with pytest.raises(ConfigurationError, match="expires"):
                 await job.options(**options).enqueue_async()  # type: ignore[arg-type]
         assert await app.list_tasks_async() == []
+
+
+async def test_the_command_s_expires_flag_comes_from_the_option_s_declaration(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    app = conveyor.App(url)
+
+    @app.task()
+    async def job() -> None:
+        return None
+
+    app.migrate()
+    cli = Cli(url, "")
+    late = int(json.loads(cli.ok("enqueue", "job", "--expires", "0.3", "--json"))["id"])
+    kept = int(json.loads(cli.ok("enqueue", "job", "--expires", "600", "--json"))["id"])
+    assert "expires" in cli.fails("enqueue", "job", "--expires", "5", "--delay", "10")
+    await asyncio.sleep(0.8)
+    async with app, RunningWorker(app):
+        tasks = await wait_terminal(app, [late, kept])
+    app.close()
+    assert [t.state for t in tasks] == [TaskState.CANCELLED, TaskState.SUCCEEDED]
