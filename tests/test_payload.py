@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conveyor import hints, typed
 from conveyor import payload as codec
-from conveyor import typed
 from conveyor.errors import PayloadError, PayloadTooLargeError
 
 json_values = st.recursive(
@@ -194,15 +194,15 @@ def test_conversion_keeps_the_codec_s_refusals() -> None:
 
 
 def test_type_names_are_short() -> None:
-    assert typed.type_name(int) == "int"
-    assert typed.type_name(datetime) == "datetime"
-    assert typed.type_name(list[Reading]) == "list[Reading]"
-    assert typed.type_name(int | None) == "int | None"
-    assert typed.type_name(dict[str, Any]) == "dict[str, Any]"
+    assert hints.type_name(int) == "int"
+    assert hints.type_name(datetime) == "datetime"
+    assert hints.type_name(list[Reading]) == "list[Reading]"
+    assert hints.type_name(int | None) == "int | None"
+    assert hints.type_name(dict[str, Any]) == "dict[str, Any]"
 
 
 def test_annotations_resolve_one_by_one() -> None:
     def handler(a: int, b: Missing, c: Reading) -> Level:  # noqa: F821
         raise NotImplementedError
 
-    assert typed.declared_types(handler) == {"a": int, "c": Reading, "return": Level}
+    assert hints.declared_types(handler) == {"a": int, "c": Reading, "return": Level}

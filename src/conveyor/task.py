@@ -40,6 +40,7 @@ from conveyor.client import Client
 from conveyor.context import TaskContext
 from conveyor.errors import ConfigurationError, PayloadError
 from conveyor.handle import TaskHandle
+from conveyor.hints import declared_types
 from conveyor.model import (
     DEFAULT_QUEUE,
     DEFAULT_RETRY,
@@ -240,7 +241,7 @@ class TaskDef(Generic[P, R]):
         self.defaults = defaults
         self.executor = executor
         self.signature = inspect.signature(fn)
-        self._hints = typed.declared_types(fn)
+        self._hints = declared_types(fn)
         self.context_parameter = _context_parameter(self.signature, self._hints)
         self._accepted, self._required, self._open = _keyword_parameters(
             name, self.signature, self.context_parameter

@@ -53,24 +53,26 @@ handler from their annotations, and no other value is converted.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import enum
 import inspect
-import json
 import re
 import reprlib
-import types
-import typing
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from datetime import date, datetime, time, timedelta
-from decimal import Decimal
-from typing import Annotated, Any, Literal, NoReturn, Union
-from uuid import UUID
+from typing import Any
 
 from conveyor import payload as codec
 from conveyor.errors import ConfigurationError, PayloadError
+from conveyor.hints import (
+    NONE_TYPE,
+    declared_types,
+    fast_kinds,
+    holds_instances,
+    json_form,
+    json_shaped,
+    type_name,
+    unchecked,
+)
 
 try:
     from pydantic import TypeAdapter, ValidationError
@@ -84,134 +86,6 @@ else:
 
 _ANY_VALUE: tuple[type, ...] | None = None
 """The kinds of a parameter that takes any JSON value."""
-
-_NONE = type(None)
-_SCALARS: dict[Any, tuple[type, ...]] = {
-    int: (int,),
-    float: (float,),
-    str: (str,),
-    bool: (bool,),
-    None: (_NONE,),
-    _NONE: (_NONE,),
-    dict: (dict,),
-    list: (list,),
-    dict[str, Any]: (dict,),
-    list[Any]: (list,),
-}
-"""Annotations that a value of one of these exact types fits as it is (its
-JSON form is itself): the fast path, with no call into pydantic."""
-
-
-def declared_types(fn: Callable[..., Any]) -> dict[str, Any]:
-    """The resolved annotations of ``fn`` (``Annotated`` kept), one by one:
-    an annotation that does not resolve is left out, the others kept."""
-    with contextlib.suppress(Exception):
-        return typing.get_type_hints(fn, include_extras=True)
-    found: dict[str, Any] = {}
-    scope = getattr(fn, "__globals__", {})
-    for name, annotation in getattr(fn, "__annotations__", {}).items():
-        probe = types.SimpleNamespace(__annotations__={name: annotation}, __globals__=scope)
-        with contextlib.suppress(Exception):  # this one does not resolve: left out
-            found.update(typing.get_type_hints(probe, include_extras=True))
-    return found
-
-
-def type_name(annotation: Any) -> str:
-    """A short, readable name of a type (``int``, ``list[Point]``, ``int | None``)."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (Union, types.UnionType):
-        return " | ".join(type_name(member) for member in args)
-    if origin is Literal:
-        return f"Literal[{', '.join(repr(member) for member in args)}]"
-    if origin is Annotated:
-        return type_name(args[0])
-    if origin is not None and args:
-        return f"{type_name(origin)}[{', '.join(type_name(member) for member in args)}]"
-    if annotation is None or annotation is _NONE:
-        return "None"
-    if annotation is Any:
-        return "Any"
-    if isinstance(annotation, type):
-        return annotation.__qualname__
-    return repr(annotation)
-
-
-def _unchecked(annotation: Any) -> bool:
-    return annotation is Any or annotation is object or annotation is NoReturn
-
-
-def _fast_kinds(annotation: Any) -> tuple[type, ...]:
-    """The exact types whose values fit ``annotation`` as they are; empty if
-    every value needs the adapter."""
-    try:
-        found = _SCALARS.get(annotation)
-    except TypeError:  # an unhashable annotation
-        return ()
-    if found is not None:
-        return found
-    if typing.get_origin(annotation) in (Union, types.UnionType):
-        kinds: list[type] = []
-        for member in typing.get_args(annotation):
-            member_kinds = _fast_kinds(member)
-            if not member_kinds:
-                return ()
-            kinds.extend(member_kinds)
-        return tuple(kinds)
-    return ()
-
-
-def _json_shaped(annotation: Any) -> bool:
-    """Whether a valid value of ``annotation`` is its own JSON form: made of
-    JSON scalars, ``list``, ``dict`` with string keys, unions and literals of
-    those. Such values are stored as validated, without conversion."""
-    if annotation in (int, float, str, bool, None, _NONE, dict, list) or _unchecked(annotation):
-        return True
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (Union, types.UnionType):
-        return all(_json_shaped(member) for member in args)
-    if origin is Annotated:
-        return _json_shaped(args[0])
-    if origin is Literal:
-        return all(isinstance(member, str | int | bool) or member is None for member in args)
-    if origin is list:
-        return all(_json_shaped(member) for member in args)
-    if origin is dict:
-        return len(args) == 2 and args[0] is str and _json_shaped(args[1])
-    return False
-
-
-_JSON_TYPES = (str, int, float, bool, _NONE, list, dict)
-
-
-def _json_form(value: Any) -> str | None:
-    """``value`` as JSON text if it is made of JSON types only, else None."""
-    if type(value) not in _JSON_TYPES:
-        return None
-    try:
-        return json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        return None
-
-
-_LEAVES = (datetime, date, time, timedelta, UUID, Decimal, enum.Enum, bytes, str, int, float)
-
-
-def _holds_instances(annotation: Any) -> bool:
-    """Whether a validated value of ``annotation`` may hold a dataclass or
-    model instance, whose fields pydantic does not validate again: its
-    conversion must then refuse a field that does not match its type. False
-    only for what is made of leaves (datetimes, UUIDs, enums...) and the
-    usual containers of them."""
-    if annotation is None or annotation is _NONE or _unchecked(annotation):
-        return False
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is Literal:
-        return False
-    if origin is Annotated:
-        return _holds_instances(args[0])
-    if origin in (Union, types.UnionType, list, tuple, set, frozenset, dict):
-        return any(member is not Ellipsis and _holds_instances(member) for member in args)
-    return not (isinstance(annotation, type) and issubclass(annotation, _LEAVES))
 
 
 def _same(one: Any, other: Any) -> bool:
@@ -255,9 +129,9 @@ class ValueType:
     def __init__(self, annotation: Any, owner: str, subject: str = "type") -> None:
         self.annotation = annotation
         self.owner = owner
-        self._fast = _fast_kinds(annotation)
-        self._shaped = _json_shaped(annotation)
-        self._warnings: Any = "error" if _holds_instances(annotation) else False
+        self._fast = fast_kinds(annotation)
+        self._shaped = json_shaped(annotation)
+        self._warnings: Any = "error" if holds_instances(annotation) else False
         try:
             self._adapter: Any = TypeAdapter(annotation)
         except Exception as exc:
@@ -282,7 +156,7 @@ class ValueType:
             return self._adapter.validate_python(value, strict=True)
         except ValidationError as exc:
             error = exc
-        text = _json_form(value)
+        text = json_form(value)
         if text is None:  # not a JSON form either: the first complaint stands
             raise PayloadError(f"{what} {_explain(error, self.annotation, value)}") from None
         try:
@@ -316,7 +190,7 @@ class ResultType:
 
     def __init__(self, hints: Mapping[str, Any], owner: str) -> None:
         annotation = hints.get("return", Any)
-        plain = annotation in (None, _NONE) or _unchecked(annotation)
+        plain = annotation in (None, NONE_TYPE) or unchecked(annotation)
         self._value = (
             None if plain or not TYPES_CHECKED else ValueType(annotation, owner, "its return type")
         )
@@ -365,17 +239,17 @@ class PayloadTypes:
         self.owner = owner
         names = list(names)
         checked = {
-            name: hints[name] for name in names if name in hints and not _unchecked(hints[name])
+            name: hints[name] for name in names if name in hints and not unchecked(hints[name])
         }
         self._fields = checked
         self._fast: dict[str, tuple[type, ...]] = {
-            name: _fast_kinds(annotation) for name, annotation in checked.items()
+            name: fast_kinds(annotation) for name, annotation in checked.items()
         }
         self._converted = frozenset(
-            name for name, annotation in checked.items() if not _json_shaped(annotation)
+            name for name, annotation in checked.items() if not json_shaped(annotation)
         )
         self._all_converted = len(self._converted) == len(checked)
-        holds = any(_holds_instances(checked[name]) for name in self._converted)
+        holds = any(holds_instances(checked[name]) for name in self._converted)
         self._warnings: Any = "error" if holds else False
         self._singles: dict[str, ValueType] = {}
         self._json_first = False
@@ -477,7 +351,7 @@ class PayloadTypes:
     def _validate_json_form(self, part: dict[str, Any]) -> dict[str, Any] | None:
         """``part`` validated in strict JSON mode, if it is made of JSON types
         and fits; else None."""
-        text = _json_form(part)
+        text = json_form(part)
         if text is None:
             return None
         try:
