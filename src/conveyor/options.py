@@ -267,7 +267,8 @@ def option(
 
 def _kind(name: str, kind: type) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
-        check_kind(name, value, kind)
+        if not isinstance(value, kind):
+            raise ConfigurationError(f"{name} must be a conveyor.{kind.__name__}")
         return value
 
     return check

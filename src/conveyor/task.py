@@ -44,23 +44,19 @@ from conveyor.hints import declared_types
 from conveyor.model import (
     DEFAULT_QUEUE,
     DEFAULT_RETRY,
-    MIN_LEASE_SECONDS,
     RetryPolicy,
     batch_keys,
-    check_duration,
     check_name,
 )
 from conveyor.options import (
     NO_OPTIONS,
+    OPTIONS,
     TASK_DEFAULTS,
     Concurrency,
     EnqueueOptions,
     OptionFields,
     RateLimit,
     Unique,
-    check_expires,
-    check_kind,
-    check_priority,
     expiry,
     flow_key,
     options_from,
@@ -119,17 +115,13 @@ class TaskOptions:
     rate: RateLimit | None = None
 
     def __post_init__(self) -> None:
-        if self.expires is not None:
-            object.__setattr__(self, "expires", check_expires(self.expires))
-        check_kind("unique", self.unique, Unique)
-        check_kind("concurrency", self.concurrency, Concurrency)
-        check_kind("rate", self.rate, RateLimit)
-        check_name("queue", self.queue)
-        check_priority(self.priority)
-        if not isinstance(self.retry, RetryPolicy):
-            raise ConfigurationError("retry must be a conveyor.RetryPolicy")
-        check_duration("timeout", self.timeout, minimum=0.001)
-        check_duration("lease", self.lease, minimum=MIN_LEASE_SECONDS)
+        # Each default is checked as the option it is (conveyor.options.OPTIONS);
+        # one that may not be None (queue, priority, retry) is checked even then.
+        specs = dict(OPTIONS)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None or f.default is not None:
+                object.__setattr__(self, f.name, specs[f.name].check(value))
 
     def apply(self, options: EnqueueOptions) -> TaskOptions:
         """These defaults with the options of one call on top."""
