@@ -334,16 +334,9 @@ class App(Client):
         task: str | TaskDef,
         args: Mapping[str, Any] | None = None,
         *,
-        queue: str | None = None,
-        priority: int | None = None,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: float | None = None,
-        lease: float | None = None,
-        idempotency_key: str | None = None,
         options: EnqueueOptions | None = None,
         connection: Any = None,
+        **fields: Unpack[OptionFields],
     ) -> TaskHandle:
         """Store one task; return its handle once it is durable.
 
@@ -368,8 +361,7 @@ class App(Client):
         Raises PayloadError, UnknownTaskError or ConfigurationError before
         any I/O.
         """
-        given = _keywords(queue, priority, delay, run_at, retry, timeout, lease, idempotency_key)
-        checked = options_from(options, given)
+        checked = options_from(options, fields)
         return self._definition(task).store([args], checked, connection)[0]
 
     async def enqueue_async(
@@ -377,21 +369,13 @@ class App(Client):
         task: str | TaskDef,
         args: Mapping[str, Any] | None = None,
         *,
-        queue: str | None = None,
-        priority: int | None = None,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: float | None = None,
-        lease: float | None = None,
-        idempotency_key: str | None = None,
         options: EnqueueOptions | None = None,
         connection: Any = None,
+        **fields: Unpack[OptionFields],
     ) -> TaskHandle:
         """Async form of :meth:`enqueue` (``connection``: a psycopg ``AsyncConnection``,
         or a ``sqlite3.Connection``, used synchronously on the caller's thread)."""
-        given = _keywords(queue, priority, delay, run_at, retry, timeout, lease, idempotency_key)
-        checked = options_from(options, given)
+        checked = options_from(options, fields)
         return (await self._definition(task).store_async([args], checked, connection))[0]
 
     def enqueue_many(
@@ -448,29 +432,6 @@ class App(Client):
     async def _run_inline_worker(self, queues: Sequence[str]) -> None:
         """Inline mode: run the tasks now. Tasks they enqueue join this run."""
         await drain_registry(self, queues=queues)
-
-
-def _keywords(
-    queue: str | None,
-    priority: int | None,
-    delay: float | timedelta | None,
-    run_at: datetime | None,
-    retry: RetryPolicy | None,
-    timeout: float | None,
-    lease: float | None,
-    idempotency_key: str | None,
-) -> dict[str, Any]:
-    given = {
-        "queue": queue,
-        "priority": priority,
-        "delay": delay,
-        "run_at": run_at,
-        "retry": retry,
-        "timeout": timeout,
-        "lease": lease,
-        "idempotency_key": idempotency_key,
-    }
-    return {name: value for name, value in given.items() if value is not None}
 
 
 def _unregistered(**_: Any) -> None:
