@@ -10,8 +10,9 @@ form, and runs on the store the client talks to.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from conveyor.backends import Backend
 from conveyor.backends.capabilities import Inspector
@@ -21,6 +22,8 @@ from conveyor.model import Pause, PauseKind, TaskState, findable, stored_id
 from conveyor.portal import Portal
 from conveyor.records import CancelMany, DeleteMany, KeyInfo, PruneResult, RetryMany, StoredSchedule
 from conveyor.retention import DEFAULT_RETENTION, Retention
+
+S = TypeVar("S")
 
 CANCELLABLE = (TaskState.PENDING, TaskState.WAITING, TaskState.IN_PROGRESS)
 """The states a cancel takes."""
@@ -170,15 +173,8 @@ class Controls:
         one call; one locked by a worker at that moment is passed by. The
         ids retried. Raises ConfigurationError for a state that cannot be
         retried."""
-        backend = await self.backend()
-        chosen = tuple(TaskState(s) for s in states)
-
-        async def one(after: int) -> list[int]:
-            return await backend.retry_many(
-                RetryMany(chosen, name, queue, since, until, _ids(ids), after, batch)
-            )
-
-        return await _batches(one, batch)
+        selection = _Selection(states, name, queue, since, until, ids, batch)
+        return await selection.act((await self.backend()).retry_many, RetryMany)
 
     def retry_many(
         self,
@@ -223,15 +219,8 @@ class Controls:
         left ``states``, meanwhile is left as it is. The ids cancelled (a
         running one has its cancel requested). Raises ConfigurationError
         for a state that cannot be cancelled."""
-        backend = await self.backend()
-        chosen = tuple(TaskState(s) for s in states)
-
-        async def one(after: int) -> list[int]:
-            return await backend.cancel_many(
-                CancelMany(chosen, name, queue, since, until, _ids(ids), after, batch)
-            )
-
-        return await _batches(one, batch)
+        selection = _Selection(states, name, queue, since, until, ids, batch)
+        return await selection.act((await self.backend()).cancel_many, CancelMany)
 
     def cancel_many(
         self,
@@ -276,15 +265,8 @@ class Controls:
         retried meanwhile is not deleted. The ids deleted. Raises
         ConfigurationError for an unfinished state (delete those one by
         one: a parent may wait for them)."""
-        backend = await self.backend()
-        chosen = tuple(TaskState(s) for s in states)
-
-        async def one(after: int) -> list[int]:
-            return await backend.delete_many(
-                DeleteMany(chosen, name, queue, since, until, _ids(ids), after, batch)
-            )
-
-        return await _batches(one, batch)
+        selection = _Selection(states, name, queue, since, until, ids, batch)
+        return await selection.act((await self.backend()).delete_many, DeleteMany)
 
     def delete_many(
         self,
@@ -321,17 +303,33 @@ class Controls:
         return self.portal.run(self.list_keys_async(limit))
 
 
-def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:
-    """The ids a selection may hold (one no task can have selects nothing)."""
-    return None if ids is None else tuple(i for i in ids if findable(i))
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """A bulk action's filters, as its caller gave them."""
 
+    states: Sequence[TaskState | str]
+    name: str | None
+    queue: str | None
+    since: datetime | None
+    until: datetime | None
+    ids: Sequence[int] | None
+    batch: int
 
-async def _batches(one: Callable[[int], Awaitable[list[int]]], batch: int) -> list[int]:
-    """Every batch of a bulk action, each after the last id of the one
-    before, until one comes back short: the ids acted on."""
-    done: list[int] = []
-    while True:
-        ids = await one(done[-1] if done else 0)
-        done += ids
-        if len(ids) < batch:
-            return done
+    async def act(
+        self, action: Callable[[S], Awaitable[list[int]]], kind: Callable[..., S]
+    ) -> list[int]:
+        """``action`` on every batch of the selection (a ``kind``: RetryMany,
+        CancelMany or DeleteMany), each after the last id of the one
+        before, until one comes back short: the ids acted on. An id no task
+        can have selects nothing."""
+        states = tuple(TaskState(s) for s in self.states)
+        ids = None if self.ids is None else tuple(i for i in self.ids if findable(i))
+        done: list[int] = []
+        while True:
+            after = done[-1] if done else 0
+            found = await action(
+                kind(states, self.name, self.queue, self.since, self.until, ids, after, self.batch)
+            )
+            done += found
+            if len(found) < self.batch:
+                return done
