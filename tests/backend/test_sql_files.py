@@ -12,18 +12,9 @@ import pytest
 
 import conveyor
 from conveyor.backends import sqlfiles
+from tests.backend.test_floor_plan import SECTIONS as FLOOR_PLAN
 
-SECTIONS = {
-    "enqueue",
-    "attempts",
-    "messages",
-    "controls",
-    "flow",
-    "workers",
-    "maintenance",
-    "reads",
-    "schema",
-}
+SECTIONS = FLOOR_PLAN - {"backend", "rows"}
 """The floor plan's sections that hold SQL, on both SQL engines."""
 
 EXTRAS = {"postgres": {"turns"}, "sqlite": {"database"}}
