@@ -351,7 +351,7 @@ def test_sigusr1_logs_what_a_running_worker_does(cli: Cli) -> None:
             worker.stderr.close()
     dump = "".join(lines) + rest
     assert "-- task conveyor-completer" in dump and "-- thread conveyor-heartbeat" in dump
-    assert "in _claim_loop" in dump  # the frames each task is suspended in
+    assert "in claim_loop" in dump  # the frames each task is suspended in
     assert worker.returncode == 0
     assert "stopped" in rest.splitlines()[-1]
 
