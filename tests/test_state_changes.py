@@ -38,6 +38,8 @@ def test_causes_names_every_way_between_two_states() -> None:
     assert causes(S.IN_PROGRESS, S.IN_PROGRESS) == {Cause.RECLAIM, Cause.CANCEL}
     assert causes(None, S.PENDING) == {Cause.ENQUEUE, Cause.SPAWN}
     assert causes(S.SUCCEEDED, S.PENDING) == frozenset()
+    assert causes(S.WAITING, S.FAILED) == {Cause.DEPENDENCY}
+    assert causes(None, S.WAITING) == {Cause.ENQUEUE}
 
 
 @pytest.mark.parametrize(
@@ -49,9 +51,9 @@ def test_causes_names_every_way_between_two_states() -> None:
         (S.PENDING, S.SUCCEEDED),  # success needs a claim first
         (S.PENDING, S.WAITING),
         (S.WAITING, S.IN_PROGRESS),  # a message makes it pending, a claim runs it
-        (S.WAITING, S.FAILED),
+        (S.WAITING, S.SUCCEEDED),  # a dependent is released to pending, then claimed
         (None, S.IN_PROGRESS),
-        (None, S.WAITING),
+        (None, S.CANCELLED),  # a dependent is stored waiting, then ended by its dependency
     ],
 )
 def test_moves_outside_the_table_are_not_allowed(source: TaskState | None, target: S) -> None:

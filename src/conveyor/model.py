@@ -379,6 +379,9 @@ class Task:
     """The key it was enqueued under, if any (see ``App.enqueue``)."""
     concurrency_key: str | None = None
     """Its concurrency (or rate) key, if any: the flow control it waits on."""
+    waiting_for: int | None = None
+    """How many of its dependencies (``after``) have not ended yet as its
+    policy counts them; None for a task without dependencies."""
 
     @property
     def last_attempt(self) -> Attempt | None:

@@ -93,6 +93,25 @@ class TaskSummary:
     last_error: LastError | None
 
 
+@dataclass(frozen=True, slots=True)
+class DependencyRecord:
+    """One dependency of a task (an entry of its ``after``), as
+    ``Backend.dependencies`` reads it: the task waited for, its state now,
+    its result (decoded JSON; None unless it succeeded), the error of its
+    latest ended attempt when it did not succeed (None otherwise, and for a
+    task that never ran), and whether its end was counted (``settled``: a
+    dependency's end is counted once; a manual retry of it afterwards moves
+    no dependent again). ``state`` None: the task is no longer stored."""
+
+    task_id: int
+    name: str | None
+    state: TaskState | None
+    result: Any
+    error_type: str | None
+    error_message: str | None
+    settled: bool
+
+
 def last_error_of(
     state: TaskState, outcome: str | None, error_type: str | None, error_message: str | None
 ) -> LastError | None:

@@ -57,6 +57,7 @@ class Cause(enum.StrEnum):
     CANCEL = "cancel"
     MANUAL_RETRY = "manual retry"
     QUARANTINE = "quarantine"
+    DEPENDENCY = "dependency"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,13 @@ STATE_CHANGES: tuple[StateChange, ...] = (
         TaskState.PENDING,
         "an enqueue stores it: due at once, or at its `run_at` (a delayed task); "
         "an enqueue of a name and idempotency key stored already moves nothing",
+    ),
+    StateChange(
+        None,
+        Cause.ENQUEUE,
+        TaskState.WAITING,
+        "an enqueue with dependencies (`after`) stores it waiting for them; those already "
+        "ended count at once (dependency)",
     ),
     StateChange(
         None,
@@ -176,6 +184,25 @@ STATE_CHANGES: tuple[StateChange, ...] = (
         Cause.MESSAGE,
         TaskState.PENDING,
         "a message arrives for a sleeping coroutine: its `run_at` moves to now, never later",
+    ),
+    StateChange(
+        TaskState.WAITING,
+        Cause.DEPENDENCY,
+        TaskState.PENDING,
+        "the last of its dependencies ended as its policy asks (succeeded; any way with "
+        "`run`): due at once, or at its own later `run_at`",
+    ),
+    StateChange(
+        TaskState.WAITING,
+        Cause.DEPENDENCY,
+        TaskState.CANCELLED,
+        "a dependency ended failed or cancelled and its policy is `cancel` (the default)",
+    ),
+    StateChange(
+        TaskState.WAITING,
+        Cause.DEPENDENCY,
+        TaskState.FAILED,
+        "a dependency ended failed or cancelled and its policy is `fail`",
     ),
     StateChange(
         TaskState.PENDING,

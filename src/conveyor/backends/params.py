@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeAlias
 
+from conveyor.errors import ConfigurationError
 from conveyor.model import LeaseToken, Message, Outcome, RetryPolicy, TaskState
 from conveyor.records import StoredSchedule
 
@@ -74,6 +75,55 @@ class NewTask:
     """No attempt of the task starts after this time: a claim that would
     start its first one later hands it over expired (``ClaimedTask.expired_at``)
     and the worker ends it cancelled. None: it never expires."""
+    after: tuple[int, ...] = ()
+    """The task's dependencies, in order: ids of stored tasks, or (as
+    :func:`earlier`) earlier tasks of the same enqueue. With any, it is
+    stored ``waiting`` and made pending when the last of them has ended as
+    ``after_policy`` asks (see :data:`AFTER_POLICIES`)."""
+    after_policy: str = "cancel"
+    """What a dependency that ends failed or cancelled does to this task:
+    ``cancel`` ends it cancelled, ``fail`` ends it failed, ``run`` counts it
+    as ended (the task runs once every dependency has ended, whatever way)."""
+    receives: str | None = None
+    """What the worker hands the task of its dependencies' outcomes when it
+    runs (see :mod:`conveyor.composition`); stored as it is, given back as
+    ``ClaimedTask.receives``."""
+
+
+AFTER_POLICIES = ("cancel", "fail", "run")
+"""The values of ``NewTask.after_policy``."""
+
+
+def earlier(index: int) -> int:
+    """The reference, in ``NewTask.after``, to the task at ``index`` (from 0)
+    of the same enqueue: it must come before the task that names it."""
+    return -1 - index
+
+
+def earlier_index(reference: int) -> int | None:
+    """The batch index a ``NewTask.after`` entry names, or None for a stored id."""
+    return -1 - reference if reference < 0 else None
+
+
+def check_after(batch: Sequence[NewTask]) -> None:
+    """Raise ConfigurationError, before any I/O, for a batch whose
+    dependencies could form a cycle or name nothing: a reference to the
+    task itself or a later task of the batch, an id of 0, or an unknown
+    policy. A stored id that does not exist is the store's to find
+    (TaskNotFoundError)."""
+    for index, task in enumerate(batch):
+        if task.after_policy not in AFTER_POLICIES:
+            raise ConfigurationError(
+                f"after_policy must be one of {', '.join(AFTER_POLICIES)}, "
+                f"not {task.after_policy!r}"
+            )
+        for reference in task.after:
+            position = earlier_index(reference)
+            if reference == 0 or (position is not None and position >= index):
+                raise ConfigurationError(
+                    "a task can wait only for stored tasks and earlier tasks of its enqueue "
+                    "(no cycles)"
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +180,9 @@ class ClaimedTask:
     its first attempt past it, by the store's clock: the worker then ends
     the task cancelled without running it. None otherwise (a retry or a
     reclaim never expires)."""
+    receives: str | None = None
+    """``NewTask.receives`` as stored: the worker reads the task's
+    dependencies (``Backend.dependencies``) and hands their outcomes to it."""
 
 
 @dataclass(frozen=True, slots=True)

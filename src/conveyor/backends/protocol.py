@@ -25,6 +25,27 @@ Guarantees every implementation keeps (the conformance suite checks them):
   state, the parent gets one ``end`` message (per time it finishes: a manual
   retry can finish it again), whatever ended it: its worker, a spent crash
   budget or a cancel.
+- Dependencies (``NewTask.after``): an enqueue stores a task with
+  dependencies ``waiting``, its ``waiting_for`` their number, with one edge
+  per entry (a stored id, or an earlier task of the same enqueue; a stored
+  id that does not exist raises TaskNotFoundError and nothing is stored),
+  then counts at once those already ended. From then on, whenever a task
+  reaches a terminal state, whatever ended it (its worker, a cancel, a bulk
+  cancel, a spent crash budget, a quarantine, an expiry), the same write
+  settles each edge of which it is the dependency and not settled yet
+  (an edge is settled once: a manual retry of its dependency moves
+  nothing again) and, for a dependent still ``waiting`` with
+  ``waiting_for > 0``: a dependency that succeeded, or any end under the
+  ``run`` policy, takes one off ``waiting_for``, and the last makes the
+  dependent pending, due at the later of now and its own ``run_at``, its
+  queue woken; one that failed or was cancelled ends the dependent
+  ``cancelled`` (policy ``cancel``) or ``failed`` (``fail``), which moves
+  its own dependents in turn. A dependency ending at the same time as the
+  enqueue that names it is counted exactly once, by one or the other. An
+  enqueue whose task hits a stored idempotency key stores no edge.
+  ``delete`` refuses (InvalidTransitionError) a task that an unfinished
+  dependent waits for, and ``prune`` keeps it, so that the dependent can
+  read its outcome (``dependencies``).
 - Times come from the backend's clock; ``now`` on a params object overrides
   it for tests only.
 """
@@ -55,6 +76,7 @@ from conveyor.model import LeaseToken, Message, Pause, PauseKind, Task, TaskStat
 from conveyor.records import (
     CancelMany,
     DeleteMany,
+    DependencyRecord,
     PruneParams,
     PruneResult,
     RetryMany,
@@ -217,6 +239,10 @@ class Backend(Protocol):
 
     async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
         """The task (with its attempt log unless told not to), or None."""
+
+    async def dependencies(self, task_id: int) -> list[DependencyRecord]:
+        """The task's dependencies (its ``after``), in the order they were
+        given; [] for a task without any, or not stored."""
 
     async def count_unfinished(self, work: WorkFilter) -> int:
         """Due pending plus in-progress tasks matching ``work``."""

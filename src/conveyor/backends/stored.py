@@ -44,6 +44,7 @@ from conveyor.model import (
 )
 from conveyor.records import (
     ActivityBucket,
+    DependencyRecord,
     StoredSchedule,
     TaskFilter,
     TaskSummary,
@@ -196,6 +197,52 @@ def delete_refused(
     return InvalidTransitionError(
         f"cannot delete task {task_id}: it is {state} and its parent is {parent_state}, "
         "waiting for its end; cancel it instead"
+    )
+
+
+def dependency_record(
+    task_id: int,
+    settled: bool,
+    name: str | None = None,
+    state: str | None = None,
+    result: str | None = None,
+    outcome: str | None = None,
+    error_type: str | None = None,
+    error_message: str | None = None,
+) -> DependencyRecord:
+    """A dependency as every engine reports it, from its stored columns
+    (``state`` None: no longer stored): its result (decoded) only if it
+    succeeded, the error of its latest ended attempt (``outcome``) only if
+    the task did not succeed and that attempt did not either."""
+    if state is None:
+        return DependencyRecord(task_id, None, None, None, None, None, settled)
+    task_state = TaskState(state)
+    failed = task_state is not TaskState.SUCCEEDED and outcome not in (
+        None,
+        Outcome.SUCCEEDED.value,
+        Outcome.IN_PROGRESS.value,
+    )
+    return DependencyRecord(
+        task_id=task_id,
+        name=name,
+        state=task_state,
+        result=(
+            codec.decode_for_display(result)
+            if task_state is TaskState.SUCCEEDED and result is not None
+            else None
+        ),
+        error_type=error_type if failed else None,
+        error_message=error_message if failed else None,
+        settled=settled,
+    )
+
+
+def awaited_refusal(task_id: int) -> InvalidTransitionError:
+    """Why a delete of task ``task_id`` deleted nothing: an unfinished task
+    depends on it (and reads its outcome when it runs)."""
+    return InvalidTransitionError(
+        f"cannot delete task {task_id}: an unfinished task depends on it; "
+        "cancel or delete that one first"
     )
 
 

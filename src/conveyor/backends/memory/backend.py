@@ -59,6 +59,7 @@ from conveyor.records import (
     ActivityBucket,
     CancelMany,
     DeleteMany,
+    DependencyRecord,
     KeyInfo,
     Migration,
     PruneParams,
@@ -275,6 +276,9 @@ class MemoryBackend:
 
     async def get_task(self, task_id: int, with_attempts: bool = True) -> Task | None:
         return reads.get_task(self._store, task_id, with_attempts)
+
+    async def dependencies(self, task_id: int) -> list[DependencyRecord]:
+        return reads.dependencies(self._store, task_id)
 
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         return reads.list_tasks(self._store, task_filter)

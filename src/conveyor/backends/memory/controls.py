@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from conveyor.backends.memory.maintenance import ALIVE, forget
+from conveyor.backends.memory.maintenance import ALIVE, awaited, forget
 from conveyor.backends.memory.schema import Tables
-from conveyor.backends.stored import delete_refused
+from conveyor.backends.stored import awaited_refusal, delete_refused
 from conveyor.errors import InvalidTransitionError
 from conveyor.model import Cause, TaskState
 from conveyor.records import CancelMany, DeleteMany, RetryMany, TaskSelection
@@ -106,13 +106,15 @@ def delete(store: Tables, task_id: int) -> None:
         )
         if blocked:
             raise delete_refused(task_id, row.state, parent.state if parent else None)
+        if awaited(store, row):
+            raise awaited_refusal(task_id)
         forget(store, row)
 
 
 def delete_many(store: Controls, selection: DeleteMany) -> list[int]:
     """One batch of a bulk delete (see :class:`DeleteMany`), each as :func:`delete`."""
     with store.lock:
-        chosen = store.selected(selection)
+        chosen = [t for t in store.selected(selection) if not awaited(store, store.tasks[t])]
         for task_id in chosen:
             forget(store, store.tasks[task_id])
         return chosen

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 
 from conveyor.backends.memory.rows import Row
 from conveyor.backends.memory.schema import Tables, ensure_key, release_key
-from conveyor.backends.params import NewTask
-from conveyor.errors import TaskExistsError
+from conveyor.backends.params import NewTask, check_after, earlier_index
+from conveyor.errors import TaskExistsError, TaskNotFoundError
 from conveyor.model import Cause, MessageKind, TaskState, check_state_change
 
 
@@ -64,9 +64,33 @@ class Enqueue(Tables):
         TaskExistsError is raised and nothing is stored."""
         with self.lock:
             batch = list(tasks)
+            check_after(batch)
             refuse_held(self, batch, now)
+            self._refuse_unknown_dependencies(batch)
             mine: set[int] = set()
-            return [self._insert(new, now, Cause.ENQUEUE, mine).id for new in batch]
+            ids: list[int] = []
+            for new in batch:
+                row = self._insert(new, now, Cause.ENQUEUE, mine)
+                if new.after and row.id in mine:
+                    self._wait_for(row, [_resolved(ref, ids) for ref in new.after], now)
+                ids.append(row.id)
+            return ids
+
+    def _refuse_unknown_dependencies(self, batch: Sequence[NewTask]) -> None:
+        for new in batch:
+            for reference in new.after:
+                if earlier_index(reference) is None and reference not in self.tasks:
+                    raise TaskNotFoundError(f"no task with id {reference} (a dependency)")
+
+    def _wait_for(self, row: Row, dependencies: list[int], now: datetime) -> None:
+        """``row``, just stored waiting, waits for ``dependencies``: those
+        ended already count now, in order."""
+        self.dependencies.add(row.id, dependencies)
+        for task_id in dict.fromkeys(dependencies):
+            dependency = self.tasks[task_id]
+            if dependency.state.is_terminal:
+                for ended in self._settle(dependency, now):
+                    self._ended(ended, now)
 
     def _insert(
         self, new: NewTask, now: datetime, cause: Cause, mine: set[int] | None = None
@@ -80,8 +104,12 @@ class Enqueue(Tables):
                 if mine is not None and holder.id in mine:
                     return holder
                 return conflict(self, holder, new, now)
-        check_state_change(None, cause, TaskState.PENDING)
         row = Row.new(next(self.ids), new, now)
+        if new.after:
+            check_state_change(None, cause, TaskState.WAITING)
+            row.state = TaskState.WAITING
+        else:
+            check_state_change(None, cause, TaskState.PENDING)
         self.tasks[row.id] = row
         ensure_key(self, row, now)
         if mine is not None:
@@ -96,3 +124,9 @@ class Enqueue(Tables):
                 row.id, new.parent_id, MessageKind.MESSAGE, new.message, now, new.trace
             )
         return row
+
+
+def _resolved(reference: int, ids: Sequence[int]) -> int:
+    """The id a ``NewTask.after`` entry names, given the ids stored so far."""
+    position = earlier_index(reference)
+    return reference if position is None else ids[position]

@@ -23,6 +23,7 @@ def _prunable(store: Tables, params: PruneParams) -> list[Row]:
                 and row.finished_at is not None
                 and row.finished_at < before
                 and not _parent_alive(store, row)
+                and not awaited(store, row)
             ),
             key=lambda row: row.id,
         )
@@ -32,6 +33,14 @@ def _prunable(store: Tables, params: PruneParams) -> list[Row]:
 def _parent_alive(store: Tables, row: Row) -> bool:
     parent = store.tasks.get(row.parent_id) if row.parent_id is not None else None
     return parent is not None and parent.state in ALIVE
+
+
+def awaited(store: Tables, row: Row) -> bool:
+    """Whether an unfinished task depends on ``row`` (and may yet read its outcome)."""
+    return any(
+        (dependent := store.tasks.get(task_id)) is not None and dependent.state in ALIVE
+        for task_id in store.dependencies.waited_by(row.id)
+    )
 
 
 def _old_workers(store: Tables, params: PruneParams) -> list[str]:
@@ -55,6 +64,7 @@ def forget(store: Tables, row: Row) -> None:
         del store.inboxes.keys[key]
     if row.idempotency_key is not None:
         store.keys.pop((row.name, row.idempotency_key), None)
+    store.dependencies.forget(row.id)
     if row.parent_id is not None:
         store.children.get(row.parent_id, set()).discard(row.id)
     for child_id in store.children.pop(row.id, ()):

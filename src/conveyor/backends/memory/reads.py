@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 from conveyor.backends.memory.rows import Row
 from conveyor.backends.params import WorkFilter
-from conveyor.backends.stored import activity_buckets
+from conveyor.backends.stored import activity_buckets, dependency_record
 from conveyor.model import Message, Task, TaskState
 from conveyor.records import (
     ActivityBucket,
+    DependencyRecord,
     QueueBacklog,
     TaskCount,
     TaskFilter,
@@ -33,6 +34,31 @@ def get_task(store: Store, task_id: int, with_attempts: bool) -> Task | None:
     with store.lock:
         row = store.tasks.get(task_id)
         return row.snapshot(with_attempts) if row is not None else None
+
+
+def dependencies(store: Store, task_id: int) -> list[DependencyRecord]:
+    """The task's dependencies in the order given (see :class:`DependencyRecord`)."""
+    with store.lock:
+        records = []
+        for edge in store.dependencies.edges.get(task_id, ()):
+            row = store.tasks.get(edge.task_id)
+            if row is None:
+                records.append(dependency_record(edge.task_id, edge.settled))
+                continue
+            ended = next((a for a in reversed(row.attempts) if a.finished_at is not None), None)
+            records.append(
+                dependency_record(
+                    edge.task_id,
+                    edge.settled,
+                    row.name,
+                    row.state.value,
+                    row.result,
+                    ended.outcome.value if ended is not None else None,
+                    ended.error_type if ended is not None else None,
+                    ended.error_message if ended is not None else None,
+                )
+            )
+        return records
 
 
 def list_tasks(store: Store, task_filter: TaskFilter) -> list[Task]:

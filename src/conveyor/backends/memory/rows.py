@@ -52,6 +52,9 @@ class Row:
     rate_period: float | None = None
     trace: str | None = None
     expires_at: datetime | None = None
+    waiting_for: int | None = None
+    after_policy: str = "cancel"
+    receives: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
 
     @classmethod
@@ -79,6 +82,9 @@ class Row:
             rate_period=new.rate_period,
             trace=new.trace,
             expires_at=new.expires_at,
+            waiting_for=len(new.after) if new.after else None,
+            after_policy=new.after_policy,
+            receives=new.receives,
             unique_scope=new.unique_scope if new.idempotency_key is not None else None,
             unique_until=now + timedelta(seconds=new.unique_for)
             if new.unique_for is not None and new.idempotency_key is not None
@@ -167,6 +173,7 @@ class Row:
                 if self.attempt == 1 and self.expires_at is not None and self.expires_at <= now
                 else None
             ),
+            receives=self.receives,
         )
 
     def snapshot(self, with_attempts: bool) -> Task:
@@ -195,4 +202,5 @@ class Row:
             inbox=self.inbox,
             idempotency_key=self.idempotency_key,
             concurrency_key=self.concurrency_key,
+            waiting_for=self.waiting_for,
         )

@@ -253,6 +253,54 @@ def release_key(store: Tables, row: Row) -> None:
         row.idempotency_key = None
 
 
+# -- dependencies -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Edge:
+    """One dependency of a task: the task it waits for, and whether that
+    task's end was counted (once: a manual retry of it moves nothing again)."""
+
+    task_id: int
+    settled: bool = False
+
+
+@dataclass
+class Dependencies:
+    """Each dependent's edges in the order given, and each dependency's
+    dependents: what an end settles, found without a scan."""
+
+    edges: dict[int, list[Edge]] = field(default_factory=dict)
+    dependents: dict[int, list[int]] = field(default_factory=dict)
+
+    def add(self, dependent: int, dependencies: Collection[int]) -> None:
+        self.edges[dependent] = [Edge(task_id) for task_id in dependencies]
+        for task_id in dict.fromkeys(dependencies):
+            self.dependents.setdefault(task_id, []).append(dependent)
+
+    def unsettled(self, dependency: int) -> list[tuple[int, Edge]]:
+        """The edges not settled yet of which ``dependency`` is the task waited for."""
+        return [
+            (dependent, edge)
+            for dependent in self.dependents.get(dependency, ())
+            for edge in self.edges.get(dependent, ())
+            if edge.task_id == dependency and not edge.settled
+        ]
+
+    def waited_by(self, dependency: int) -> list[int]:
+        """The tasks that wait (or waited) for ``dependency``."""
+        return list(self.dependents.get(dependency, ()))
+
+    def forget(self, task_id: int) -> None:
+        """A task is deleted: its own edges go; edges to it stay (a reader
+        finds it no longer stored)."""
+        for edge in self.edges.pop(task_id, ()):
+            waiting = self.dependents.get(edge.task_id)
+            if waiting is not None and task_id in waiting:
+                waiting.remove(task_id)
+        self.dependents.pop(task_id, None)
+
+
 # -- schedules ---------------------------------------------------------------------
 
 
@@ -295,6 +343,7 @@ class Tables:
     """The schedule releases synced so far, by name (see :mod:`.flow`)."""
     concurrency: dict[str, KeyRow] = field(default_factory=dict)
     """Concurrency keys with pending tasks (see :mod:`.flow`)."""
+    dependencies: Dependencies = field(default_factory=Dependencies)
 
     # -- the moves every section shares: the only writes of a task's state ------
 
@@ -347,7 +396,48 @@ class Tables:
 
     def _ended(self, row: Row, now: datetime) -> None:
         """``row`` reached a terminal state: its live parent gets its end
-        message; a cancelled coroutine's live children are cancelled too."""
+        message; a cancelled coroutine's live children are cancelled too;
+        its dependents count its end (see :meth:`_count_end`), and those
+        that this ends move theirs in turn (a worklist, not a recursion:
+        a chain may be long)."""
+        ended = [row]
+        while ended:
+            one = ended.pop()
+            self._tell_parent(one, now)
+            ended += self._settle(one, now)
+
+    def _settle(self, dependency: Row, now: datetime) -> list[Row]:
+        """Count ``dependency``'s end in every edge to it not settled yet;
+        the dependents that this ends (their own ends are the caller's)."""
+        ended = []
+        for dependent_id, edge in self.dependencies.unsettled(dependency.id):
+            edge.settled = True
+            dependent = self.tasks.get(dependent_id)
+            if dependent is not None and self._count_end(dependent, dependency.state, now):
+                ended.append(dependent)
+        return ended
+
+    def _count_end(self, row: Row, state: TaskState, now: datetime) -> bool:
+        """A dependency of ``row`` ended in ``state``: whether that ends
+        ``row`` (its policy and a failed or cancelled dependency), else
+        ``row`` counts it and is pending at the last one."""
+        if row.state is not TaskState.WAITING or not row.waiting_for:
+            return False
+        if state is TaskState.SUCCEEDED or row.after_policy == "run":
+            row.waiting_for -= 1
+            if row.waiting_for == 0:
+                row.run_at = max(row.run_at, now)
+                self._move(row, Cause.DEPENDENCY, TaskState.PENDING)
+                self.woken.add(row.queue)
+            return False
+        failed = row.after_policy == "fail"
+        self._move(row, Cause.DEPENDENCY, TaskState.FAILED if failed else TaskState.CANCELLED)
+        row.finished_at = now
+        return True
+
+    def _tell_parent(self, row: Row, now: datetime) -> None:
+        """``row`` ended: its live parent gets its end message; a cancelled
+        coroutine's live children are cancelled."""
         parent = self.tasks.get(row.parent_id) if row.parent_id is not None else None
         if parent is not None and not parent.state.is_terminal:
             body = codec.encode(
