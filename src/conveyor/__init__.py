@@ -10,8 +10,20 @@ attempt by attempt. See docs/guarantees.md for what is and is not promised.
 from conveyor import testing as testing
 from conveyor.app import App
 from conveyor.client import Client
+from conveyor.composition import (
+    Chain,
+    ChainHandle,
+    Chord,
+    ChordHandle,
+    Group,
+    GroupHandle,
+    chain,
+    chord,
+    group,
+)
 from conveyor.context import TaskContext
 from conveyor.coroutine import Coroutine, Poll, PollError, Sleep, Suspend, sleep, suspend
+from conveyor.dependencies import TaskOutcome
 from conveyor.errors import (
     AttemptTimeoutError,
     BackendError,
@@ -52,6 +64,7 @@ from conveyor.model import (
 )
 from conveyor.options import Concurrency, EnqueueOptions, RateLimit, Unique
 from conveyor.retention import Retention
+from conveyor.signature import Signature
 from conveyor.task import BoundTask, TaskDef
 from conveyor.worker import Worker, WorkerConfig
 from conveyor.workflow import Done, Next, StepError, Workflow, done, next
@@ -64,6 +77,10 @@ __all__ = [
     "BackendUnavailableError",
     "BoundTask",
     "CancelledByRequest",
+    "Chain",
+    "ChainHandle",
+    "Chord",
+    "ChordHandle",
     "Client",
     "Concurrency",
     "ConfigurationError",
@@ -74,6 +91,8 @@ __all__ = [
     "EnqueueOptions",
     "Explanation",
     "Fatal",
+    "Group",
+    "GroupHandle",
     "InvalidTransitionError",
     "LeaseLostError",
     "LeaseToken",
@@ -91,6 +110,7 @@ __all__ = [
     "Retention",
     "Retry",
     "RetryPolicy",
+    "Signature",
     "Sleep",
     "Snooze",
     "StepError",
@@ -105,6 +125,7 @@ __all__ = [
     "TaskFinishedError",
     "TaskHandle",
     "TaskNotFoundError",
+    "TaskOutcome",
     "TaskState",
     "Unique",
     "UnknownTaskError",
@@ -112,7 +133,10 @@ __all__ = [
     "WorkerConfig",
     "WorkerShutdown",
     "Workflow",
+    "chain",
+    "chord",
     "done",
+    "group",
     "next",
     "sleep",
     "suspend",

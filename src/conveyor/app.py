@@ -21,6 +21,7 @@ from conveyor.errors import ConfigurationError, DuplicateTaskError, UnknownTaskE
 from conveyor.handle import TaskHandle
 from conveyor.model import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, DEFAULT_RETRY, RetryPolicy
 from conveyor.options import (
+    AfterPolicy,
     Concurrency,
     EnqueueOptions,
     OptionFields,
@@ -106,6 +107,7 @@ class App(Client):
         timeout: float | None = None,
         lease: float | None = None,
         expires: float | timedelta | datetime | None = None,
+        on_dependency_failure: AfterPolicy | None = None,
         process: bool = False,
         unique: Unique | None = None,
         concurrency: Concurrency | None = None,
@@ -124,6 +126,7 @@ class App(Client):
         timeout: float | None = None,
         lease: float | None = None,
         expires: float | timedelta | datetime | None = None,
+        on_dependency_failure: AfterPolicy | None = None,
         process: bool = False,
         unique: Unique | None = None,
         concurrency: Concurrency | None = None,
@@ -139,6 +142,9 @@ class App(Client):
         (see :class:`conveyor.RateLimit`). ``expires`` (seconds, a timedelta
         or an aware datetime) is when each of its tasks no longer starts,
         counted from its enqueue: one not started by then ends cancelled.
+        ``on_dependency_failure`` is what a failed or cancelled dependency
+        (``after``) does to its tasks: ``cancel`` (the default), ``fail`` or
+        ``run`` (see docs/composition.md).
 
         ``name`` (default: the handler's ``__name__``) and ``queue`` are 1 to
         200 printable characters (no newline or other control character, no
@@ -153,6 +159,7 @@ class App(Client):
             timeout=timeout,
             lease=lease,
             expires=expires,
+            on_dependency_failure=on_dependency_failure,
             unique=unique,
             concurrency=concurrency,
             rate=rate,

@@ -214,6 +214,7 @@ class Coroutine(TaskDef):
         ``idempotency_key``; retry, timeout and lease are the coroutine's
         own (they govern every poll)."""
         options.refuse("retry", "timeout", "lease", why="a coroutine's govern every poll")
+        options.refuse("after", why="a coroutine waits for other tasks by spawning them")
         max_bytes = self.client.max_payload_bytes
         plain = codec.to_plain(dict(state) if state is not None else {})
         when, seconds = options.due()
@@ -319,6 +320,7 @@ class BoundCoroutine:
 
     def __init__(self, coroutine: Coroutine, options: EnqueueOptions, connection: Any) -> None:
         options.refuse("retry", "timeout", "lease", why="a coroutine's govern every poll")
+        options.refuse("after", why="a coroutine waits for other tasks by spawning them")
         self.coroutine = coroutine
         self.enqueue_options = options
         self.connection = connection

@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Protocol, TypedDict
 
+from conveyor.backends.params import AFTER_POLICIES
 from conveyor.errors import ConfigurationError
 from conveyor.model import (
     EARLIEST_RUN_AT,
@@ -35,6 +36,8 @@ from conveyor.model import (
     check_idempotency_key,
     check_key,
     check_name,
+    parse_task_id,
+    stored_id,
 )
 
 UniqueScope = Literal["pending", "active", "stored"]
@@ -301,6 +304,52 @@ def _run_at(value: Any) -> datetime:
     return value
 
 
+class Stored(Protocol):
+    """A stored task's handle: what ``after`` takes besides an id."""
+
+    @property
+    def id(self) -> int: ...
+
+
+After = Stored | int | Iterable[Stored | int]
+"""What ``after`` takes: a handle, an id, or an iterable of these (a
+group's handle iterates over its members)."""
+AfterPolicy = Literal["cancel", "fail", "run"]
+
+
+def check_after(value: Any) -> tuple[int, ...]:
+    """``after``: the tasks a new task waits for, in order, as ids: a task
+    handle (anything with an int ``id``), an id, or an iterable of these (a
+    string is not one; a group's handle is its members). An id no task can
+    have raises TaskNotFoundError, anything else ConfigurationError; no I/O."""
+    if isinstance(value, str | bytes):
+        raise ConfigurationError("after takes task handles or ids, not a string")
+    if isinstance(value, int) or hasattr(value, "id"):
+        value = [value]
+    try:
+        entries = list(value)
+    except TypeError:
+        raise ConfigurationError(
+            f"after takes task handles or ids, not {type(value).__name__}"
+        ) from None
+    return tuple(stored_id(getattr(entry, "id", entry)) for entry in entries)
+
+
+def parse_after(text: str) -> tuple[int, ...]:
+    """``--after``'s text: task ids separated by commas (each as
+    :func:`conveyor.model.parse_task_id` reads one)."""
+    return tuple(parse_task_id(part.strip(), "--after") for part in text.split(","))
+
+
+def check_after_policy(value: Any) -> str:
+    """``on_dependency_failure``: ``cancel``, ``fail`` or ``run``."""
+    if value not in AFTER_POLICIES:
+        raise ConfigurationError(
+            f"on_dependency_failure must be one of {', '.join(AFTER_POLICIES)}, not {value!r}"
+        )
+    return str(value)
+
+
 def check_expires(value: Any) -> float | datetime:
     """``expires``: a duration (seconds or a timedelta, more than 0) or an
     aware datetime that every store holds; else ConfigurationError."""
@@ -364,7 +413,11 @@ class EnqueueOptions:
     datetime) is when the task no longer starts: a claim that would start
     its first attempt at or after it ends it ``cancelled`` instead (see
     docs/guarantees.md, "Expiry"); it must be after the time the task is
-    due.
+    due. ``after`` (task handles, ids, or a group's handle) holds the task
+    back until those tasks have ended: it runs once every one of them has
+    succeeded; ``on_dependency_failure`` says what one that fails or is
+    cancelled does to it: ``cancel`` it (the default), ``fail`` it, or
+    ``run`` it anyway once all have ended (see docs/composition.md).
 
     Each field is the one declaration of its option (:class:`Spec`): its
     check, whether a task's defaults hold it, and its command-line form.
@@ -458,6 +511,29 @@ class EnqueueOptions:
             ),
         ),
     )
+    after: After | None = field(
+        default=None,
+        metadata=option(
+            check_after,
+            flag=Flag(
+                name="--after",
+                help="Task ids (comma-separated) it waits for: it runs once they have succeeded.",
+                to_value=parse_after,
+            ),
+        ),
+    )
+    on_dependency_failure: AfterPolicy | None = field(
+        default=None,
+        metadata=option(
+            check_after_policy,
+            task_default=True,
+            flag=Flag(
+                name="--on-dependency-failure",
+                help="What a dependency that fails or is cancelled does to it: cancel "
+                "(the default), fail, or run.",
+            ),
+        ),
+    )
     unique: Unique | None = field(
         default=None, metadata=option(_kind("unique", Unique), task_default=True)
     )
@@ -540,6 +616,8 @@ class OptionFields(TypedDict, total=False):
     lease: float
     idempotency_key: str
     expires: float | timedelta | datetime
+    after: After
+    on_dependency_failure: AfterPolicy
     unique: Unique
     concurrency: Concurrency
     rate: RateLimit

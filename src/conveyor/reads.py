@@ -26,6 +26,7 @@ from conveyor.overview import Overview, read_overview
 from conveyor.portal import Portal
 from conveyor.records import (
     ActivityBucket,
+    DependencyRecord,
     Migration,
     QueueBacklog,
     TaskCount,
@@ -170,6 +171,17 @@ class Reads:
     def get(self, task_id: int) -> Task | None:
         """The task with its attempt log, or None."""
         return self.portal.run(self.get_async(task_id))
+
+    async def dependencies_async(self, task_id: int) -> list[DependencyRecord]:
+        """The tasks task ``task_id`` waits for (its ``after``), in order,
+        each with its state and outcome; [] if it has none or is not stored."""
+        if not findable(task_id):
+            return []
+        return await (await self.backend()).dependencies(task_id)
+
+    def dependencies(self, task_id: int) -> list[DependencyRecord]:
+        """Sync form of :meth:`dependencies_async`."""
+        return self.portal.run(self.dependencies_async(task_id))
 
     async def explain_async(self, task_id: int) -> Explanation:
         """Why task ``task_id`` is not running, or what it is doing: one

@@ -52,15 +52,18 @@ from conveyor.options import (
     NO_OPTIONS,
     OPTIONS,
     TASK_DEFAULTS,
+    AfterPolicy,
     Concurrency,
     EnqueueOptions,
     OptionFields,
     RateLimit,
     Unique,
+    check_after,
     expiry,
     flow_key,
     options_from,
 )
+from conveyor.signature import Signature
 
 if TYPE_CHECKING:
     # Defaults (PEP 696) make a bare ``TaskDef`` mean ``TaskDef[..., Any]``;
@@ -110,6 +113,7 @@ class TaskOptions:
     timeout: float | None = None
     lease: float | None = None
     expires: float | timedelta | datetime | None = None
+    on_dependency_failure: AfterPolicy | None = None
     unique: Unique | None = None
     concurrency: Concurrency | None = None
     rate: RateLimit | None = None
@@ -147,6 +151,21 @@ class TaskOptions:
             lease=self.lease,
             expires_at=expiry(self.expires, run_at, delay),
             **extra,
+        )
+
+    def wait_for(self, task: NewTask, options: EnqueueOptions) -> None:
+        """Give ``task`` the dependencies of one call (``after``) and this
+        task's policy for one that fails."""
+        if options.after:
+            task.after = check_after(options.after)  # the normal form: ids
+            task.after_policy = self.on_dependency_failure or "cancel"
+
+
+def check_received(task: str, parameter: str | None, args: Mapping[str, Any]) -> None:
+    """A parameter a task receives from its dependencies is not given at enqueue."""
+    if parameter is not None and parameter in args:
+        raise PayloadError(
+            f"task {task!r} receives {parameter!r} from its dependencies: do not give it"
         )
 
 
@@ -260,22 +279,27 @@ class TaskDef(Generic[P, R]):
 
     # -- payloads ----------------------------------------------------------
 
-    def encode_args(self, args: Mapping[str, Any] | None, max_bytes: int) -> str:
+    def encode_args(
+        self, args: Mapping[str, Any] | None, max_bytes: int, receives: str | None = None
+    ) -> str:
         """Check ``args`` against the handler (names, then types) and encode
-        them in their JSON form (no I/O). Raises PayloadError naming the
-        argument, or PayloadTooLargeError."""
+        them in their JSON form (no I/O); ``receives``, a parameter filled
+        from the task's dependencies when it runs, is not among them. Raises
+        PayloadError naming the argument, or PayloadTooLargeError."""
         given: dict[str, Any] = args if type(args) is dict else dict(args or {})
         for key in given:
             if type(key) is not str:
                 raise PayloadError(f"argument names must be strings, not {type(key).__name__}")
-        self._check_names(given)
+        check_received(self.name, receives, given)
+        self._check_names(given, receives)
         return codec.encode(self._payload.to_json(given), max_bytes)
 
-    def _check_names(self, args: Mapping[str, Any]) -> None:
-        """The payload's keys must be the handler's keyword parameters."""
+    def _check_names(self, args: Mapping[str, Any], received: str | None = None) -> None:
+        """The payload's keys must be the handler's keyword parameters (but
+        ``received``, filled when the task runs)."""
         if self.context_parameter and self.context_parameter in args:
             raise PayloadError(f"{self.context_parameter!r} is the handler's context, not data")
-        missing = self._required - args.keys() if self._required else None
+        missing = self._required - args.keys() - {received} if self._required else None
         if missing:
             raise PayloadError(
                 f"payload does not fit task {self.name!r}: "
@@ -314,7 +338,7 @@ class TaskDef(Generic[P, R]):
         rebuilt: R = self._result.from_json(value)
         return rebuilt
 
-    def _typed(self, handles: list[TaskHandle[Any]]) -> list[TaskHandle[R]]:
+    def typed_handles(self, handles: list[TaskHandle[Any]]) -> list[TaskHandle[R]]:
         """Handles whose ``result()`` rebuilds the declared return type."""
         if not self._result.rebuilds:
             return handles
@@ -347,10 +371,14 @@ class TaskDef(Generic[P, R]):
         many: Iterable[Mapping[str, Any] | None],
         options: EnqueueOptions = NO_OPTIONS,
         keys: Sequence[str | None] | None = None,
+        receives: str | None = None,
     ) -> list[NewTask]:
         """Checked, encoded tasks for these payloads, all with the same
         options; ``keys``, if given, their idempotency keys in order (else
-        each gets ``options.idempotency_key``: give it for one task only)."""
+        each gets ``options.idempotency_key``: give it for one task only).
+        ``receives`` is the parameter the tasks receive from their
+        dependencies when they run (not given now: see
+        :mod:`conveyor.dependencies`)."""
         defaults = self.defaults.apply(options)
         when, seconds = options.due()
         max_bytes = self.client.max_payload_bytes
@@ -358,8 +386,9 @@ class TaskDef(Generic[P, R]):
         unique = None if key is not None else defaults.unique
         tasks = []
         for args in many:
-            payload = self.encode_args(args, max_bytes)
+            payload = self.encode_args(args, max_bytes, receives)
             task = defaults.new_task(self.name, payload, when, seconds, idempotency_key=key)
+            defaults.wait_for(task, options)
             if unique is not None:
                 unique_task(task, unique, args or {})
             if defaults.concurrency is not None or defaults.rate is not None:
@@ -386,7 +415,7 @@ class TaskDef(Generic[P, R]):
         """Check, encode and store tasks of this kind, all or none; handles in
         order. With ``batch``, task *i* gets the idempotency key
         ``{key}#{i}`` (see :meth:`conveyor.App.enqueue_many`)."""
-        return self._typed(
+        return self.typed_handles(
             self.client.enqueue_encoded(
                 self._encoder(payloads, options, batch), len(payloads), connection
             )
@@ -401,7 +430,7 @@ class TaskDef(Generic[P, R]):
         batch: bool = False,
     ) -> list[TaskHandle[R]]:
         """Async form of :meth:`store`."""
-        return self._typed(
+        return self.typed_handles(
             await self.client.enqueue_encoded_async(
                 self._encoder(payloads, options, batch), len(payloads), connection
             )
@@ -418,6 +447,16 @@ class TaskDef(Generic[P, R]):
             return self.new_tasks(payloads[start:end], options, part)
 
         return encode
+
+    def accepts(self, parameter: str) -> bool:
+        """Whether the handler takes ``parameter`` from a payload."""
+        return parameter in self._accepted or (self._open and parameter != self.context_parameter)
+
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature[R]:
+        """This task with these arguments, to store later: a link of a chain,
+        a member of a group, a chord's callback (see
+        :mod:`conveyor.composition`). The arguments are checked now."""
+        return Signature(self, self._bind(args, kwargs))
 
     def options(
         self, *, connection: Any = None, **options: Unpack[OptionFields]
@@ -461,6 +500,11 @@ class BoundTask(Generic[P, R]):
         """These options with more on top."""
         merged = options_from(self.enqueue_options, options)
         return BoundTask(self.task, merged, connection or self.connection)
+
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature[R]:
+        """This task with these arguments and options, to store later (see
+        :meth:`TaskDef.s`)."""
+        return Signature(self.task, self.task._bind(args, kwargs), self.enqueue_options)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Store one task with these options; its handle once durable."""

@@ -183,7 +183,8 @@ class Workflow(TaskDef):
         definition = self._definition_of(step)
         when, seconds = options.due()
         payload = step_state(step, self.client.max_payload_bytes)
-        return definition.options.apply(options).new_task(
+        defaults = definition.options.apply(options)
+        task = defaults.new_task(
             self.name,
             payload,
             when,
@@ -191,6 +192,8 @@ class Workflow(TaskDef):
             step=definition.name,
             idempotency_key=options.idempotency_key,
         )
+        defaults.wait_for(task, options)
+        return task
 
     def start(
         self, step: Any, *, connection: Any = None, **options: Unpack[OptionFields]

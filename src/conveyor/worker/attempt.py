@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conveyor import payload as codec
@@ -19,6 +20,7 @@ from conveyor.backends.capabilities import AttemptTransaction
 from conveyor.backends.params import ClaimedTask, Completion
 from conveyor.context import TaskContext
 from conveyor.coroutine import Coroutine, PollEnd
+from conveyor.dependencies import with_received
 from conveyor.errors import (
     AttemptTimeoutError,
     BackendUnavailableError,
@@ -31,6 +33,7 @@ from conveyor.errors import (
 )
 from conveyor.middleware import AttemptInfo
 from conveyor.model import Outcome
+from conveyor.records import DependencyRecord
 from conveyor.task import TaskDef
 from conveyor.worker import outcomes
 from conveyor.worker.executors import (
@@ -53,6 +56,7 @@ class RunningAttempt:
         "_abandoned",
         "ctx",
         "definition",
+        "dependencies",
         "execution",
         "info",
         "loop",
@@ -71,6 +75,7 @@ class RunningAttempt:
         max_result_bytes: int,
         processes: ProcessPool,
         loop: asyncio.AbstractEventLoop,
+        dependencies: Callable[[int], Awaitable[list[DependencyRecord]]] | None = None,
     ) -> None:
         self.task = task
         self.definition = definition
@@ -78,6 +83,8 @@ class RunningAttempt:
         self.max_result_bytes = max_result_bytes
         self.processes = processes
         """The worker's handler processes, for a ``process=True`` handler."""
+        self.dependencies = dependencies
+        """Reads a task's dependencies, for one that receives their outcomes."""
         self.loop = loop
         """The worker's event loop: handed down, not looked up (each look-up
         asks the kernel for the process id, on Python 3.11)."""
@@ -119,6 +126,13 @@ class RunningAttempt:
         cancelled without running."""
         if self.task.expired_at is not None:
             return outcomes.expired(self.task, self.task.expired_at)
+        if self.task.receives is not None:
+            try:
+                await self._receive(self.task.receives)
+            except PayloadError as exc:
+                return outcomes.failed(self.task, exc)
+            except BackendUnavailableError as exc:  # retried by its policy
+                return outcomes.failed(self.task, exc)
         try:
             kwargs = self._arguments()
         except PayloadError as exc:
@@ -142,6 +156,14 @@ class RunningAttempt:
         if transaction is not None:
             return await self._settle_transaction(transaction, completion)
         return completion
+
+    async def _receive(self, receives: str) -> None:
+        """Put what the task's dependencies ended with in its payload (see
+        :mod:`conveyor.dependencies`): read now, at each attempt."""
+        if self.dependencies is None:
+            raise PayloadError("the worker cannot read this task's dependencies")
+        records = await self.dependencies(self.task.token.task_id)
+        self.task.payload = with_received(self.task.payload, receives, records)
 
     def _arguments(self) -> dict[str, Any]:
         args = codec.decode(self.task.payload)

@@ -326,7 +326,13 @@ class Producer:
         )
         assert self.worker.loop is not None
         running = RunningAttempt(
-            task, definition, ctx, self.client.max_payload_bytes, self.processes, self.worker.loop
+            task,
+            definition,
+            ctx,
+            self.client.max_payload_bytes,
+            self.processes,
+            self.worker.loop,
+            backend.dependencies if task.receives is not None else None,
         )
         self.attempts[task.token] = running
         info = running.info = AttemptInfo(task, running.kind, self.id, running.started, handed_off)
