@@ -489,3 +489,63 @@ def test_time_machine_works_and_moves_the_memory_store_s_time() -> None:
         assert testing.drain(app) == 1
         assert handle.result(timeout=1) == "pong"
     app.close()
+
+
+def test_a_drain_fires_the_schedules_the_clock_made_due(
+    clocked: tuple[conveyor.App, testing.FakeClock],
+) -> None:
+    app, clock = clocked
+    ticks: list[str] = []
+
+    @app.task
+    def tick(label: str) -> str:
+        ticks.append(label)
+        return label
+
+    app.schedule(tick, every=60, args={"label": "minute"})
+    assert testing.drain(app) == 0  # the schedule starts now: its first slot is ahead
+    clock.advance(61)
+    assert testing.drain(app) == 1
+    assert testing.drain(app) == 0  # a slot fires once
+    clock.advance(120)
+    assert testing.drain(app) == 1  # missed="latest": the latest slot, once
+    assert ticks == ["minute", "minute"]
+
+
+def test_a_drain_runs_a_chord_and_a_chain_to_their_end(
+    clocked: tuple[conveyor.App, testing.FakeClock],
+) -> None:
+    app, _clock = clocked
+
+    @app.task
+    def double(n: int) -> int:
+        return 2 * n
+
+    @app.task
+    def total(outcomes: list[dict[str, object]]) -> int:
+        return sum(o["result"] for o in outcomes)  # type: ignore[misc]
+
+    chord = conveyor.chord([double.s(n=n) for n in range(5)], total.s().receiving("outcomes"))
+    handle = chord.enqueue()
+    chained = conveyor.chain(double.s(n=1), double.s().receiving("n")).enqueue()
+    assert testing.drain(app) == 8
+    assert handle.result(timeout=1) == 20
+    assert chained.result(timeout=1) == 4
+
+
+def test_inline_mode_runs_a_chord_before_the_enqueue_returns() -> None:
+    app = conveyor.App(f"memory://{uuid.uuid4().hex}?inline=true")
+
+    @app.task
+    def double(n: int) -> int:
+        return 2 * n
+
+    @app.task
+    def total(outcomes: list[dict[str, object]]) -> int:
+        return sum(o["result"] for o in outcomes)  # type: ignore[misc]
+
+    handle = conveyor.chord([double.s(n=n) for n in range(3)], total.s().receiving("outcomes"))
+    stored = handle.enqueue()
+    assert app.get(stored.callback.id).state is conveyor.TaskState.SUCCEEDED  # type: ignore[union-attr]
+    assert stored.result(timeout=1) == 6
+    app.close()

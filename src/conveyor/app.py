@@ -437,8 +437,9 @@ class App(Client):
         asyncio.run(worker.run())
 
     async def _run_inline_worker(self, queues: Sequence[str]) -> None:
-        """Inline mode: run the tasks now. Tasks they enqueue join this run."""
-        await drain_registry(self, queues=queues)
+        """Inline mode: run the tasks now. Tasks they enqueue join this run
+        (an enqueue fires no schedule: ``testing.drain`` does)."""
+        await drain_registry(self, queues=queues, schedules=False)
 
 
 def _unregistered(**_: Any) -> None:

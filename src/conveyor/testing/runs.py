@@ -29,6 +29,14 @@ def drain(app: App, *, queues: Sequence[str] | None = None, concurrency: int = 1
     retry waiting out its back-off, stays pending (move a
     :class:`~conveyor.testing.FakeClock` forward, then drain again). A task
     that fails does not raise here: its handle's ``result()`` raises.
+    Groups, chords, chains and tasks with dependencies run as they would
+    under a worker: a dependent runs in the same drain once its
+    dependencies have ended.
+
+    First, the app's schedules are synced and their due slots fired, as a
+    worker's scheduler does (one task per slot, at most once): a schedule
+    the store has not seen starts now, so its first slot is the next one;
+    move the clock past it and drain again to run it.
 
     Raises ConfigurationError, before running anything, when
     ``time.monotonic`` is frozen (freezegun's ``freeze_time()``), which
