@@ -65,3 +65,12 @@ def test_schedules_declares_a_cron_and_an_interval_schedule() -> None:
         "nightly_report: cron '30 2 * * *' in Europe/Paris",
         "refresh_cache: every 300s",
     ]
+
+
+def test_thumbnails_reports_every_member_once_and_chains_a_result(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'thumbs.db'}"
+    lines = run_example("thumbnails.py", CONVEYOR_URL=url)
+    assert lines == [
+        "report: 3 resized (15000 bytes); failed: ['cannot read c.bmp']",
+        "chain: published 9000 bytes",
+    ]

@@ -11,6 +11,8 @@ reason                        when
 ``finished``                  it succeeded, failed or was cancelled: how
 ``running``                   a worker holds its lease: who, until when, and
                               whether that worker still heartbeats
+``dependencies``              waiting for tasks it depends on (``after``):
+                              which ones have not ended, and how each stands
 ``waiting``                   a coroutine waiting for a message
 ``not_due``                   due later: a delay, a retry's back-off, a snooze
                               or a coroutine's sleep (which one, until when)
@@ -48,6 +50,7 @@ REASONS = (
     "missing",
     "finished",
     "running",
+    "dependencies",
     "waiting",
     "not_due",
     "paused",
@@ -92,10 +95,17 @@ async def explain(
         "attempt": task.attempt,
         "max_attempts": task.max_attempts,
     }
+    if task.waiting_for is not None:
+        facts["dependencies"] = [
+            {"id": d.task_id, "name": d.name, "state": d.state.value if d.state else None}
+            for d in await backend.dependencies(task_id)
+        ]
     if task.state.is_terminal:
         return _finished(task, facts)
     if task.state is TaskState.IN_PROGRESS:
         return _running(task, await inspector.list_workers(), now, facts)
+    if task.state is TaskState.WAITING and task.waiting_for:
+        return _dependencies(task, facts)
     if task.state is TaskState.WAITING:
         return Explanation(
             task_id,
@@ -156,7 +166,24 @@ def _finished(task: Task, facts: dict[str, Any]) -> Explanation:
         facts["last_error"] = {"type": last.error_type, "message": last.error_message}
         if last.error_type:
             how += f" after attempt {last.number} ({last.error_type}: {last.error_message})"
+    ended_by = [d for d in facts.get("dependencies", ()) if d["state"] in ("failed", "cancelled")]
+    if last is None and task.state is not TaskState.SUCCEEDED and ended_by:
+        first = ended_by[0]
+        how += f" without running: its dependency {first['id']} ended {first['state']}"
     return Explanation(task.id, "finished", f"Task {task.id} finished: {how}.", facts)
+
+
+def _dependencies(task: Task, facts: dict[str, Any]) -> Explanation:
+    listed = facts.get("dependencies", [])
+    facts["waiting_for"] = task.waiting_for
+    unended = [d for d in listed if d["state"] not in ("succeeded", "failed", "cancelled")]
+    shown = ", ".join(f"{d['id']} ({d['state'] or 'deleted'})" for d in unended[:5])
+    more = f" and {len(unended) - 5} more" if len(unended) > 5 else ""
+    sentence = (
+        f"Task {task.id} waits for {task.waiting_for} of its {len(listed)} dependencies "
+        f"to end: {shown}{more}; it becomes due when the last of them ends."
+    )
+    return Explanation(task.id, "dependencies", sentence, facts)
 
 
 def _running(

@@ -9,6 +9,8 @@ compositions are refused before any I/O."""
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 import conveyor
 from conveyor import Fatal, TaskState, chain, chord, group
 from conveyor.errors import ConfigurationError, PayloadError, TaskFailedError
+from tests.cli_harness import Cli
 from tests.worker.helpers import RunningWorker, wait_terminal
 
 
@@ -155,3 +158,36 @@ def test_bad_compositions_are_refused_before_any_io(app: conveyor.App) -> None:
 
     with pytest.raises(ConfigurationError, match="one app"):
         group(t["square"].s(n=1), elsewhere.s(n=2)).new_tasks()
+
+
+async def test_the_command_line_enqueues_a_dependent_and_shows_its_dependencies(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    app = conveyor.App(url)
+
+    @app.task()
+    async def job() -> None:
+        return None
+
+    app.migrate()
+    cli = Cli(url, "")
+    first = int(json.loads(cli.ok("enqueue", "job", "--delay", "3600", "--json"))["id"])
+    second = int(json.loads(cli.ok("enqueue", "job", "--json"))["id"])
+    waits = int(
+        json.loads(cli.ok("enqueue", "job", "--after", f"{first},{second}", "--json"))["id"]
+    )
+    shown = json.loads(cli.ok("show", str(waits), "--json"))
+    assert (shown["state"], shown["waiting_for"]) == ("waiting", 2)
+    assert [(d["id"], d["state"]) for d in shown["dependencies"]] == [
+        (first, "pending"),
+        (second, "pending"),
+    ]
+    text = cli.ok("show", str(waits))
+    assert "dependencies: 2, 2 not ended" in text
+    assert "dependencies" in cli.ok("explain", str(waits))
+    assert "--after" in cli.fails("enqueue", "job", "--after", "1,x")
+    assert "no task with id" in cli.fails("enqueue", "job", "--after", "999999")
+    policy = cli.fails("enqueue", "job", "--after", str(first), "--on-dependency-failure", "x")
+    assert "on_dependency_failure" in policy
+    app.close()

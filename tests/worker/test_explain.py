@@ -214,3 +214,26 @@ def test_the_command_line(cli: Cli) -> None:
     assert text.startswith("not_due: ") and "the delay it was enqueued with" in text
     missing = json.loads(cli.ok("explain", "99999", "--json"))
     assert missing["reason"] == "missing"
+
+
+async def test_a_task_waiting_for_its_dependencies_says_which(app: conveyor.App) -> None:
+    @app.task()
+    async def job(n: int) -> int:
+        return n
+
+    async with app:
+        first = await job.options(delay=FAR).enqueue_async(n=1)
+        second = await job.options(delay=FAR).enqueue_async(n=2)
+        waits = await job.options(after=[first, second]).enqueue_async(n=3)
+        found = await app.explain_async(waits.id)
+        assert found.reason == "dependencies"
+        assert found.facts["waiting_for"] == 2
+        assert [(d["id"], d["state"]) for d in found.facts["dependencies"]] == [
+            (first.id, "pending"),
+            (second.id, "pending"),
+        ]
+        assert f"{first.id} (pending), {second.id} (pending)" in found.sentence
+        await app.cancel_async(first.id)
+        ended = await app.explain_async(waits.id)
+    assert ended.reason == "finished"
+    assert f"without running: its dependency {first.id} ended cancelled" in ended.sentence

@@ -27,12 +27,19 @@ from conveyor.cli.common import (
     warn,
     with_client,
 )
-from conveyor.cli.shapes import WAITS, due_at, message_json, task_json, worker_json
+from conveyor.cli.shapes import (
+    WAITS,
+    dependency_json,
+    due_at,
+    message_json,
+    task_json,
+    worker_json,
+)
 from conveyor.cli.text import line, plain
 from conveyor.durations import relative
 from conveyor.errors import ConveyorError
 from conveyor.model import Task, TaskState
-from conveyor.records import TaskSummary, WorkerInfo
+from conveyor.records import DependencyRecord, TaskSummary, WorkerInfo
 
 
 def _due(task: TaskSummary, now: datetime) -> str:
@@ -139,6 +146,8 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
             task = app.get(task_id)
             inbox = app.inbox(task_id) if task is not None and task.inbox else []
             workers = app.list_workers() if task is not None else []
+            waited = task is not None and task.waiting_for is not None
+            dependencies = app.dependencies(task_id) if waited else []
     except ConveyorError as exc:
         fail(exc)
     if task is None:
@@ -148,6 +157,8 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
         data = task_json(task, with_attempts=True)
         if task.inbox:
             data["messages"] = [message_json(m) for m in inbox]
+        if task.waiting_for is not None:
+            data["dependencies"] = [dependency_json(d) for d in dependencies]
         click.echo(json.dumps(data))
         _warn_unserved([task], workers, now)
         return
@@ -168,6 +179,8 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
         console.print(line("step: ", task.step))
     if task.parent_id is not None:
         console.print(f"parent: {task.parent_id}")
+    if task.waiting_for is not None:
+        _print_dependencies(task.waiting_for, dependencies)
     stateful = task.step is not None or task.inbox
     console.print(line("state: " if stateful else "payload: ", json.dumps(task.payload)))
     if task.inbox:
@@ -178,6 +191,14 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
     if task.result is not None:
         console.print(line("result: ", json.dumps(task.result)))
     _print_attempts(task)
+
+
+def _print_dependencies(waiting_for: int, dependencies: list[DependencyRecord]) -> None:
+    left = f"{waiting_for} not ended" if waiting_for else "all ended"
+    console.print(f"dependencies: {len(dependencies)}, {left}")
+    for d in dependencies:
+        state = d.state.value if d.state is not None else "deleted"
+        console.print(line(f"  {d.task_id} ", d.name or "?", f": {state}"))
 
 
 @click.command()

@@ -7,7 +7,7 @@ from typing import Any
 
 from conveyor.cli.common import iso
 from conveyor.model import Attempt, Message, Pause, Task, TaskState
-from conveyor.records import StoredSchedule, TaskSummary, WorkerInfo
+from conveyor.records import DependencyRecord, StoredSchedule, TaskSummary, WorkerInfo
 
 WAITS = (TaskState.PENDING, TaskState.WAITING)
 
@@ -37,10 +37,21 @@ def task_json(task: Task, with_attempts: bool) -> dict[str, Any]:
         "parent_id": task.parent_id,
         "inbox": task.inbox,
         "idempotency_key": task.idempotency_key,
+        "waiting_for": task.waiting_for,
     }
     if with_attempts:
         data["attempts"] = [attempt_json(a) for a in task.attempts]
     return data
+
+
+def dependency_json(record: DependencyRecord) -> dict[str, Any]:
+    """The JSON shape of one of a task's dependencies (``show``)."""
+    return {
+        "id": record.task_id,
+        "name": record.name,
+        "state": record.state.value if record.state is not None else None,
+        "settled": record.settled,
+    }
 
 
 def message_json(message: Message) -> dict[str, Any]:
