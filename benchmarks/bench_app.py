@@ -25,6 +25,7 @@ DEFAULT_URL = "postgresql://127.0.0.1:5432/test"
 TASK_NAME = "bench_noop"
 FLOW_NAME = "bench_flow"
 PING_NAME = "bench_ping"
+COLLECT_NAME = "bench_collect"
 STAMP_NAME = "bench_stamp"
 STAMP_SLEEP_NAME = "bench_stamp_sleep"
 SLEEP_NAME = "bench_sleep"
@@ -53,6 +54,11 @@ def make_app(url: str | None = None, schema: str | None = None) -> App:
     async def bench_noop(i: int = 0) -> None:
         """Do nothing: the benchmark measures conveyor, not the handler."""
         return None
+
+    @application.task(name=COLLECT_NAME)
+    async def bench_collect(outcomes: list[Any] | None = None) -> int:
+        """A chord's callback: how many outcomes it received."""
+        return len(outcomes or [])
 
     @application.task(name=STAMP_NAME)
     async def bench_stamp(sent: float = 0.0) -> None:
