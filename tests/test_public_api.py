@@ -73,6 +73,8 @@ EXPECTED = [
     "done",
     "group",
     "next",
+    "on_failure",
+    "on_success",
     "sleep",
     "suspend",
 ]

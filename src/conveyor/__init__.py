@@ -64,7 +64,7 @@ from conveyor.model import (
 )
 from conveyor.options import Concurrency, EnqueueOptions, RateLimit, Unique
 from conveyor.retention import Retention
-from conveyor.signature import Signature
+from conveyor.signature import Signature, on_failure, on_success
 from conveyor.task import BoundTask, TaskDef
 from conveyor.worker import Worker, WorkerConfig
 from conveyor.workflow import Done, Next, StepError, Workflow, done, next
@@ -138,6 +138,8 @@ __all__ = [
     "done",
     "group",
     "next",
+    "on_failure",
+    "on_success",
     "sleep",
     "suspend",
 ]

@@ -14,6 +14,11 @@ argument. Nothing here does I/O.
 
 The value is read at each attempt: a dependency retried by hand and ended
 again since gives its new result to a later attempt.
+
+A task may also run **only if a dependency failed** (``on_failure``: Celery's
+``link_error``, RQ's ``on_failure``): it waits under the ``run`` policy, and
+the worker that claims it ends it ``cancelled``, without running it, when
+every dependency succeeded (error type :data:`NOT_NEEDED`).
 """
 
 from __future__ import annotations
@@ -24,11 +29,27 @@ from typing import Any, Literal
 
 from conveyor import payload as codec
 from conveyor.errors import ConfigurationError, PayloadError
-from conveyor.model import check_name
+from conveyor.model import TaskState, check_name
 from conveyor.records import DependencyRecord
 
 ReceiveKind = Literal["result", "results", "outcomes"]
 RECEIVE_KINDS: tuple[ReceiveKind, ...] = ("result", "results", "outcomes")
+ONLY_FAILED = "only=failed"
+"""The part of a stored ``receives`` of a task that runs only if a dependency failed."""
+NOT_NEEDED = "NotNeeded"
+"""The error type of the attempt that ends, cancelled, a task meant to run
+only if a dependency failed, when every one succeeded."""
+
+
+@dataclass(frozen=True, slots=True)
+class Receives:
+    """A stored ``receives`` read back: the parameter that gets the
+    dependencies' ``kind`` (None: none), and whether the task runs only if
+    one of them did not succeed."""
+
+    kind: ReceiveKind | None
+    parameter: str | None
+    only_failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,27 +74,47 @@ class TaskOutcome:
         return self.state == "succeeded"
 
 
-def receives_text(kind: str, parameter: str) -> str:
+def receives_text(kind: str | None, parameter: str | None, only_failed: bool = False) -> str | None:
     """The stored form of "give ``parameter`` the ``kind`` of my
-    dependencies"; ConfigurationError for an unknown kind or a parameter
-    name that is not one."""
-    if kind not in RECEIVE_KINDS:
-        raise ConfigurationError(
-            f"a task receives one of {', '.join(RECEIVE_KINDS)} of its dependencies, not {kind!r}"
-        )
-    if not parameter.isidentifier():
-        raise ConfigurationError(f"{parameter!r} is not a parameter name")
-    return f"{kind}:{check_name('a parameter name', parameter)}"
+    dependencies" (and "run only if one failed"); None for neither.
+    ConfigurationError for an unknown kind or a parameter name that is not one."""
+    parts = []
+    if parameter is not None:
+        if kind not in RECEIVE_KINDS:
+            raise ConfigurationError(
+                f"a task receives one of {', '.join(RECEIVE_KINDS)} of its dependencies, "
+                f"not {kind!r}"
+            )
+        if not parameter.isidentifier():
+            raise ConfigurationError(f"{parameter!r} is not a parameter name")
+        parts.append(f"{kind}:{check_name('a parameter name', parameter)}")
+    if only_failed:
+        parts.append(ONLY_FAILED)
+    return ";".join(parts) or None
 
 
-def parse_receives(text: str) -> tuple[ReceiveKind, str]:
-    """The kind and parameter of a stored ``receives``; PayloadError if it
-    does not read (written around conveyor)."""
-    kind, _, parameter = text.partition(":")
-    for known in RECEIVE_KINDS:
-        if kind == known and parameter.isidentifier():
-            return known, parameter
-    raise PayloadError(f"the stored receives {text[:80]!r} does not read")
+def parse_receives(text: str) -> Receives:
+    """A stored ``receives`` read back; PayloadError if it does not read
+    (written around conveyor)."""
+    kind: ReceiveKind | None = None
+    parameter: str | None = None
+    only_failed = False
+    for part in text.split(";"):
+        if part == ONLY_FAILED and not only_failed:
+            only_failed = True
+            continue
+        named, _, name = part.partition(":")
+        found = next((k for k in RECEIVE_KINDS if k == named), None)
+        if found is None or not name.isidentifier() or parameter is not None:
+            raise PayloadError(f"the stored receives {text[:80]!r} does not read")
+        kind, parameter = found, name
+    return Receives(kind, parameter, only_failed)
+
+
+def not_needed(receives: Receives, records: Sequence[DependencyRecord]) -> bool:
+    """Whether a task that runs only if a dependency failed is not needed:
+    every one of them succeeded."""
+    return receives.only_failed and all(r.state is TaskState.SUCCEEDED for r in records)
 
 
 def outcome_of(record: DependencyRecord) -> TaskOutcome:
@@ -106,13 +147,14 @@ def received_value(kind: ReceiveKind, records: Sequence[DependencyRecord]) -> An
     ]
 
 
-def with_received(payload: str, receives: str, records: Sequence[DependencyRecord]) -> str:
+def with_received(payload: str, receives: Receives, records: Sequence[DependencyRecord]) -> str:
     """``payload`` (a stored JSON object) with the received value in its
-    parameter (replacing one given there). PayloadError if the payload is
-    not an object or ``receives`` does not read."""
-    kind, parameter = parse_receives(receives)
+    parameter (replacing one given there), if it names one. PayloadError if
+    the payload is not an object."""
+    if receives.kind is None or receives.parameter is None:
+        return payload
     args = codec.decode(payload)
     if not isinstance(args, dict):
         raise PayloadError("the stored payload is not a JSON object")
-    args[parameter] = received_value(kind, records)
+    args[receives.parameter] = received_value(receives.kind, records)
     return codec.encode(args)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import conveyor
-from conveyor import Fatal, TaskState, chain, chord, group
+from conveyor import Fatal, TaskState, chain, chord, group, on_failure, on_success
 from conveyor.errors import ConfigurationError, PayloadError, TaskFailedError
 from tests.cli_harness import Cli
 from tests.worker.helpers import RunningWorker, wait_terminal
@@ -134,6 +134,33 @@ async def test_a_group_s_handle_awaits_cancels_and_retries_its_members(
         assert await later.cancel_async() == [later.ids[0]]
         assert sorted(await later.retry_failed_async()) == later.ids
         assert [(await m.get_async()).state for m in later.members] == [TaskState.PENDING] * 2
+
+
+async def test_callbacks_on_success_and_on_failure(app: conveyor.App) -> None:
+    t = register(app)
+    async with app:
+        good = await t["square"].enqueue_async(n=3)
+        bad = await t["square"].enqueue_async(n=-3)
+        then = t["add"].s(more=1).receiving("value")
+        alert = t["total"].s(label="alert").receiving("outcomes")
+        ran_after_good = await on_success(good, then).enqueue_async()
+        cancelled_after_bad = await on_success(bad, then).enqueue_async()
+        alerted = await on_failure(bad, alert).enqueue_async()
+        not_needed = await on_failure(good, alert).enqueue_async()
+        ids = [ran_after_good.id, cancelled_after_bad.id, alerted.id, not_needed.id]
+        async with RunningWorker(app, concurrency=4):
+            tasks = await wait_terminal(app, ids)
+    assert [task.state for task in tasks] == [
+        TaskState.SUCCEEDED,
+        TaskState.CANCELLED,
+        TaskState.SUCCEEDED,
+        TaskState.CANCELLED,
+    ]
+    assert tasks[0].result == 10
+    assert tasks[2].result == {"label": "alert", "sum": 0, "failed": [bad.id]}
+    [skipped] = tasks[3].attempts
+    assert (skipped.outcome.value, skipped.error_type) == ("cancelled", "NotNeeded")
+    assert [o[0]["task_id"] for o in t["calls"]] == [bad.id]  # the handler ran once
 
 
 def test_bad_compositions_are_refused_before_any_io(app: conveyor.App) -> None:

@@ -20,7 +20,7 @@ from conveyor.backends.capabilities import AttemptTransaction
 from conveyor.backends.params import ClaimedTask, Completion
 from conveyor.context import TaskContext
 from conveyor.coroutine import Coroutine, PollEnd
-from conveyor.dependencies import with_received
+from conveyor.dependencies import not_needed, parse_receives, with_received
 from conveyor.errors import (
     AttemptTimeoutError,
     BackendUnavailableError,
@@ -128,11 +128,11 @@ class RunningAttempt:
             return outcomes.expired(self.task, self.task.expired_at)
         if self.task.receives is not None:
             try:
-                await self._receive(self.task.receives)
-            except PayloadError as exc:
+                needed = await self._receive(self.task.receives)
+            except (PayloadError, BackendUnavailableError) as exc:  # the latter is retried
                 return outcomes.failed(self.task, exc)
-            except BackendUnavailableError as exc:  # retried by its policy
-                return outcomes.failed(self.task, exc)
+            if not needed:
+                return outcomes.not_needed(self.task)
         try:
             kwargs = self._arguments()
         except PayloadError as exc:
@@ -157,13 +157,18 @@ class RunningAttempt:
             return await self._settle_transaction(transaction, completion)
         return completion
 
-    async def _receive(self, receives: str) -> None:
+    async def _receive(self, stored: str) -> bool:
         """Put what the task's dependencies ended with in its payload (see
-        :mod:`conveyor.dependencies`): read now, at each attempt."""
+        :mod:`conveyor.dependencies`), read now, at each attempt; False for
+        a task that runs only if one failed, when every one succeeded."""
         if self.dependencies is None:
             raise PayloadError("the worker cannot read this task's dependencies")
+        receives = parse_receives(stored)
         records = await self.dependencies(self.task.token.task_id)
+        if not_needed(receives, records):
+            return False
         self.task.payload = with_received(self.task.payload, receives, records)
+        return True
 
     def _arguments(self) -> dict[str, Any]:
         args = codec.decode(self.task.payload)

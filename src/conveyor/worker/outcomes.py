@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from conveyor.backends.params import ClaimedTask, Completion, ErrorInfo
+from conveyor.dependencies import NOT_NEEDED
 from conveyor.errors import Fatal, PayloadError, PayloadTooLargeError, Retry, Snooze
 from conveyor.model import Outcome, TaskState, error_types
 from conveyor.worker.executors import RemoteError
@@ -125,6 +126,15 @@ def expired(task: ClaimedTask, expired_at: datetime) -> Completion:
     (``expires``) ends cancelled without running; its attempt log says why."""
     info = ErrorInfo(
         type=EXPIRED, message=f"not started by its expiry time, {expired_at.isoformat()}"
+    )
+    return Completion(task.token, Outcome.CANCELLED, TaskState.CANCELLED, error=info)
+
+
+def not_needed(task: ClaimedTask) -> Completion:
+    """A task that runs only if a dependency failed (``on_failure``) ends
+    cancelled without running when every one succeeded; its attempt log says why."""
+    info = ErrorInfo(
+        type=NOT_NEEDED, message="every dependency succeeded: it runs only if one fails"
     )
     return Completion(task.token, Outcome.CANCELLED, TaskState.CANCELLED, error=info)
 
