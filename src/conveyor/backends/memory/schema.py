@@ -268,36 +268,38 @@ class Edge:
 @dataclass
 class Dependencies:
     """Each dependent's edges in the order given, and each dependency's
-    dependents: what an end settles, found without a scan."""
+    edges by (dependent, position): what an end settles, found without a
+    scan of the dependent's other edges (a chord's callback has one per
+    member)."""
 
     edges: dict[int, list[Edge]] = field(default_factory=dict)
-    dependents: dict[int, list[int]] = field(default_factory=dict)
+    dependents: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     def add(self, dependent: int, dependencies: Collection[int]) -> None:
         self.edges[dependent] = [Edge(task_id) for task_id in dependencies]
-        for task_id in dict.fromkeys(dependencies):
-            self.dependents.setdefault(task_id, []).append(dependent)
+        for position, task_id in enumerate(dependencies):
+            self.dependents.setdefault(task_id, []).append((dependent, position))
 
     def unsettled(self, dependency: int) -> list[tuple[int, Edge]]:
         """The edges not settled yet of which ``dependency`` is the task waited for."""
-        return [
-            (dependent, edge)
-            for dependent in self.dependents.get(dependency, ())
-            for edge in self.edges.get(dependent, ())
-            if edge.task_id == dependency and not edge.settled
-        ]
+        found = []
+        for dependent, position in self.dependents.get(dependency, ()):
+            edges = self.edges.get(dependent)
+            if edges is not None and not edges[position].settled:
+                found.append((dependent, edges[position]))
+        return found
 
     def waited_by(self, dependency: int) -> list[int]:
         """The tasks that wait (or waited) for ``dependency``."""
-        return list(self.dependents.get(dependency, ()))
+        return list(dict.fromkeys(d for d, _ in self.dependents.get(dependency, ())))
 
     def forget(self, task_id: int) -> None:
         """A task is deleted: its own edges go; edges to it stay (a reader
         finds it no longer stored)."""
         for edge in self.edges.pop(task_id, ()):
             waiting = self.dependents.get(edge.task_id)
-            if waiting is not None and task_id in waiting:
-                waiting.remove(task_id)
+            if waiting is not None:
+                waiting[:] = [(d, p) for d, p in waiting if d != task_id]
         self.dependents.pop(task_id, None)
 
 
