@@ -83,6 +83,27 @@ def test_a_task_page_shows_step_inbox_explanation_and_escapes(store: Store) -> N
         assert "Shown: the first 65,536 bytes of" in big and len(big) < 90_000
 
 
+def test_a_task_page_lists_its_dependencies_counted_by_state(store: Store) -> None:
+    app, s = store
+
+    @app.task(name="job")
+    def job() -> None:
+        return None
+
+    waits = job.options(after=[s.failed, s.pending, s.succeeded], on_dependency_failure="run")
+    waits_handle = waits.enqueue()
+    plain = job.enqueue()
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
+        page = client.get(f"/tasks/{waits_handle.id}").text
+        assert "Dependencies <small>3, 1 not ended</small>" in page
+        for task_id in (s.failed, s.pending, s.succeeded):
+            assert f'/tasks/{task_id}"' in page
+        assert "ValueError</span>: &lt;bad&gt; card" in page  # the failed one's error, escaped
+        assert 'state-failed">failed</span> 1' in page and 'state-pending">pending</span> 1' in page
+        assert "dependencies" in page  # the explanation's reason
+        assert "Dependencies <small>" not in client.get(f"/tasks/{plain.id}").text
+
+
 @pytest.mark.parametrize(
     ("path", "status", "says"),
     [

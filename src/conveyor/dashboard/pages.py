@@ -18,11 +18,13 @@ from conveyor.dashboard.state import dashboard_of
 from conveyor.errors import ConfigurationError
 from conveyor.model import PauseKind, Task, TaskState, parse_task_id
 from conveyor.overview import Overview
-from conveyor.records import TaskFilter, TaskSummary
+from conveyor.records import DependencyRecord, TaskFilter, TaskSummary
 from conveyor.schedules import next_stored_slot
 
 CHILDREN_SHOWN = 20
 """A coroutine task's newest children shown on its page (the rest: a link)."""
+DEPENDENCIES_SHOWN = 50
+"""A task's dependencies listed on its page (all are counted by state)."""
 ACTIVITY_BUCKET = 60
 """Seconds per bar of the overview's chart."""
 ACTIVITY_BUCKETS = 60
@@ -186,8 +188,9 @@ async def tasks(request: Request) -> Response:
 
 
 async def task(request: Request) -> Response:
-    """One task: its payload, result, attempts, explanation, inbox, parent
-    and (a coroutine's) newest children."""
+    """One task: its payload, result, attempts, explanation, inbox, parent,
+    (a coroutine's) newest children, and the tasks it depends on, counted by
+    state (the first ``DEPENDENCIES_SHOWN`` listed)."""
     dashboard = dashboard_of(request)
     task_id: int = request.path_params["task_id"]
     found = await dashboard.client.get_async(task_id)
@@ -200,6 +203,10 @@ async def task(request: Request) -> Response:
         children = await dashboard.client.list_summaries_async(
             parent=task_id, limit=CHILDREN_SHOWN + 1
         )
+    dependencies: list[DependencyRecord] = []
+    if found.waiting_for is not None:
+        dependencies = await dashboard.client.dependencies_async(task_id)
+    by_state = Counter(d.state.value if d.state is not None else "deleted" for d in dependencies)
     now = await dashboard.client.now_async()
     return dashboard.render(
         request,
@@ -215,6 +222,9 @@ async def task(request: Request) -> Response:
             "messages": [(m, format.pretty(m.body)) for m in messages],
             "children": children[:CHILDREN_SHOWN],
             "more_children": len(children) > CHILDREN_SHOWN,
+            "dependencies": dependencies[:DEPENDENCIES_SHOWN],
+            "dependency_count": len(dependencies),
+            "dependency_states": sorted(by_state.items()),
             "actions": _actions(found),
         },
     )
