@@ -284,6 +284,18 @@ async def test_a_repeated_idempotency_key_stores_no_second_edge(backend: Backend
     assert await state(backend, d) == (S.WAITING, 1)
 
 
+async def test_a_key_repeated_in_one_enqueue_stores_one_set_of_edges(backend: Backend) -> None:
+    [a, b] = await enqueue(backend, new(), new())
+    ids = await enqueue(
+        backend,
+        replace(after(a), idempotency_key="twice"),
+        replace(after(a, b), idempotency_key="twice"),
+    )
+    assert ids[0] == ids[1]
+    assert [r.task_id for r in await backend.dependencies(ids[0])] == [a]
+    assert await state(backend, ids[0]) == (S.WAITING, 1)
+
+
 async def test_a_dependent_in_the_same_enqueue_as_a_failing_one(backend: Backend) -> None:
     [bad] = await enqueue(backend, new(max_attempts=1))
     await run(backend, (bad, "fail"))

@@ -70,8 +70,9 @@ class Enqueue(Tables):
             mine: set[int] = set()
             ids: list[int] = []
             for new in batch:
+                stored = len(mine)
                 row = self._insert(new, now, Cause.ENQUEUE, mine)
-                if new.after and row.id in mine:
+                if new.after and len(mine) > stored:  # stored now, not a key's holder
                     self._wait_for(row, [_resolved(ref, ids) for ref in new.after], now)
                 ids.append(row.id)
             return ids
