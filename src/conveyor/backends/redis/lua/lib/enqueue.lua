@@ -195,7 +195,7 @@ local function wait_for(id, after, ids, now, adds)
       order[#order + 1] = dependency
     end
   end
-  redis.call('RPUSH', key_after(id), unpack(edges))
+  call_chunked('RPUSH', key_after(id), edges)
   for _, dependency in ipairs(order) do
     redis.call('ZADD', key_dependents(dependency), id, id)
     redis.call('HSET', key_task(dependency), 'dependents', 1)
