@@ -64,6 +64,9 @@ EXPECTED = {
     "concurrency_pending": "{tenant:1}:concurrency-pending:k:1",
     "concurrency_leases": "{tenant:1}:concurrency-leases:k:1",
     "concurrency_due": "{tenant:1}:concurrency-due:q:ü ue",
+    "after": "{tenant:1}:after:42",
+    "settled": "{tenant:1}:settled:42",
+    "dependents": "{tenant:1}:dependents:42",
     "tasks": "{tenant:1}:tasks",
 }
 EXPECTED_CHANNELS = {"wake": "{tenant:1}:wake", "cancel": "{tenant:1}:cancel"}

@@ -396,6 +396,7 @@ PENDING_NUMBERS = (
     "concurrency_limit",
     "rate_limit",
     "rate_period",
+    "waiting_for",
 )
 """Every numeric field of a task's hash (``conveyor.backends.redis.rows``)."""
 TEXTS = (
@@ -413,6 +414,9 @@ TEXTS = (
     "unique_scope",
     "concurrency_key",
     "trace_context",
+    "after_policy",
+    "receives",
+    "dependents",
 )
 """Every other field of it."""
 CLAIM_READS = {
@@ -447,7 +451,7 @@ RUNNING_READS = {
 
 
 def _must_set_aside(field: str, value: str | bytes | None, reads: set[str]) -> bool:
-    if isinstance(value, bytes) and field in ("payload", "retry", "step"):
+    if isinstance(value, bytes) and field in ("payload", "retry", "step", "receives"):
         return reads is CLAIM_READS  # what a claim hands the worker is UTF-8
     if field not in reads:
         return False

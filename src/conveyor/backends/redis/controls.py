@@ -15,7 +15,7 @@ from typing import Any
 
 from conveyor.backends.redis import rows
 from conveyor.backends.redis.store import RedisStore
-from conveyor.backends.stored import delete_refused, transition_result
+from conveyor.backends.stored import awaited_refusal, delete_refused, transition_result
 from conveyor.model import TaskState
 from conveyor.records import CancelMany, DeleteMany, RetryMany, TaskSelection
 
@@ -41,9 +41,13 @@ class Controls(RedisStore):
     async def delete(self, task_id: int) -> None:
         """Delete a task with its attempt log, inbox, send keys and unique
         key (one script); its children lose their parent. Raises
-        TaskNotFoundError, or InvalidTransitionError for a running task or
-        an unfinished child of a live parent (nothing deleted)."""
+        TaskNotFoundError, or InvalidTransitionError for a running task, an
+        unfinished child of a live parent, or a task an unfinished dependent
+        waits for (nothing deleted). Its own edges go with it; its
+        dependents' edges to it stay (they read it as no longer stored)."""
         found = await self._run("delete", [task_id])
+        if found[0] == 2:
+            raise awaited_refusal(task_id)
         if not found[0]:
             raise delete_refused(task_id, found[1] or None, found[2] or None)
 
@@ -62,7 +66,8 @@ class Controls(RedisStore):
 
     async def delete_many(self, selection: DeleteMany) -> list[int]:
         """One batch of a bulk delete in one script (``delete_many.lua``):
-        the ids deleted, ascending."""
+        the ids deleted, ascending; a task an unfinished dependent waits for
+        is passed by."""
         return [int(i) for i in await self._run("delete_many", _selection_args(selection))]
 
 

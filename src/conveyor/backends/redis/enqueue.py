@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from conveyor.backends.params import EnqueueParams, NewTask
+from conveyor.backends.params import EnqueueParams, NewTask, check_after
 from conveyor.backends.redis import rows
 from conveyor.backends.redis.store import RedisStore
-from conveyor.errors import BackendError, ConfigurationError, TaskExistsError
+from conveyor.errors import BackendError, ConfigurationError, TaskExistsError, TaskNotFoundError
 
 PRIORITY_RANGE = range(-(2**31), 2**31)
 """The priorities the claim order's fixed-width members hold (32-bit, as
@@ -35,9 +35,15 @@ class Enqueue(RedisStore):
         stored: by its ``on_conflict`` the holder's id comes back, a pending
         holder takes its payload, priority and due time, or TaskExistsError
         is raised and nothing of the enqueue is stored (checked in the same
-        script, so concurrent enqueues of one key store one task). Raises
-        ConfigurationError, storing nothing, for a priority beyond 32 bits."""
+        script, so concurrent enqueues of one key store one task). A task
+        with dependencies (``after``) is stored waiting, with its edges, in
+        the same script; those ended already count at once (see
+        ``wait_for`` in ``lua/lib/enqueue.lua``); a dependency that names
+        no stored task raises TaskNotFoundError, storing nothing. Raises
+        ConfigurationError, storing nothing, for a priority beyond 32 bits
+        or dependencies that could form a cycle (before any I/O)."""
         tasks = list(params.tasks)
+        check_after(tasks)
         if not tasks:
             return []
         for task in tasks:
@@ -52,9 +58,12 @@ class Enqueue(RedisStore):
 
 def stored_ids(tasks: Sequence[NewTask], found: list[Any]) -> list[int]:
     """The ids an enqueue (or a fire) returned: ``{1, ids...}``; ``{2}``, a
-    fire whose slots were not its own; or ``{0, index, holder}``, refused."""
+    fire whose slots were not its own; ``{3, id}``, a dependency not stored;
+    or ``{0, index, holder}``, refused."""
     if found[0] == 2:
         return []
+    if found[0] == 3:
+        raise TaskNotFoundError(f"no task with id {int(found[1])} (a dependency)")
     if not found[0]:
         refused, holder = tasks[int(found[1])], int(found[2])
         if refused.idempotency_key is None:

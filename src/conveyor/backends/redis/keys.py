@@ -93,6 +93,14 @@ key                             type   holds
                                        them (but for expired leases)
 ``{p}:concurrency-due:Q``       hash   task name -> how many keyed tasks of queue
                                        Q are in their keys' ready sets
+``{p}:after:ID``                list   task ID's dependencies (its ``after``), ids in
+                                       the order given: its edges, by position
+``{p}:settled:ID``              set    the positions (from 0) of task ID's edges
+                                       whose dependency's end was counted
+``{p}:dependents:ID``           zset   the ids of the tasks that depend on task ID
+                                       (score: the id), for its end to settle; the
+                                       task's hash says ``dependents`` = ``1`` once
+                                       one does, so that other ends skip the lookup
 ==============================  =====  ============================================
 
 Two Pub/Sub channels share the names (not keys: nothing is stored):
@@ -130,6 +138,11 @@ A task's hash may hold a ``trace_context`` field, and an inbox message a
 sixth element, the sender's trace context (``conveyor.tracing``); neither
 changes the layout: a message without a context keeps its five elements,
 so a process that predates them reads every store whose App is untraced.
+Dependencies do not change it either (the after, settled and dependents
+keys, and a task's ``waiting_for``, ``after_policy``, ``receives`` and
+``dependents`` fields): a store without them holds no dependent. A process
+that predates them ends a dependency without settling its dependents, so a
+store whose tasks have dependencies is run by processes that know them.
 Neither do the schedule releases (a schedule's ``release`` field and the
 release keys): a process that predates them ignores them, and its syncs
 overwrite schedules whatever their release.
@@ -184,6 +197,9 @@ LAYOUT: Final[Mapping[str, str]] = MappingProxyType(
         "concurrency_pending": "concurrency-pending:{key}",
         "concurrency_leases": "concurrency-leases:{key}",
         "concurrency_due": "concurrency-due:{queue}",
+        "after": "after:{id}",
+        "settled": "settled:{id}",
+        "dependents": "dependents:{id}",
         # Layouts 3 and 4 only: the index of every task, deleted by their upgrade.
         "tasks": "tasks",
     }

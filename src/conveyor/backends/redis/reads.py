@@ -27,6 +27,7 @@ from conveyor.backends.stored import activity_buckets, check_bucket_seconds
 from conveyor.model import Attempt, Task, TaskState
 from conveyor.records import (
     ActivityBucket,
+    DependencyRecord,
     KeyInfo,
     QueueBacklog,
     TaskCount,
@@ -320,6 +321,12 @@ class Listings(RedisStore):
         if with_attempts:
             attempts = rows.attempts(task_id, found[0], found[1])
         return rows.task(task_id, found[0], attempts)
+
+    async def dependencies(self, task_id: int) -> list[DependencyRecord]:
+        """The task's dependencies in the order given, read at one moment
+        (``dependencies.lua``); [] for a task without any, or not stored."""
+        found = await self._run("dependencies", [task_id])
+        return [rows.dependency(row) for row in found]
 
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         """Tasks newest first, filtered and paged as :class:`TaskFilter`

@@ -17,7 +17,11 @@ current budget), ``max_attempts``, ``retry`` (the policy as JSON),
 a task holding a unique key, ``idempotency_key``, ``unique_scope`` and
 ``unique_until`` (ms); ``concurrency_key``, ``concurrency_limit``,
 ``rate_limit`` and ``rate_period`` (seconds) when given (see
-``lua/lib/flow.lua``); ``expires_at`` (ms) when it expires. An attempt row
+``lua/lib/flow.lua``); ``expires_at`` (ms) when it expires; for a task
+with dependencies, ``waiting_for`` (how many have not ended yet as its
+policy counts them), ``after_policy`` and ``receives`` (when given), and
+``dependents`` (``1``) on a task that some task depends on (see
+``lua/lib/controls.lua``). An attempt row
 is a JSON object with ``number``,
 ``worker_id``, ``outcome``, ``started_at``, ``finished_at``,
 ``error_type``, ``error_message``, ``traceback`` and ``step``. An inbox message is a JSON array (see
@@ -45,7 +49,13 @@ from typing import Any
 
 from conveyor import payload as codec
 from conveyor.backends.params import ClaimedTask, Completion, Delivery, Effects, NewTask, Transition
-from conveyor.backends.stored import Unread, claimed_rows, retry_json, stored_retry_policy
+from conveyor.backends.stored import (
+    Unread,
+    claimed_rows,
+    dependency_record,
+    retry_json,
+    stored_retry_policy,
+)
 from conveyor.errors import BackendError
 from conveyor.model import (
     Attempt,
@@ -58,11 +68,17 @@ from conveyor.model import (
     Task,
     TaskState,
 )
-from conveyor.records import PruneParams, TaskSummary, WorkerInfo, last_error_of
+from conveyor.records import (
+    DependencyRecord,
+    PruneParams,
+    TaskSummary,
+    WorkerInfo,
+    last_error_of,
+)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
-TASK_FIELDS = 24
+TASK_FIELDS = 27
 """Arguments per task of ``enqueue.lua`` (and per spawn of ``finish.lua``)."""
 
 
@@ -125,13 +141,16 @@ def task_fields(t: NewTask, parent_id: int | None = None) -> list[str]:
         opt(_seconds(t.rate_period)),
         opt(t.trace),
         opt(None if t.expires_at is None else ms(t.expires_at)),
+        opt(" ".join(str(reference) for reference in t.after) if t.after else None),
+        t.after_policy,
+        opt(t.receives),
     ]
 
 
 def tasks_arg(tasks: Sequence[NewTask]) -> str:
     """The tasks of ``enqueue.lua`` (and ``fire_schedule.lua``): every task's
     fields end to end, as one JSON array (one argument, which the script
-    decodes in C: packing 24 arguments a task cost more than the script)."""
+    decodes in C: packing 27 arguments a task cost more than the script)."""
     fields: list[str] = []
     for t in tasks:
         fields += task_fields(t)
@@ -177,11 +196,15 @@ def _transition(move: Transition) -> list[str]:
 
 
 def _effects(task_id: int, effects: Effects) -> list[Any]:
-    """A poll's effects; its spawns are its children, its sends come from it."""
+    """A poll's effects; its spawns are its children, its sends come from it.
+    A spawn is stored pending: dependencies (``after``) are an enqueue's."""
     return [
         list(effects.consumed),
         [[str(d.task_id), d.body, opt(d.trace)] for d in effects.sends],
-        [task_fields(new, parent_id=task_id) for new in effects.spawns],
+        [
+            task_fields(replace(new, after=()) if new.after else new, parent_id=task_id)
+            for new in effects.spawns
+        ],
     ]
 
 
@@ -200,7 +223,8 @@ def claimed_tasks(
     spent, max_attempts, retry policy, timeout, lease, lease expiry, step,
     parent id (optional ones as :func:`opt` writes them), run time ("" if
     it does not read), trace context (optional), the task's expiry time
-    when this claim started its first attempt past it ("" otherwise); every lease of the claim
+    when this claim started its first attempt past it ("" otherwise), its
+    ``receives`` (optional); every lease of the claim
     has its ``nonce``. Tasks of one claim mostly share a lease expiry: each
     distinct one is converted once.
 
@@ -234,9 +258,12 @@ def _claimed(
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
     timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
     expired = row[15] if len(row) > 15 else ""
+    receives = row[16] if len(row) > 16 else ""
     for position, field in _CLAIMED_TEXTS:
         if not utf8(row[position]):
             raise ValueError(f"task {task_id}'s field {field!r} is not UTF-8")
+    if not utf8(receives):
+        raise ValueError(f"task {task_id}'s field 'receives' is not UTF-8")
     if not utf8(trace):
         trace = ""  # a trace context that does not read starts a new trace
     budget = int(max_attempts)
@@ -259,6 +286,7 @@ def _claimed(
         run_at=moment(int(run_at)) if run_at.isdigit() else None,
         trace=trace[1:] if trace else None,
         expired_at=moment(int(expired)) if expired else None,
+        receives=receives[1:] if receives else None,
     )
 
 
@@ -394,6 +422,7 @@ def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...])
         inbox=fields.get("inbox") == "1",
         idempotency_key=f.optional_text("idempotency_key"),
         concurrency_key=f.optional_text("concurrency_key"),
+        waiting_for=f.integer("waiting_for", 0, 2**31 - 2) if "waiting_for" in fields else None,
     )
     if not f.unread:
         return listed
@@ -458,6 +487,39 @@ def attempts(task_id: int, fields: Mapping[str, str], log: Sequence[str]) -> tup
     if f.unread:
         return tuple(ended)
     return (*ended, running)
+
+
+def dependency(row: Sequence[str]) -> DependencyRecord:
+    """One edge as ``dependencies.lua`` returns it: the dependency's id,
+    ``1`` when settled, then (a dependency still stored) its name, state,
+    result and the last row of its attempt log, each optional. A state
+    that does not read is taken as ``failed`` (as :func:`task` lists it);
+    an attempt row that does not read gives no error."""
+    task_id, settled = int(row[0]), row[1] == "1"
+    if len(row) < 6:
+        return dependency_record(task_id, settled)
+    name, state, result, last = (text[1:] if text else None for text in row[2:6])
+    if state not in _STATE_VALUES:
+        state = TaskState.FAILED.value
+    ended = None
+    if last is not None:
+        try:
+            ended = attempt(task_id, last)
+        except BackendError:
+            ended = None
+    return dependency_record(
+        task_id,
+        settled,
+        name,
+        state,
+        result,
+        None if ended is None else ended.outcome.value,
+        None if ended is None else ended.error_type,
+        None if ended is None else ended.error_message,
+    )
+
+
+_STATE_VALUES = frozenset(s.value for s in TaskState)
 
 
 def attempt(task_id: int, text: str) -> Attempt:

@@ -56,6 +56,7 @@ OPERATIONS = (
     "retry",
     "send",
     "count_unfinished",
+    "dependencies",
     "register_worker",
     "stop_worker",
     "pause",

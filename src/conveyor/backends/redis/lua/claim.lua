@@ -136,7 +136,7 @@ table.sort(candidates, function(a, b) return a[1] < b[1] end)
 local HANDED = {
   'attempt', 'spent', 'lease', 'step', 'payload', 'max_attempts', 'retry', 'timeout',
   'parent_id', 'concurrency_key', 'concurrency_limit', 'unique_scope', 'run_at',
-  'trace_context', 'name', 'queue', 'state', 'priority', 'expires_at',
+  'trace_context', 'name', 'queue', 'state', 'priority', 'expires_at', 'receives',
 }
 local function misplaced(f, queue, name, reclaim)
   if f[15] ~= name then return 'name', f[15] end
@@ -204,6 +204,7 @@ for i = 1, math.min(limit, #candidates) do
       seconds_text(lease), string.format('%d', expires), f[4] and '=' .. f[4] or '',
       parent and '=' .. string.format('%d', parent) or '', string.format('%d', run_at),
       f[14] and '=' .. f[14] or '', expired and string.format('%d', expiry) or '',
+      f[20] and '=' .. f[20] or '',
     }
   end
 end

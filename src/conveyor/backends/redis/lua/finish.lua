@@ -10,8 +10,8 @@
 -- requested ends it cancelled. A transition (a workflow's next step, a
 -- coroutine's rest) brings a new state, options and a fresh budget; an
 -- interrupted attempt is given back to the budget. A task that ends sends
--- its end message to its live parent, and a cancelled one cancels its live
--- children (ended, in lib/controls.lua). A poll's send to a task that is missing,
+-- its end message to its live parent, a cancelled one cancels its live
+-- children, and its dependents count its end (ended, in lib/controls.lua). A poll's send to a task that is missing,
 -- finished or has no inbox is dropped.
 --
 -- ARGV: now, worker id, then the completions as one JSON array of arrays
@@ -41,7 +41,8 @@ gather_indexes()
 -- lease expires and a claim sets it aside. So is a second completion of one
 -- task.
 local FENCED = {'state', 'attempt', 'worker_id', 'lease_expires_at', 'queue', 'name',
-  'priority', 'unique_scope', 'concurrency_key', 'parent_id', 'started_at', 'step', 'spent', 'nonce'}
+  'priority', 'unique_scope', 'concurrency_key', 'parent_id', 'started_at', 'step', 'spent', 'nonce',
+  'dependents'}
 local held, applied, seen, corrupt = {}, {}, {}, {}
 for _, c in ipairs(cjson.decode(ARGV[3])) do
   local id, attempt = c[1], c[2]
@@ -63,7 +64,7 @@ for _, c in ipairs(cjson.decode(ARGV[3])) do
     -- in this script.
     held[#held + 1] = {c = c, id = id, queue = f[5], name = f[6],
       priority = number('priority', f[7]), scope = f[8], flow_key = f[9], parent = f[10],
-      running = running, effects = given(c[11])}
+      running = running, effects = given(c[11]), dependents = f[15] == '1'}
     applied[#applied + 1] = 1
   else
     applied[#applied + 1] = 0
@@ -130,13 +131,14 @@ local function complete(h)
   end
   end_lease(id, h.queue, h.flow_key)
   key_freed(h.flow_key)
-  return TERMINAL[state] and (h.parent or state == 'cancelled')
+  return TERMINAL[state] and (h.parent or state == 'cancelled' or h.dependents)
 end
 
 for _, h in ipairs(held) do
   if h.effects then apply_effects(h) end
 end
--- An ending tells a parent, and a cancelled task cancels its children: after
+-- An ending tells a parent, a cancelled task cancels its children, and a
+-- task something depends on settles its dependents (ended): after
 -- every completion of the call, as the SQL backends' row triggers fire after
 -- their statement, so that a child ending beside its parent finds it ended.
 local endings = {}

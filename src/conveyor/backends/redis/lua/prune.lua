@@ -3,7 +3,8 @@
 -- more, over all states), workers' cutoff (opt, ms), then a state and its
 -- cutoff (ms) per state, in the order given. Tasks finished before their
 -- state's cutoff go, state by state, oldest finish first (see prunable);
--- never a child of a live parent. Returns {tasks deleted, workers deleted}.
+-- never a child of a live parent, nor a task an unfinished dependent waits
+-- for. Returns {tasks deleted, workers deleted}.
 --
 -- Cost: reads the finished index of each state from its oldest member, so a
 -- batch reads its `limit` tasks plus the children of live parents it passes;

@@ -1,26 +1,119 @@
 -- controls.lua: a task's end, cancels, retries, bulk selections and deletes.
 
+-- Dependencies. A dependent's edges are the ids of {p}:after:ID in the order
+-- given, the positions (from 0) of those settled in {p}:settled:ID; each
+-- dependency lists its dependents in {p}:dependents:ID and its hash says
+-- `dependents` = 1, so that the end of a task nothing depends on reads no
+-- edge. A dependent still waiting with waiting_for > 0 counts a dependency's
+-- end (count_end): one that succeeded, or any end under the policy `run`,
+-- takes one off waiting_for, and the last makes it pending, due at the later
+-- of now and its own run_at, its queue woken (index_pending); one that
+-- failed or was cancelled ends it cancelled (policy `cancel`) or failed
+-- (`fail`). Returns true when it ended it. A dependent whose queue, name,
+-- priority or run_at does not read is set aside rather than made pending.
+local RELEASED = {'queue', 'name', 'priority', 'run_at'}
+local function count_end(id, state, now)
+  local key = key_task(id)
+  local f = redis.call('HMGET', key, 'state', 'waiting_for', 'after_policy',
+    'queue', 'name', 'priority', 'run_at')
+  local waiting_for = number('waiting_for', f[2])
+  if f[1] ~= 'waiting' or not waiting_for or waiting_for <= 0 then return false end
+  if state == 'succeeded' or f[3] == 'run' then
+    waiting_for = waiting_for - 1
+    if waiting_for > 0 then
+      redis.call('HSET', key, 'waiting_for', waiting_for)
+      return false
+    end
+    local read = {f[4], f[5], f[6], f[7]}
+    local field, value = unreadable(RELEASED, read)
+    if field then
+      redis.call('HSET', key, 'waiting_for', 0)
+      set_aside(id, f[4] or '', '', unread_message(field, value), now)
+      return false
+    end
+    local run_at = math.max(number('run_at', f[7]), now)
+    move_state(id, 'waiting', 'pending', nil, 'waiting_for', 0, 'run_at', run_at)
+    index_pending(id, f[4], f[5], number('priority', f[6]), run_at, now)
+    return false
+  end
+  finish_task(id, 'waiting', f[3] == 'fail' and 'failed' or 'cancelled', now)
+  return true
+end
+
+-- Task id ended in `state`: every edge to it not settled yet is settled, and
+-- its dependent counts it (count_end); the dependents this ends join `out`
+-- (their own ends are the caller's).
+local function settle_edges(id, state, now, out)
+  local text = string.format('%d', tonumber(id))
+  for _, dependent in ipairs(redis.call('ZRANGE', key_dependents(text), 0, -1)) do
+    local counted = 0
+    for position, dependency in ipairs(redis.call('LRANGE', key_after(dependent), 0, -1)) do
+      if dependency == text
+          and redis.call('SADD', key_settled(dependent), position - 1) == 1 then
+        counted = counted + 1
+      end
+    end
+    for _ = 1, counted do
+      if count_end(dependent, state, now) then
+        out[#out + 1] = dependent
+        break
+      end
+    end
+  end
+end
+
 -- A task reached a terminal state (its hash says so): its live parent gets
 -- its end message, {"child", "name", "state", "result"}; a cancelled task's
 -- live children are cancelled too (a running one has its cancel requested),
--- each of them ending in turn.
+-- each of them ending in turn; its dependents count its end (settle_edges),
+-- and those this ends move theirs in turn: a worklist, not a recursion, as
+-- a chain of dependents may be long. Every path that ends a task calls this
+-- (a completion, a cancel, a claim's end of an expired lease, a task set
+-- aside, a dependent ended by its policy).
 local cancel_task
 ended = function(id, now)
-  local f = redis.call('HMGET', key_task(id), 'parent_id', 'name', 'state', 'result')
-  local parent = f[1]
-  if parent then
-    local parent_state = redis.call('HGET', key_task(parent), 'state')
-    if parent_state and not TERMINAL[parent_state] then
-      local body = '{"child":' .. id .. ',"name":' .. cjson.encode(f[2] or '')
-        .. ',"state":' .. cjson.encode(f[3]) .. ',"result":' .. (f[4] or 'null') .. '}'
-      deliver(parent, id, 'end', body, now)
+  local work = {id}
+  while #work > 0 do
+    local one = table.remove(work)
+    local f = redis.call('HMGET', key_task(one), 'parent_id', 'name', 'state', 'result',
+      'dependents')
+    local parent = f[1]
+    if parent then
+      local parent_state = redis.call('HGET', key_task(parent), 'state')
+      if parent_state and not TERMINAL[parent_state] then
+        local body = '{"child":' .. one .. ',"name":' .. cjson.encode(f[2] or '')
+          .. ',"state":' .. cjson.encode(f[3]) .. ',"result":' .. (f[4] or 'null') .. '}'
+        deliver(parent, one, 'end', body, now)
+      end
     end
-  end
-  if f[3] == 'cancelled' then
-    for _, child in ipairs(redis.call('ZRANGE', key_children(id), 0, -1)) do
-      cancel_task(child, now)
+    if f[3] == 'cancelled' then
+      for _, child in ipairs(redis.call('ZRANGE', key_children(one), 0, -1)) do
+        cancel_task(child, now)
+      end
     end
+    if f[5] == '1' and TERMINAL[f[3]] then settle_edges(one, f[3], now, work) end
   end
+end
+
+-- A dependency found ended when its dependent is stored (wait_for in
+-- enqueue.lua): its edges not settled yet count it now, as ended would.
+settle_dependents = function(id, state, now)
+  local work = {}
+  settle_edges(id, state, now, work)
+  for _, one in ipairs(work) do ended(one, now) end
+end
+
+-- Whether an unfinished task (pending, running or waiting) depends on task
+-- id, which then is neither deleted nor pruned: that task may read its
+-- outcome yet. `flag` is its `dependents` field when the caller read it.
+local ALIVE = {pending = true, in_progress = true, waiting = true}
+local function awaited(id, flag)
+  if flag == nil then flag = redis.call('HGET', key_task(id), 'dependents') end
+  if flag ~= '1' then return false end
+  for _, dependent in ipairs(redis.call('ZRANGE', key_dependents(id), 0, -1)) do
+    if ALIVE[redis.call('HGET', key_task(dependent), 'state') or ''] then return true end
+  end
+  return false
 end
 
 -- Cancel one task: a pending or waiting one ends cancelled at once, a
@@ -62,8 +155,6 @@ local function retry_task(id, state, queue, name, priority, now)
   redis.call('HDEL', key, 'result')
   index_pending(id, queue, name, priority, now, now)
 end
-
-local ALIVE = {pending = true, in_progress = true, waiting = true}
 
 -- A bulk action's selection (retry_many, cancel_many, delete_many), read in
 -- the script that acts on it, so that a task whose state changed since a
@@ -145,12 +236,14 @@ local function parent_state(id)
 end
 
 -- Delete a task that is not running, with everything stored for it: its
--- attempt log, inbox, send keys, unique key and index entries; its
--- children lose their parent. The caller checked that a pending one's
--- index fields read.
+-- attempt log, inbox, send keys, unique key, index entries and its own
+-- edges (edges of its dependents to it stay: they read it as no longer
+-- stored); its children lose their parent. The caller checked that a
+-- pending one's index fields read.
 local function forget_task(id)
   local key = key_task(id)
-  local f = redis.call('HMGET', key, 'state', 'queue', 'name', 'priority', 'run_at', 'parent_id')
+  local f = redis.call('HMGET', key, 'state', 'queue', 'name', 'priority', 'run_at', 'parent_id',
+    'waiting_for', 'dependents')
   local state, queue = f[1], f[2]
   if state == 'pending' then
     unindex_pending(id, queue, f[3], number('priority', f[4]), number('run_at', f[5]))
@@ -167,4 +260,11 @@ local function forget_task(id)
   end
   redis.call('SREM', KEY_CORRUPT, id)
   redis.call('DEL', key, key_attempts(id), key_inbox(id), key_sent(id), key_children(id))
+  if f[7] then
+    for _, dependency in ipairs(redis.call('LRANGE', key_after(id), 0, -1)) do
+      redis.call('ZREM', key_dependents(dependency), id)
+    end
+    redis.call('DEL', key_after(id), key_settled(id))
+  end
+  if f[8] then redis.call('DEL', key_dependents(id)) end
 end

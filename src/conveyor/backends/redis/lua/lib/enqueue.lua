@@ -7,8 +7,11 @@
 -- parent id (opt), first message (opt, JSON), unique key (opt), unique
 -- scope (opt), unique period (opt, ms), on_conflict, concurrency key (opt),
 -- concurrency limit (opt), rate limit (opt), rate period (opt, seconds),
--- trace context (opt, JSON text), expiry time (opt, ms). Python checked them.
-local TASK_FIELDS = 24
+-- trace context (opt, JSON text), expiry time (opt, ms), dependencies (opt:
+-- the `after` entries as decimal texts separated by spaces, a negative one
+-- the index -1 - n of an earlier task of the same enqueue), after_policy,
+-- receives (opt). Python checked them.
+local TASK_FIELDS = 27
 
 -- An optional argument's value (see opt), appended to a field list when given.
 local function optional_field(fields, field, argument)
@@ -21,7 +24,9 @@ local function optional_field(fields, field, argument)
 end
 
 -- Store a new pending task with this id (its first message from its parent,
--- which does not move a delayed start).
+-- which does not move a delayed start); one with dependencies is stored
+-- waiting for them (waiting_for: their number), in no index of its queue
+-- (wait_for in this file writes its edges).
 local function insert_task(id, a, i, now, adds)
   local name, queue = a[i], a[i + 1]
   local priority = tonumber(a[i + 3])
@@ -32,8 +37,21 @@ local function insert_task(id, a, i, now, adds)
     'name', name, 'queue', queue, 'payload', a[i + 2],
     'priority', a[i + 3], 'run_at', run_at, 'attempt', 0, 'spent', 0,
     'max_attempts', a[i + 6], 'retry', a[i + 7], 'created_at', now,
-    'inbox', a[i + 11], 'cancel_requested', 0, 'state', 'pending',
+    'inbox', a[i + 11], 'cancel_requested', 0,
   }
+  local after = opt(a[i + 24])
+  local state = after and 'waiting' or 'pending'
+  fields[#fields + 1] = 'state'
+  fields[#fields + 1] = state
+  if after then
+    local count = 0
+    for _ in string.gmatch(after, '%S+') do count = count + 1 end
+    fields[#fields + 1] = 'waiting_for'
+    fields[#fields + 1] = count
+    fields[#fields + 1] = 'after_policy'
+    fields[#fields + 1] = a[i + 25]
+  end
+  optional_field(fields, 'receives', a[i + 26])
   optional_field(fields, 'timeout', a[i + 8])
   optional_field(fields, 'lease', a[i + 9])
   optional_field(fields, 'step', a[i + 10])
@@ -55,9 +73,11 @@ local function insert_task(id, a, i, now, adds)
   local trace = optional_field(fields, 'trace_context', a[i + 22])
   optional_field(fields, 'expires_at', a[i + 23])
   redis.call('HSET', key, unpack(fields))
-  zadd(adds, key_state('pending'), id, id)  -- a new task gives no key up
+  zadd(adds, key_state(state), id, id)  -- a new task gives no key up
   if parent then redis.call('ZADD', key_children(parent), id, id) end
-  index_pending(id, queue, name, priority, run_at, now, flow_key or false, adds)
+  if not after then
+    index_pending(id, queue, name, priority, run_at, now, flow_key or false, adds)
+  end
   local message = opt(a[i + 13])
   if message then append_message(id, parent, 'message', message, now, trace) end
 end
@@ -108,7 +128,8 @@ local function new_id()
 end
 
 -- Store the task at index i of args, or find the holder of its unique key
--- (on_conflict "replace" updates a pending one); returns its id. `mine`
+-- (on_conflict "replace" updates a pending one); returns its id, and true
+-- when this call stored it. `mine`
 -- (when given) is the set of ids this enqueue stored: a key repeated in one
 -- enqueue is its first task's, whatever the later one's on_conflict. `adds`
 -- gathers a new task's index writes (see zadd).
@@ -134,15 +155,69 @@ local function store_task(a, i, now, mine, adds)
   local id = new_id()
   insert_task(id, a, i, now, adds)
   if mine then mine[tostring(id)] = true end
-  return id
+  return id, true
+end
+
+-- Dependencies (controls.lua): a dependency that ended settles its edges.
+local settle_dependents
+
+-- The first stored id among the dependencies of the batch `a` that names no
+-- task, or nil (reads only: an enqueue checks every task before it writes).
+local function unknown_dependency(a, count)
+  for n = 0, count - 1 do
+    local after = opt(a[n * TASK_FIELDS + 25])
+    if after then
+      for reference in string.gmatch(after, '%S+') do
+        if tonumber(reference) > 0 and redis.call('EXISTS', key_task(reference)) == 0 then
+          return reference
+        end
+      end
+    end
+  end
+  return nil
+end
+
+-- Task id, just stored waiting, waits for the tasks `after` names (see
+-- TASK_FIELDS; `ids` the ids of the batch so far, from ids[2]): one edge per
+-- entry, in order ({p}:after:ID), each dependency marked as having
+-- dependents; then the dependencies ended already count, in order, as if
+-- they ended now (which may end it by its policy, and its own dependents in
+-- turn). `adds` (the batch's gathered index writes) is written first then.
+local function wait_for(id, after, ids, now, adds)
+  local edges, seen, order = {}, {}, {}
+  for reference in string.gmatch(after, '%S+') do
+    local n = tonumber(reference)
+    local dependency = reference
+    if n < 0 then dependency = string.format('%d', ids[1 - n]) end
+    edges[#edges + 1] = dependency
+    if not seen[dependency] then
+      seen[dependency] = true
+      order[#order + 1] = dependency
+    end
+  end
+  call_chunked('RPUSH', key_after(id), edges)
+  for _, dependency in ipairs(order) do
+    redis.call('ZADD', key_dependents(dependency), id, id)
+    redis.call('HSET', key_task(dependency), 'dependents', 1)
+  end
+  for _, dependency in ipairs(order) do
+    local state = redis.call('HGET', key_task(dependency), 'state')
+    if TERMINAL[state] then
+      add_gathered(adds)
+      settle_dependents(dependency, state, now)
+    end
+  end
 end
 
 -- Store the batch of tasks of `batch`, one JSON array of TASK_FIELDS
 -- strings per task, end to end (enqueue.lua, fire_schedule.lua: one argument
 -- decoded in C, not thousands packed and parsed one by one): all of them,
--- or none if a task with on_conflict "raise" meets a held key (every one
--- checked before anything is written). Returns {1, the ids...}, or {0, the
--- index (0-based) of the first task refused, the holder's id}.
+-- or none if a task with on_conflict "raise" meets a held key or a
+-- dependency names no stored task (every one checked before anything is
+-- written). A task stored with dependencies waits for them (wait_for); one
+-- that met its key's holder stores no edge. Returns {1, the ids...}, {0, the
+-- index (0-based) of the first task refused, the holder's id}, or {3, the
+-- id of a dependency not stored}.
 local function store_batch(batch, now)
   local a = cjson.decode(batch)
   local count = #a / TASK_FIELDS
@@ -150,10 +225,16 @@ local function store_batch(batch, now)
     local holder = refused_key(a, 1 + n * TASK_FIELDS, now)
     if holder then return {0, n, tonumber(holder)} end
   end
+  local unknown = unknown_dependency(a, count)
+  if unknown then return {3, unknown} end
   local ids, mine, adds = {1}, {}, {}
   reserve_ids(count)
   for n = 0, count - 1 do
-    ids[#ids + 1] = store_task(a, 1 + n * TASK_FIELDS, now, mine, adds)
+    local i = 1 + n * TASK_FIELDS
+    local id, stored = store_task(a, i, now, mine, adds)
+    local after = stored and opt(a[i + 24])
+    if after then wait_for(id, after, ids, now, adds) end
+    ids[#ids + 1] = id
   end
   add_gathered(adds)
   return ids

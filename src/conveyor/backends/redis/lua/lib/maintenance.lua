@@ -2,7 +2,8 @@
 
 -- Retention: the ids (up to `limit`; nil for no limit) of the tasks finished
 -- in `state` before `before`, oldest finish first (ids breaking ties), but
--- never a child of a live parent (it may read the child's end yet), read a
+-- never a child of a live parent (it may read the child's end yet), nor a
+-- task an unfinished dependent waits for (awaited in controls.lua), read a
 -- page at a time from the state's finished index.
 local function prunable(state, before, limit)
   local found, offset, cutoff = {}, 0, finished_cutoff(before)
@@ -12,7 +13,7 @@ local function prunable(state, before, limit)
     offset = offset + #page
     for _, member in ipairs(page) do
       local id = member_id(member)
-      if not ALIVE[parent_state(id) or ''] then
+      if not ALIVE[parent_state(id) or ''] and not awaited(id) then
         found[#found + 1] = id
         if limit and #found >= limit then break end
       end

@@ -33,6 +33,7 @@ local BOUNDS = {
   concurrency_limit = {1, 2147483647, true},
   rate_limit = {1, 2147483647, true},
   rate_period = {0, MAX_SECONDS, false, true},
+  waiting_for = {0, MAX_COUNTER, true},
 }
 local function number(field, text)
   local v = tonumber(text)
