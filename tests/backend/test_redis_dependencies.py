@@ -66,7 +66,8 @@ async def test_edges_are_stored_in_order_and_a_deleted_dependent_drops_them(
     [d] = await enqueue(store, replace(new(), after=(b, a, b), after_policy="run"))
     prefix = store.prefix
     assert await raw.lrange(keys.name_of("after", prefix, d), 0, -1) == [str(b), str(a), str(b)]
-    assert await raw.zrange(keys.name_of("dependents", prefix, b), 0, -1) == [str(d)]
+    assert await raw.zrange(keys.name_of("dependents", prefix, b), 0, -1) == [f"{d}:0", f"{d}:2"]
+    assert await raw.zrange(keys.name_of("dependents", prefix, a), 0, -1) == [f"{d}:1"]
     assert await raw.hget(keys.task(prefix, a), "dependents") == "1"
     assert await waiting_for(store, d) == 3
     assert await store.cancel(b, now=later(1)) is TaskState.CANCELLED

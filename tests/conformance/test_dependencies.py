@@ -316,3 +316,26 @@ async def test_a_waiting_dependent_is_not_handed_to_a_worker(backend: Backend) -
     late = await backend.finish(FinishParams("w1", [success(token)], now=later(2)))
     assert late.rejected == {token}
     assert await state(backend, d) == (S.WAITING, 1)
+
+
+async def test_a_callback_of_thousands_of_members_is_released_by_the_last(
+    backend: Backend,
+) -> None:
+    members = 9000  # past Lua's unpack limit (~8000) and SQLite's host parameters per row
+    tasks = [new() for _ in range(members)]
+    callback = replace(
+        new("callback"), after=tuple(earlier(i) for i in range(members)), after_policy="run"
+    )
+    ids = await backend.enqueue(EnqueueParams(tasks=[*tasks, callback], now=T0))
+    assert await state(backend, ids[-1]) == (S.WAITING, members)
+    done = 0
+    while done < members:
+        claimed = await claim(backend, limit=1000, at=later(1))
+        finished = await backend.finish(
+            FinishParams("w1", [success(t.token) for t in claimed], now=later(1))
+        )
+        done += len(finished.applied)
+    assert await state(backend, ids[-1]) == (S.PENDING, 0)
+    records = await backend.dependencies(ids[-1])
+    assert [r.task_id for r in records] == ids[:-1]
+    assert all(r.settled and r.state is S.SUCCEEDED for r in records)

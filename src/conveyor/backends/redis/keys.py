@@ -97,8 +97,9 @@ key                             type   holds
                                        the order given: its edges, by position
 ``{p}:settled:ID``              set    the positions (from 0) of task ID's edges
                                        whose dependency's end was counted
-``{p}:dependents:ID``           zset   the ids of the tasks that depend on task ID
-                                       (score: the id), for its end to settle; the
+``{p}:dependents:ID``           zset   the edges to task ID: ``DEPENDENT:POSITION``
+                                       (score: the dependent's id), for its end to
+                                       settle, one step per edge; the
                                        task's hash says ``dependents`` = ``1`` once
                                        one does, so that other ends skip the lookup
 ==============================  =====  ============================================

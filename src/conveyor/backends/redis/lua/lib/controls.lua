@@ -42,22 +42,17 @@ end
 
 -- Task id ended in `state`: every edge to it not settled yet is settled, and
 -- its dependent counts it (count_end); the dependents this ends join `out`
--- (their own ends are the caller's).
+-- (their own ends are the caller's). Each edge to it is a member
+-- "DEPENDENT:POSITION" of {p}:dependents:ID, so an end costs one step per
+-- edge to it, whatever the number of its dependent's other edges (a
+-- chord's callback has one per member).
 local function settle_edges(id, state, now, out)
   local text = string.format('%d', tonumber(id))
-  for _, dependent in ipairs(redis.call('ZRANGE', key_dependents(text), 0, -1)) do
-    local counted = 0
-    for position, dependency in ipairs(redis.call('LRANGE', key_after(dependent), 0, -1)) do
-      if dependency == text
-          and redis.call('SADD', key_settled(dependent), position - 1) == 1 then
-        counted = counted + 1
-      end
-    end
-    for _ = 1, counted do
-      if count_end(dependent, state, now) then
-        out[#out + 1] = dependent
-        break
-      end
+  for _, edge in ipairs(redis.call('ZRANGE', key_dependents(text), 0, -1)) do
+    local dependent, position = string.match(edge, '^(%d+):(%d+)$')
+    if dependent and redis.call('SADD', key_settled(dependent), position) == 1
+        and count_end(dependent, state, now) then
+      out[#out + 1] = dependent
     end
   end
 end
@@ -110,8 +105,11 @@ local ALIVE = {pending = true, in_progress = true, waiting = true}
 local function awaited(id, flag)
   if flag == nil then flag = redis.call('HGET', key_task(id), 'dependents') end
   if flag ~= '1' then return false end
-  for _, dependent in ipairs(redis.call('ZRANGE', key_dependents(id), 0, -1)) do
-    if ALIVE[redis.call('HGET', key_task(dependent), 'state') or ''] then return true end
+  for _, edge in ipairs(redis.call('ZRANGE', key_dependents(id), 0, -1)) do
+    local dependent = string.match(edge, '^(%d+):')
+    if dependent and ALIVE[redis.call('HGET', key_task(dependent), 'state') or ''] then
+      return true
+    end
   end
   return false
 end
@@ -261,8 +259,8 @@ local function forget_task(id)
   redis.call('SREM', KEY_CORRUPT, id)
   redis.call('DEL', key, key_attempts(id), key_inbox(id), key_sent(id), key_children(id))
   if f[7] then
-    for _, dependency in ipairs(redis.call('LRANGE', key_after(id), 0, -1)) do
-      redis.call('ZREM', key_dependents(dependency), id)
+    for position, dependency in ipairs(redis.call('LRANGE', key_after(id), 0, -1)) do
+      redis.call('ZREM', key_dependents(dependency), id .. ':' .. (position - 1))
     end
     redis.call('DEL', key_after(id), key_settled(id))
   end

@@ -194,10 +194,11 @@ local function wait_for(id, after, ids, now, adds)
       seen[dependency] = true
       order[#order + 1] = dependency
     end
+    -- The edge, as its dependency's end finds it: DEPENDENT:POSITION.
+    redis.call('ZADD', key_dependents(dependency), id, id .. ':' .. (#edges - 1))
   end
   call_chunked('RPUSH', key_after(id), edges)
   for _, dependency in ipairs(order) do
-    redis.call('ZADD', key_dependents(dependency), id, id)
     redis.call('HSET', key_task(dependency), 'dependents', 1)
   end
   for _, dependency in ipairs(order) do
