@@ -328,7 +328,7 @@ def _token(row: Sequence[Any], worker_id: str, nonce: str) -> LeaseToken | None:
     return LeaseToken(task_id, attempt, worker_id, nonce)
 
 
-CLAIM_COLUMNS = 16
+CLAIM_COLUMNS = 17
 """The columns of a claim's row that :func:`claimed_task` reads before the
 inbox a PostgreSQL claim may add."""
 
@@ -338,11 +338,13 @@ def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:
     retry policy, timeout, lease, lease expiry (a datetime), step, parent id,
     run time (a datetime), trace context, the task's expiry time when this
     claim started its first attempt past it (a datetime, else None; a hand-off's
-    row stops before it), and (PostgreSQL) the inbox read with the claim (see
-    :func:`claimed_inbox`)."""
+    row stops before it), what it receives of its dependencies (PostgreSQL;
+    else None or missing), and (PostgreSQL) the inbox read with the claim
+    (see :func:`claimed_inbox`)."""
     task_id, attempt, name, queue, payload, spent, max_attempts, retry = row[:8]
     timeout, lease, expires, step, parent_id, run_at, trace = row[8:15]
     expired_at = row[15] if len(row) > 15 else None
+    receives = row[16] if len(row) > 16 else None
     inbox = None
     if len(row) > CLAIM_COLUMNS and row[CLAIM_COLUMNS] is not None:
         inbox = claimed_inbox(task_id, row[CLAIM_COLUMNS])
@@ -363,6 +365,7 @@ def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:
         trace=trace,
         inbox=inbox,
         expired_at=expired_at,
+        receives=receives,
     )
 
 

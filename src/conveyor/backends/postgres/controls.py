@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.backends.postgres.pools import Pools
-from conveyor.backends.stored import delete_refused, transition_result
+from conveyor.backends.stored import awaited_refusal, delete_refused, transition_result
 from conveyor.model import TaskState
 from conveyor.records import CancelMany, DeleteMany, RetryMany, TaskSelection
 
@@ -50,7 +50,9 @@ class Controls(Pools):
         if await self._fetchall("delete_task", {"id": task_id}):
             return
         found = await self._fetchall("delete_blocker", {"id": task_id})
-        raise delete_refused(task_id, *(found[0] if found else (None, None)))
+        if found and found[0][2]:
+            raise awaited_refusal(task_id)
+        raise delete_refused(task_id, *(found[0][:2] if found else (None, None)))
 
     async def retry_many(self, selection: RetryMany) -> list[int]:
         return list((await self._fetchall("retry_many", _selected(selection)))[0][0])

@@ -11,6 +11,7 @@ scans of ``_fetchall_scanning``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from conveyor.backends.params import WorkFilter
@@ -19,6 +20,7 @@ from conveyor.backends.stored import (
     activity_buckets,
     attempt_row,
     check_bucket_seconds,
+    dependency_record,
     filter_args,
     summary_row,
     task_row,
@@ -28,6 +30,7 @@ from conveyor.records import (
     ACTIVITY_SCAN,
     SUMMARY_ERROR_CHARS,
     ActivityBucket,
+    DependencyRecord,
     KeyInfo,
     QueueBacklog,
     TaskCount,
@@ -101,7 +104,12 @@ class Listings(Pools):
             if with_attempts:
                 cursor = await conn.execute(self.sql["get_attempts"], {"id": task_id})
                 attempts = tuple(attempt_row(r) for r in await cursor.fetchall())
-        return task_row(row, attempts)
+        task = task_row(row[:-1], attempts)
+        return task if row[-1] is None else replace(task, waiting_for=row[-1])
+
+    async def dependencies(self, task_id: int) -> list[DependencyRecord]:
+        rows = await self._fetchall("dependencies", {"id": task_id})
+        return [dependency_record(int(r[0]), bool(r[1]), *r[2:]) for r in rows]
 
     async def count_tasks(self) -> list[TaskCount]:
         rows = await self._fetchall_scanning("count_tasks", {})

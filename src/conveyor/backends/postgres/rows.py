@@ -86,14 +86,19 @@ def _columns(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]:
 
 
 def keyed(tasks: Sequence[NewTask]) -> bool:
-    """Whether any of ``tasks`` carries a unique or a concurrency key (then
-    ``enqueue_keyed`` stores them)."""
-    return any(t.idempotency_key is not None or t.concurrency_key is not None for t in tasks)
+    """Whether any of ``tasks`` carries a unique or a concurrency key, or
+    dependencies (then ``enqueue_keyed`` stores them)."""
+    return any(
+        t.idempotency_key is not None or t.concurrency_key is not None or t.after for t in tasks
+    )
 
 
 def may_raise(tasks: Sequence[NewTask]) -> bool:
-    """Whether an insert of ``tasks`` may raise TaskExistsError midway."""
-    return any(t.on_conflict == "raise" and t.idempotency_key is not None for t in tasks)
+    """Whether an insert of ``tasks`` may raise midway: TaskExistsError, or
+    TaskNotFoundError for a dependency that is not stored."""
+    return any(
+        (t.on_conflict == "raise" and t.idempotency_key is not None) or t.after for t in tasks
+    )
 
 
 def keyed_args(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]:
@@ -107,6 +112,9 @@ def keyed_args(tasks: Sequence[NewTask], now: datetime | None) -> dict[str, Any]
         "concurrency_limits": [t.concurrency_limit for t in tasks],
         "rate_limits": [t.rate_limit for t in tasks],
         "rate_periods": [t.rate_period for t in tasks],
+        "waiting_fors": [len(t.after) if t.after else None for t in tasks],
+        "after_policies": [t.after_policy if t.after else None for t in tasks],
+        "receives": [t.receives for t in tasks],
     }
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from psycopg import AsyncConnection, Connection
 
-from conveyor.backends.params import Delivery, EnqueueParams, NewTask
+from conveyor.backends.params import Delivery, EnqueueParams, NewTask, check_after, earlier_index
 from conveyor.backends.postgres.rows import (
     deliver_args,
     enqueue_statement,
@@ -32,7 +32,8 @@ from conveyor.backends.postgres.rows import (
     replace_args,
 )
 from conveyor.backends.stored import check_recipient
-from conveyor.errors import BackendError, TaskExistsError, TaskFinishedError
+from conveyor.errors import BackendError, TaskExistsError, TaskFinishedError, TaskNotFoundError
+from conveyor.model import TaskState
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -76,8 +77,12 @@ the task is then inserted in the next round."""
 def insert(sql: Statements, tasks: Sequence[NewTask], now: datetime | None) -> Script[list[int]]:
     """Insert ``tasks`` and their first messages; their ids in order. A task
     whose unique key a stored task holds is not inserted (nor its first
-    message): see :func:`_insert_keyed`."""
+    message): see :func:`_insert_keyed`. A task with dependencies is stored
+    waiting for them: see :func:`_wait_for`."""
     fresh = None
+    if any(t.after for t in tasks):
+        check_after(tasks)
+        yield from _refuse_unknown(sql, tasks)
     if keyed(tasks):
         ids, fresh = yield from _insert_keyed(sql, tasks, now)
     else:
@@ -86,7 +91,60 @@ def insert(sql: Statements, tasks: Sequence[NewTask], now: datetime | None) -> S
     firsts = first_messages_args(tasks, ids, now, fresh)
     if firsts is not None:
         yield sql["first_messages"], firsts
+    if any(t.after for t in tasks):
+        yield from _wait_for(sql, tasks, ids, fresh or [True] * len(tasks), now)
     return ids
+
+
+def _refuse_unknown(sql: Statements, tasks: Sequence[NewTask]) -> Generator[Step, Rows, None]:
+    """TaskNotFoundError, before anything is inserted, for a dependency that
+    names no stored task."""
+    named = sorted({r for t in tasks for r in t.after if earlier_index(r) is None})
+    if not named:
+        return
+    found = {int(r[0]) for r in (yield sql["dependencies_stored"], {"ids": named})}
+    missing = [task_id for task_id in named if task_id not in found]
+    if missing:
+        raise TaskNotFoundError(f"no task with id {missing[0]} (a dependency)")
+
+
+def _wait_for(
+    sql: Statements,
+    tasks: Sequence[NewTask],
+    ids: Sequence[int],
+    fresh: Sequence[bool],
+    now: datetime | None,
+) -> Generator[Step, Rows, None]:
+    """The edges of the tasks stored now with dependencies (not of one whose
+    key a stored task holds), after their dependencies were locked and
+    marked (``lock_dependencies``); then the ends of the dependencies found
+    ended count at once (``settle_at_enqueue``)."""
+    edges: list[tuple[int, int, int]] = []
+    for task, task_id, new in zip(tasks, ids, fresh, strict=True):
+        if task.after and new:
+            for position, reference in enumerate(task.after):
+                index = earlier_index(reference)
+                edges.append((task_id, position, reference if index is None else ids[index]))
+    if not edges:
+        return
+    wanted = sorted({depends_on for _, _, depends_on in edges})
+    locked = yield sql["lock_dependencies"], {"ids": wanted}
+    states = {int(r[0]): str(r[1]) for r in locked}
+    missing = [task_id for task_id in wanted if task_id not in states]
+    if missing:  # deleted since it was checked
+        raise TaskNotFoundError(f"no task with id {missing[0]} (a dependency)")
+    yield (
+        sql["insert_edges"],
+        {
+            "task_ids": [e[0] for e in edges],
+            "positions": [e[1] for e in edges],
+            "depends_on": [e[2] for e in edges],
+        },
+    )
+    ended = [task_id for task_id in wanted if TaskState(states[task_id]).is_terminal]
+    if ended:
+        args = {"now": now, "ids": ended, "states": [states[i] for i in ended]}
+        yield sql["settle_at_enqueue"], args
 
 
 def _insert_keyed(

@@ -54,8 +54,9 @@ served as (
 -- planner guesses, passes the LIMIT) hashed the chosen ids and scanned the
 -- whole table for them. Its first columns are a claim's row (see
 -- conveyor.backends.stored.claimed_task), the 16th the task's expiry time
--- when this is its first attempt and it starts past it; then the columns
--- the claims order and count keys by.
+-- when this is its first attempt and it starts past it, the 17th what it
+-- receives of its dependencies; then the columns the claims order and count
+-- keys by.
 claimed as (
     update {schema}.tasks t
     set state = 'in_progress',
@@ -74,7 +75,7 @@ claimed as (
               t.trace_context,
               case when t.attempt = 1 and t.expires_at <= clock.now then t.expires_at end
                   as expired_at,
-              t.priority, t.concurrency_key, t.concurrency_limit
+              t.receives, t.priority, t.concurrency_key, t.concurrency_limit
 )
 
 -- name: part_claim_inbox
@@ -125,7 +126,7 @@ chosen as (
 -- round trip of its own. When nothing is claimed, one row of nulls carries it.
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
        timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context,
-       expired_at, {part_claim_inbox},
+       expired_at, receives, {part_claim_inbox},
        w.keys_waiting
 from (select exists (select 1 from {schema}.concurrency) as keys_waiting) as w
 left join claimed on true

@@ -59,10 +59,23 @@ with moved as (
 )
 select m.state, pg_notify({channel}, m.queue) from moved m;
 
+-- name: part_awaited
+-- Part of the deletes and prunes: whether an unfinished task depends on
+-- task `t` (and reads its outcome when it runs). Only a task marked as
+-- depended on looks at its edges; the edges are looked at through a scalar
+-- subquery, one probe of their index per candidate (as a parent is in
+-- prune).
+(t.dependents and coalesce((select true from {schema}.dependencies e
+                            join {schema}.tasks d on d.id = e.task_id
+                            where e.depends_on = t.id
+                              and d.state in ('pending', 'in_progress', 'waiting')
+                            limit 1), false))
+
 -- name: delete_task
--- Delete a task that is not in progress, with its attempts, messages and
--- keys (on delete cascade); an unfinished one only if no parent of it is
--- alive (the parent waits for its end). Its id back, or no row.
+-- Delete a task that is not in progress, with its attempts, messages, keys
+-- and own edges (on delete cascade); an unfinished one only if no parent of
+-- it is alive (the parent waits for its end); none that an unfinished task
+-- depends on. Its id back, or no row.
 with gone as (
     delete from {schema}.tasks t
     where t.id = %(id)s and t.state <> 'in_progress'
@@ -70,6 +83,7 @@ with gone as (
            or not exists (select 1 from {schema}.tasks p
                           where p.id = t.parent_id
                             and p.state in ('pending', 'in_progress', 'waiting')))
+      and not {part_awaited}
     returning t.id
 ),
 -- The attempt log has no foreign key to its task (migration 0004).
@@ -79,8 +93,9 @@ attempts_gone as (
 select id from gone;
 
 -- name: delete_blocker
--- Why delete_task deleted nothing: the task's state and its parent's.
-select t.state, p.state
+-- Why delete_task deleted nothing: the task's state, its parent's, and
+-- whether an unfinished task depends on it.
+select t.state, p.state, {part_awaited}
 from {schema}.tasks t left join {schema}.tasks p on p.id = t.parent_id
 where t.id = %(id)s;
 
@@ -157,7 +172,8 @@ select array(select id from cancelled order by id), (select n from notified);
 
 -- name: delete_many
 -- One batch of a bulk delete: up to %(limit)s selected tasks (finished
--- ones only: no parent waits for them), oldest first, with their attempts,
+-- ones only: no parent waits for them; none an unfinished task depends
+-- on), oldest first, with their attempts,
 -- messages and keys, as delete_task. It locks each row first and re-reads
 -- it: a task retried meanwhile is not deleted; rows locked by others (a
 -- retry, a prune under way) are passed by. The ids deleted.
@@ -165,6 +181,7 @@ with chosen as materialized (
     select t.id from {schema}.tasks t
     where {part_selected}
       and t.state in ('succeeded', 'failed', 'cancelled')
+      and not {part_awaited}
     order by t.id
     limit %(limit)s::int
     for update of t skip locked

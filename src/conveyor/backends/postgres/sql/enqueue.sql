@@ -212,24 +212,28 @@ where t.state = 'in_progress'
   and not (t.id = any(%(known)s::bigint[]));
 
 -- name: enqueue_keyed
--- Insert tasks some of which carry an idempotency key. A task whose name
--- and key are stored already is skipped, by the unique index (so concurrent
--- enqueues of one key store one task: the later waits for the earlier's
--- commit, then skips). The inserted rows come back with their name and key;
--- unkeyed ones in input order (ids are drawn in insertion order). The ids
--- of skipped tasks are read by stored_keys, in a statement of its own,
--- whose snapshot sees the commit that made this one skip.
+-- Insert tasks some of which carry an idempotency key, a concurrency key or
+-- dependencies. A task whose name and key are stored already is skipped, by
+-- the unique index (so concurrent enqueues of one key store one task: the
+-- later waits for the earlier's commit, then skips). The inserted rows come
+-- back with their name and key; unkeyed ones in input order (ids are drawn
+-- in insertion order). The ids of skipped tasks are read by stored_keys, in
+-- a statement of its own, whose snapshot sees the commit that made this one
+-- skip. A task with dependencies is stored waiting for them (waiting_for:
+-- their number); its edges are the script's next statements (wait_for).
 insert into {schema}.tasks
     (name, queue, payload, priority, run_at, max_attempts, retry_policy,
      timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, expires_at,
      idempotency_key, unique_scope, unique_until, concurrency_key, concurrency_limit, rate_limit, rate_period,
-     created_at)
+     state, waiting_for, after_policy, receives, created_at)
 select i.name, i.queue, i.payload::jsonb, i.priority,
        coalesce(i.run_at, coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.delay)),
        i.max_attempts, i.retry_policy::jsonb, i.timeout_seconds, i.lease_seconds, i.step,
        i.inbox, i.parent_id, i.trace_context, i.expires_at, i.idempotency_key, i.unique_scope,
        coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => i.unique_for),
        i.concurrency_key, i.concurrency_limit, i.rate_limit, i.rate_period,
+       case when i.waiting_for is null then 'pending' else 'waiting' end,
+       i.waiting_for, i.after_policy, i.receives,
        coalesce(%(now)s::timestamptz, statement_timestamp())
 from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
@@ -239,12 +243,49 @@ from unnest(%(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
             %(expires)s::timestamptz[], %(keys)s::text[], %(scopes)s::text[],
             %(periods)s::float8[],
             %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
-            %(rate_limits)s::int[], %(rate_periods)s::float8[])
+            %(rate_limits)s::int[], %(rate_periods)s::float8[],
+            %(waiting_fors)s::int[], %(after_policies)s::text[], %(receives)s::text[])
     with ordinality
     as i(name, queue, payload, priority, run_at, delay, max_attempts, retry_policy,
          timeout_seconds, lease_seconds, step, inbox, parent_id, trace_context, expires_at,
          idempotency_key, unique_scope, unique_for, concurrency_key, concurrency_limit, rate_limit, rate_period,
-         ord)
+         waiting_for, after_policy, receives, ord)
 order by i.ord
 on conflict (name, idempotency_key) where idempotency_key is not null do nothing
 returning id, name, idempotency_key;
+
+-- name: dependencies_stored
+-- Which of these dependencies are stored: an enqueue refuses, before it
+-- inserts anything, one that names a task that is not.
+select id from {schema}.tasks where id = any(%(ids)s::bigint[]);
+
+-- name: lock_dependencies
+-- Lock, in id order, the tasks an enqueue's new tasks depend on, mark them
+-- as depended on (so that their ends fire the settling trigger), and read
+-- their states: a dependency ending at this moment is then counted once,
+-- by its end or by this enqueue (see settle_ended in migration 0022).
+with locked as (
+    select id from {schema}.tasks
+    where id = any(%(ids)s::bigint[])
+    order by id
+    for no key update
+)
+update {schema}.tasks t set dependents = true
+from locked l
+where t.id = l.id
+returning t.id, t.state;
+
+-- name: insert_edges
+-- A new task's edges, one per entry of its `after`, by position.
+insert into {schema}.dependencies (task_id, position, depends_on)
+select * from unnest(%(task_ids)s::bigint[], %(positions)s::int[], %(depends_on)s::bigint[]);
+
+-- name: settle_at_enqueue
+-- Count the ends of the dependencies found ended (ids and states), at the
+-- enqueue's time, as if they ended now: the edges to them are the new
+-- tasks' only (their other edges were settled when they ended).
+select {schema}.settle_ended(
+    %(ids)s::bigint[], %(states)s::text[],
+    array_fill(coalesce(%(now)s::timestamptz, statement_timestamp()),
+               array[cardinality(%(ids)s::bigint[])]),
+    {channel});

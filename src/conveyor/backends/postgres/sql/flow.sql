@@ -289,6 +289,6 @@ emptied as (
 )
 select id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
        timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at, trace_context,
-       expired_at, {part_claim_inbox}
+       expired_at, receives, {part_claim_inbox}
 from claimed
 order by priority desc, run_at, id;

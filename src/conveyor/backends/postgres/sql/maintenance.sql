@@ -6,8 +6,9 @@
 
 -- name: prune
 -- Delete up to %(limit)s::int finished tasks, oldest ids first, of each
--- state whose cutoff is given: finished before it, and no parent still alive
--- (its end message may yet be read). Their attempts (attempts_gone), messages
+-- state whose cutoff is given: finished before it, no parent still alive
+-- (its end message may yet be read), and no unfinished task depending on it
+-- (its outcome may yet be read: part_awaited). Their attempts (attempts_gone), messages
 -- and keys (foreign keys, on delete cascade) go with them; a child left behind keeps
 -- running with no parent. One pruner at a time: a transaction-scoped
 -- advisory lock, tried, not waited for; `held` false means another worker
@@ -74,6 +75,7 @@ doomed as materialized (
           and t.finished_at < c.before
           and not coalesce((select p.state in ('pending', 'in_progress', 'waiting')
                             from {schema}.tasks p where p.id = t.parent_id), false)
+          and not {part_awaited}
         order by t.id
         limit (select %(limit)s::int)
         for update of t skip locked
@@ -107,6 +109,7 @@ join unnest(%(states)s::text[], %(befores)s::timestamptz[]) as c(state, before)
   on t.state = c.state and t.finished_at < c.before
 where not coalesce((select p.state in ('pending', 'in_progress', 'waiting')
                     from {schema}.tasks p where p.id = t.parent_id), false)
+  and not {part_awaited}
 group by t.state
 order by t.state;
 

@@ -8,13 +8,34 @@
 select state from {schema}.tasks where id = %(id)s;
 
 -- name: get_task
+-- A task's columns (as part_listed's), then how many of its dependencies
+-- have not ended (null: it has none).
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at,
        case when state = 'in_progress' then worker_id end as worker_id, lease_expires_at,
-       cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key
+       cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key, waiting_for
 from {schema}.tasks
 where id = %(id)s::bigint;
+
+-- name: dependencies
+-- A task's dependencies in the order given: each edge, whether it was
+-- settled, and the task waited for (null columns: no longer stored) with
+-- its latest ended attempt's outcome and error (stored.dependency_record
+-- decides what of them to report).
+select e.depends_on, e.settled, t.name, t.state, t.result::text,
+       a.outcome, a.error_type, a.error_message
+from {schema}.dependencies e
+left join {schema}.tasks t on t.id = e.depends_on
+left join lateral (
+    select l.outcome, l.error_type, l.error_message
+    from {schema}.attempt_log l
+    where l.task_id = t.id
+    order by l.number desc
+    limit 1
+) as a on true
+where e.task_id = %(id)s::bigint
+order by e.position;
 
 -- name: get_attempts
 -- The ended attempts (attempt_log), and the running one, which its task row
