@@ -29,14 +29,14 @@ async def test_an_end_waiting_on_an_enqueue_s_lock_sees_its_edges(
 ) -> None:
     [x] = await enqueue(backend, new())
     [claimed] = await claim(backend, at=later(1))
-    async with await psycopg.AsyncConnection.connect(backend.url) as conn:
-        async with conn.transaction():  # committed as the block ends
-            [d] = await backend.enqueue_in(EnqueueParams([after(x)], now=T0), conn)  # X locked
-            ending = asyncio.ensure_future(
-                backend.finish(FinishParams("w1", [success(claimed.token)], now=later(2)))
-            )
-            await asyncio.sleep(0.3)
-            assert not ending.done()  # the end waits for the enqueue's lock
+    connecting = psycopg.AsyncConnection.connect(backend.url)
+    async with await connecting as conn, conn.transaction():  # committed as the block ends
+        [d] = await backend.enqueue_in(EnqueueParams([after(x)], now=T0), conn)  # X locked
+        ending = asyncio.ensure_future(
+            backend.finish(FinishParams("w1", [success(claimed.token)], now=later(2)))
+        )
+        await asyncio.sleep(0.3)
+        assert not ending.done()  # the end waits for the enqueue's lock
     assert (await ending).applied
     assert await state(backend, d) == (S.PENDING, 0)
 
