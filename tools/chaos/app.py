@@ -29,6 +29,11 @@ The workload:
   value unique to the task as enqueued (the ``wipe`` run, :mod:`.wipe`: a
   task that ends with another's tag was completed by an attempt it was not
   claimed for). Its ledger lines carry the tag.
+* ``chaos_collect``: a chord's callback (its members are ``chaos_work``
+  tasks): it receives their outcomes and returns their results in order (a
+  member that did not succeed shows as its state), so a member missed or
+  counted twice shows in its result; the checker also finds its first start
+  after every member's last end (:func:`tools.chaos.checker.check_chords`).
 * ``chaos_cpu_thread`` / ``chaos_cpu_process``: hold the GIL (one C call that
   does not release it) for ``hold_ms``; the thread handler only in its first
   attempt, since a thread handler's GIL-holding call starves its worker's
@@ -57,6 +62,7 @@ TICK_SECONDS = 1.0
 RACE_NAME = "chaos_race"
 FLOW_NAME = "chaos_flow"
 GATHER_NAME = "chaos_gather"
+COLLECT_NAME = "chaos_collect"
 CPU_THREAD_NAME = "chaos_cpu_thread"
 CPU_PROCESS_NAME = "chaos_cpu_process"
 LAST = "last"
@@ -115,6 +121,15 @@ async def chaos_tick(ctx: TaskContext) -> None:
     """One slot of the schedule: recorded like every execution."""
     record("start", ctx)
     record("end", ctx)
+
+
+@app.task(name=COLLECT_NAME, retry=RETRY)
+async def chaos_collect(ctx: TaskContext, outcomes: list[dict[str, Any]]) -> list[Any]:
+    """A chord's callback: its members' results in order (a member that did
+    not succeed: its state)."""
+    record("start", ctx)
+    record("end", ctx)
+    return [o["result"] if o["state"] == "succeeded" else o["state"] for o in outcomes]
 
 
 def race_key(args: Mapping[str, Any]) -> str:

@@ -109,6 +109,9 @@ class Kind(enum.StrEnum):
     UNIQUE_KEY = "unique_key"
     """A unique key of the race held by two tasks, or a racer answered with
     another task than the one stored for its key (or failing)."""
+    EARLY_CALLBACK = "early_callback"
+    """A chord's callback started before one of its members' last run ended,
+    or a member ran again after its callback started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -841,6 +844,45 @@ def _restarts(faults: Sequence[FaultEvent], initial_workers: int | None) -> int:
     return max(spawns - initial_workers, 0)
 
 
+# -- chords --------------------------------------------------------------------
+
+
+def check_chords(
+    chords: Sequence[tuple[Sequence[int], int]],
+    tasks: Mapping[int, Task],
+    ledger: Sequence[Execution],
+) -> list[Violation]:
+    """Each chord's callback (whose result, checked as any task's, is its
+    members' results in order: none missed, none counted twice) started
+    only after every member's last run had ended, by the ledger: it was
+    released by the last member's end, never before; and no member started
+    again after it."""
+    starts: dict[int, float] = {}
+    last_end: dict[int, float] = {}
+    last_start: dict[int, float] = {}
+    for line in ledger:
+        if line.event == "start":
+            starts[line.task] = min(starts.get(line.task, line.at), line.at)
+            last_start[line.task] = max(last_start.get(line.task, line.at), line.at)
+        else:
+            last_end[line.task] = max(last_end.get(line.task, line.at), line.at)
+    violations = []
+    for members, callback in chords:
+        began = starts.get(callback)
+        task = tasks.get(callback)
+        if began is None or task is None:
+            continue  # a callback that never ran: its task's own checks say why
+        for member in members:
+            ended = last_end.get(member)
+            if ended is None or ended > began:
+                detail = f"it started before member {member} ended ({ended} > {began})"
+                violations.append(_v(Kind.EARLY_CALLBACK, task, detail))
+            elif last_start.get(member, 0.0) > began:
+                detail = f"member {member} started again after it started"
+                violations.append(_v(Kind.EARLY_CALLBACK, task, detail))
+    return violations
+
+
 # -- the whole run -------------------------------------------------------------
 
 
@@ -862,6 +904,7 @@ def check(
     races: Sequence[Task] = (),
     race_answers: Sequence[Mapping[int, int] | None] = (),
     race_keys: int = 0,
+    chords: Sequence[tuple[Sequence[int], int]] = (),
 ) -> Report:
     """Check a run's history; every violation found, not just the first.
 
@@ -872,7 +915,8 @@ def check(
     (each slot once, none missing between the first and the last; they are
     in ``tasks`` too). ``races``: the tasks of the unique race, whose racers
     were answered ``race_answers`` (key to id; None: a racer failed) for
-    keys ``0..race_keys-1`` (see :func:`_check_unique`). ``initial_workers``:
+    keys ``0..race_keys-1`` (see :func:`_check_unique`). ``chords``: each
+    chord's member ids and callback id (see :func:`check_chords`). ``initial_workers``:
     workers spawned at the start (default: the spawns before the first kill,
     stop or term). ``single_writer``: the
     store has one writer at a time (SQLite), see ``_deaths``. ``expected``:
@@ -892,6 +936,7 @@ def check(
 
     violations = _check_lost(tasks, acknowledged) + _check_schedule(ticks, tick_seconds)
     violations += _check_unique(races, race_answers, race_keys)
+    violations += check_chords(chords, tasks, ledger)
     violations += [
         Violation(Kind.HUNG_WORKER, None, f"worker pid {f.pid} did not exit after SIGTERM")
         for f in faults

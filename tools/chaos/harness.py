@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from conveyor import App, Task, TaskState
+from conveyor import App, Task, TaskState, chord
 from conveyor.errors import BackendUnavailableError, TaskFinishedError
 from conveyor.worker.config import DEFAULT_STOP_TIMEOUT
 from tools.chaos.app import (
@@ -78,7 +78,9 @@ from tools.chaos.app import (
     TICK_NAME,
     TICK_SECONDS,
     Hop,
+    chaos_collect,
     chaos_gather,
+    chaos_work,
     flow,
     gather_state,
 )
@@ -120,11 +122,21 @@ class Profile:
     racers: int = 4
     """Processes that race to enqueue the same unique keys (``tools.chaos.race``)."""
     race_keys: int = 100
+    chords: int = 40
+    """Chords: ``chord_members`` ``chaos_work`` members and a ``chaos_collect`` callback."""
+    chord_members: int = 10
 
 
 SMOKE = Profile()
 SOAK = Profile(
-    tasks=20_000, concurrency=8, fault_seconds=600.0, flows=1000, gathers=200, cpu_tasks=20
+    tasks=20_000,
+    concurrency=8,
+    fault_seconds=600.0,
+    flows=1000,
+    gathers=200,
+    cpu_tasks=20,
+    chords=200,
+    chord_members=20,
 )
 
 
@@ -431,6 +443,8 @@ class Workload:
     maybe: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
     races: list[dict[int, int] | None] = field(default_factory=list)
     """What each racer of the unique race was answered (None: it failed)."""
+    chords: list[tuple[list[int], int]] = field(default_factory=list)
+    """Each chord's member ids, in order, and its callback's id."""
 
     def add(self, ids: Sequence[int], results: Sequence[Any]) -> None:
         self.ids += ids
@@ -464,6 +478,15 @@ async def enqueue(client: App, profile: Profile, rng: random.Random, cpu: bool) 
     ]
     work.gathers = [h.id for h in await client.enqueue_new_async(gathers)]
     work.ids += work.gathers
+    for _ in range(profile.chords):
+        members = [
+            chaos_work.s(i=i, sleep_ms=rng.randint(profile.min_sleep_ms, profile.max_sleep_ms))
+            for i in range(profile.chord_members)
+        ]
+        handle = await chord(members, chaos_collect.s().receiving("outcomes")).enqueue_async()
+        work.add(handle.group.ids, list(range(profile.chord_members)))
+        work.add([handle.callback.id], [list(range(profile.chord_members))])
+        work.chords.append((handle.group.ids, handle.callback.id))
     if cpu:
         work.holders = await enqueue_gil_holders(client, profile, CPU_PROCESS_NAME)
         work.add(work.holders, list(range(profile.cpu_tasks)))
@@ -701,6 +724,7 @@ async def _run(
         races=list(races.values()),
         race_answers=work.races,
         race_keys=profile.race_keys,
+        chords=work.chords,
     )
     (workdir / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     for task in tasks.values():
