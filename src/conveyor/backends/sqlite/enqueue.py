@@ -22,6 +22,7 @@ from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database, translated_errors
 from conveyor.backends.sqlite.statements import SQL, clock
 from conveyor.errors import ConfigurationError, TaskExistsError, TaskNotFoundError
+from conveyor.model import TaskState
 
 
 def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) -> list[int]:
@@ -71,7 +72,7 @@ def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) ->
         conn.executemany(SQL["first_message"], firsts)
     for index, (task, new) in enumerate(zip(params.tasks, fresh, strict=True)):
         if task.after and new:
-            _wait_for(conn, ids[index], [_resolved(ref, ids) for ref in task.after], now)
+            _wait_for(conn, task, ids[index], [_resolved(ref, ids) for ref in task.after], now)
     return ids
 
 
@@ -84,12 +85,12 @@ def _refuse_unknown_dependencies(conn: sqlite3.Connection, tasks: Sequence[NewTa
 
 
 def _wait_for(
-    conn: sqlite3.Connection, task_id: int, dependencies: Sequence[int], now: float
+    conn: sqlite3.Connection, task: NewTask, task_id: int, dependencies: Sequence[int], now: float
 ) -> None:
     """Task ``task_id``, just stored waiting, waits for ``dependencies`` (in
-    order): its edges are stored, the tasks it names are marked awaited, and
-    those that have ended already count now, in order, as if they ended now
-    (the triggers of migration 0016 count them, and may end the task)."""
+    order): its edges are stored and the tasks it names marked awaited; those
+    that have ended already count now, in order, as if they ended now (as
+    the trigger ``conveyor_dependency_ended`` counts an end)."""
     conn.executemany(
         SQL["add_dependency"],
         [
@@ -98,11 +99,25 @@ def _wait_for(
         ],
     )
     unique = list(dict.fromkeys(dependencies))
-    ended = dict(conn.execute(SQL["mark_awaited"], {"ids": json.dumps(unique)}).fetchall())
-    for dependency in unique:
-        if ended.get(dependency):
-            args = {"dependent_id": task_id, "task_id": dependency, "now": now}
-            conn.execute(SQL["settle_ended"], args)
+    states = dict(conn.execute(SQL["mark_awaited"], {"ids": json.dumps(unique)}).fetchall())
+    ended = [d for d in unique if TaskState(states[d]).is_terminal]
+    if not ended:
+        return
+    conn.execute(
+        SQL["settle_ended"], {"dependent_id": task_id, "ids": json.dumps(ended), "now": now}
+    )
+    state, waiting_for = TaskState.WAITING, len(dependencies)
+    for dependency in ended:
+        if state is not TaskState.WAITING:
+            break
+        if states[dependency] == TaskState.SUCCEEDED or task.after_policy == "run":
+            waiting_for -= dependencies.count(dependency)
+            if waiting_for == 0:
+                state = TaskState.PENDING
+        else:
+            state = TaskState.FAILED if task.after_policy == "fail" else TaskState.CANCELLED
+    args = {"id": task_id, "state": state.value, "waiting_for": waiting_for, "now": now}
+    conn.execute(SQL["count_ended" if state is TaskState.WAITING else "end_waiting"], args)
 
 
 def _resolved(reference: int, ids: Sequence[int]) -> int:

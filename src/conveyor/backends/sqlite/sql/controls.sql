@@ -93,11 +93,14 @@ returning id;
 
 -- name: cancel_many
 -- One batch of a bulk cancel, each task as cancel (see the PostgreSQL
--- statement); the triggers end children and tell parents as for one.
+-- statement); the triggers end children and tell parents as for one. A
+-- selected task that the cancel of another one ended first (a child, a
+-- dependent) is left as that end left it: the selection is made before the
+-- first row changes.
 update conveyor_tasks
-set state = case when state = 'in_progress' then state else 'cancelled' end,
-    cancel_requested = (state = 'in_progress'),
-    finished_at = case when state = 'in_progress' then null else :now end
+set state = case when state in ('pending', 'waiting') then 'cancelled' else state end,
+    cancel_requested = case when state = 'in_progress' then 1 else cancel_requested end,
+    finished_at = case when state in ('pending', 'waiting') then :now else finished_at end
 where id in (
     select id from conveyor_tasks
     where {part_selected}

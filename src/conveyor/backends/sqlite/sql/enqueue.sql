@@ -44,14 +44,29 @@ values (:dependent_id, :position, :task_id);
 
 -- name: mark_awaited
 -- The tasks a dependent names: their ends settle edges from now on (the
--- trigger conveyor_dependency_ended looks only at these). Returns those
--- that have ended already, to be counted at once.
+-- trigger conveyor_dependency_ended looks only at these). Returns each
+-- one's state, to count at once those that have ended already.
 update conveyor_tasks set awaited = 1
 where id in (select value from json_each(:ids))
-returning id, state in ('succeeded', 'failed', 'cancelled');
+returning id, state;
 
 -- name: settle_ended
--- A dependency of a task just stored had ended already: its edges to it
--- are settled now, and the trigger conveyor_dependency_settled counts them.
+-- The edges of a task just stored to the dependencies (a JSON array) that
+-- had ended already: counted now, by the enqueue.
 update conveyor_dependencies set settled_at = :now
-where dependent_id = :dependent_id and task_id = :task_id and settled_at is null;
+where dependent_id = :dependent_id and task_id in (select value from json_each(:ids));
+
+-- name: count_ended
+-- A task just stored still waits, for fewer dependencies.
+update conveyor_tasks set waiting_for = :waiting_for where id = :id;
+
+-- name: end_waiting
+-- A task just stored is moved by dependencies that had ended already: made
+-- pending (due at the later of now and its own run_at), or ended failed or
+-- cancelled by its policy (which the trigger conveyor_dependency_ended
+-- passes on to its dependents).
+update conveyor_tasks
+set state = :state, waiting_for = :waiting_for,
+    run_at = case when :state = 'pending' then max(run_at, :now) else run_at end,
+    finished_at = case when :state = 'pending' then null else :now end
+where id = :id;
