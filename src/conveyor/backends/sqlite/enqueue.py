@@ -33,7 +33,8 @@ def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) ->
     a dependency that is not stored raises TaskNotFoundError before any
     insert."""
     check_after(params.tasks)
-    if any(t.after for t in params.tasks):
+    waits = any(t.after for t in params.tasks)
+    if waits:
         _refuse_unknown_dependencies(conn, params.tasks)
     values = rows.enqueue_rows(params, now)
     if any(t.idempotency_key is not None for t in params.tasks):
@@ -70,7 +71,7 @@ def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) ->
     ]
     if firsts:
         conn.executemany(SQL["first_message"], firsts)
-    for index, (task, new) in enumerate(zip(params.tasks, fresh, strict=True)):
+    for index, (task, new) in enumerate(zip(params.tasks, fresh, strict=True) if waits else ()):
         if task.after and new:
             _wait_for(conn, task, ids[index], [_resolved(ref, ids) for ref in task.after], now)
     return ids
