@@ -55,12 +55,20 @@ class Attempts:
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         if params.limit <= 0 or not params.names or not params.queues:
             return []
+        moved: list[bool] = []
         with self._sweep.turn() as sweep:
-            return await self._db.write(lambda conn: self._claim(conn, params, sweep))
+            claimed = await self._db.write(lambda conn: self._claim(conn, params, sweep, moved))
+        if any(moved):
+            # An end released or ended dependents (or a cancelled
+            # coroutine's children) in queues this claim may not serve.
+            wake.notify_all(self._wake_key)
+        return claimed
 
     def _claim(
-        self, conn: sqlite3.Connection, params: ClaimParams, sweep: bool
+        self, conn: sqlite3.Connection, params: ClaimParams, sweep: bool, moved: list[bool]
     ) -> list[ClaimedTask]:
+        """The claim's transaction; ``moved`` gets, for each task it ended,
+        whether that end may have moved other tasks."""
         now = clock(conn, params.now)
         params = served(conn, params)
         scope = {
@@ -69,8 +77,9 @@ class Attempts:
             "names": json.dumps(list(params.names)),
         }
         if sweep:
-            self._quarantine(conn, params, scope)
+            moved += self._quarantine(conn, params, scope)
         ended = conn.execute(SQL["end_expired"], scope).fetchall()
+        moved += [bool(row[4]) for row in ended]
         if ended:
             conn.executemany(
                 SQL["close_lost_attempt"],
@@ -82,7 +91,7 @@ class Attempts:
                             state == TaskState.CANCELLED, spent, max_attempts
                         ),
                     }
-                    for task_id, state, spent, max_attempts in ended
+                    for task_id, state, spent, max_attempts, _moves in ended
                 ],
             )
         picked = self._pick(conn, params, scope)
@@ -107,27 +116,34 @@ class Attempts:
         claimed, unread = claimed_rows(taken, lambda row: rows.claimed_task(row, worker), worker)
         for bad in unread:
             if bad.token is not None:
-                self._set_aside(conn, bad.token, bad.why, now)
+                moved.append(self._set_aside(conn, bad.token, bad.why, now))
         return claimed
 
     @staticmethod
-    def _set_aside(conn: sqlite3.Connection, token: LeaseToken, why: str, now: float) -> None:
+    def _set_aside(conn: sqlite3.Connection, token: LeaseToken, why: str, now: float) -> bool:
         """A claimed row that does not read ends failed in the claim's own
         transaction, its attempt saying why (``CorruptTask``): the rest of
-        the claim runs."""
-        conn.execute(SQL["quarantine_end"], {"task_id": token.task_id, "now": now})
+        the claim runs. Whether the task has dependents."""
+        ended = conn.execute(SQL["quarantine_end"], {"task_id": token.task_id, "now": now})
+        awaited = any(row[0] for row in ended.fetchall())
         args = {"task_id": token.task_id, "number": token.attempt, "now": now, "message": why}
         conn.execute(SQL["quarantine_log"], {**args, "worker_id": token.worker_id})
+        return awaited
 
     @staticmethod
-    def _quarantine(conn: sqlite3.Connection, params: ClaimParams, scope: dict[str, Any]) -> None:
+    def _quarantine(
+        conn: sqlite3.Connection, params: ClaimParams, scope: dict[str, Any]
+    ) -> list[bool]:
         """End failed the tasks whose counters stand at the limit (see
-        ``quarantine_find`` in sql/attempts.sql), saying why in their attempt log."""
+        ``quarantine_find`` in sql/attempts.sql), saying why in their attempt
+        log; for each, whether it has dependents."""
         # Read them all first: each update below takes its row out of the
         # index the query walks.
         stuck = conn.execute(SQL["quarantine_find"], scope).fetchall()
+        awaited = []
         for task_id, attempt, spent, state in stuck:
-            conn.execute(SQL["quarantine_end"], {"task_id": task_id, "now": scope["now"]})
+            ended = conn.execute(SQL["quarantine_end"], {"task_id": task_id, "now": scope["now"]})
+            awaited.append(any(row[0] for row in ended.fetchall()))
             conn.execute(
                 SQL["quarantine_log"],
                 {
@@ -139,6 +155,7 @@ class Attempts:
                 },
             )
             log.error("failed task %s: %s", task_id, corrupt_counter_message(attempt, spent))
+        return awaited
 
     @staticmethod
     def _pick(
@@ -197,6 +214,7 @@ class Attempts:
 
         parents: list[int | None] = []
         due: set[str] = set()
+        moved = False  # an end moved dependents, or a coroutine's children
 
         effects = [c for c in completions if c.effects is not None]
 
@@ -212,8 +230,10 @@ class Attempts:
                     "completions": rows.completions_json(completions),
                 },
             ).fetchall()
+            nonlocal moved
             parents.extend(r[2] for r in found)
             due.update(r[3] for r in found if r[4])
+            moved = any(r[5] for r in found)
             done = {(r[0], r[1]) for r in found}
             applied = [c for c in completions if (c.token.task_id, c.token.attempt) in done]
             if applied:
@@ -224,9 +244,10 @@ class Attempts:
             return done
 
         done = await self._db.write(record)
-        if effects or any(p for p in parents):
-            # Sends, spawns and a child's end woke tasks the queues of which
-            # this process does not know: every local worker looks.
+        if effects or moved or any(p for p in parents):
+            # Sends, spawns, a child's end and a dependency's end woke tasks
+            # the queues of which this process does not know: every local
+            # worker looks.
             wake.notify_all(self._wake_key)
         elif due:  # a workflow's next step, a release, a key's freed slot
             wake.notify(self._wake_key, due)

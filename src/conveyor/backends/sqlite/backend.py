@@ -12,6 +12,12 @@ systems); no attempt transactions (a handler holding the write lock for its
 whole run would stall every other worker's heartbeats). Idle workers wake
 at once for enqueues made in their own process, and within about 10 ms for
 commits made by other processes (they watch ``PRAGMA data_version``).
+
+Dependencies (``NewTask.after``) are settled by a trigger (migration 0016)
+in the transaction of whatever statement ends a task, a chain of ends by
+policy included, at that statement's clock. A write that ends a task with
+dependents wakes every idle worker of its process (the trigger cannot say
+which queues it released).
 """
 
 from __future__ import annotations

@@ -18,9 +18,18 @@ from conveyor.backends import wake
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.backends.stored import delete_refused, transition_result
+from conveyor.backends.stored import awaited_refusal, delete_refused, transition_result
 from conveyor.model import TaskState
 from conveyor.records import CancelMany, DeleteMany, RetryMany, TaskSelection
+
+
+def _blocked(state: str | None, parent_state: str | None) -> bool:
+    """Whether a delete is refused for the task's own state (running, or
+    unfinished with a live parent): that reason is given first."""
+    if state is None or state == TaskState.IN_PROGRESS:
+        return True
+    alive = parent_state is not None and not TaskState(parent_state).is_terminal
+    return not TaskState(state).is_terminal and alive
 
 
 class Controls:
@@ -72,15 +81,18 @@ class Controls:
         return transition_result(task_id, "run now", changed, current)
 
     async def delete(self, task_id: int) -> None:
-        def delete(conn: sqlite3.Connection) -> tuple[str | None, str | None] | None:
+        def delete(conn: sqlite3.Connection) -> tuple[str | None, str | None, bool] | None:
             if conn.execute(SQL["delete_task"], {"id": task_id}).fetchone() is not None:
                 return None
             found = conn.execute(SQL["delete_blocker"], {"id": task_id}).fetchone()
-            return (found[0], found[1]) if found else (None, None)
+            return (found[0], found[1], bool(found[2])) if found else (None, None, False)
 
         refused = await self._db.write(delete)
         if refused is not None:
-            raise delete_refused(task_id, *refused)
+            state, parent_state, awaited = refused
+            if awaited and not _blocked(state, parent_state):
+                raise awaited_refusal(task_id)
+            raise delete_refused(task_id, state, parent_state)
 
     async def retry_many(self, selection: RetryMany) -> list[int]:
         ids = await self._act_on(selection, "retry_many")

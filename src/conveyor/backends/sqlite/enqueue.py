@@ -1,5 +1,5 @@
-"""Inserting tasks on SQLite: plain, with a unique key, and in the caller's
-own transaction.
+"""Inserting tasks on SQLite: plain, with a unique key, with dependencies,
+and in the caller's own transaction.
 
 :func:`insert_tasks` runs inside the caller's write transaction (BEGIN
 IMMEDIATE, or the caller's own): under SQLite's one writer, a key's holder
@@ -10,23 +10,32 @@ read and the insert that follows it see no other write between them.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from conveyor.backends import wake
-from conveyor.backends.params import EnqueueParams, NewTask
+from conveyor.backends.params import EnqueueParams, NewTask, check_after, earlier_index
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database, translated_errors
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.errors import ConfigurationError, TaskExistsError
+from conveyor.errors import ConfigurationError, TaskExistsError, TaskNotFoundError
+from conveyor.model import TaskState
 
 
 def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) -> list[int]:
     """Insert tasks and their first messages; their ids in input order. A
     task whose name and unique key a stored task holds is not inserted (nor
-    its first message): see :func:`_insert_keyed`."""
+    its first message, nor its edges): see :func:`_insert_keyed`. A task with
+    dependencies is stored waiting with its edges (see :func:`_wait_for`);
+    a dependency that is not stored raises TaskNotFoundError before any
+    insert."""
+    check_after(params.tasks)
+    waits = any(t.after for t in params.tasks)
+    if waits:
+        _refuse_unknown_dependencies(conn, params.tasks)
     values = rows.enqueue_rows(params, now)
     if any(t.idempotency_key is not None for t in params.tasks):
         # A savepoint: a TaskExistsError midway leaves the transaction as it
@@ -62,7 +71,60 @@ def insert_tasks(conn: sqlite3.Connection, params: EnqueueParams, now: float) ->
     ]
     if firsts:
         conn.executemany(SQL["first_message"], firsts)
+    for index, (task, new) in enumerate(zip(params.tasks, fresh, strict=True) if waits else ()):
+        if task.after and new:
+            _wait_for(conn, task, ids[index], [_resolved(ref, ids) for ref in task.after], now)
     return ids
+
+
+def _refuse_unknown_dependencies(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> None:
+    stored = [ref for t in tasks for ref in t.after if earlier_index(ref) is None]
+    if stored:
+        missing = conn.execute(SQL["unknown_dependencies"], {"ids": json.dumps(stored)}).fetchone()
+        if missing is not None:
+            raise TaskNotFoundError(f"no task with id {missing[0]} (a dependency)")
+
+
+def _wait_for(
+    conn: sqlite3.Connection, task: NewTask, task_id: int, dependencies: Sequence[int], now: float
+) -> None:
+    """Task ``task_id``, just stored waiting, waits for ``dependencies`` (in
+    order): its edges are stored and the tasks it names marked awaited; those
+    that have ended already count now, in order, as if they ended now (as
+    the trigger ``conveyor_dependency_ended`` counts an end)."""
+    conn.executemany(
+        SQL["add_dependency"],
+        [
+            {"dependent_id": task_id, "position": position, "task_id": dependency}
+            for position, dependency in enumerate(dependencies)
+        ],
+    )
+    unique = list(dict.fromkeys(dependencies))
+    states = dict(conn.execute(SQL["mark_awaited"], {"ids": json.dumps(unique)}).fetchall())
+    ended = [d for d in unique if TaskState(states[d]).is_terminal]
+    if not ended:
+        return
+    conn.execute(
+        SQL["settle_ended"], {"dependent_id": task_id, "ids": json.dumps(ended), "now": now}
+    )
+    state, waiting_for = TaskState.WAITING, len(dependencies)
+    for dependency in ended:
+        if state is not TaskState.WAITING:
+            break
+        if states[dependency] == TaskState.SUCCEEDED or task.after_policy == "run":
+            waiting_for -= dependencies.count(dependency)
+            if waiting_for == 0:
+                state = TaskState.PENDING
+        else:
+            state = TaskState.FAILED if task.after_policy == "fail" else TaskState.CANCELLED
+    args = {"id": task_id, "state": state.value, "waiting_for": waiting_for, "now": now}
+    conn.execute(SQL["count_ended" if state is TaskState.WAITING else "end_waiting"], args)
+
+
+def _resolved(reference: int, ids: Sequence[int]) -> int:
+    """The id a ``NewTask.after`` entry names, given the batch's ids."""
+    position = earlier_index(reference)
+    return reference if position is None else ids[position]
 
 
 def _insert_keyed(
@@ -140,6 +202,7 @@ class Enqueuing:
     async def enqueue(self, params: EnqueueParams) -> list[int]:
         if not params.tasks:
             return []
+        check_after(params.tasks)  # before the write lock is taken
         ids = await self._db.write(lambda conn: self._insert(conn, params))
         wake.notify(self._wake_key, (t.queue for t in params.tasks))
         return ids

@@ -19,12 +19,18 @@ from conveyor.backends.params import WorkFilter
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.statements import SQL, clock
-from conveyor.backends.stored import activity_buckets, check_bucket_seconds, filter_args
+from conveyor.backends.stored import (
+    activity_buckets,
+    check_bucket_seconds,
+    dependency_record,
+    filter_args,
+)
 from conveyor.model import Attempt, Task, TaskState
 from conveyor.records import (
     ACTIVITY_SCAN,
     SUMMARY_ERROR_CHARS,
     ActivityBucket,
+    DependencyRecord,
     KeyInfo,
     QueueBacklog,
     TaskCount,
@@ -42,7 +48,7 @@ def _summaries_statement(task_filter: TaskFilter) -> str:
 
 
 class Listings:
-    """``get_task``, ``count_unfinished``, ``next_due_at`` and
+    """``get_task``, ``dependencies``, ``count_unfinished``, ``next_due_at`` and
     ``store_clock`` (see :class:`~conveyor.backends.protocol.Backend`);
     ``list_tasks``, ``list_summaries``, ``running_by_worker``,
     ``count_tasks``, ``list_keys``, ``key_holders``, ``queue_backlogs`` and
@@ -82,6 +88,14 @@ class Listings:
             return rows.task(row, attempts)
 
         return await self._db.read(fetch)
+
+    async def dependencies(self, task_id: int) -> list[DependencyRecord]:
+        """One read of the dependent's edges, in position order (see
+        :class:`DependencyRecord`)."""
+        found = await self._db.read(
+            lambda conn: conn.execute(SQL["dependencies"], {"id": task_id}).fetchall()
+        )
+        return [dependency_record(row[0], bool(row[1]), *row[2:]) for row in found]
 
     async def count_tasks(self) -> list[TaskCount]:
         found = await self._db.read(lambda conn: conn.execute(SQL["count_tasks"]).fetchall())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,6 +79,10 @@ def enqueue_rows(params: EnqueueParams, now: float) -> list[dict[str, Any]]:
             "rate_period": t.rate_period,
             "trace": t.trace,
             "expires_at": seconds(t.expires_at),
+            "state": "waiting" if t.after else "pending",
+            "waiting_for": len(t.after) if t.after else None,
+            "after_policy": t.after_policy if t.after else None,
+            "receives": t.receives,
         }
         for t in params.tasks
     ]
@@ -124,13 +129,18 @@ def _transition(move: Transition | None) -> dict[str, Any]:
 
 
 def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:
-    return stored.claimed_task(_with_times(row, _CLAIM_TIMES), worker_id)
+    """A claim's row: the columns :func:`stored.claimed_task` reads, then
+    ``receives``."""
+    claimed = stored.claimed_task(_with_times(row[:-1], _CLAIM_TIMES), worker_id)
+    return replace(claimed, receives=row[-1]) if row[-1] is not None else claimed
 
 
 def task(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> Task:
-    values = list(_with_times(row, _TASK_TIMES))
+    """A task's row: the columns :func:`stored.task_row` reads, then ``waiting_for``."""
+    values = list(_with_times(row[:-1], _TASK_TIMES))
     values[17] = bool(values[17])  # cancel_requested
-    return task_row(tuple(values), attempts)
+    found = task_row(tuple(values), attempts)
+    return replace(found, waiting_for=row[-1]) if row[-1] is not None else found
 
 
 def summary(row: Sequence[Any]) -> TaskSummary:

@@ -147,7 +147,16 @@ class Schema:
 
     async def destroy(self) -> None:
         def drop(conn: sqlite3.Connection) -> None:
-            for table in ("message_keys", "messages", "attempts", "workers", "tasks", "migrations"):
+            for table in (
+                "message_keys",
+                "messages",
+                "attempts",
+                "workers",
+                "dependencies",
+                "ending",
+                "tasks",
+                "migrations",
+            ):
                 conn.execute(SQL[f"drop_{table}"])
 
         await self._db.write(drop)

@@ -8,7 +8,9 @@
 -- name: end_expired
 -- Expired leases that must not run again: the crash budget is spent or a
 -- cancel was requested. The task ends here; close_lost_attempt closes its
--- attempt next.
+-- attempt next. The last column: whether its end may have moved other
+-- tasks (its dependents, a cancelled coroutine's children), whose queues
+-- are then woken.
 update conveyor_tasks indexed by conveyor_tasks_in_progress_lease
 set state = case when cancel_requested then 'cancelled' else 'failed' end,
     worker_id = null,
@@ -19,7 +21,7 @@ where state = 'in_progress'
   and (cancel_requested or spent >= max_attempts)
   and queue in (select value from json_each(:queues))
   and name in (select value from json_each(:names))
-returning id, state, spent, max_attempts;
+returning id, state, spent, max_attempts, awaited or inbox;
 
 -- name: claim_due
 -- The head of one queue's due pending tasks, in claim order. INDEXED BY
@@ -64,9 +66,11 @@ where state in ('pending', 'in_progress') and (attempt > 2147483645 or spent > 2
   and name in (select value from json_each(:names));
 
 -- name: quarantine_end
+-- Whether the task has dependents (see end_expired).
 update conveyor_tasks
 set state = 'failed', worker_id = null, lease_expires_at = null, finished_at = :now
-where id = :task_id;
+where id = :task_id
+returning awaited;
 
 -- name: quarantine_log
 -- The open attempt of a task that was running is closed with the reason; a
@@ -92,7 +96,8 @@ returning id, attempt, name, queue, payload, spent, max_attempts, retry_policy,
           timeout_seconds, lease_seconds, lease_expires_at, step, parent_id, run_at,
           trace_context,
           -- a first attempt started past the task's expiry: the worker ends it
-          case when attempt = 1 and expires_at <= :now then expires_at end;
+          case when attempt = 1 and expires_at <= :now then expires_at end,
+          receives;
 
 -- name: claim_log
 -- One attempt row per claimed task, in the same transaction as the claim.
@@ -125,7 +130,9 @@ returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.cancel_reque
 -- coroutine's poll) stores it, its options and run time, with a fresh budget.
 -- Each row says whether its task is due at once, or held a concurrency
 -- key's slot that is free now (either way its queue's idle workers are
--- woken; other processes see the commit). :completions is a JSON array of objects (see rows.completions_json).
+-- woken; other processes see the commit), and whether its end may have
+-- moved other tasks (its dependents, a cancelled coroutine's children: then
+-- every queue's are). :completions is a JSON array of objects (see rows.completions_json).
 update conveyor_tasks
 set state = case when conveyor_tasks.cancel_requested and i.state in ('pending', 'waiting')
                  then 'cancelled' else i.state end,
@@ -168,7 +175,9 @@ where conveyor_tasks.id = i.id
   and conveyor_tasks.lease_expires_at > :now
 returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.parent_id, conveyor_tasks.queue,
           (conveyor_tasks.state = 'pending' and conveyor_tasks.run_at <= :now)
-          or conveyor_tasks.concurrency_key is not null;
+          or conveyor_tasks.concurrency_key is not null,
+          conveyor_tasks.finished_at is not null
+          and (conveyor_tasks.awaited or conveyor_tasks.inbox);
 
 -- name: finish_log
 -- Close the attempts of the completions `finish` applied (only those are passed).

@@ -39,19 +39,31 @@ where id = :id and state = 'pending'
 returning state, queue;
 
 -- name: delete_task
--- Delete a task that is not in progress (see the PostgreSQL statement).
+-- Delete a task that is not in progress (see the PostgreSQL statement) and
+-- that no unfinished dependent waits for.
 delete from conveyor_tasks
 where id = :id and state <> 'in_progress'
   and (state in ('succeeded', 'failed', 'cancelled')
        or not exists (select 1 from conveyor_tasks p
                       where p.id = conveyor_tasks.parent_id
                         and p.state in ('pending', 'in_progress', 'waiting')))
+  and not (awaited and {part_awaited})
 returning id;
 
+-- name: part_awaited
+-- Whether an unfinished task depends on conveyor_tasks' row (and may yet
+-- read its outcome): such a task is neither deleted nor pruned.
+exists (select 1 from conveyor_dependencies e
+             join conveyor_tasks w on w.id = e.dependent_id
+             where e.task_id = conveyor_tasks.id
+               and w.state in ('pending', 'in_progress', 'waiting'))
+
 -- name: delete_blocker
-select t.state, p.state
-from conveyor_tasks t left join conveyor_tasks p on p.id = t.parent_id
-where t.id = :id;
+-- Why delete_task deleted nothing: the task's state, its parent's, and
+-- whether an unfinished dependent waits for it.
+select conveyor_tasks.state, p.state, conveyor_tasks.awaited and {part_awaited}
+from conveyor_tasks left join conveyor_tasks p on p.id = conveyor_tasks.parent_id
+where conveyor_tasks.id = :id;
 
 -- name: part_selected
 -- The tasks a bulk action selects (see the PostgreSQL part_selected;
@@ -81,11 +93,14 @@ returning id;
 
 -- name: cancel_many
 -- One batch of a bulk cancel, each task as cancel (see the PostgreSQL
--- statement); the triggers end children and tell parents as for one.
+-- statement); the triggers end children and tell parents as for one. A
+-- selected task that the cancel of another one ended first (a child, a
+-- dependent) is left as that end left it: the selection is made before the
+-- first row changes.
 update conveyor_tasks
-set state = case when state = 'in_progress' then state else 'cancelled' end,
-    cancel_requested = (state = 'in_progress'),
-    finished_at = case when state = 'in_progress' then null else :now end
+set state = case when state in ('pending', 'waiting') then 'cancelled' else state end,
+    cancel_requested = case when state = 'in_progress' then 1 else cancel_requested end,
+    finished_at = case when state in ('pending', 'waiting') then :now else finished_at end
 where id in (
     select id from conveyor_tasks
     where {part_selected}
@@ -96,7 +111,8 @@ returning id, state;
 
 -- name: delete_many
 -- One batch of a bulk delete of finished tasks (see the PostgreSQL
--- statement); attempts and messages go with them as for delete_task.
+-- statement); attempts and messages go with them as for delete_task. A
+-- task an unfinished dependent waits for is passed by.
 delete from conveyor_tasks
 where id in (
     select id from conveyor_tasks
@@ -105,4 +121,5 @@ where id in (
     limit :limit
 )
   and state in ('succeeded', 'failed', 'cancelled')
+  and not (awaited and {part_awaited})
 returning id;

@@ -7,7 +7,8 @@
 -- name: prune_tasks
 -- Delete up to :limit finished tasks of state :state, finished before
 -- :before, oldest ids first, whose parent is not alive (see the PostgreSQL
--- prune); attempts, messages and keys go with them (on delete cascade). The
+-- prune) and that no unfinished dependent waits for (part_awaited_by);
+-- attempts, messages, keys and its own edges go with them (on delete cascade). The
 -- state index (state, id) serves the order. Only tasks made before :before
 -- can have finished before it: `search` halves the id range down to the first
 -- id made at or after it (one probe of the primary key a step), and the walk
@@ -32,6 +33,7 @@ delete from conveyor_tasks where id in (
       and not exists (
           select 1 from conveyor_tasks p
           where p.id = t.parent_id and p.state in ('pending', 'in_progress', 'waiting'))
+      and not (t.awaited and {part_awaited_by})
     order by t.id
     limit :limit
 )
@@ -47,7 +49,15 @@ where t.state = :state
   and t.finished_at < :before
   and not exists (
       select 1 from conveyor_tasks p
-      where p.id = t.parent_id and p.state in ('pending', 'in_progress', 'waiting'));
+      where p.id = t.parent_id and p.state in ('pending', 'in_progress', 'waiting'))
+  and not (t.awaited and {part_awaited_by});
 
 -- name: count_prunable_workers
 select count(*) from conveyor_workers where coalesce(stopped_at, last_seen_at) < :workers_before;
+
+-- name: part_awaited_by
+-- Whether an unfinished task depends on the row `t` (and may yet read its
+-- outcome): prune keeps such a task.
+exists (select 1 from conveyor_dependencies e
+             join conveyor_tasks w on w.id = e.dependent_id
+             where e.task_id = t.id and w.state in ('pending', 'in_progress', 'waiting'))

@@ -11,9 +11,22 @@ select state from conveyor_tasks where id = :id;
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
        worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key,
-       concurrency_key
+       concurrency_key, waiting_for
 from conveyor_tasks
 where id = :id;
+
+-- name: dependencies
+-- A dependent's edges in the order given, each with its dependency as it is
+-- now (null columns: no longer stored) and the latest ended attempt of it.
+select e.task_id, e.settled_at is not null, t.name, t.state, t.result,
+       a.outcome, a.error_type, a.error_message
+from conveyor_dependencies e
+left join conveyor_tasks t on t.id = e.task_id
+left join conveyor_attempts a on a.task_id = e.task_id and a.number = (
+    select max(l.number) from conveyor_attempts l
+    where l.task_id = e.task_id and l.finished_at is not null)
+where e.dependent_id = :id
+order by e.position;
 
 -- name: get_attempts
 select task_id, number, worker_id, outcome, started_at, finished_at, error_type,
@@ -27,7 +40,7 @@ order by number;
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
        worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key,
-       concurrency_key
+       concurrency_key, waiting_for
 from conveyor_tasks
 where (:state is null or state = :state)
   and (:name is null or name = :name)
@@ -41,7 +54,7 @@ limit :limit;
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
        worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key,
-       concurrency_key
+       concurrency_key, waiting_for
 from conveyor_tasks indexed by conveyor_tasks_parent
 where parent_id = :parent
   and (:state is null or state = :state)

@@ -49,3 +49,9 @@ drop table if exists conveyor_migrations;
 
 -- name: drop_message_keys
 drop table if exists conveyor_message_keys;
+
+-- name: drop_dependencies
+drop table if exists conveyor_dependencies;
+
+-- name: drop_ending
+drop table if exists conveyor_ending;
