@@ -339,3 +339,13 @@ async def test_a_callback_of_thousands_of_members_is_released_by_the_last(
     records = await backend.dependencies(ids[-1])
     assert [r.task_id for r in records] == ids[:-1]
     assert all(r.settled and r.state is S.SUCCEEDED for r in records)
+
+
+async def test_an_unknown_dependency_is_refused_before_a_held_key(backend: Backend) -> None:
+    [a] = await enqueue(backend, replace(new(), idempotency_key="held"))
+    with pytest.raises(TaskNotFoundError):
+        await enqueue(
+            backend,
+            replace(new(), idempotency_key="held", on_conflict="raise"),
+            after(a + 1000),
+        )

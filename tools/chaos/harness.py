@@ -483,10 +483,12 @@ async def enqueue(client: App, profile: Profile, rng: random.Random, cpu: bool) 
             chaos_work.s(i=i, sleep_ms=rng.randint(profile.min_sleep_ms, profile.max_sleep_ms))
             for i in range(profile.chord_members)
         ]
-        handle = await chord(members, chaos_collect.s().receiving("outcomes")).enqueue_async()
-        work.add(handle.group.ids, list(range(profile.chord_members)))
-        work.add([handle.callback.id], [list(range(profile.chord_members))])
-        work.chords.append((handle.group.ids, handle.callback.id))
+        # Made by the workers' App's definitions, stored through this client.
+        tasks = chord(members, chaos_collect.s().receiving("outcomes")).new_tasks()
+        ids = [h.id for h in await client.enqueue_new_async(tasks)]
+        work.add(ids[:-1], list(range(profile.chord_members)))
+        work.add(ids[-1:], [list(range(profile.chord_members))])
+        work.chords.append((ids[:-1], ids[-1]))
     if cpu:
         work.holders = await enqueue_gil_holders(client, profile, CPU_PROCESS_NAME)
         work.add(work.holders, list(range(profile.cpu_tasks)))

@@ -28,7 +28,8 @@ Guarantees every implementation keeps (the conformance suite checks them):
 - Dependencies (``NewTask.after``): an enqueue stores a task with
   dependencies ``waiting``, its ``waiting_for`` their number, with one edge
   per entry (a stored id, or an earlier task of the same enqueue; a stored
-  id that does not exist raises TaskNotFoundError and nothing is stored),
+  id that does not exist raises TaskNotFoundError and nothing is stored,
+  before any unique key is looked at),
   then counts at once those already ended. From then on, whenever a task
   reaches a terminal state, whatever ended it (its worker, a cancel, a bulk
   cancel, a spent crash budget, a quarantine, an expiry), the same write

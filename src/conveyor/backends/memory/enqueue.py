@@ -65,8 +65,8 @@ class Enqueue(Tables):
         with self.lock:
             batch = list(tasks)
             check_after(batch)
+            self._refuse_unknown_dependencies(batch)  # first, as every store orders them
             refuse_held(self, batch, now)
-            self._refuse_unknown_dependencies(batch)
             mine: set[int] = set()
             ids: list[int] = []
             for new in batch:

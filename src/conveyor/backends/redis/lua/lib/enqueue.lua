@@ -222,12 +222,12 @@ end
 local function store_batch(batch, now)
   local a = cjson.decode(batch)
   local count = #a / TASK_FIELDS
+  local unknown = unknown_dependency(a, count)  -- first, as every store orders them
+  if unknown then return {3, unknown} end
   for n = 0, count - 1 do
     local holder = refused_key(a, 1 + n * TASK_FIELDS, now)
     if holder then return {0, n, tonumber(holder)} end
   end
-  local unknown = unknown_dependency(a, count)
-  if unknown then return {3, unknown} end
   local ids, mine, adds = {1}, {}, {}
   reserve_ids(count)
   for n = 0, count - 1 do
