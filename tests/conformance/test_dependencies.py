@@ -349,3 +349,16 @@ async def test_an_unknown_dependency_is_refused_before_a_held_key(backend: Backe
             replace(new(), idempotency_key="held", on_conflict="raise"),
             after(a + 1000),
         )
+
+
+async def test_a_key_repeated_after_a_task_its_dependency_ends_at_once(backend: Backend) -> None:
+    [bad] = await enqueue(backend, new(max_attempts=1))
+    await run(backend, (bad, "fail"))
+    ids = await enqueue(
+        backend,
+        replace(after(bad), idempotency_key="k", unique_scope="pending"),
+        replace(new(), idempotency_key="k", unique_scope="pending"),
+    )
+    # Both met the key before the first task's dependency ended it.
+    assert ids[0] == ids[1]
+    assert (await state(backend, ids[0]))[0] is S.CANCELLED

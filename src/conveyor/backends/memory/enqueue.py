@@ -69,12 +69,18 @@ class Enqueue(Tables):
             refuse_held(self, batch, now)
             mine: set[int] = set()
             ids: list[int] = []
+            waiting: list[tuple[Row, NewTask]] = []
             for new in batch:
                 stored = len(mine)
                 row = self._insert(new, now, Cause.ENQUEUE, mine)
                 if new.after and len(mine) > stored:  # stored now, not a key's holder
-                    self._wait_for(row, [_resolved(ref, ids) for ref in new.after], now)
+                    waiting.append((row, new))
                 ids.append(row.id)
+            # Every task is stored before any edge counts an end: a task its
+            # dependencies end at once gives its key up only after the
+            # batch's other tasks met it.
+            for row, new in waiting:
+                self._wait_for(row, [_resolved(ref, ids) for ref in new.after], now)
             return ids
 
     def _refuse_unknown_dependencies(self, batch: Sequence[NewTask]) -> None:

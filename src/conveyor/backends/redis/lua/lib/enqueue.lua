@@ -228,15 +228,19 @@ local function store_batch(batch, now)
     local holder = refused_key(a, 1 + n * TASK_FIELDS, now)
     if holder then return {0, n, tonumber(holder)} end
   end
-  local ids, mine, adds = {1}, {}, {}
+  local ids, mine, adds, waiting = {1}, {}, {}, {}
   reserve_ids(count)
   for n = 0, count - 1 do
     local i = 1 + n * TASK_FIELDS
     local id, stored = store_task(a, i, now, mine, adds)
     local after = stored and opt(a[i + 24])
-    if after then wait_for(id, after, ids, now, adds) end
+    if after then waiting[#waiting + 1] = {id, after} end
     ids[#ids + 1] = id
   end
+  -- Every task is stored before any edge counts an end (as on the SQL
+  -- stores): a task its dependencies end at once gives its unique key up
+  -- only after the batch's other tasks met it.
+  for _, one in ipairs(waiting) do wait_for(one[1], one[2], ids, now, adds) end
   add_gathered(adds)
   return ids
 end
