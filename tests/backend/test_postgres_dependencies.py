@@ -90,3 +90,33 @@ async def test_a_long_chain_is_cancelled_in_one_write(backend: PostgresBackend) 
     assert last is not None and last.finished_at == later(1)
     [tail] = await backend.enqueue(EnqueueParams([replace(after(ids[-1]), name="job")], now=T0))
     assert (await state(backend, tail))[0] is S.CANCELLED  # ended already: counted at once
+
+
+async def test_members_ending_at_once_are_all_counted(backend: PostgresBackend) -> None:
+    """Ends of one callback's members, each its own transaction on its own
+    connection, at the same moment: each counts from the others' results."""
+    others = [PostgresBackend(backend.url, schema=backend.schema) for _ in range(8)]
+    for other in others:
+        await other.open()
+    try:
+        for round_ in range(5):
+            members = 40
+            tasks = [new() for _ in range(members)]
+            callback = replace(
+                new("callback"), after=tuple(earlier(i) for i in range(members)), after_policy="run"
+            )
+            ids = await backend.enqueue(EnqueueParams(tasks=[*tasks, callback], now=T0))
+            claimed = await claim(backend, f"w{round_}", limit=members, at=later(1))
+            assert len(claimed) == members
+            await asyncio.gather(
+                *(
+                    others[n % len(others)].finish(
+                        FinishParams(f"w{round_}", [success(t.token)], now=later(2))
+                    )
+                    for n, t in enumerate(claimed)
+                )
+            )
+            assert await state(backend, ids[-1]) == (S.PENDING, 0), f"round {round_}"
+    finally:
+        for other in others:
+            await other.close()

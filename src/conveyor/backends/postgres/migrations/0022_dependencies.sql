@@ -79,25 +79,26 @@ begin
                    max(at) as at
             from edges group by task_id
         ),
-        judged as (
-            select c.*, d.after_policy <> 'run' and c.bad > 0 as ends,
-                   d.waiting_for - c.ok - c.bad as left_over
-            from counted c join {schema}.tasks d on d.id = c.task_id
-            where d.state = 'waiting' and d.waiting_for > 0
-        ),
+        -- Each dependent's row as it is when this update locks it: two ends
+        -- counted at once by two transactions wait for each other's row lock,
+        -- and the second counts from the first's result (a value read before
+        -- the lock, from this statement's snapshot, would lose one of them).
         moved as (
             update {schema}.tasks d
-            set waiting_for = case when j.ends then d.waiting_for
-                                   else greatest(j.left_over, 0) end,
-                state = case when j.ends and d.after_policy = 'fail' then 'failed'
-                             when j.ends then 'cancelled'
-                             when j.left_over <= 0 then 'pending'
+            set waiting_for = case when d.after_policy <> 'run' and c.bad > 0 then d.waiting_for
+                                   else greatest(d.waiting_for - c.ok - c.bad, 0) end,
+                state = case when d.after_policy <> 'run' and c.bad > 0
+                             then case when d.after_policy = 'fail' then 'failed'
+                                       else 'cancelled' end
+                             when d.waiting_for - c.ok - c.bad <= 0 then 'pending'
                              else 'waiting' end,
-                run_at = case when not j.ends and j.left_over <= 0
-                              then greatest(d.run_at, j.at) else d.run_at end,
-                finished_at = case when j.ends then j.at else d.finished_at end
-            from judged j
-            where d.id = j.task_id
+                run_at = case when (d.after_policy = 'run' or c.bad = 0)
+                                   and d.waiting_for - c.ok - c.bad <= 0
+                              then greatest(d.run_at, c.at) else d.run_at end,
+                finished_at = case when d.after_policy <> 'run' and c.bad > 0 then c.at
+                                   else d.finished_at end
+            from counted c
+            where d.id = c.task_id and d.state = 'waiting' and d.waiting_for > 0
             returning d.id, d.queue, d.state, d.finished_at, d.dependents
         ),
         notified as (
