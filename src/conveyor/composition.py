@@ -71,6 +71,8 @@ class Group(Generic[R]):
     members: tuple[Signature[R], ...]
 
     def new_tasks(self) -> list[NewTask]:
+        """The members' tasks to store, in order (checked and encoded, no
+        I/O): what ``enqueue`` stores, for a caller that stores them itself."""
         _client_of(self.members)
         return [member.new_task() for member in self.members]
 
@@ -96,6 +98,8 @@ class Chord(Generic[R, C]):
     callback: Signature[C]
 
     def new_tasks(self) -> list[NewTask]:
+        """The members' tasks and, last, the callback's, waiting for every
+        member (checked and encoded, no I/O): what ``enqueue`` stores."""
         _client_of([*self.group.members, self.callback])
         members = self.group.new_tasks()
         policy = None if _explicit_policy(self.callback) else "run"
@@ -126,6 +130,8 @@ class Chain(Generic[R]):
     links: tuple[Signature[Any], ...]
 
     def new_tasks(self) -> list[NewTask]:
+        """The links' tasks in order, each but the first waiting for the one
+        before (checked and encoded, no I/O): what ``enqueue`` stores."""
         _client_of(self.links)
         tasks = [self.links[0].new_task()]
         for index, link in enumerate(self.links[1:]):
@@ -200,6 +206,7 @@ class GroupHandle(Generic[R]):
 
     @property
     def ids(self) -> list[int]:
+        """The members' ids, in order."""
         return [member.id for member in self.members]
 
     def __iter__(self) -> Iterator[TaskHandle[R]]:

@@ -71,6 +71,7 @@ class TaskOutcome:
 
     @property
     def succeeded(self) -> bool:
+        """Whether the dependency ended ``succeeded``."""
         return self.state == "succeeded"
 
 

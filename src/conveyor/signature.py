@@ -69,10 +69,12 @@ class Signature(Generic[R]):
 
     @property
     def name(self) -> str:
+        """The task's name."""
         return self.definition.name
 
     @property
     def client(self) -> Client:
+        """The client (or app) of the task's store."""
         return self.definition.client
 
     def options(self, **options: Unpack[OptionFields]) -> Signature[R]:
