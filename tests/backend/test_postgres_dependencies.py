@@ -13,10 +13,12 @@ import asyncio
 from dataclasses import replace
 
 import psycopg
+import pytest
 from psycopg import sql
 
-from conveyor.backends.params import EnqueueParams, FinishParams, earlier
+from conveyor.backends.params import EnqueueParams, FinishParams, WorkFilter, earlier
 from conveyor.backends.postgres import PostgresBackend
+from conveyor.errors import TaskNotFoundError
 from conveyor.model import TaskState
 from tests.conformance.test_dependencies import after, state
 from tests.conformance.test_tasks import T0, claim, enqueue, later, new, success
@@ -120,3 +122,17 @@ async def test_members_ending_at_once_are_all_counted(backend: PostgresBackend) 
     finally:
         for other in others:
             await other.close()
+
+
+async def test_an_unknown_dependency_leaves_the_caller_s_transaction_as_it_was(
+    backend: PostgresBackend,
+) -> None:
+    connecting = psycopg.AsyncConnection.connect(backend.url)
+    async with await connecting as conn, conn.transaction():
+        [kept] = await backend.enqueue_in(EnqueueParams([new()], now=T0), conn)
+        with pytest.raises(TaskNotFoundError):
+            await backend.enqueue_in(EnqueueParams([new(), after(kept + 1000)], now=T0), conn)
+        [d] = await backend.enqueue_in(EnqueueParams([after(kept)], now=T0), conn)
+    assert await state(backend, kept) == (S.PENDING, None)
+    assert await state(backend, d) == (S.WAITING, 1)
+    assert await backend.count_unfinished(WorkFilter(("job",), ("default",), now=later(1))) == 1

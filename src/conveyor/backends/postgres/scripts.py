@@ -108,6 +108,33 @@ def _refuse_unknown(sql: Statements, tasks: Sequence[NewTask]) -> Generator[Step
         raise TaskNotFoundError(f"no task with id {missing[0]} (a dependency)")
 
 
+LOCK_ROUNDS = 1000
+"""Rounds of ``lock_dependencies`` at most before an enqueue gives up
+(BackendError): each waits for a transaction that held a dependency."""
+
+
+def _lock_dependencies(
+    sql: Statements, ids: Sequence[int]
+) -> Generator[Step, Rows, dict[int, str]]:
+    """Lock tasks ``ids`` (dependencies), mark them depended on, and read
+    their states, never waiting for one while holding another (see
+    ``lock_dependencies``); TaskNotFoundError for one deleted meanwhile."""
+    yield sql["dependencies_savepoint"], {}
+    for _ in range(LOCK_ROUNDS):
+        locked = yield sql["lock_dependencies"], {"ids": list(ids)}
+        states = {int(r[0]): str(r[1]) for r in locked}
+        busy = [task_id for task_id in ids if task_id not in states]
+        if not busy:
+            yield sql["dependencies_release"], {}
+            return states
+        yield sql["dependencies_rollback"], {}
+        waited = yield sql["wait_for_task"], {"id": busy[0]}
+        yield sql["dependencies_rollback"], {}
+        if not waited:  # deleted since it was checked
+            raise TaskNotFoundError(f"no task with id {busy[0]} (a dependency)")
+    raise BackendError("the tasks named as dependencies stayed locked; retry the enqueue")
+
+
 def _wait_for(
     sql: Statements,
     tasks: Sequence[NewTask],
@@ -128,11 +155,7 @@ def _wait_for(
     if not edges:
         return
     wanted = sorted({depends_on for _, _, depends_on in edges})
-    locked = yield sql["lock_dependencies"], {"ids": wanted}
-    states = {int(r[0]): str(r[1]) for r in locked}
-    missing = [task_id for task_id in wanted if task_id not in states]
-    if missing:  # deleted since it was checked
-        raise TaskNotFoundError(f"no task with id {missing[0]} (a dependency)")
+    states = yield from _lock_dependencies(sql, wanted)
     yield (
         sql["insert_edges"],
         {

@@ -79,6 +79,15 @@ begin
                    max(at) as at
             from edges group by task_id
         ),
+        -- The dependents, locked in id order first: two transactions that
+        -- count ends in the same dependents (each ending members of two
+        -- chords) wait for each other instead of deadlocking.
+        locked as materialized (
+            select d.id from {schema}.tasks d
+            where d.id in (select task_id from counted)
+            order by d.id
+            for no key update of d
+        ),
         -- Each dependent's row as it is when this update locks it: two ends
         -- counted at once by two transactions wait for each other's row lock,
         -- and the second counts from the first's result (a value read before
@@ -99,6 +108,7 @@ begin
                                    else d.finished_at end
             from counted c
             where d.id = c.task_id and d.state = 'waiting' and d.waiting_for > 0
+              and d.id in (select id from locked)
             returning d.id, d.queue, d.state, d.finished_at, d.dependents
         ),
         notified as (

@@ -263,17 +263,41 @@ select id from {schema}.tasks where id = any(%(ids)s::bigint[]);
 -- Lock, in id order, the tasks an enqueue's new tasks depend on, mark them
 -- as depended on (so that their ends fire the settling trigger), and read
 -- their states: a dependency ending at this moment is then counted once,
--- by its end or by this enqueue (see settle_ended in migration 0022).
-with locked as (
-    select id from {schema}.tasks
-    where id = any(%(ids)s::bigint[])
-    order by id
-    for no key update
+-- by its end or by this enqueue (see settle_ended in migration 0022). Rows
+-- locked by others are passed by, not waited for: a finish that ends
+-- several of them locks them in the order its plan meets them, and waiting
+-- for one while holding another could deadlock with it. The script then
+-- rolls back to a savepoint (dropping what it locked), waits for one row
+-- it could not lock, holding none (wait_for_task), and tries again.
+with locked as materialized (
+    select t.id, t.state, t.dependents from {schema}.tasks t
+    where t.id = any(%(ids)s::bigint[])
+    order by t.id
+    for no key update of t skip locked
+),
+flagged as (
+    update {schema}.tasks t set dependents = true
+    from locked l
+    where t.id = l.id and not l.dependents
 )
-update {schema}.tasks t set dependents = true
-from locked l
-where t.id = l.id
-returning t.id, t.state;
+select l.id, l.state from locked l;
+
+-- name: wait_for_task
+-- Wait until the transaction that locks task %(id)s ends (see
+-- lock_dependencies; the caller rolls the lock taken here back at once).
+select 1 from {schema}.tasks where id = %(id)s::bigint for no key update;
+
+-- name: dependencies_savepoint
+-- See lock_dependencies.
+savepoint conveyor_dependencies;
+
+-- name: dependencies_rollback
+-- See lock_dependencies.
+rollback to savepoint conveyor_dependencies;
+
+-- name: dependencies_release
+-- See lock_dependencies.
+release savepoint conveyor_dependencies;
 
 -- name: insert_edges
 -- A new task's edges, one per entry of its `after`, by position.
