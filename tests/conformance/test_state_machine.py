@@ -123,6 +123,7 @@ from conveyor import payload as codec
 from conveyor.backends import Backend, backend_from_url
 from conveyor.backends.capabilities import Inspector, capability_of
 from conveyor.backends.params import (
+    AFTER_POLICIES,
     ClaimedTask,
     ClaimParams,
     Completion,
@@ -138,9 +139,11 @@ from conveyor.backends.params import (
     SendParams,
     Transition,
     WorkFilter,
+    earlier,
+    earlier_index,
 )
 from conveyor.backends.protocol import Capability
-from conveyor.errors import ConveyorError, TaskExistsError
+from conveyor.errors import ConveyorError, TaskExistsError, TaskNotFoundError
 from conveyor.model import (
     STATE_CHANGES,
     Cause,
@@ -153,7 +156,14 @@ from conveyor.model import (
     Task,
     TaskState,
 )
-from conveyor.records import CancelMany, PruneParams, RetryMany, StoredSchedule, TaskFilter
+from conveyor.records import (
+    CancelMany,
+    DependencyRecord,
+    PruneParams,
+    RetryMany,
+    StoredSchedule,
+    TaskFilter,
+)
 from tests.conftest import backend_url
 
 T = TypeVar("T")
@@ -203,13 +213,16 @@ ERRORS = {
 }
 STEPS = ("reserve", "charge", "ship")
 # The causes of the moves each rule may bring about, besides its own: a task
-# that reaches a terminal state wakes its parent (message), and a cancelled
-# coroutine cancels its children (cancel). No rule writes a corrupt row, so
-# none may quarantine one. Rules not named here (heartbeat, advance, crash)
-# move nothing.
+# that reaches a terminal state wakes its parent (message), a cancelled
+# coroutine cancels its children (cancel), and its waiting dependents count
+# its end (dependency: pending, or ended by their policy, and so on down a
+# chain); an enqueue stores a dependent waiting, and counts at once the
+# dependencies that ended already. No rule writes a corrupt row, so none may
+# quarantine one. Rules not named here (heartbeat, advance, crash) move
+# nothing; a manual retry ends nothing.
 RULE_CAUSES: dict[str, frozenset[Cause]] = {
-    "enqueue": frozenset({Cause.ENQUEUE}),
-    "claim": frozenset({Cause.CLAIM, Cause.RECLAIM, Cause.MESSAGE, Cause.CANCEL}),
+    "enqueue": frozenset({Cause.ENQUEUE, Cause.DEPENDENCY}),
+    "claim": frozenset({Cause.CLAIM, Cause.RECLAIM, Cause.MESSAGE, Cause.CANCEL, Cause.DEPENDENCY}),
     "finish": frozenset(
         {
             Cause.SUCCEED,
@@ -222,10 +235,11 @@ RULE_CAUSES: dict[str, frozenset[Cause]] = {
             Cause.CANCEL,
             Cause.MESSAGE,
             Cause.SPAWN,
+            Cause.DEPENDENCY,
         }
     ),
     "send": frozenset({Cause.MESSAGE}),
-    "cancel": frozenset({Cause.CANCEL, Cause.MESSAGE}),
+    "cancel": frozenset({Cause.CANCEL, Cause.MESSAGE, Cause.DEPENDENCY}),
     "retry": frozenset({Cause.MANUAL_RETRY}),
 }
 RESULTS: tuple[object, ...] = (None, 0, "ok", [1, "two"], {"k": {"n": 1}})
@@ -272,6 +286,15 @@ SCHEDULES = st.builds(
 )
 # Slots a fire takes, in seconds from the clock (one or two, increasing).
 SLOT_OFFSETS = (-20.0, -10.0, -0.5, 0.0, 1.0, 5.0)
+# Dependencies (``enqueue_dependents``) on or off:
+# CONVEYOR_MACHINE_DEPENDENCIES=0 runs the machine without them, for an
+# engine that does not keep them yet.
+DEPENDENCIES = os.environ.get("CONVEYOR_MACHINE_DEPENDENCIES", "1") != "0"
+# The flow-control keys a dependent may carry: one limit per key. The ends
+# of one write may make several dependents pending, in an order that is not
+# the same on every backend, and of several tasks of one key made pending
+# together the first sets the key's limit (guarantees.md, Limits).
+DEPENDENT_FLOWS = tuple(flow for flow in FLOWS if flow[0] != "c1")
 
 
 @dataclass(frozen=True)
@@ -364,6 +387,7 @@ def view(task: Task, model_id: Callable[[int], int] = same_id) -> dict[str, Any]
         "parent_id": model_id(task.parent_id) if task.parent_id is not None else None,
         "inbox": task.inbox,
         "idempotency_key": task.idempotency_key,
+        "waiting_for": task.waiting_for,
         "attempts": [
             (
                 model_id(a.task_id),
@@ -395,6 +419,22 @@ def claimed_view(claimed: ClaimedTask, model_token: LeaseToken) -> tuple[Any, ..
         claimed.lease,
         ms(claimed.lease_expires_at),
         claimed.step,
+        claimed.receives,
+    )
+
+
+def dependency_view(
+    record: DependencyRecord, model_id: Callable[[int], int] = same_id
+) -> tuple[Any, ...]:
+    """A dependency as ``Backend.dependencies`` reads it, in the model's numbering."""
+    return (
+        model_id(record.task_id),
+        record.name,
+        record.state,
+        record.result,
+        record.error_type,
+        record.error_message,
+        record.settled,
     )
 
 
@@ -584,6 +624,9 @@ class BackendAgreement(RuleBasedStateMachine):
         # run time moved without a move of the table).
         self.pruned: list[int] = []
         self.replaced: set[int] = set()
+        # Each dependent's dependencies (model ids, in the order given), as
+        # the enqueue that stored it resolved them.
+        self.edges: dict[int, tuple[int, ...]] = {}
 
     def open(self, backend: Backend) -> Backend:
         self.run(backend.open())
@@ -905,6 +948,67 @@ class BackendAgreement(RuleBasedStateMachine):
         params = EnqueueParams(tasks=tasks, now=self.now)
         self.insert_both(f"enqueue({tasks})", lambda b: b.enqueue(params), tasks)
 
+    @precondition(lambda self: DEPENDENCIES and len(self.ids) < MAX_TASKS)
+    @rule(data=st.data(), specs=st.lists(SPECS, min_size=1, max_size=3))
+    def enqueue_dependents(self, data: st.DataObject, specs: list[Spec]) -> None:
+        """Enqueue 1-3 tasks, each but a coroutine waiting for 0-3 stored
+        tasks (in any state: ended ones count at once) and earlier tasks of
+        the batch (``earlier``), under a drawn policy; now and then one names
+        the last task pruned or a missing id, and the enqueue must raise
+        TaskNotFoundError and store nothing."""
+        tasks = []
+        keys: set[str | None] = {None}
+        for index, spec in enumerate(specs):
+            pool = [*self.ids, *(earlier(k) for k in range(index))]
+            after: list[int] = []
+            if not spec.inbox and pool:
+                after = data.draw(st.lists(st.sampled_from(pool), max_size=3), label="after")
+            if not spec.inbox and data.draw(st.sampled_from([False] * 9 + [True]), label="gone"):
+                after.append(
+                    data.draw(st.sampled_from([*self.pruned[-1:], MISSING_ID]), label="gone id")
+                )
+            if after:
+                # A key repeated in the batch is its first task's, stored
+                # already: this one waits for nothing, so it carries none.
+                # One limit per key: see DEPENDENT_FLOWS.
+                spec = replace(
+                    spec,
+                    key=None if spec.key in keys else spec.key,
+                    flow=spec.flow if spec.flow in DEPENDENT_FLOWS else None,
+                )
+            keys.add(spec.key)
+            task = self.new_task(spec)
+            if after:
+                policy = data.draw(st.sampled_from(AFTER_POLICIES), label="after_policy")
+                receives = data.draw(st.sampled_from([None, "results"]), label="receives")
+                task = replace(task, after=tuple(after), after_policy=policy, receives=receives)
+            tasks.append(task)
+        self.enqueue_with_dependencies(tasks)
+
+    def enqueue_with_dependencies(self, tasks: list[NewTask]) -> None:
+        """Enqueue ``tasks`` (dependencies in the model's numbering) in both
+        backends: the real one is given its own ids; then record the edges
+        of each dependent stored."""
+        real_tasks = [
+            replace(t, after=tuple(r if r < 0 else self.real_id(r) for r in t.after)) for t in tasks
+        ]
+        stored_before = set(self.to_real)
+        model_params = EnqueueParams(tasks=tasks, now=self.now)
+        real_params = EnqueueParams(tasks=real_tasks, now=self.now)
+        ids = self.insert_both(
+            f"enqueue({tasks})",
+            lambda b: b.enqueue(model_params if b is self.model else real_params),
+            tasks,
+        )
+        for task_id, task in zip(ids, tasks, strict=bool(ids)):
+            if not task.after or task_id in stored_before or task_id in self.edges:
+                continue
+            note(f"enqueue: a dependent ({task.after_policy})")
+            self.edges[task_id] = tuple(
+                ids[position] if (position := earlier_index(r)) is not None else r
+                for r in task.after
+            )
+
     def insert_both(
         self,
         what: str,
@@ -913,14 +1017,18 @@ class BackendAgreement(RuleBasedStateMachine):
     ) -> list[int]:
         """Store ``tasks`` (an enqueue or a fire) in both backends: the ids
         agree (see add_ids), or both raise TaskExistsError for the same key and
-        holder. The model's ids ([] for a fire that fired nothing)."""
+        holder, or TaskNotFoundError for a dependency not stored. The model's
+        ids ([] for a fire that fired nothing)."""
         self.causes |= RULE_CAUSES["enqueue"]
         expected, got = self.insert(self.model, call), self.insert(self.real, call)
         where = f"{what} at {self.now}"
         assert got[0] == expected[0], f"{where}: {expected} vs {got}"
         if expected[0] == "raised":
-            assert expected[1][0] is TaskExistsError, expected  # type: ignore[index]
-            note(f"{what.partition('(')[0]}: a held key raised")
+            if expected[1] is TaskNotFoundError:
+                note(f"{what.partition('(')[0]}: a dependency not stored raised")
+            else:
+                assert expected[1][0] is TaskExistsError, expected  # type: ignore[index]
+                note(f"{what.partition('(')[0]}: a held key raised")
             assert got == expected, where
             return []
         model_ids, real_ids = expected[1], got[1]
@@ -1355,6 +1463,13 @@ class BackendAgreement(RuleBasedStateMachine):
         (Redis), hold different tasks: read from the model's tasks."""
         tasks = self.fetch(self.ids)[0]
         alive = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
+        # A task an unfinished dependent waits for is kept.
+        awaited = {
+            dependency
+            for dependent, dependencies in self.edges.items()
+            if dependent in tasks and tasks[dependent].state in alive
+            for dependency in dependencies
+        }
         by_id: list[int] = []
         by_finish: list[int] = []
         for state, cutoff in before.items():
@@ -1365,6 +1480,7 @@ class BackendAgreement(RuleBasedStateMachine):
                 and t.finished_at is not None
                 and t.finished_at < cutoff
                 and not (t.parent_id in tasks and tasks[t.parent_id].state in alive)
+                and t.id not in awaited
             ]
             by_id += sorted(t.id for t in found)
             by_finish += [t.id for t in sorted(found, key=lambda t: (t.finished_at, t.id))]
@@ -1491,6 +1607,34 @@ class BackendAgreement(RuleBasedStateMachine):
         self.replaced.clear()
 
     @invariant()
+    def dependencies_agree(self) -> None:
+        """Every dependent's dependencies read back alike from both backends
+        (ids, in the order given, as the enqueue resolved them; a pruned
+        dependent has none), and a dependent still waiting waits for as many
+        as it has edges not settled."""
+        model, real = self.model, self.real
+        for task_id, dependencies in self.edges.items():
+            want = [dependency_view(d) for d in self.run(model.dependencies(task_id))]
+            have = [
+                dependency_view(d, self.real_model_id)
+                for d in self.run(real.dependencies(self.to_real[task_id]))
+            ]
+            assert have == want, f"dependencies of task {task_id} at {self.now}"
+            if task_id in self.pruned:
+                assert want == [], f"pruned task {task_id} has dependencies {want}"
+                continue
+            assert [d[0] for d in want] == list(dependencies), f"task {task_id}: {want}"
+            task = self.run(model.get_task(task_id, with_attempts=False))
+            assert task is not None and task.waiting_for is not None, f"task {task_id}"
+            if task.state is TaskState.WAITING:
+                unsettled = sum(not d[-1] for d in want)
+                assert task.waiting_for == unsettled > 0, f"task {task_id}: {task} {want}"
+            if any(d[-1] for d in want):
+                note("dependencies: an edge settled")
+            if any(d[2] is None for d in want):
+                note("dependencies: a dependency pruned")
+
+    @invariant()
     def inboxes_agree(self) -> None:
         # Only coroutine tasks ever hold messages; the others are checked when sent one.
         for task_id in [*self.coroutines, *self.targets]:
@@ -1558,6 +1702,7 @@ def replay(kind: str, *steps: Callable[[BackendAgreement], object]) -> None:
     try:
         for step in steps:
             step(machine)
+            machine.dependencies_agree()
             machine.tasks_agree()
             machine.inboxes_agree()
             machine.work_agrees()
@@ -1816,6 +1961,50 @@ def test_replay_a_prune_batch_where_finish_order_is_not_id_order(kind: str) -> N
     )
 
 
+# Dependencies.
+
+
+@pytest.mark.skipif(not DEPENDENCIES, reason="CONVEYOR_MACHINE_DEPENDENCIES=0")
+@pytest.mark.parametrize("policy", AFTER_POLICIES)
+@pytest.mark.parametrize("kind", REAL_BACKENDS)
+def test_replay_a_chain_whose_middle_link_fails(kind: str, policy: str) -> None:
+    """One enqueue of a chain 1 <- 2 <- 3, and 4 waiting for 1 and 3, each
+    under ``policy``: 1 succeeds (2 is pending), 2 fails for good, so 3 ends
+    cancelled (``cancel``) or failed (``fail``), and so in turn does 4; or
+    (``run``) 3 is pending, runs and succeeds, and then 4 is pending too."""
+
+    def chain(m: BackendAgreement) -> None:
+        links = [(), (earlier(0),), (earlier(1),), (earlier(0), earlier(2))]
+        m.enqueue_with_dependencies(
+            [
+                replace(m.new_task(Spec()), after=after, after_policy=policy, receives="results")
+                if after
+                else m.new_task(Spec())
+                for after in links
+            ]
+        )
+
+    def done(task_id: int) -> Completion:
+        token = LeaseToken(task_id, 1, "w1")
+        return Completion(token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result=codec.encode("ok"))
+
+    failed = Completion(
+        LeaseToken(2, 1, "w1"), Outcome.FAILED, TaskState.FAILED, error=ERRORS[Outcome.FAILED]
+    )
+    replay(
+        kind,
+        chain,
+        lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 1 only
+        lambda m: m.send_finish("w1", [done(1)]),
+        lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 2 only
+        lambda m: m.advance(1.0),
+        lambda m: m.send_finish("w1", [failed]),
+        lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 3 under run, else nothing
+        lambda m: m.send_finish("w1", [done(3)]),  # rejected unless 3 runs
+        lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 4 under run, else nothing
+    )
+
+
 # -- the state machine check itself ----------------------------------------
 
 
@@ -1864,6 +2053,8 @@ S = TaskState
             "finish",
         ),  # a finish that reclaims
         (snapshot(S.PENDING), snapshot(S.PENDING, run_at=T0 + timedelta(1)), "retry"),
+        (snapshot(S.WAITING), snapshot(S.PENDING), "retry"),  # a retry ends no dependency
+        (snapshot(S.WAITING), snapshot(S.FAILED), "heartbeat"),
     ],
 )
 def test_a_move_outside_the_table_fails_the_machine(
@@ -1886,6 +2077,11 @@ def test_a_move_outside_the_table_fails_the_machine(
         (snapshot(S.IN_PROGRESS, 1), snapshot(S.IN_PROGRESS, 1, cancel_requested=True), "cancel"),
         (snapshot(S.CANCELLED, 1), snapshot(S.PENDING, 1), "retry"),
         (snapshot(S.PENDING), snapshot(S.PENDING), "heartbeat"),  # nothing moved
+        (None, snapshot(S.WAITING), "enqueue"),  # a dependent
+        (None, snapshot(S.CANCELLED), "enqueue"),  # a dependency ended failed already
+        (snapshot(S.WAITING), snapshot(S.FAILED), "claim"),  # a spent budget, policy fail
+        (snapshot(S.WAITING), snapshot(S.PENDING), "finish"),  # its last dependency succeeded
+        (snapshot(S.WAITING), snapshot(S.CANCELLED), "cancel"),  # itself, or a dependency
     ],
 )
 def test_chains_of_moves_of_the_table_pass(before: Task | None, after: Task, rule: str) -> None:
