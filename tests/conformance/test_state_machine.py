@@ -26,6 +26,14 @@ schedules are synced and fired with drawn slots and fingerprints; and some
 tasks (spawned children too) carry a flow-control key from a pool of three
 (``FLOWS``: a running limit of 1 or 2 on one key, a limit with a rate, a
 rate alone), so claims meet keys at their limit and empty rate buckets.
+Some enqueues store dependents (``NewTask.after``; never a coroutine):
+each waits for 0-3 stored tasks (in any state: those ended count at once)
+and earlier tasks of its batch (``earlier``), under a drawn policy
+(``AFTER_POLICIES``), and now and then names the last task pruned or a
+missing id, so the enqueue raises TaskNotFoundError and stores nothing; the
+two backends are given the same batch in their own ids. Every way a task
+ends (a finish, a reclaim with its budget spent, a cancel, a bulk cancel, a
+dependency ended by policy) then moves its waiting dependents.
 PostgreSQL claims keyed and plain tasks in turns rather than merged in claim
 order, so while keyed tasks wait its claims take everything they may and
 their order is not compared. Redis prunes, within a state, the oldest finish
@@ -42,7 +50,7 @@ After every rule it checks that
   (key and holder); what a pause or resume returns and the pauses listed;
   what a prune deletes and ``count_prunable`` counts; the schedules listed;
   the flow-control keys listed (limit, running and pending tasks, rate
-  tokens, next start).
+  tokens, next start); what a claim hands over as ``receives``.
   Ids are mapped between the backends by enqueue order, and the mapping must
   stay consistent;
 - the fence holds in both: a heartbeat or finish takes effect exactly for the
@@ -61,7 +69,10 @@ its attempt rows, numbered 1..n; owner, lease, ``finished_at`` and result
 match its state; the real backend's task (state, attempts with their outcomes, errors and steps,
 owner, lease, cancel flag, result, step, payload, options, parent, inbox flag,
 unique key)
-equals the model's; the two stores hold the same tasks (none lost, none
+equals the model's, ``waiting_for`` included; every dependent's
+dependencies (``Backend.dependencies``: ids in the order given, name,
+state, result, error, settled) equal the model's, and one still waiting
+waits for as many as it has edges not settled; the two stores hold the same tasks (none lost, none
 pruned or stored in one only); every coroutine's unread messages (kind, sender, body, in
 order; ends sent by one statement in any order) equal the model's; and so do
 ``count_unfinished`` and ``next_due_at``. SQL triggers (a child's end waking
@@ -90,6 +101,12 @@ schedules (a key that changes hands in a batch, a holder replaced twice, a
 pause holding back an expired lease's end, a fire meeting a held key).
 Redis replays them all (it passed each when it joined the machine), and one
 more replays the prune batch where it differs by design (finish order).
+With dependencies, a chain whose middle link fails is replayed under each
+policy.
+
+``CONVEYOR_MACHINE_DEPENDENCIES=0`` leaves dependencies out (no dependent is
+enqueued, so nothing reads ``dependencies``): the machine as it ran before,
+for an engine that does not keep them yet.
 """
 
 from __future__ import annotations
