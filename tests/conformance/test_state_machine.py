@@ -76,7 +76,8 @@ waits for as many as it has edges not settled; the two stores hold the same task
 pruned or stored in one only); every coroutine's unread messages (kind, sender, body, in
 order; ends sent by one statement in any order) equal the model's; and so do
 ``count_unfinished`` and ``next_due_at``. SQL triggers (a child's end waking
-its parent, a cancel reaching children) stamp the real clock, years before
+its parent, a cancel reaching children, and then such a cancel moving the
+children's dependents) stamp the real clock, years before
 the injected one: those times are checked for plausibility and overwritten
 with the model's (``restamp``); Redis has no triggers (its scripts take the
 injected clock), so nothing is restamped there. A schedule synced without
@@ -102,7 +103,7 @@ pause holding back an expired lease's end, a fire meeting a held key).
 Redis replays them all (it passed each when it joined the machine), and one
 more replays the prune batch where it differs by design (finish order).
 With dependencies, a chain whose middle link fails is replayed under each
-policy.
+policy, and so is a coroutine's cancel reaching a child that a task waits for.
 
 ``CONVEYOR_MACHINE_DEPENDENCIES=0`` leaves dependencies out (no dependent is
 enqueued, so nothing reads ``dependencies``): the machine as it ran before,
@@ -732,9 +733,13 @@ class BackendAgreement(RuleBasedStateMachine):
         """Times a real backend's trigger stamped with the real clock (years
         before the injected one) become the model's, in the store and in
         ``real_tasks``: a woken parent's run_at (the model's must be due) and
-        a cascaded cancel's finished_at. Only on the kinds in RESTAMPED."""
+        a cascaded cancel's finished_at; and the run_at of a dependent such a
+        cancel made pending (the trigger takes the later of its own run_at
+        and its dependency's finished_at, there the real clock, so its own:
+        the model's, later, must be due). Only on the kinds in RESTAMPED."""
         if self.KIND not in RESTAMPED:
             return
+        ended_by_real_clock: set[int] = set()
         for task_id, task in list(real_tasks.items()):
             want = model_tasks[task_id]
             run_at = finished_at = None
@@ -745,12 +750,27 @@ class BackendAgreement(RuleBasedStateMachine):
             if task.finished_at is not None and task.finished_at < REAL_CLOCK_CUTOFF:
                 assert want.finished_at is not None, f"task {task_id} ended in {self.KIND} only"
                 finished_at = want.finished_at
+                ended_by_real_clock.add(task_id)
                 note("restamp: a cascaded cancel's finished_at")
             if run_at is not None or finished_at is not None:
                 self.write_real(self.to_real[task_id], run_at, finished_at)
                 real_tasks[task_id] = replace(
                     task, run_at=run_at or task.run_at, finished_at=finished_at or task.finished_at
                 )
+        for task_id, dependencies in self.edges.items():
+            task, want = real_tasks.get(task_id), model_tasks.get(task_id)
+            if (
+                task is None
+                or want is None
+                or not ended_by_real_clock.intersection(dependencies)
+                or task.state is not TaskState.PENDING
+                or want.state is not TaskState.PENDING
+                or not task.run_at < want.run_at <= self.now
+            ):
+                continue
+            note("restamp: a dependent made pending by a cascaded cancel")
+            self.write_real(self.to_real[task_id], want.run_at, None)
+            real_tasks[task_id] = replace(task, run_at=want.run_at)
 
     def fetch(self, model_ids: Iterable[int]) -> tuple[dict[int, Task], dict[int, Task]]:
         """Snapshots of these tasks (model numbering) from the model and the
@@ -2019,6 +2039,49 @@ def test_replay_a_chain_whose_middle_link_fails(kind: str, policy: str) -> None:
         lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 3 under run, else nothing
         lambda m: m.send_finish("w1", [done(3)]),  # rejected unless 3 runs
         lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 4 under run, else nothing
+    )
+
+
+@pytest.mark.skipif(not DEPENDENCIES, reason="CONVEYOR_MACHINE_DEPENDENCIES=0")
+@pytest.mark.parametrize("policy", ["cancel", "run"])
+@pytest.mark.parametrize("kind", REAL_BACKENDS)
+def test_replay_a_cancel_reaching_a_child_moves_its_dependent(kind: str, policy: str) -> None:
+    """Coroutine 1 suspends and spawns child 2 (due in 15 s); task 3 waits
+    for 2; 5 s on, 1 is cancelled, which cancels 2, which ends 3 (``cancel``)
+    or makes it pending, due now (``run``). The SQL triggers stamp the
+    child's end with the real clock, and the dependent's times follow it
+    (see ``restamp``)."""
+
+    def suspend_and_spawn(m: BackendAgreement) -> None:
+        rest = Completion(
+            LeaseToken(1, 1, "w1"),
+            Outcome.SUCCEEDED,
+            TaskState.WAITING,
+            transition=Transition(
+                step=None,
+                state=codec.encode({"rest_of": 1}),
+                max_attempts=3,
+                retry=RetryPolicy(max_attempts=3),
+                lease=None,
+                run_at=None,
+                delay=0.0,
+            ),
+            effects=Effects(spawns=(m.new_task(Spec(delay=15.0), parent_id=1),)),
+        )
+        m.send_finish("w1", [rest])
+
+    def dependent(m: BackendAgreement) -> None:
+        task = replace(m.new_task(Spec()), after=(2,), after_policy=policy)
+        m.enqueue_with_dependencies([task])
+
+    replay(
+        kind,
+        lambda m: m.enqueue([Spec(inbox=True)], uniform=False),
+        lambda m: m.claim("w1", limit=1, queues=QUEUES),
+        suspend_and_spawn,
+        dependent,
+        lambda m: m.advance(5.0),
+        lambda m: m.cancel_task(1),
     )
 
 
