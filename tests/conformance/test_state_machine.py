@@ -69,7 +69,10 @@ its attempt rows, numbered 1..n; owner, lease, ``finished_at`` and result
 match its state; the real backend's task (state, attempts with their outcomes, errors and steps,
 owner, lease, cancel flag, result, step, payload, options, parent, inbox flag,
 unique key)
-equals the model's, ``waiting_for`` included; every dependent's
+equals the model's, ``waiting_for`` included (of a task not waiting,
+only whether it has dependencies: a bulk cancel of a dependency and its
+dependent counts the one for the other or not, by the order the store
+applies it in); every dependent's
 dependencies (``Backend.dependencies``: ids in the order given, name,
 state, result, error, settled) equal the model's, and one still waiting
 waits for as many as it has edges not settled; the two stores hold the same tasks (none lost, none
@@ -405,7 +408,13 @@ def view(task: Task, model_id: Callable[[int], int] = same_id) -> dict[str, Any]
         "parent_id": model_id(task.parent_id) if task.parent_id is not None else None,
         "inbox": task.inbox,
         "idempotency_key": task.idempotency_key,
-        "waiting_for": task.waiting_for,
+        # How many it waits for, while it waits; else only whether it has
+        # dependencies: a bulk cancel that ends a dependency and its
+        # dependent in one write counts the one for the other or not, by the
+        # order the store applies it in (and a manual retry keeps the count).
+        "waiting_for": task.waiting_for
+        if task.state is TaskState.WAITING
+        else task.waiting_for is not None,
         "attempts": [
             (
                 model_id(a.task_id),
