@@ -509,6 +509,9 @@ def check_shape(task: Task, kind: str) -> None:
         assert (a.finished_at is None) == (a.outcome is Outcome.IN_PROGRESS), f"{where}: {a}"
     assert (task.finished_at is not None) == task.state.is_terminal, where
     assert task.result is None or task.state is TaskState.SUCCEEDED, where
+    # Only a coroutine (for a message) or a dependent (for its dependencies) waits.
+    if task.state is TaskState.WAITING:
+        assert task.inbox or task.waiting_for, f"{where} waits for nothing"
 
 
 def reachable(start: TaskState | None, causes: frozenset[Cause]) -> frozenset[TaskState]:
