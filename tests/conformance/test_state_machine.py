@@ -770,19 +770,19 @@ class BackendAgreement(RuleBasedStateMachine):
                     task, run_at=run_at or task.run_at, finished_at=finished_at or task.finished_at
                 )
         for task_id, dependencies in self.edges.items():
-            task, want = real_tasks.get(task_id), model_tasks.get(task_id)
+            released, want_released = real_tasks.get(task_id), model_tasks.get(task_id)
             if (
-                task is None
-                or want is None
+                released is None
+                or want_released is None
                 or not ended_by_real_clock.intersection(dependencies)
-                or task.state is not TaskState.PENDING
-                or want.state is not TaskState.PENDING
-                or not task.run_at < want.run_at <= self.now
+                or released.state is not TaskState.PENDING
+                or want_released.state is not TaskState.PENDING
+                or not released.run_at < want_released.run_at <= self.now
             ):
                 continue
             note("restamp: a dependent made pending by a cascaded cancel")
-            self.write_real(self.to_real[task_id], want.run_at, None)
-            real_tasks[task_id] = replace(task, run_at=want.run_at)
+            self.write_real(self.to_real[task_id], want_released.run_at, None)
+            real_tasks[task_id] = replace(released, run_at=want_released.run_at)
 
     def fetch(self, model_ids: Iterable[int]) -> tuple[dict[int, Task], dict[int, Task]]:
         """Snapshots of these tasks (model numbering) from the model and the
