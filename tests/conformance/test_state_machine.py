@@ -1018,8 +1018,9 @@ class BackendAgreement(RuleBasedStateMachine):
                     data.draw(st.sampled_from([*self.pruned[-1:], MISSING_ID]), label="gone id")
                 )
             if after:
-                # A key repeated in the batch is its first task's, stored
-                # already: this one waits for nothing, so it carries none.
+                # A key repeated in the batch answers the batch's first task
+                # with it, and a dependent that meets a held key stores no
+                # edge: its key is left out, so that it waits as drawn.
                 # One limit per key: see DEPENDENT_FLOWS.
                 spec = replace(
                     spec,
