@@ -33,7 +33,10 @@ and earlier tasks of its batch (``earlier``), under a drawn policy
 missing id, so the enqueue raises TaskNotFoundError and stores nothing; the
 two backends are given the same batch in their own ids. Every way a task
 ends (a finish, a reclaim with its budget spent, a cancel, a bulk cancel, a
-dependency ended by policy) then moves its waiting dependents.
+dependency ended by policy) then moves its waiting dependents. A bulk
+cancel never names a dependency and its dependent together: whether the
+dependent then ends cancelled or by its policy follows the order the store
+applies the batch in.
 PostgreSQL claims keyed and plain tasks in turns rather than merged in claim
 order, so while keyed tasks wait its claims take everything they may and
 their order is not compared. Redis prunes, within a state, the oldest finish
