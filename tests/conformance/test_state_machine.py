@@ -26,6 +26,17 @@ schedules are synced and fired with drawn slots and fingerprints; and some
 tasks (spawned children too) carry a flow-control key from a pool of three
 (``FLOWS``: a running limit of 1 or 2 on one key, a limit with a rate, a
 rate alone), so claims meet keys at their limit and empty rate buckets.
+Some enqueues store dependents (``NewTask.after``; never a coroutine):
+each waits for 0-3 stored tasks (in any state: those ended count at once)
+and earlier tasks of its batch (``earlier``), under a drawn policy
+(``AFTER_POLICIES``), and now and then names the last task pruned or a
+missing id, so the enqueue raises TaskNotFoundError and stores nothing; the
+two backends are given the same batch in their own ids. Every way a task
+ends (a finish, a reclaim with its budget spent, a cancel, a bulk cancel, a
+dependency ended by policy) then moves its waiting dependents. A bulk
+cancel never names a dependency and its dependent together: whether the
+dependent then ends cancelled or by its policy follows the order the store
+applies the batch in.
 PostgreSQL claims keyed and plain tasks in turns rather than merged in claim
 order, so while keyed tasks wait its claims take everything they may and
 their order is not compared. Redis prunes, within a state, the oldest finish
@@ -42,7 +53,7 @@ After every rule it checks that
   (key and holder); what a pause or resume returns and the pauses listed;
   what a prune deletes and ``count_prunable`` counts; the schedules listed;
   the flow-control keys listed (limit, running and pending tasks, rate
-  tokens, next start).
+  tokens, next start); what a claim hands over as ``receives``.
   Ids are mapped between the backends by enqueue order, and the mapping must
   stay consistent;
 - the fence holds in both: a heartbeat or finish takes effect exactly for the
@@ -61,11 +72,18 @@ its attempt rows, numbered 1..n; owner, lease, ``finished_at`` and result
 match its state; the real backend's task (state, attempts with their outcomes, errors and steps,
 owner, lease, cancel flag, result, step, payload, options, parent, inbox flag,
 unique key)
-equals the model's; the two stores hold the same tasks (none lost, none
+equals the model's, ``waiting_for`` included (of a task not waiting,
+only whether it has dependencies: the ends of one write count in the order
+the store applies them, so a dependent one of them ended may or may not
+have counted the others); every dependent's
+dependencies (``Backend.dependencies``: ids in the order given, name,
+state, result, error, settled) equal the model's, and one still waiting
+waits for as many as it has edges not settled; the two stores hold the same tasks (none lost, none
 pruned or stored in one only); every coroutine's unread messages (kind, sender, body, in
 order; ends sent by one statement in any order) equal the model's; and so do
 ``count_unfinished`` and ``next_due_at``. SQL triggers (a child's end waking
-its parent, a cancel reaching children) stamp the real clock, years before
+its parent, a cancel reaching children, and then such a cancel moving the
+children's dependents) stamp the real clock, years before
 the injected one: those times are checked for plausibility and overwritten
 with the model's (``restamp``); Redis has no triggers (its scripts take the
 injected clock), so nothing is restamped there. A schedule synced without
@@ -90,6 +108,12 @@ schedules (a key that changes hands in a batch, a holder replaced twice, a
 pause holding back an expired lease's end, a fire meeting a held key).
 Redis replays them all (it passed each when it joined the machine), and one
 more replays the prune batch where it differs by design (finish order).
+With dependencies, a chain whose middle link fails is replayed under each
+policy, and so is a coroutine's cancel reaching a child that a task waits for.
+
+``CONVEYOR_MACHINE_DEPENDENCIES=0`` leaves dependencies out (no dependent is
+enqueued, so nothing reads ``dependencies``): the machine as it ran before,
+for an engine that does not keep them yet.
 """
 
 from __future__ import annotations
@@ -123,6 +147,7 @@ from conveyor import payload as codec
 from conveyor.backends import Backend, backend_from_url
 from conveyor.backends.capabilities import Inspector, capability_of
 from conveyor.backends.params import (
+    AFTER_POLICIES,
     ClaimedTask,
     ClaimParams,
     Completion,
@@ -138,9 +163,11 @@ from conveyor.backends.params import (
     SendParams,
     Transition,
     WorkFilter,
+    earlier,
+    earlier_index,
 )
 from conveyor.backends.protocol import Capability
-from conveyor.errors import ConveyorError, TaskExistsError
+from conveyor.errors import ConveyorError, TaskExistsError, TaskNotFoundError
 from conveyor.model import (
     STATE_CHANGES,
     Cause,
@@ -153,7 +180,14 @@ from conveyor.model import (
     Task,
     TaskState,
 )
-from conveyor.records import CancelMany, PruneParams, RetryMany, StoredSchedule, TaskFilter
+from conveyor.records import (
+    CancelMany,
+    DependencyRecord,
+    PruneParams,
+    RetryMany,
+    StoredSchedule,
+    TaskFilter,
+)
 from tests.conftest import backend_url
 
 T = TypeVar("T")
@@ -203,13 +237,16 @@ ERRORS = {
 }
 STEPS = ("reserve", "charge", "ship")
 # The causes of the moves each rule may bring about, besides its own: a task
-# that reaches a terminal state wakes its parent (message), and a cancelled
-# coroutine cancels its children (cancel). No rule writes a corrupt row, so
-# none may quarantine one. Rules not named here (heartbeat, advance, crash)
-# move nothing.
+# that reaches a terminal state wakes its parent (message), a cancelled
+# coroutine cancels its children (cancel), and its waiting dependents count
+# its end (dependency: pending, or ended by their policy, and so on down a
+# chain); an enqueue stores a dependent waiting, and counts at once the
+# dependencies that ended already. No rule writes a corrupt row, so none may
+# quarantine one. Rules not named here (heartbeat, advance, crash) move
+# nothing; a manual retry ends nothing.
 RULE_CAUSES: dict[str, frozenset[Cause]] = {
-    "enqueue": frozenset({Cause.ENQUEUE}),
-    "claim": frozenset({Cause.CLAIM, Cause.RECLAIM, Cause.MESSAGE, Cause.CANCEL}),
+    "enqueue": frozenset({Cause.ENQUEUE, Cause.DEPENDENCY}),
+    "claim": frozenset({Cause.CLAIM, Cause.RECLAIM, Cause.MESSAGE, Cause.CANCEL, Cause.DEPENDENCY}),
     "finish": frozenset(
         {
             Cause.SUCCEED,
@@ -222,10 +259,11 @@ RULE_CAUSES: dict[str, frozenset[Cause]] = {
             Cause.CANCEL,
             Cause.MESSAGE,
             Cause.SPAWN,
+            Cause.DEPENDENCY,
         }
     ),
     "send": frozenset({Cause.MESSAGE}),
-    "cancel": frozenset({Cause.CANCEL, Cause.MESSAGE}),
+    "cancel": frozenset({Cause.CANCEL, Cause.MESSAGE, Cause.DEPENDENCY}),
     "retry": frozenset({Cause.MANUAL_RETRY}),
 }
 RESULTS: tuple[object, ...] = (None, 0, "ok", [1, "two"], {"k": {"n": 1}})
@@ -272,6 +310,15 @@ SCHEDULES = st.builds(
 )
 # Slots a fire takes, in seconds from the clock (one or two, increasing).
 SLOT_OFFSETS = (-20.0, -10.0, -0.5, 0.0, 1.0, 5.0)
+# Dependencies (``enqueue_dependents``) on or off:
+# CONVEYOR_MACHINE_DEPENDENCIES=0 runs the machine without them, for an
+# engine that does not keep them yet.
+DEPENDENCIES = os.environ.get("CONVEYOR_MACHINE_DEPENDENCIES", "1") != "0"
+# The flow-control keys a dependent may carry: one limit per key. The ends
+# of one write may make several dependents pending, in an order that is not
+# the same on every backend, and of several tasks of one key made pending
+# together the first sets the key's limit (guarantees.md, Limits).
+DEPENDENT_FLOWS = tuple(flow for flow in FLOWS if flow[0] != "c1")
 
 
 @dataclass(frozen=True)
@@ -364,6 +411,14 @@ def view(task: Task, model_id: Callable[[int], int] = same_id) -> dict[str, Any]
         "parent_id": model_id(task.parent_id) if task.parent_id is not None else None,
         "inbox": task.inbox,
         "idempotency_key": task.idempotency_key,
+        # How many it waits for, while it waits; else only whether it has
+        # dependencies: the ends of one write (a bulk cancel, a worker's
+        # completions) are counted in the order the store applies them, so
+        # a dependent one of them ended may or may not have counted the
+        # others (and a manual retry keeps the count).
+        "waiting_for": task.waiting_for
+        if task.state is TaskState.WAITING
+        else task.waiting_for is not None,
         "attempts": [
             (
                 model_id(a.task_id),
@@ -395,6 +450,22 @@ def claimed_view(claimed: ClaimedTask, model_token: LeaseToken) -> tuple[Any, ..
         claimed.lease,
         ms(claimed.lease_expires_at),
         claimed.step,
+        claimed.receives,
+    )
+
+
+def dependency_view(
+    record: DependencyRecord, model_id: Callable[[int], int] = same_id
+) -> tuple[Any, ...]:
+    """A dependency as ``Backend.dependencies`` reads it, in the model's numbering."""
+    return (
+        model_id(record.task_id),
+        record.name,
+        record.state,
+        record.result,
+        record.error_type,
+        record.error_message,
+        record.settled,
     )
 
 
@@ -442,6 +513,9 @@ def check_shape(task: Task, kind: str) -> None:
         assert (a.finished_at is None) == (a.outcome is Outcome.IN_PROGRESS), f"{where}: {a}"
     assert (task.finished_at is not None) == task.state.is_terminal, where
     assert task.result is None or task.state is TaskState.SUCCEEDED, where
+    # Only a coroutine (for a message) or a dependent (for its dependencies) waits.
+    if task.state is TaskState.WAITING:
+        assert task.inbox or task.waiting_for, f"{where} waits for nothing"
 
 
 def reachable(start: TaskState | None, causes: frozenset[Cause]) -> frozenset[TaskState]:
@@ -584,6 +658,9 @@ class BackendAgreement(RuleBasedStateMachine):
         # run time moved without a move of the table).
         self.pruned: list[int] = []
         self.replaced: set[int] = set()
+        # Each dependent's dependencies (model ids, in the order given), as
+        # the enqueue that stored it resolved them.
+        self.edges: dict[int, tuple[int, ...]] = {}
 
     def open(self, backend: Backend) -> Backend:
         self.run(backend.open())
@@ -672,9 +749,13 @@ class BackendAgreement(RuleBasedStateMachine):
         """Times a real backend's trigger stamped with the real clock (years
         before the injected one) become the model's, in the store and in
         ``real_tasks``: a woken parent's run_at (the model's must be due) and
-        a cascaded cancel's finished_at. Only on the kinds in RESTAMPED."""
+        a cascaded cancel's finished_at; and the run_at of a dependent such a
+        cancel made pending (the trigger takes the later of its own run_at
+        and its dependency's finished_at, there the real clock, so its own:
+        the model's, later, must be due). Only on the kinds in RESTAMPED."""
         if self.KIND not in RESTAMPED:
             return
+        ended_by_real_clock: set[int] = set()
         for task_id, task in list(real_tasks.items()):
             want = model_tasks[task_id]
             run_at = finished_at = None
@@ -685,12 +766,27 @@ class BackendAgreement(RuleBasedStateMachine):
             if task.finished_at is not None and task.finished_at < REAL_CLOCK_CUTOFF:
                 assert want.finished_at is not None, f"task {task_id} ended in {self.KIND} only"
                 finished_at = want.finished_at
+                ended_by_real_clock.add(task_id)
                 note("restamp: a cascaded cancel's finished_at")
             if run_at is not None or finished_at is not None:
                 self.write_real(self.to_real[task_id], run_at, finished_at)
                 real_tasks[task_id] = replace(
                     task, run_at=run_at or task.run_at, finished_at=finished_at or task.finished_at
                 )
+        for task_id, dependencies in self.edges.items():
+            released, want_released = real_tasks.get(task_id), model_tasks.get(task_id)
+            if (
+                released is None
+                or want_released is None
+                or not ended_by_real_clock.intersection(dependencies)
+                or released.state is not TaskState.PENDING
+                or want_released.state is not TaskState.PENDING
+                or not released.run_at < want_released.run_at <= self.now
+            ):
+                continue
+            note("restamp: a dependent made pending by a cascaded cancel")
+            self.write_real(self.to_real[task_id], want_released.run_at, None)
+            real_tasks[task_id] = replace(released, run_at=want_released.run_at)
 
     def fetch(self, model_ids: Iterable[int]) -> tuple[dict[int, Task], dict[int, Task]]:
         """Snapshots of these tasks (model numbering) from the model and the
@@ -905,6 +1001,74 @@ class BackendAgreement(RuleBasedStateMachine):
         params = EnqueueParams(tasks=tasks, now=self.now)
         self.insert_both(f"enqueue({tasks})", lambda b: b.enqueue(params), tasks)
 
+    @precondition(lambda self: DEPENDENCIES and len(self.ids) < MAX_TASKS)
+    @rule(data=st.data(), specs=st.lists(SPECS, min_size=1, max_size=3))
+    def enqueue_dependents(self, data: st.DataObject, specs: list[Spec]) -> None:
+        """Enqueue 1-3 tasks, each but a coroutine waiting for 0-3 stored
+        tasks (in any state: ended ones count at once) and earlier tasks of
+        the batch (``earlier``), under a drawn policy; now and then one names
+        the last task pruned or a missing id, and the enqueue must raise
+        TaskNotFoundError and store nothing."""
+        tasks = []
+        keys: set[str | None] = {None}
+        for index, spec in enumerate(specs):
+            pool = [*self.ids, *(earlier(k) for k in range(index))]
+            after: list[int] = []
+            if not spec.inbox and pool:
+                after = data.draw(st.lists(st.sampled_from(pool), max_size=3), label="after")
+            if not spec.inbox and data.draw(st.sampled_from([False] * 9 + [True]), label="gone"):
+                after.append(
+                    data.draw(st.sampled_from([*self.pruned[-1:], MISSING_ID]), label="gone id")
+                )
+            if after:
+                # A key repeated in the batch answers the batch's first task
+                # with it, and a dependent that meets a held key stores no
+                # edge: its key is left out, so that it waits as drawn.
+                # One limit per key: see DEPENDENT_FLOWS.
+                spec = replace(
+                    spec,
+                    key=None if spec.key in keys else spec.key,
+                    flow=spec.flow if spec.flow in DEPENDENT_FLOWS else None,
+                )
+            keys.add(spec.key)
+            task = self.new_task(spec)
+            if after:
+                policy = data.draw(st.sampled_from(AFTER_POLICIES), label="after_policy")
+                receives = data.draw(st.sampled_from([None, "results"]), label="receives")
+                task = replace(task, after=tuple(after), after_policy=policy, receives=receives)
+            tasks.append(task)
+        if any(r in (MISSING_ID, *self.pruned[-1:]) for t in tasks for r in t.after):
+            # Whether a missing dependency or a held key with ``raise`` is
+            # found first is the store's choice: a batch has only the one.
+            tasks = [
+                t if t.on_conflict != "raise" else replace(t, on_conflict="existing") for t in tasks
+            ]
+        self.enqueue_with_dependencies(tasks)
+
+    def enqueue_with_dependencies(self, tasks: list[NewTask]) -> None:
+        """Enqueue ``tasks`` (dependencies in the model's numbering) in both
+        backends: the real one is given its own ids; then record the edges
+        of each dependent stored."""
+        real_tasks = [
+            replace(t, after=tuple(r if r < 0 else self.real_id(r) for r in t.after)) for t in tasks
+        ]
+        stored_before = set(self.to_real)
+        model_params = EnqueueParams(tasks=tasks, now=self.now)
+        real_params = EnqueueParams(tasks=real_tasks, now=self.now)
+        ids = self.insert_both(
+            f"enqueue({tasks})",
+            lambda b: b.enqueue(model_params if b is self.model else real_params),
+            tasks,
+        )
+        for task_id, task in zip(ids, tasks, strict=bool(ids)):
+            if not task.after or task_id in stored_before or task_id in self.edges:
+                continue
+            note(f"enqueue: a dependent ({task.after_policy})")
+            self.edges[task_id] = tuple(
+                ids[position] if (position := earlier_index(r)) is not None else r
+                for r in task.after
+            )
+
     def insert_both(
         self,
         what: str,
@@ -913,14 +1077,18 @@ class BackendAgreement(RuleBasedStateMachine):
     ) -> list[int]:
         """Store ``tasks`` (an enqueue or a fire) in both backends: the ids
         agree (see add_ids), or both raise TaskExistsError for the same key and
-        holder. The model's ids ([] for a fire that fired nothing)."""
+        holder, or TaskNotFoundError for a dependency not stored. The model's
+        ids ([] for a fire that fired nothing)."""
         self.causes |= RULE_CAUSES["enqueue"]
         expected, got = self.insert(self.model, call), self.insert(self.real, call)
         where = f"{what} at {self.now}"
         assert got[0] == expected[0], f"{where}: {expected} vs {got}"
         if expected[0] == "raised":
-            assert expected[1][0] is TaskExistsError, expected  # type: ignore[index]
-            note(f"{what.partition('(')[0]}: a held key raised")
+            if expected[1] is TaskNotFoundError:
+                note(f"{what.partition('(')[0]}: a dependency not stored raised")
+            else:
+                assert expected[1][0] is TaskExistsError, expected  # type: ignore[index]
+                note(f"{what.partition('(')[0]}: a held key raised")
             assert got == expected, where
             return []
         model_ids, real_ids = expected[1], got[1]
@@ -1239,7 +1407,36 @@ class BackendAgreement(RuleBasedStateMachine):
         kind = RetryMany if action == "retry" else CancelMany
         allowed = sorted(kind.ALLOWED, key=lambda state: state.value)
         states = tuple(data.draw(st.lists(st.sampled_from(allowed), min_size=1, unique=True)))
+        if action == "cancel":
+            ids = self.apart(ids)
         self.bulk_action(action, states, ids)
+
+    def apart(self, ids: list[int]) -> list[int]:
+        """``ids`` without those that depend on an earlier one (directly or
+        down a chain) or that an earlier one depends on: a bulk cancel of a
+        dependency and its waiting dependent ends the dependent cancelled
+        or by its policy, as the order the store applies it in has it (the
+        model cancels one task after the other, PostgreSQL's statement all
+        at once), so only one of them is cancelled in one call."""
+        kept: list[int] = []
+        for task_id in ids:
+            related = self.upstream(task_id)
+            if any(k in related or task_id in self.upstream(k) for k in kept):
+                note("bulk cancel: a dependency and its dependent left for a later call")
+                continue
+            kept.append(task_id)
+        return kept
+
+    def upstream(self, task_id: int) -> set[int]:
+        """The tasks ``task_id`` depends on, and theirs in turn (model ids)."""
+        found: set[int] = set()
+        todo = list(self.edges.get(task_id, ()))
+        while todo:
+            dependency = todo.pop()
+            if dependency not in found:
+                found.add(dependency)
+                todo += self.edges.get(dependency, ())
+        return found
 
     def bulk_action(self, action: str, states: tuple[TaskState, ...], ids: list[int]) -> None:
         self.causes |= RULE_CAUSES[action]
@@ -1355,6 +1552,13 @@ class BackendAgreement(RuleBasedStateMachine):
         (Redis), hold different tasks: read from the model's tasks."""
         tasks = self.fetch(self.ids)[0]
         alive = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
+        # A task an unfinished dependent waits for is kept.
+        awaited = {
+            dependency
+            for dependent, dependencies in self.edges.items()
+            if dependent in tasks and tasks[dependent].state in alive
+            for dependency in dependencies
+        }
         by_id: list[int] = []
         by_finish: list[int] = []
         for state, cutoff in before.items():
@@ -1365,6 +1569,7 @@ class BackendAgreement(RuleBasedStateMachine):
                 and t.finished_at is not None
                 and t.finished_at < cutoff
                 and not (t.parent_id in tasks and tasks[t.parent_id].state in alive)
+                and t.id not in awaited
             ]
             by_id += sorted(t.id for t in found)
             by_finish += [t.id for t in sorted(found, key=lambda t: (t.finished_at, t.id))]
@@ -1491,6 +1696,39 @@ class BackendAgreement(RuleBasedStateMachine):
         self.replaced.clear()
 
     @invariant()
+    def dependencies_agree(self) -> None:
+        """Every task's dependencies read back alike from both backends
+        (a dependent's ids in the order given, as the enqueue resolved them;
+        none for any other task, a pruned dependent, or a dependent that met
+        a held key), and a dependent still waiting waits for as many as it
+        has edges not settled. Not without DEPENDENCIES (an engine may not
+        read them yet)."""
+        if not DEPENDENCIES:
+            return
+        model, real = self.model, self.real
+        for task_id in dict.fromkeys([*self.edges, *self.ids]):
+            dependencies = self.edges.get(task_id, ())
+            want = [dependency_view(d) for d in self.run(model.dependencies(task_id))]
+            have = [
+                dependency_view(d, self.real_model_id)
+                for d in self.run(real.dependencies(self.to_real[task_id]))
+            ]
+            assert have == want, f"dependencies of task {task_id} at {self.now}"
+            if task_id in self.pruned or not dependencies:
+                assert want == [], f"task {task_id} has dependencies {want}"
+                continue
+            assert [d[0] for d in want] == list(dependencies), f"task {task_id}: {want}"
+            task = self.run(model.get_task(task_id, with_attempts=False))
+            assert task is not None and task.waiting_for is not None, f"task {task_id}"
+            if task.state is TaskState.WAITING:
+                unsettled = sum(not d[-1] for d in want)
+                assert task.waiting_for == unsettled > 0, f"task {task_id}: {task} {want}"
+            if any(d[-1] for d in want):
+                note("dependencies: an edge settled")
+            if any(d[2] is None for d in want):
+                note("dependencies: a dependency pruned")
+
+    @invariant()
     def inboxes_agree(self) -> None:
         # Only coroutine tasks ever hold messages; the others are checked when sent one.
         for task_id in [*self.coroutines, *self.targets]:
@@ -1558,6 +1796,7 @@ def replay(kind: str, *steps: Callable[[BackendAgreement], object]) -> None:
     try:
         for step in steps:
             step(machine)
+            machine.dependencies_agree()
             machine.tasks_agree()
             machine.inboxes_agree()
             machine.work_agrees()
@@ -1816,6 +2055,93 @@ def test_replay_a_prune_batch_where_finish_order_is_not_id_order(kind: str) -> N
     )
 
 
+# Dependencies.
+
+
+@pytest.mark.skipif(not DEPENDENCIES, reason="CONVEYOR_MACHINE_DEPENDENCIES=0")
+@pytest.mark.parametrize("policy", AFTER_POLICIES)
+@pytest.mark.parametrize("kind", REAL_BACKENDS)
+def test_replay_a_chain_whose_middle_link_fails(kind: str, policy: str) -> None:
+    """One enqueue of a chain 1 <- 2 <- 3, and 4 waiting for 1 and 3, each
+    under ``policy``: 1 succeeds (2 is pending), 2 fails for good, so 3 ends
+    cancelled (``cancel``) or failed (``fail``), and so in turn does 4; or
+    (``run``) 3 is pending, runs and succeeds, and then 4 is pending too."""
+
+    def chain(m: BackendAgreement) -> None:
+        links = [(), (earlier(0),), (earlier(1),), (earlier(0), earlier(2))]
+        m.enqueue_with_dependencies(
+            [
+                replace(m.new_task(Spec()), after=after, after_policy=policy, receives="results")
+                if after
+                else m.new_task(Spec())
+                for after in links
+            ]
+        )
+
+    def done(task_id: int) -> Completion:
+        token = LeaseToken(task_id, 1, "w1")
+        return Completion(token, Outcome.SUCCEEDED, TaskState.SUCCEEDED, result=codec.encode("ok"))
+
+    failed = Completion(
+        LeaseToken(2, 1, "w1"), Outcome.FAILED, TaskState.FAILED, error=ERRORS[Outcome.FAILED]
+    )
+    replay(
+        kind,
+        chain,
+        lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 1 only
+        lambda m: m.send_finish("w1", [done(1)]),
+        lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 2 only
+        lambda m: m.advance(1.0),
+        lambda m: m.send_finish("w1", [failed]),
+        lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 3 under run, else nothing
+        lambda m: m.send_finish("w1", [done(3)]),  # rejected unless 3 runs
+        lambda m: m.claim("w1", limit=3, queues=QUEUES),  # 4 under run, else nothing
+    )
+
+
+@pytest.mark.skipif(not DEPENDENCIES, reason="CONVEYOR_MACHINE_DEPENDENCIES=0")
+@pytest.mark.parametrize("policy", ["cancel", "run"])
+@pytest.mark.parametrize("kind", REAL_BACKENDS)
+def test_replay_a_cancel_reaching_a_child_moves_its_dependent(kind: str, policy: str) -> None:
+    """Coroutine 1 suspends and spawns child 2 (due in 15 s); task 3 waits
+    for 2; 5 s on, 1 is cancelled, which cancels 2, which ends 3 (``cancel``)
+    or makes it pending, due now (``run``). The SQL triggers stamp the
+    child's end with the real clock, and the dependent's times follow it
+    (see ``restamp``)."""
+
+    def suspend_and_spawn(m: BackendAgreement) -> None:
+        rest = Completion(
+            LeaseToken(1, 1, "w1"),
+            Outcome.SUCCEEDED,
+            TaskState.WAITING,
+            transition=Transition(
+                step=None,
+                state=codec.encode({"rest_of": 1}),
+                max_attempts=3,
+                retry=RetryPolicy(max_attempts=3),
+                lease=None,
+                run_at=None,
+                delay=0.0,
+            ),
+            effects=Effects(spawns=(m.new_task(Spec(delay=15.0), parent_id=1),)),
+        )
+        m.send_finish("w1", [rest])
+
+    def dependent(m: BackendAgreement) -> None:
+        task = replace(m.new_task(Spec()), after=(2,), after_policy=policy)
+        m.enqueue_with_dependencies([task])
+
+    replay(
+        kind,
+        lambda m: m.enqueue([Spec(inbox=True)], uniform=False),
+        lambda m: m.claim("w1", limit=1, queues=QUEUES),
+        suspend_and_spawn,
+        dependent,
+        lambda m: m.advance(5.0),
+        lambda m: m.cancel_task(1),
+    )
+
+
 # -- the state machine check itself ----------------------------------------
 
 
@@ -1864,6 +2190,8 @@ S = TaskState
             "finish",
         ),  # a finish that reclaims
         (snapshot(S.PENDING), snapshot(S.PENDING, run_at=T0 + timedelta(1)), "retry"),
+        (snapshot(S.WAITING), snapshot(S.PENDING), "retry"),  # a retry ends no dependency
+        (snapshot(S.WAITING), snapshot(S.FAILED), "heartbeat"),
     ],
 )
 def test_a_move_outside_the_table_fails_the_machine(
@@ -1886,6 +2214,11 @@ def test_a_move_outside_the_table_fails_the_machine(
         (snapshot(S.IN_PROGRESS, 1), snapshot(S.IN_PROGRESS, 1, cancel_requested=True), "cancel"),
         (snapshot(S.CANCELLED, 1), snapshot(S.PENDING, 1), "retry"),
         (snapshot(S.PENDING), snapshot(S.PENDING), "heartbeat"),  # nothing moved
+        (None, snapshot(S.WAITING), "enqueue"),  # a dependent
+        (None, snapshot(S.CANCELLED), "enqueue"),  # a dependency ended failed already
+        (snapshot(S.WAITING), snapshot(S.FAILED), "claim"),  # a spent budget, policy fail
+        (snapshot(S.WAITING), snapshot(S.PENDING), "finish"),  # its last dependency succeeded
+        (snapshot(S.WAITING), snapshot(S.CANCELLED), "cancel"),  # itself, or a dependency
     ],
 )
 def test_chains_of_moves_of_the_table_pass(before: Task | None, after: Task, rule: str) -> None:
