@@ -90,3 +90,50 @@ async def test_a_long_chain_is_cancelled_in_one_write(backend: PostgresBackend) 
     assert last is not None and last.finished_at == later(1)
     [tail] = await backend.enqueue(EnqueueParams([replace(after(ids[-1]), name="job")], now=T0))
     assert (await state(backend, tail))[0] is S.CANCELLED  # ended already: counted at once
+
+
+async def test_two_dependencies_ending_together_both_count(backend: PostgresBackend) -> None:
+    [y, x, d] = await enqueue(backend, new(), new(), after(earlier(0), earlier(1), policy="run"))
+    [claimed] = await claim(backend, at=later(1), limit=1)
+    token = claimed.token
+    assert token.task_id == y
+    table = sql.Identifier(backend.schema, "tasks")
+    async with await psycopg.AsyncConnection.connect(backend.url) as conn:
+        await conn.execute(
+            sql.SQL("update {} set state = 'succeeded', finished_at = %s where id = %s").format(
+                table
+            ),
+            (later(2), x),
+        )  # x ended, not committed: its trigger holds d's row
+        ending = asyncio.ensure_future(
+            backend.finish(FinishParams("w1", [success(token)], now=later(2)))
+        )
+        await asyncio.sleep(0.3)
+        assert not ending.done()  # y's end waits for d's row
+        await conn.commit()
+    assert (await ending).applied
+    assert await state(backend, d) == (S.PENDING, 0)
+
+
+async def test_the_members_of_chords_ending_at_once_release_every_callback(
+    backend: PostgresBackend,
+) -> None:
+    other = PostgresBackend(backend.url, schema=backend.schema)
+    await other.open()
+    try:
+        for n in range(20):
+            [x, y, d] = await enqueue(
+                backend, new(), new(), after(earlier(0), earlier(1), policy="run")
+            )
+            claimed = await claim(backend, f"w{n}", at=later(1), limit=2)
+            tokens = {c.token.task_id: c.token for c in claimed}
+            await asyncio.gather(
+                backend.finish(FinishParams(f"w{n}", [success(tokens[x])], now=later(2))),
+                other.finish(FinishParams(f"w{n}", [success(tokens[y])], now=later(2))),
+            )
+            assert await state(backend, d) == (S.PENDING, 0), f"round {n}"
+            [taken] = await claim(backend, "drain", at=later(3))
+            assert taken.token.task_id == d
+            await backend.finish(FinishParams("drain", [success(taken.token)], now=later(3)))
+    finally:
+        await other.close()
