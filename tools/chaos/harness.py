@@ -130,9 +130,9 @@ class Profile:
     """Chords of ``chord_members`` ``chaos_work`` members and a ``chaos_collect``
     callback each, enqueued among the plain tasks' batches."""
     chord_members: int = 20
-    chord_sleep_ms: int = 20
-    """The longest a chord's member sleeps: shorter than a plain task, since
-    the members outnumber the plain tasks."""
+    """Each member sleeps ``min_sleep_ms``..``max_sleep_ms`` like a plain task
+    (much shorter members end faster than a loaded store records their ends:
+    leases held past their trust, reclaims late)."""
 
 
 SMOKE = Profile()
@@ -506,7 +506,8 @@ async def enqueue_chords(
     expected = list(range(profile.chord_members))
     for _ in range(count):
         members = [
-            chaos_work.s(i=i, sleep_ms=rng.randint(0, profile.chord_sleep_ms)) for i in expected
+            chaos_work.s(i=i, sleep_ms=rng.randint(profile.min_sleep_ms, profile.max_sleep_ms))
+            for i in expected
         ]
         tasks = chord(members, chaos_collect.s().receiving("outcomes")).new_tasks()
         *ids, callback = [h.id for h in await client.enqueue_new_async(tasks)]
