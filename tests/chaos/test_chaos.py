@@ -2,12 +2,14 @@
 
 Each case runs ``tools.chaos.harness.run`` with the smoke profile (2000
 plain tasks, 100 three-step workflows, 20 coroutines that gather 5 children
-and 4 outside messages each; 4 workers of 4 slots, 2 s leases, faults until
-the work is done) in a fresh store, then asserts the checker found no
-breach: nothing lost, no stale write accepted, no unexplained duplicate, no
-step re-run after its transition committed, every message consumed exactly
-once, no duplicate at all in the control run, every reclaim within lease +
-poll interval + 1 s. The kill, stop, term, net (PostgreSQL and Redis: a TCP
+and 4 outside messages each, 40 chords of 10 members and a callback; 4
+workers of 4 slots, 2 s leases, faults until the work is done) in a fresh
+store, then asserts the checker found no breach: nothing lost, no stale
+write accepted, no unexplained duplicate, no step re-run after its
+transition committed, every message consumed exactly once, every chord's
+callback run once after its last member ended, with every member's result
+in order, no duplicate at all in the control run, every reclaim within
+lease + poll interval + 1 s. The kill, stop, term, net (PostgreSQL and Redis: a TCP
 proxy resets or black-holes the workers' connections), restart (PostgreSQL:
 immediate restarts of the local server; Redis: SIGKILL and restart of a
 server of the run's own, ``appendfsync always``) and gil cases must also
@@ -93,6 +95,7 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
     assert report.enqueued == report.terminal == report.succeeded
     assert report.enqueued >= SMOKE.tasks + SMOKE.flows + SMOKE.gathers
     assert report.names["chaos_gather"].tasks == SMOKE.gathers
+    assert report.names["chaos_collect"].tasks == SMOKE.chords
     assert report.lost == 0 and report.stale_writes_accepted == 0
     if scenario == "control":
         assert report.duplicates == 0 and report.reclaims == 0

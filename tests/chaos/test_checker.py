@@ -111,6 +111,7 @@ def run(
     enqueued: Sequence[int] | None = None,
     control: bool = False,
     expected: dict[int, Expected] | None = None,
+    chords: Sequence[tuple[Sequence[int], int]] = (),
 ) -> Report:
     by_id = {t.id: t for t in tasks}
     return check(
@@ -122,6 +123,7 @@ def run(
         poll_interval=POLL,
         control=control,
         expected=expected,
+        chords=chords,
     )
 
 
@@ -826,6 +828,150 @@ def test_a_unique_key_held_twice_or_answered_wrong_is_a_violation() -> None:
     assert breaches(stored, [agreed, {0: 1, 1: 7}]) == [7]  # answered a task not stored
     assert breaches(stored, [agreed, {0: 1}]) == [None]  # a key left unanswered
     assert breaches(stored, [agreed, None]) == [None]  # a racer that failed
+
+
+# -- chords ---------------------------------------------------------------------
+
+CHORD = ([1, 2], 3)
+"""Members 1 and 2 (returning 0 and 1), callback 3."""
+
+
+def member(task_id: int, state: TaskState, *attempts: Attempt) -> Task:
+    return replace(task(task_id, state, *attempts), result=task_id - 1)
+
+
+def collect(state: TaskState, *attempts: Attempt, result: list[int] | None = None) -> Task:
+    """Callback 3; a succeeded one returns ``[0, 1]`` unless told otherwise."""
+    if result is None and state is TaskState.SUCCEEDED:
+        result = [0, 1]
+    return replace(task(3, state, *attempts), name="chaos_collect", result=result)
+
+
+def chord_history() -> tuple[list[Task], list[str], list[str]]:
+    """A chord under faults, clean: member 2's first worker was stopped past
+    its lease and its late end came after the callback started (its
+    completion refused); the callback's first worker was killed."""
+    one = member(1, TaskState.SUCCEEDED, attempt(1, 1, Outcome.SUCCEEDED, 0.0, 0.2))
+    two = member(
+        2,
+        TaskState.SUCCEEDED,
+        attempt(2, 1, Outcome.LEASE_LOST, 0.0, 3.0, worker="w1"),
+        attempt(2, 2, Outcome.SUCCEEDED, 3.0, 3.3, worker="w2"),
+    )
+    callback = collect(
+        TaskState.SUCCEEDED,
+        attempt(3, 1, Outcome.LEASE_LOST, 3.4, 6.0, worker="w3"),
+        attempt(3, 2, Outcome.SUCCEEDED, 6.0, 6.2, worker="w2"),
+    )
+    ledger = ran(1, 1, 0.05, 0.15) + ran(2, 1, 0.05, 7.0) + ran(2, 2, 3.05, 3.2, "w2")
+    ledger += ran(3, 1, 3.45, None, "w3") + ran(3, 2, 6.05, 6.1, "w2")
+    faults = [fault("stop", "w1", 0.1), fault("cont", "w1", 6.9), fault("kill", "w3", 3.5)]
+    return [one, two, callback], ledger, faults
+
+
+def test_a_chord_released_by_its_last_member_s_end_is_clean() -> None:
+    tasks, ledger, faults = chord_history()
+    report = run(tasks, ledger, faults, chords=[CHORD], expected={3: Expected([0, 1])})
+    assert report.ok, report.summary()
+    assert report.names["chaos_collect"].tasks == 1
+
+
+def breaches(
+    tasks: list[Task], ledger: list[str], faults: list[str]
+) -> list[tuple[Kind, int | None, str]]:
+    report = run(tasks, ledger, faults, chords=[CHORD])
+    return [
+        (v.kind, v.task_id, v.detail)
+        for v in report.violations
+        if v.kind in (Kind.CHORD, Kind.EARLY_CALLBACK)
+    ]
+
+
+def test_a_callback_released_before_a_member_ended_is_early() -> None:
+    tasks, ledger, faults = chord_history()
+    # Member 2's second attempt ended after the callback's first start.
+    ledger = [line for line in ledger if not ('"task": 2' in line and '"attempt": 2' in line)]
+    ledger += ran(2, 2, 3.05, 3.5, "w2")
+    [(kind, task_id, detail)] = breaches(tasks, ledger, faults)
+    assert (kind, task_id) == (Kind.EARLY_CALLBACK, 3)
+    assert detail.startswith("the callback started before member 2 attempt 2 ended")
+    # Without an end line, a member's execution lasts until its attempt was recorded.
+    ledger = [line for line in ledger if not ('"task": 2' in line and '"attempt": 2' in line)]
+    ledger += ran(2, 2, 3.05, None, "w2")
+    assert breaches(tasks, ledger, faults) == []
+    late = replace(
+        tasks[1], attempts=(tasks[1].attempts[0], attempt(2, 2, Outcome.SUCCEEDED, 3.0, 3.6))
+    )
+    [(kind, _, detail)] = breaches([tasks[0], late, tasks[2]], ledger, faults)
+    assert kind is Kind.EARLY_CALLBACK and detail.endswith(
+        "(it ended 0.150s after the callback started)"
+    )
+
+
+def test_a_member_started_again_after_its_callback_is_early() -> None:
+    tasks, ledger, faults = chord_history()
+    one = member(
+        1,
+        TaskState.SUCCEEDED,
+        attempt(1, 1, Outcome.FAILED, 0.0, 0.2),
+        attempt(1, 2, Outcome.SUCCEEDED, 4.0, 4.2),
+    )
+    ledger = [*ledger, *ran(1, 2, 4.05, 4.1)]
+    [(kind, task_id, detail)] = breaches([one, *tasks[1:]], ledger, faults)
+    assert (kind, task_id) == (Kind.EARLY_CALLBACK, 3)
+    assert detail == "member 1 attempt 2 started 0.600s after the callback started"
+
+
+def test_a_callback_that_ran_twice_is_a_breach() -> None:
+    tasks, ledger, faults = chord_history()
+    twice = collect(
+        TaskState.SUCCEEDED,
+        attempt(3, 1, Outcome.SUCCEEDED, 3.4, 3.6, worker="w3"),
+        attempt(3, 2, Outcome.SUCCEEDED, 6.0, 6.2, worker="w2"),
+    )
+    ledger = [line for line in ledger if '"task": 3' not in line]
+    ledger += ran(3, 1, 3.45, 3.5, "w3") + ran(3, 2, 6.05, 6.1, "w2")
+    report = run([*tasks[:2], twice], ledger, faults, chords=[CHORD])
+    assert kinds(report) == {Kind.CHORD, Kind.DOUBLE_SUCCESS}
+    [chord] = [v for v in report.violations if v.kind is Kind.CHORD]
+    assert (
+        chord.detail == "callback ended succeeded with succeeded attempts [1, 2], not exactly one"
+    )
+
+
+def test_a_callback_that_missed_a_member_is_a_breach() -> None:
+    tasks, ledger, faults = chord_history()
+    # Member 2 was counted as ended (cancelled) and the callback ran without it.
+    cancelled = replace(tasks[1], state=TaskState.CANCELLED, result=None)
+    missed = replace(tasks[2], result=[0, "cancelled"])
+    assert breaches([tasks[0], cancelled, missed], ledger, faults) == [
+        (Kind.CHORD, 3, "member 2 ended cancelled, not succeeded"),
+        (Kind.CHORD, 3, "callback returned [0, 'cancelled'], its members [0, None]"),
+    ]
+    # A result without member 2's, or with member 1's twice.
+    for wrong in ([0], [0, 0, 1]):
+        [(kind, _, detail)] = breaches(
+            [*tasks[:2], replace(tasks[2], result=wrong)], ledger, faults
+        )
+        assert kind is Kind.CHORD and detail.startswith(f"callback returned {wrong!r}")
+    # A member missing from the store.
+    assert (Kind.CHORD, 3, "member 2 ended missing, not succeeded") in breaches(
+        [tasks[0], tasks[2]], ledger, faults
+    )
+
+
+def test_a_callback_that_did_not_succeed_is_a_breach() -> None:
+    tasks, ledger, faults = chord_history()
+    cancelled = collect(TaskState.CANCELLED)
+    ledger = [line for line in ledger if '"task": 3' not in line]
+    assert breaches([*tasks[:2], cancelled], ledger, faults) == [
+        (Kind.CHORD, 3, "callback ended cancelled with succeeded attempts [], not exactly one")
+    ]
+    # Succeeded in the store, but never executed by a handler.
+    never = collect(TaskState.SUCCEEDED, attempt(3, 1, Outcome.SUCCEEDED, 3.4, 3.6))
+    assert breaches([*tasks[:2], never], ledger, faults) == [
+        (Kind.CHORD, 3, "callback succeeded without an execution in the ledger")
+    ]
 
 
 def tagged(task_id: int, tag: str, result: str | None) -> Task:

@@ -32,8 +32,10 @@ The workload:
 * ``chaos_collect``: a chord's callback (its members are ``chaos_work``
   tasks): it receives their outcomes and returns their results in order (a
   member that did not succeed shows as its state), so a member missed or
-  counted twice shows in its result; the checker also finds its first start
-  after every member's last end (:func:`tools.chaos.checker.check_chords`).
+  counted twice shows in its result; the checker also wants it run once,
+  its first start after every member's last end, and no member started
+  after it (the ``chord`` and ``early_callback`` checks of
+  :mod:`tools.chaos.checker`).
 * ``chaos_cpu_thread`` / ``chaos_cpu_process``: hold the GIL (one C call that
   does not release it) for ``hold_ms``; the thread handler only in its first
   attempt, since a thread handler's GIL-holding call starves its worker's

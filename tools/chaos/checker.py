@@ -35,6 +35,13 @@ What a :class:`Report` guarantees when ``ok``:
 * ``wrong_result``, ``message_lost``, ``message_twice``: a succeeded task's
   result is what ``expected`` says (see :class:`Expected`): for a coroutine
   that collects its messages, each message exactly once.
+* ``chord``: each chord's callback ended ``succeeded`` by exactly one
+  succeeded attempt, its result is its members' results in order (none
+  missed, none counted twice), and every member ended ``succeeded``.
+* ``early_callback``: by the ledger, each chord's callback first started
+  after every member's last execution ended, and no member started again
+  after that (executions under an attempt that lost its lease to a later
+  attempt are not counted: the store refused their completion).
 * ``slow_reclaim``: a task held by a worker that was killed (or stopped for
   longer than its lease) got its next attempt within
   ``lease + poll_interval + reclaim_slack`` seconds of the fault. On a
@@ -110,8 +117,12 @@ class Kind(enum.StrEnum):
     """A unique key of the race held by two tasks, or a racer answered with
     another task than the one stored for its key (or failing)."""
     EARLY_CALLBACK = "early_callback"
-    """A chord's callback started before one of its members' last run ended,
-    or a member ran again after its callback started."""
+    """A chord's callback started before one of its members' last execution
+    ended, or a member started again after its callback started."""
+    CHORD = "chord"
+    """A chord's callback that did not end succeeded by exactly one attempt,
+    or whose result is not its members' results in order, or a member of a
+    chord that did not end succeeded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -847,40 +858,100 @@ def _restarts(faults: Sequence[FaultEvent], initial_workers: int | None) -> int:
 # -- chords --------------------------------------------------------------------
 
 
-def check_chords(
-    chords: Sequence[tuple[Sequence[int], int]],
-    tasks: Mapping[int, Task],
-    ledger: Sequence[Execution],
+def _chord_attempts(h: _History) -> list[Violation]:
+    """The callback ended ``succeeded`` by exactly one succeeded attempt."""
+    won = [a.number for a in h.attempts if a.outcome is Outcome.SUCCEEDED]
+    if h.task.state is TaskState.SUCCEEDED and len(won) == 1:
+        return []
+    detail = f"callback ended {h.task.state} with succeeded attempts {won}, not exactly one"
+    return [_v(Kind.CHORD, h.task, detail)]
+
+
+def _chord_members(
+    callback: Task, members: Sequence[int], tasks: Mapping[int, Task]
 ) -> list[Violation]:
-    """Each chord's callback (whose result, checked as any task's, is its
-    members' results in order: none missed, none counted twice) started
-    only after every member's last run had ended, by the ledger: it was
-    released by the last member's end, never before; and no member started
-    again after it."""
-    starts: dict[int, float] = {}
-    last_end: dict[int, float] = {}
-    last_start: dict[int, float] = {}
-    for line in ledger:
-        if line.event == "start":
-            starts[line.task] = min(starts.get(line.task, line.at), line.at)
-            last_start[line.task] = max(last_start.get(line.task, line.at), line.at)
-        else:
-            last_end[line.task] = max(last_end.get(line.task, line.at), line.at)
-    violations = []
-    for members, callback in chords:
-        began = starts.get(callback)
-        task = tasks.get(callback)
-        if began is None or task is None:
-            continue  # a callback that never ran: its task's own checks say why
+    """Every member ended ``succeeded``, and the callback's result is their results in order."""
+    found = []
+    results: list[Any] = []
+    for member in members:
+        task = tasks.get(member)
+        if task is None or task.state is not TaskState.SUCCEEDED:
+            state = "missing" if task is None else task.state
+            found.append(_v(Kind.CHORD, callback, f"member {member} ended {state}, not succeeded"))
+        results.append(None if task is None else task.result)
+    if callback.state is TaskState.SUCCEEDED and callback.result != results:
+        detail = f"callback returned {callback.result!r}, its members {results!r}"
+        found.append(_v(Kind.CHORD, callback, detail))
+    return found
+
+
+def _member_runs(h: _History) -> list[_Run]:
+    """A member's executions but the zombies: those of an attempt that ended
+    ``lease_lost`` before a later attempt, whose completion the store refused
+    (their late ``end`` lines say nothing of when the member ended)."""
+    last = h.attempts[-1].number if h.attempts else 0
+    zombies = {a.number for a in h.attempts if a.outcome is Outcome.LEASE_LOST and a.number < last}
+    return [r for r in h.runs if r.attempt not in zombies]
+
+
+def _chord_order(
+    callback: Task, began: float, member: _History, kills: Mapping[int, list[float]]
+) -> list[Violation]:
+    """The callback's first start came after the member's last execution
+    ended (it was released by the member's end, never before), and no
+    execution of the member started after it."""
+    found = []
+    for run in _member_runs(member):
+        until = _until(run, member.attempt(run.attempt), kills)
+        if run.start > began:
+            detail = (
+                f"member {member.task.id} attempt {run.attempt} started "
+                f"{run.start - began:.3f}s after the callback started"
+            )
+            found.append(_v(Kind.EARLY_CALLBACK, callback, detail))
+        elif until > began:
+            ended = "never ended" if math.isinf(until) else f"ended {until - began:.3f}s after"
+            detail = (
+                f"the callback started before member {member.task.id} attempt "
+                f"{run.attempt} ended (it {ended} the callback started)"
+            )
+            found.append(_v(Kind.EARLY_CALLBACK, callback, detail))
+    return found
+
+
+def _check_chords(
+    chords: Sequence[tuple[Sequence[int], int]],
+    histories: Mapping[int, _History],
+    kills: Mapping[int, list[float]],
+) -> list[Violation]:
+    """``chord`` and ``early_callback``: each chord's callback ended
+    ``succeeded`` by exactly one succeeded attempt (its other attempts, if
+    any, are checked as any task's), with its members' results in order;
+    every member ended ``succeeded``; and, by the ledger, the callback's
+    first execution started after every member's last execution ended,
+    and no member started again after it (a member's executions under an
+    attempt that lost its lease to a later one are not counted: the store
+    refused their completion). ``histories``: every stored task's; a
+    callback missing from the store is reported as ``lost``."""
+    found = []
+    for members, callback_id in chords:
+        h = histories.get(callback_id)
+        if h is None:
+            continue
+        found += _chord_attempts(h)
+        found += _chord_members(
+            h.task, members, {m: histories[m].task for m in members if m in histories}
+        )
+        began = min((r.start for r in h.runs), default=None)
+        if began is None:
+            if h.task.state is TaskState.SUCCEEDED:
+                detail = "callback succeeded without an execution in the ledger"
+                found.append(_v(Kind.CHORD, h.task, detail))
+            continue
         for member in members:
-            ended = last_end.get(member)
-            if ended is None or ended > began:
-                detail = f"it started before member {member} ended ({ended} > {began})"
-                violations.append(_v(Kind.EARLY_CALLBACK, task, detail))
-            elif last_start.get(member, 0.0) > began:
-                detail = f"member {member} started again after it started"
-                violations.append(_v(Kind.EARLY_CALLBACK, task, detail))
-    return violations
+            if member in histories:
+                found += _chord_order(h.task, began, histories[member], kills)
+    return found
 
 
 # -- the whole run -------------------------------------------------------------
@@ -916,7 +987,7 @@ def check(
     in ``tasks`` too). ``races``: the tasks of the unique race, whose racers
     were answered ``race_answers`` (key to id; None: a racer failed) for
     keys ``0..race_keys-1`` (see :func:`_check_unique`). ``chords``: each
-    chord's member ids and callback id (see :func:`check_chords`). ``initial_workers``:
+    chord's member ids and callback id (see :func:`_check_chords`). ``initial_workers``:
     workers spawned at the start (default: the spawns before the first kill,
     stop or term). ``single_writer``: the
     store has one writer at a time (SQLite), see ``_deaths``. ``expected``:
@@ -936,7 +1007,6 @@ def check(
 
     violations = _check_lost(tasks, acknowledged) + _check_schedule(ticks, tick_seconds)
     violations += _check_unique(races, race_answers, race_keys)
-    violations += check_chords(chords, tasks, ledger)
     violations += [
         Violation(Kind.HUNG_WORKER, None, f"worker pid {f.pid} did not exit after SIGTERM")
         for f in faults
@@ -945,11 +1015,16 @@ def check(
     reclaims = _Reclaims()
     duplicates = explained = 0
     names: dict[str, NameCounts] = defaultdict(NameCounts)
-    for task_id in sorted(tasks):
-        task = tasks[task_id]
-        h = _History(
+    histories = {
+        task_id: _History(
             task, tuple(sorted(task.attempts, key=lambda a: a.number)), tuple(runs_by_task[task_id])
         )
+        for task_id, task in tasks.items()
+    }
+    violations += _check_chords(chords, histories, kills)
+    for task_id in sorted(tasks):
+        task = tasks[task_id]
+        h = histories[task_id]
         names[task.name] = names[task.name].add(h, kills)
         violations += _check_success(h)
         violations += _check_attempt_numbers(h)

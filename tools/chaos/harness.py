@@ -4,7 +4,9 @@ The harness enqueues the workload of ``app.py``: ``tasks`` plain tasks (each
 sleeps 20-200 ms; one in ``long_every`` sleeps 1.5 leases so the heartbeat
 must keep its lease), ``flows`` workflows of ``hops`` steps, and ``gathers``
 coroutines that each spawn ``children`` tasks and take ``outside`` messages
-the harness sends them during the run, then ``"last"``. It starts
+the harness sends them during the run, then ``"last"``, and ``chords`` of
+``chord_members`` short tasks and a callback that receives their outcomes
+(spread among the plain tasks, so faults reach them). It starts
 ``workers`` worker processes and, until every task has ended (at most
 ``fault_seconds``), applies the scenario's fault every ``fault_interval``
 seconds. Then it heals the workers (continues the stopped ones, respawns
@@ -90,6 +92,8 @@ from tools.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVE_STATES = (TaskState.PENDING, TaskState.IN_PROGRESS, TaskState.WAITING)
+PLAIN_BATCH = 500
+"""Plain tasks per enqueue."""
 EXIT_MARGIN = 20.0
 """Seconds past its grace and stop timeout a worker may take to exit (on a
 loaded 2-core machine) before the harness records it as hung."""
@@ -123,8 +127,12 @@ class Profile:
     """Processes that race to enqueue the same unique keys (``tools.chaos.race``)."""
     race_keys: int = 100
     chords: int = 40
-    """Chords: ``chord_members`` ``chaos_work`` members and a ``chaos_collect`` callback."""
+    """Chords of ``chord_members`` ``chaos_work`` members and a ``chaos_collect``
+    callback each, enqueued among the plain tasks' batches."""
     chord_members: int = 10
+    """Each member sleeps ``min_sleep_ms``..``max_sleep_ms`` like a plain task
+    (much shorter members end faster than a loaded store records their ends:
+    leases held past their trust, reclaims late)."""
 
 
 SMOKE = Profile()
@@ -464,11 +472,16 @@ async def enqueue(client: App, profile: Profile, rng: random.Random, cpu: bool) 
         return rng.randint(profile.min_sleep_ms, profile.max_sleep_ms)
 
     work = Workload()
-    for start in range(0, profile.tasks, 500):
-        numbers = range(start, min(start + 500, profile.tasks))
+    starts = range(0, profile.tasks, PLAIN_BATCH)
+    chords_per_batch = -(-profile.chords // max(len(starts), 1))
+    for start in starts:
+        numbers = range(start, min(start + PLAIN_BATCH, profile.tasks))
         batch = [{"i": i, "sleep_ms": sleep_ms(i)} for i in numbers]
         handles = await client.enqueue_many_async(TASK_NAME, batch, retry=RETRY)
         work.add([h.id for h in handles], list(numbers))
+        more = min(chords_per_batch, profile.chords - len(work.chords))
+        await enqueue_chords(client, work, profile, rng, more)
+    await enqueue_chords(client, work, profile, rng, profile.chords - len(work.chords))
     flows = [flow.new_workflow(Hop(profile.hops, sleep_ms(1), [])) for _ in range(profile.flows)]
     handles = await client.enqueue_new_async(flows)
     work.add([h.id for h in handles], [list(range(profile.hops))] * len(flows))
@@ -478,21 +491,30 @@ async def enqueue(client: App, profile: Profile, rng: random.Random, cpu: bool) 
     ]
     work.gathers = [h.id for h in await client.enqueue_new_async(gathers)]
     work.ids += work.gathers
-    for _ in range(profile.chords):
-        members = [
-            chaos_work.s(i=i, sleep_ms=rng.randint(profile.min_sleep_ms, profile.max_sleep_ms))
-            for i in range(profile.chord_members)
-        ]
-        # Made by the workers' App's definitions, stored through this client.
-        tasks = chord(members, chaos_collect.s().receiving("outcomes")).new_tasks()
-        ids = [h.id for h in await client.enqueue_new_async(tasks)]
-        work.add(ids[:-1], list(range(profile.chord_members)))
-        work.add(ids[-1:], [list(range(profile.chord_members))])
-        work.chords.append((ids[:-1], ids[-1]))
     if cpu:
         work.holders = await enqueue_gil_holders(client, profile, CPU_PROCESS_NAME)
         work.add(work.holders, list(range(profile.cpu_tasks)))
     return work
+
+
+async def enqueue_chords(
+    client: App, work: Workload, profile: Profile, rng: random.Random, count: int
+) -> None:
+    """``count`` chords, each one enqueue: ``chord_members`` ``chaos_work``
+    members returning ``0..chord_members-1`` and a ``chaos_collect`` callback
+    that must return that list (the signatures are of the workers' App:
+    stored through ``client``, the run's store)."""
+    expected = list(range(profile.chord_members))
+    for _ in range(count):
+        members = [
+            chaos_work.s(i=i, sleep_ms=rng.randint(profile.min_sleep_ms, profile.max_sleep_ms))
+            for i in expected
+        ]
+        tasks = chord(members, chaos_collect.s().receiving("outcomes")).new_tasks()
+        *ids, callback = [h.id for h in await client.enqueue_new_async(tasks)]
+        work.add(ids, expected)
+        work.add([callback], [expected])
+        work.chords.append((ids, callback))
 
 
 async def enqueue_gil_holders(client: App, profile: Profile, name: str) -> list[int]:
