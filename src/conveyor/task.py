@@ -153,7 +153,7 @@ class TaskOptions:
             **extra,
         )
 
-    def wait_for(self, task: NewTask, options: EnqueueOptions) -> None:
+    def add_dependencies(self, task: NewTask, options: EnqueueOptions) -> None:
         """Give ``task`` the dependencies of one call (``after``) and this
         task's policy for one that fails."""
         if options.after:
@@ -388,7 +388,7 @@ class TaskDef(Generic[P, R]):
         for args in many:
             payload = self.encode_args(args, max_bytes, receives)
             task = defaults.new_task(self.name, payload, when, seconds, idempotency_key=key)
-            defaults.wait_for(task, options)
+            defaults.add_dependencies(task, options)
             if unique is not None:
                 unique_task(task, unique, args or {})
             if defaults.concurrency is not None or defaults.rate is not None:

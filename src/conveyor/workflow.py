@@ -192,7 +192,7 @@ class Workflow(TaskDef):
             step=definition.name,
             idempotency_key=options.idempotency_key,
         )
-        defaults.wait_for(task, options)
+        defaults.add_dependencies(task, options)
         return task
 
     def start(
