@@ -231,3 +231,26 @@ def _dashboard_pages(reader: Cli, task_id: int) -> None:
         raise
     server.terminate()
     server.communicate(timeout=30)
+
+
+def test_the_worker_holds_a_grant_on_every_table_a_migration_makes(store: Store) -> None:
+    """A table a migration adds and the grants forget fails a worker only
+    when its path reaches it (a prune, a dependency): this names it at once."""
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "select tablename from pg_tables where schemaname = %s", (store.schema,)
+            )
+        ]
+        missing = [
+            (table, right)
+            for table in tables
+            if table not in ("pauses", "migrations")  # the worker reads them only
+            for right in ("select", "insert", "update", "delete")
+            if not conn.execute(
+                "select has_table_privilege(%s, %s, %s)",
+                (store.roles["worker"], f'"{store.schema}"."{table}"', right),
+            ).fetchone()[0]
+        ]
+    assert tables and missing == []
