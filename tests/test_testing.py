@@ -512,10 +512,8 @@ def test_a_drain_fires_the_schedules_the_clock_made_due(
     assert ticks == ["minute", "minute"]
 
 
-def test_a_drain_runs_a_chord_and_a_chain_to_their_end(
-    clocked: tuple[conveyor.App, testing.FakeClock],
-) -> None:
-    app, _clock = clocked
+def doubling(app: conveyor.App) -> tuple[conveyor.TaskDef, conveyor.TaskDef]:
+    """A task that doubles, and a chord's callback that adds up its members' results."""
 
     @app.task
     def double(n: int) -> int:
@@ -524,6 +522,16 @@ def test_a_drain_runs_a_chord_and_a_chain_to_their_end(
     @app.task
     def total(outcomes: list[dict[str, object]]) -> int:
         return sum(o["result"] for o in outcomes)  # type: ignore[misc]
+
+    return double, total
+
+
+def test_a_drain_runs_a_chord_and_a_chain_to_their_end(
+    clocked: tuple[conveyor.App, testing.FakeClock],
+) -> None:
+    app, _clock = clocked
+
+    double, total = doubling(app)
 
     chord = conveyor.chord([double.s(n=n) for n in range(5)], total.s().receiving("outcomes"))
     handle = chord.enqueue()
@@ -536,13 +544,7 @@ def test_a_drain_runs_a_chord_and_a_chain_to_their_end(
 def test_inline_mode_runs_a_chord_before_the_enqueue_returns() -> None:
     app = conveyor.App(f"memory://{uuid.uuid4().hex}?inline=true")
 
-    @app.task
-    def double(n: int) -> int:
-        return 2 * n
-
-    @app.task
-    def total(outcomes: list[dict[str, object]]) -> int:
-        return sum(o["result"] for o in outcomes)  # type: ignore[misc]
+    double, total = doubling(app)
 
     handle = conveyor.chord([double.s(n=n) for n in range(3)], total.s().receiving("outcomes"))
     stored = handle.enqueue()
