@@ -40,6 +40,7 @@ EXPECTED = [
     "PayloadTooLargeError",
     "Poll",
     "PollError",
+    "Progress",
     "RateLimit",
     "ResultTimeoutError",
     "Retention",

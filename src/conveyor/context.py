@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conveyor.errors import ConfigurationError, LeaseLostError, StopAttempt
-from conveyor.model import LeaseToken, Message
+from conveyor.model import LeaseToken, Message, check_progress
 
 _EVENT_LOCK = threading.Lock()
 
@@ -44,12 +44,14 @@ class TaskContext:
         "_open_transaction",
         "_open_transaction_sync",
         "_opening",
+        "_progress_sink",
         "_read_inbox",
         "_stop_event",
         "_stop_reason",
         "_sync_lock",
         "_transaction",
         "attempt",
+        "last_progress",
         "name",
         "nonce",
         "parent_id",
@@ -77,6 +79,7 @@ class TaskContext:
         parent_id: int | None = None,
         read_inbox: Callable[[], Awaitable[list[Message]]] | None = None,
         nonce: str = "",
+        progress_sink: Callable[[int, int | None, str | None], None] | None = None,
     ) -> None:
         self.task_id = task_id
         self.name = name
@@ -96,6 +99,9 @@ class TaskContext:
         self._transaction: Any = None
         self._opening: asyncio.Future[Any] | None = None
         self._sync_lock: threading.Lock | None = None
+        self._progress_sink = progress_sink
+        self.last_progress: tuple[int, int | None, str | None] | None = None
+        """The latest ``(done, total, note)`` this attempt reported (None: none)."""
 
     def __repr__(self) -> str:
         return f"<TaskContext task {self.task_id} {self.name} attempt {self.attempt}>"
@@ -180,6 +186,29 @@ class TaskContext:
             if self._transaction is None:
                 self._transaction = self._open_transaction_sync()
         return self._transaction.connection
+
+    def progress(self, done: int, total: int | None = None, note: str | None = None) -> None:
+        """Report how far the attempt got: ``done`` of ``total`` (None: not
+        known) and a short ``note``. Cheap: it sets a value in memory, and
+        the worker writes the latest value of each attempt at most once per
+        progress interval (``WorkerConfig.progress_interval``, 1 s), and
+        once more when the attempt ends; so a loop may call it every step.
+        Safe from an async handler and from a thread handler's threads.
+
+        The store keeps the report on the task, fenced by the lease (a lost
+        lease's reports are not stored), and it stays after the attempt
+        ends, until a later attempt reports. Handles
+        (``TaskHandle.progress``), ``conveyor show``, ``explain``, the
+        dashboard, events (``ProgressStored``) and metrics read it.
+
+        Raises ConfigurationError, storing nothing, unless ``done`` is an
+        integer from 0 to 2**53, ``total`` None or an integer from ``done``
+        to 2**53, and ``note`` None or up to 200 printable characters.
+        """
+        checked = check_progress(done, total, note)
+        self.last_progress = checked
+        if self._progress_sink is not None:
+            self._progress_sink(*checked)
 
     async def read_inbox(self) -> list[Message]:
         """The task's inbox, oldest first (coroutine tasks; see conveyor.coroutine)."""

@@ -124,6 +124,22 @@ class LeaseLost:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressStored:
+    """A progress report of an attempt of this worker was stored on its task
+    (reports are written at most once per progress interval: this is the
+    one that was written, not every call of ``TaskContext.progress``)."""
+
+    worker_id: str
+    task_id: int
+    attempt: int
+    name: str
+    queue: str
+    done: int
+    total: int | None
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleFired:
     """A worker's scheduler enqueued the run of a schedule due at ``due``
     (epoch seconds), task ``task_id`` of task name ``name``. A slot another
@@ -152,6 +168,7 @@ Event = (
     | AttemptEnded
     | LeaseRenewed
     | LeaseLost
+    | ProgressStored
     | ScheduleFired
     | QueuePaused
 )

@@ -41,7 +41,7 @@ from typing import Any
 
 from conveyor.backends.capabilities import Inspector
 from conveyor.backends.protocol import Backend
-from conveyor.model import Outcome, PauseKind, Task, TaskState, findable
+from conveyor.model import Outcome, PauseKind, Progress, Task, TaskState, findable
 from conveyor.records import WorkerInfo
 
 RETRIED = (Outcome.FAILED, Outcome.TIMED_OUT, Outcome.LEASE_LOST, Outcome.INTERRUPTED)
@@ -88,13 +88,7 @@ async def explain(
     task = await backend.get_task(task_id, with_attempts=True) if findable(task_id) else None
     if task is None:
         return Explanation(task_id, "missing", f"No task {task_id}: never stored, or deleted.")
-    facts: dict[str, Any] = {
-        "state": task.state.value,
-        "name": task.name,
-        "queue": task.queue,
-        "attempt": task.attempt,
-        "max_attempts": task.max_attempts,
-    }
+    facts = _facts(task)
     if task.waiting_for is not None:
         facts["dependencies"] = [
             {"id": d.task_id, "name": d.name, "state": d.state.value if d.state else None}
@@ -158,6 +152,31 @@ async def explain(
     )
 
 
+def _facts(task: Task) -> dict[str, Any]:
+    """The facts of every explanation: the task's state, name, queue and
+    attempts, and its latest progress report if it has one."""
+    facts: dict[str, Any] = {
+        "state": task.state.value,
+        "name": task.name,
+        "queue": task.queue,
+        "attempt": task.attempt,
+        "max_attempts": task.max_attempts,
+    }
+    if task.progress is not None:
+        facts["progress"] = _progress(task.progress)
+    return facts
+
+
+def _progress(progress: Progress) -> dict[str, Any]:
+    return {
+        "done": progress.done,
+        "total": progress.total,
+        "note": progress.note,
+        "attempt": progress.attempt,
+        "at": _iso(progress.at),
+    }
+
+
 def _finished(task: Task, facts: dict[str, Any]) -> Explanation:
     last = task.last_attempt
     facts["finished_at"] = _iso(task.finished_at)
@@ -170,7 +189,10 @@ def _finished(task: Task, facts: dict[str, Any]) -> Explanation:
     if last is None and task.state is not TaskState.SUCCEEDED and ended_by:
         first = ended_by[0]
         how += f" without running: its dependency {first['id']} ended {first['state']}"
-    return Explanation(task.id, "finished", f"Task {task.id} finished: {how}.", facts)
+    sentence = f"Task {task.id} finished: {how}."
+    if task.progress is not None and task.state is not TaskState.SUCCEEDED:
+        sentence += f" Its last progress report: {task.progress.summary()}."
+    return Explanation(task.id, "finished", sentence, facts)
 
 
 def _dependencies(task: Task, facts: dict[str, Any]) -> Explanation:
@@ -210,6 +232,9 @@ def _running(
     sentence = (
         f"Task {task.id} runs attempt {task.attempt} on worker {task.worker_id}, {tail}; {lease}."
     )
+    if task.progress is not None and task.progress.attempt == task.attempt:
+        since = _seconds(now - task.progress.at)
+        sentence += f" It reported progress {task.progress.summary()} {since:g}s ago."
     if task.cancel_requested:
         sentence += " Its cancel was requested: the worker stops it at its next heartbeat."
     return Explanation(task.id, "running", sentence, facts)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 from conveyor.errors import ResultTimeoutError, TaskFailedError, TaskNotFoundError
-from conveyor.model import Task, TaskState
+from conveyor.model import Progress, Task, TaskState
 
 if TYPE_CHECKING:
     # A default (PEP 696) makes a bare ``TaskHandle`` mean ``TaskHandle[Any]``;
@@ -71,6 +71,15 @@ class TaskHandle(Generic[R]):
         if task is None:
             raise TaskNotFoundError(f"no task with id {self.id}")
         return task
+
+    def progress(self) -> Progress | None:
+        """The latest progress its attempts reported (``TaskContext.progress``),
+        as stored: None if none was. Raises TaskNotFoundError."""
+        return self.client.portal.run(self.progress_async())
+
+    async def progress_async(self) -> Progress | None:
+        """Async form of :meth:`progress`."""
+        return (await self.get_async()).progress
 
     def result(self, timeout: float | None = None) -> R:
         """Wait for the task to finish and return its stored result, rebuilt

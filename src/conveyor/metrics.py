@@ -54,6 +54,7 @@ from conveyor.events import (
     Event,
     EventBus,
     LeaseLost,
+    ProgressStored,
     ScheduleFired,
     TaskEnqueued,
 )
@@ -155,6 +156,13 @@ class Metrics:
             buckets=CLAIM_BUCKETS,
             registry=r,
         )
+        self.progress = Counter(
+            "conveyor_progress_stored",
+            "Progress reports this process's workers stored (at most one per "
+            "attempt and progress interval).",
+            task,
+            registry=r,
+        )
         self.fired = Counter(
             "conveyor_schedules_fired", "Schedule runs fired here.", ("schedule",), registry=r
         )
@@ -202,6 +210,8 @@ class Metrics:
             self.enqueued.labels(event.name, event.queue).inc(len(event.task_ids))
         elif isinstance(event, LeaseLost):
             self.lost.labels(event.name, event.queue).inc()
+        elif isinstance(event, ProgressStored):
+            self.progress.labels(event.name, event.queue).inc()
         elif isinstance(event, ScheduleFired):
             self.fired.labels(event.schedule).inc()
 
@@ -307,9 +317,27 @@ class _Workers(Collector):
         free = GaugeMetricFamily(
             "conveyor_worker_free_slots", "Slots a worker has free now.", labels=["worker"]
         )
+        labels = ["worker", "name", "queue"]
+        done = GaugeMetricFamily(
+            "conveyor_worker_progress_done",
+            "The summed progress done of a worker's running attempts of one task name "
+            "that reported a total (divide by conveyor_worker_progress_total).",
+            labels=labels,
+        )
+        total = GaugeMetricFamily(
+            "conveyor_worker_progress_total",
+            "The summed progress total of a worker's running attempts of one task name "
+            "that reported one.",
+            labels=labels,
+        )
         for worker in self.workers:
             busy = worker.running_count
             running.add_metric([worker.id], busy)
             free.add_metric([worker.id], max(worker.config.concurrency - busy, 0))
+            for (name, queue), (so_far, of) in worker.progress_by_task().items():
+                done.add_metric([worker.id, name, queue], so_far)
+                total.add_metric([worker.id, name, queue], of)
         yield running
         yield free
+        yield done
+        yield total

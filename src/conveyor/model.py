@@ -382,6 +382,8 @@ class Task:
     waiting_for: int | None = None
     """How many of its dependencies (``after``) have not ended yet as its
     policy counts them; None for a task without dependencies."""
+    progress: Progress | None = None
+    """The latest progress its attempts reported (None: none reported)."""
 
     @property
     def last_attempt(self) -> Attempt | None:
@@ -462,6 +464,78 @@ def check_name(what: str, name: object) -> str:
         f"{what} must be 1 to {MAX_NAME} printable characters (no newline, control "
         f"character, NUL or lone surrogate), not {shown}"
     )
+
+
+MAX_PROGRESS = 2**53
+"""The largest ``done`` or ``total`` a progress report may give (every store
+and JSON reader holds it exactly)."""
+MAX_PROGRESS_NOTE = 200
+"""The longest progress note, in characters."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """The latest progress an attempt of a task reported (see
+    :meth:`~conveyor.context.TaskContext.progress`): ``done`` of ``total``
+    (None: the total is not known) and a short ``note``, reported by attempt
+    number ``attempt`` and stored at ``at`` (the store's clock).
+
+    It is the last report the store accepted, not a live count: reports are
+    written at most once per worker's progress interval, and the last one
+    when the attempt ends. It stays when the attempt ends (a failed task
+    shows how far it got) until a later attempt reports its own."""
+
+    done: int
+    total: int | None
+    note: str | None
+    attempt: int
+    at: datetime
+
+    @property
+    def fraction(self) -> float | None:
+        """``done / total`` (0.0 to 1.0); None without a total, 1.0 for a total of 0."""
+        if self.total is None:
+            return None
+        return 1.0 if self.total == 0 else self.done / self.total
+
+    def summary(self) -> str:
+        """One line for people: ``37 of 100 (37%): resizing`` (``37`` alone
+        without a total; the note, stored text, as given)."""
+        fraction = self.fraction
+        shown = str(self.done)
+        if self.total is not None and fraction is not None:
+            shown = f"{self.done} of {self.total} ({math.floor(fraction * 100)}%)"
+        return shown if self.note is None else f"{shown}: {self.note}"
+
+
+def check_progress(done: object, total: object, note: object) -> tuple[int, int | None, str | None]:
+    """A progress report checked by its one rule: ``done`` an integer from 0
+    to ``MAX_PROGRESS``; ``total`` None or an integer from ``done`` to
+    ``MAX_PROGRESS``; ``note`` None or up to ``MAX_PROGRESS_NOTE`` printable
+    characters (one line, as :func:`check_name`). Else ConfigurationError.
+    No I/O."""
+    if not _count(done):
+        raise ConfigurationError(
+            f"progress done must be an integer from 0 to {MAX_PROGRESS}, not {done!r:.40}"
+        )
+    if total is not None and not (_count(total) and total >= done):  # type: ignore[operator]
+        raise ConfigurationError(
+            f"progress total must be None or an integer from done ({done}) to "
+            f"{MAX_PROGRESS}, not {total!r:.40}"
+        )
+    if note is not None and not (
+        isinstance(note, str) and len(note) <= MAX_PROGRESS_NOTE and note.isprintable()
+    ):
+        shown = repr(note[:60]) if isinstance(note, str) else type(note).__name__
+        raise ConfigurationError(
+            f"a progress note must be up to {MAX_PROGRESS_NOTE} printable characters "
+            f"(one line, no control character), not {shown}"
+        )
+    return done, total, note  # type: ignore[return-value]
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_PROGRESS
 
 
 MAX_TASK_ID_DIGITS = 18

@@ -17,10 +17,13 @@ from conveyor.backends.params import (
     ErrorInfo,
     FinishParams,
     NewTask,
+    ProgressParams,
+    ProgressReport,
     SendParams,
     Transition,
 )
 from conveyor.backends.protocol import Backend
+from conveyor.backends.stored import progress_text
 from conveyor.model import Outcome, RetryPolicy, TaskState
 from conveyor.records import WorkerInfo
 
@@ -95,6 +98,9 @@ async def seed(backend: Backend) -> Seeded:
         *(Completion(tokens[i], Outcome.FAILED, TaskState.FAILED, error=error) for i in flaky),
     ]
     await backend.finish(FinishParams("w1", done))
+    running = tokens[work[2]]
+    note = progress_text(37, 100, "<b>resizing</b>", running.attempt)
+    await backend.report_progress(ProgressParams("w1", [ProgressReport(running, note)]))
     rest = await backend.enqueue(
         EnqueueParams(
             [

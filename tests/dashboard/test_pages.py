@@ -62,6 +62,11 @@ def test_every_page_shows_the_store(store: Store) -> None:
         assert "Result" in done and "42" in done
         running = client.get(f"/tasks/{s.running}").text
         assert ">Cancel</button>" in running and ">Delete</button>" not in running
+        # Its progress report: a bar and the summary, the stored note escaped.
+        assert '<progress max="100" value="37">' in running
+        assert "37 of 100 (37%): &lt;b&gt;resizing&lt;/b&gt;" in running
+        assert "<b>resizing</b>" not in running
+        assert "<progress" not in client.get(f"/tasks/{s.pending}").text
 
 
 def test_a_task_page_shows_step_inbox_explanation_and_escapes(store: Store) -> None:

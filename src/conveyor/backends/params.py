@@ -209,6 +209,26 @@ class HeartbeatResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressReport:
+    """One attempt's latest progress, for :class:`ProgressParams`: its lease
+    token and the report as stored (``stored.progress_text``: JSON of done,
+    total, note and the attempt number)."""
+
+    token: LeaseToken
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressParams:
+    """Progress reports of one worker's running attempts, each stored on its
+    task only while its lease is live (fenced as a heartbeat)."""
+
+    worker_id: str
+    reports: Sequence[ProgressReport]
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorInfo:
     type: str
     message: str

@@ -68,6 +68,7 @@ from conveyor.backends.params import (
     HeartbeatParams,
     HeartbeatResult,
     NewTask,
+    ProgressParams,
     ScheduleSync,
     SendParams,
     Wakeup,
@@ -180,6 +181,14 @@ class Backend(Protocol):
         """Extend the leases ``worker_id`` still holds; report those it lost
         and those whose task's cancel was requested. Fenced: a lease that
         expired or moved on is never extended."""
+
+    async def report_progress(self, params: ProgressParams) -> frozenset[LeaseToken]:
+        """Store each report on its task, as the task's ``progress`` (with the
+        store's clock as its time), where the report's lease is live: this
+        attempt, this worker, not expired (a heartbeat's fence; nothing else
+        of the task changes, its lease is not extended). Returns the tokens
+        whose report was stored; the others' leases are lost (or their row
+        was busy being finished: a report is a hint, never waited for)."""
 
     async def cancel_requested(
         self, worker_id: str, tokens: Sequence[LeaseToken]

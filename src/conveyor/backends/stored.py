@@ -15,6 +15,7 @@ composed in as SQL literals when the statements are loaded
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,9 +39,11 @@ from conveyor.model import (
     Message,
     MessageKind,
     Outcome,
+    Progress,
     RetryPolicy,
     Task,
     TaskState,
+    check_progress,
 )
 from conveyor.records import (
     ActivityBucket,
@@ -458,6 +461,34 @@ def task_row(row: tuple[Any, ...], attempts: tuple[Attempt, ...]) -> Task:
         idempotency_key=idempotency_key,
         concurrency_key=concurrency_key,
     )
+
+
+def progress_text(done: int, total: int | None, note: str | None, attempt: int) -> str:
+    """A progress report as every store holds it (one text field): JSON of
+    its checked values and the attempt that reported it."""
+    return json.dumps(
+        {"done": done, "total": total, "note": note, "attempt": attempt},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def progress_of(text: str | None, at: datetime | None) -> Progress | None:
+    """The progress stored as ``text`` at ``at``; None when there is none,
+    or when what is stored does not read as a report by the one rule
+    (:func:`~conveyor.model.check_progress`: written around conveyor): a
+    corrupt report is not shown, and hides nothing else of its task."""
+    if text is None or at is None:
+        return None
+    try:
+        value = json.loads(text)
+        done, total, note = check_progress(value["done"], value["total"], value["note"])
+        attempt = value["attempt"]
+    except (ValueError, TypeError, KeyError, ConfigurationError):
+        return None
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        return None
+    return Progress(done, total, note, attempt, at)
 
 
 def summary_row(row: Sequence[Any]) -> TaskSummary:

@@ -181,6 +181,7 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
         console.print(f"parent: {task.parent_id}")
     if task.waiting_for is not None:
         _print_dependencies(task.waiting_for, dependencies)
+    _print_progress(task, now)
     stateful = task.step is not None or task.inbox
     console.print(line("state: " if stateful else "payload: ", json.dumps(task.payload)))
     if task.inbox:
@@ -191,6 +192,13 @@ def show(task_id: int, url: str | None, schema: str | None, as_json: bool) -> No
     if task.result is not None:
         console.print(line("result: ", json.dumps(task.result)))
     _print_attempts(task)
+
+
+def _print_progress(task: Task, now: datetime) -> None:
+    """The task's latest progress report, if any: its note is stored text, printed as text."""
+    if task.progress is not None:
+        reported = f" (attempt {task.progress.attempt}, {relative(task.progress.at, now)})"
+        console.print(line("progress: ", task.progress.summary(), reported))
 
 
 def _print_dependencies(waiting_for: int, dependencies: list[DependencyRecord]) -> None:

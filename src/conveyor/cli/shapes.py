@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.cli.common import iso
-from conveyor.model import Attempt, Message, Pause, Task, TaskState
+from conveyor.model import Attempt, Message, Pause, Progress, Task, TaskState
 from conveyor.records import DependencyRecord, StoredSchedule, TaskSummary, WorkerInfo
 
 WAITS = (TaskState.PENDING, TaskState.WAITING)
@@ -38,10 +38,24 @@ def task_json(task: Task, with_attempts: bool) -> dict[str, Any]:
         "inbox": task.inbox,
         "idempotency_key": task.idempotency_key,
         "waiting_for": task.waiting_for,
+        "progress": progress_json(task.progress),
     }
     if with_attempts:
         data["attempts"] = [attempt_json(a) for a in task.attempts]
     return data
+
+
+def progress_json(progress: Progress | None) -> dict[str, Any] | None:
+    """The JSON shape of a task's latest progress report (None: none)."""
+    if progress is None:
+        return None
+    return {
+        "done": progress.done,
+        "total": progress.total,
+        "note": progress.note,
+        "attempt": progress.attempt,
+        "at": iso(progress.at),
+    }
 
 
 def dependency_json(record: DependencyRecord) -> dict[str, Any]:

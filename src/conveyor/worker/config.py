@@ -37,6 +37,10 @@ def beat_interval(lease: float, interval: float | None) -> float:
     return natural if interval is None else min(interval, natural)
 
 
+DEFAULT_PROGRESS_INTERVAL = 1.0
+"""Seconds between two writes of a worker's progress reports."""
+MIN_PROGRESS_INTERVAL = 0.01
+
 MIN_POOL_SIZE = 10
 MAX_DEFAULT_POOL_SIZE = 44
 
@@ -81,6 +85,10 @@ class WorkerConfig:
     """While idle, offer up to half the slots for enqueues to fill directly:
     a task enqueued alone then starts after one commit, not two (PostgreSQL;
     see :mod:`conveyor.worker.standby`). False: claim every task."""
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    """Seconds between two writes of the running attempts' progress reports
+    (``TaskContext.progress``): each write carries the latest report of
+    every attempt that reported since the last."""
     process_pool: int | None = None
     """Idle handler processes kept for the next ``process=True`` attempt
     (None: the machine's CPU count; 0: a fresh process per attempt). See
@@ -120,6 +128,7 @@ class WorkerConfig:
         check_duration("poll_interval", self.poll_interval, minimum=MIN_POLL_INTERVAL)
         check_duration("grace", self.grace)
         check_duration("stop_timeout", self.stop_timeout)
+        check_duration("progress_interval", self.progress_interval, MIN_PROGRESS_INTERVAL)
         if self.process_pool is not None and (
             isinstance(self.process_pool, bool)
             or not isinstance(self.process_pool, int)

@@ -323,6 +323,7 @@ class Producer:
             parent_id=task.parent_id,
             read_inbox=self._inbox_reader(backend, task),
             nonce=task.token.nonce,
+            progress_sink=self.worker.progress.sink(task) if self.worker.progress else None,
         )
         assert self.worker.loop is not None
         running = RunningAttempt(
@@ -399,11 +400,18 @@ class Producer:
                 self._hinted = self._hinted or self.config.burst
                 if self.wake is not None:
                     self.wake.set()
+            progress = self.worker.progress
             if running.superseded:
+                if progress is not None:
+                    progress.forget(token)
                 return  # the lease token is the new claim's now
             if completion is None:
+                if progress is not None:
+                    progress.forget(token)
                 self.worker.heartbeat.release(token)
             else:
+                if progress is not None and progress.owes(token):
+                    await progress.last(token)  # the last report, before the end
                 self.worker.completer.submit(completion, running.task)
         finally:
             self.runners.discard(asyncio.current_task(running.loop))

@@ -92,6 +92,8 @@ async def shut_down(self: Worker, backend: Backend, listener: asyncio.Task[None]
         await self.scheduler.stop()
     if self.cancels is not None:
         await self.cancels.stop()
+    if self.progress is not None:
+        await self.progress.stop()
     if self.completer is not None:
         await self.completer.stop(LAST_WRITES)
     if self.heartbeat is not None:

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from conveyor.backends.capabilities import AttemptTransaction, capability_of
 from conveyor.backends.params import (
+    ClaimedTask,
     Completion,
     HeartbeatResult,
 )
@@ -42,6 +43,7 @@ from conveyor.errors import (
     CancelledByRequest,
     LeaseLostError,
 )
+from conveyor.events import ProgressStored
 from conveyor.model import LeaseToken
 from conveyor.records import WorkerInfo
 from conveyor.schedules import Schedule
@@ -58,6 +60,7 @@ from conveyor.worker.heartbeat import Heartbeat, HeartbeatConfig, emit_heartbeat
 from conveyor.worker.outage import Outage
 from conveyor.worker.processes import ProcessPool
 from conveyor.worker.producer import Producer
+from conveyor.worker.progress import ProgressReporter, Reported
 from conveyor.worker.pruner import Pruner
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.standby import Standby
@@ -115,6 +118,7 @@ class Worker:
         self.backend: Backend | None = None
         self.heartbeat: Heartbeat | None = None
         self.completer: Completer | None = None
+        self.progress: ProgressReporter | None = None
         self.cancels: CancelWatch | None = None
         self.pruner: Pruner | None = None
         self.scheduler: Scheduler | None = None
@@ -181,6 +185,20 @@ class Worker:
         for event in (self.stop_event, self.producer.wake):
             if event is not None:
                 event.set()
+
+    def progress_by_task(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Per task name and queue, the summed ``done`` and ``total`` of the
+        running attempts whose latest progress report gave a total (for
+        metrics: one series per task name, never one per task)."""
+        sums: dict[tuple[str, str], tuple[int, int]] = {}
+        for running in list(self._running.values()):
+            reported = running.ctx.last_progress
+            if reported is None or reported[1] is None:
+                continue
+            key = (running.task.name, running.task.queue)
+            done, total = sums.get(key, (0, 0))
+            sums[key] = (done + reported[0], total + reported[1])
+        return sums
 
     @property
     def running(self) -> list[LeaseToken]:
@@ -265,6 +283,14 @@ class Worker:
                 transactions.begin_attempt_transaction_sync, self.id
             )
         self.completer.start()
+        self.progress = ProgressReporter(
+            backend,
+            self.id,
+            self.config.progress_interval,
+            self._progress_stored,
+            self.config.lease,
+        )
+        self.progress.start()
         self.cancels = CancelWatch(
             CancelConfig(self.id),
             backend,
@@ -422,6 +448,15 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self.stop_event.wait()
+
+    def _progress_stored(self, task: ClaimedTask, values: Reported) -> None:
+        """Called by the progress reporter for each report the store took."""
+        if self.events.active:
+            token = task.token
+            stored = ProgressStored(
+                self.id, token.task_id, token.attempt, task.name, task.queue, *values
+            )
+            self.events.emit(stored)
 
     def _recorded(self, completion: Completion, applied: bool) -> None:
         """Called by the completer once a completion is written (or rejected)."""

@@ -19,6 +19,7 @@ from conveyor.backends.params import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    ProgressParams,
 )
 from conveyor.backends.stored import LEASE_EXPIRED, LEASE_EXPIRED_ERROR, lease_lost_message
 from conveyor.model import Cause, IllegalStateChangeError, LeaseToken, Outcome, TaskState
@@ -116,6 +117,17 @@ class Attempts(Messages):
             frozenset(cancel),
             worker is not None,
         )
+
+    def report_progress(self, params: ProgressParams, now: datetime) -> frozenset[LeaseToken]:
+        """Store each report whose lease is live (the heartbeat's fence)."""
+        stored = set()
+        with self.lock:
+            for report in params.reports:
+                row = self.tasks.get(report.token.task_id)
+                if row is not None and row.live(report.token.attempt, params.worker_id, now):
+                    row.progress, row.progress_at = report.text, now
+                    stored.add(report.token)
+        return frozenset(stored)
 
     def cancel_requested(
         self, worker_id: str, tokens: Sequence[LeaseToken]

@@ -47,6 +47,7 @@ from conveyor.backends.params import (
     HeartbeatParams,
     HeartbeatResult,
     NewTask,
+    ProgressParams,
     ScheduleSync,
     SendParams,
     Wakeup,
@@ -172,6 +173,9 @@ class MemoryBackend:
         self, worker_id: str, tokens: Sequence[LeaseToken]
     ) -> frozenset[LeaseToken]:
         return self._store.cancel_requested(worker_id, tokens)
+
+    async def report_progress(self, params: ProgressParams) -> frozenset[LeaseToken]:
+        return self._store.report_progress(params, self._now(params.now))
 
     async def finish(self, params: FinishParams) -> FinishResult:
         result = self._store.finish(params, self._now(params.now))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from conveyor import payload as codec
+from conveyor.backends import stored
 from conveyor.backends.params import ClaimedTask, ErrorInfo, NewTask, Transition
 from conveyor.model import Attempt, LeaseToken, Outcome, RetryPolicy, Task, TaskState
 
@@ -55,6 +56,8 @@ class Row:
     waiting_for: int | None = None
     after_policy: str = "cancel"
     receives: str | None = None
+    progress: str | None = None
+    progress_at: datetime | None = None
     attempts: list[Attempt] = field(default_factory=list)
 
     @classmethod
@@ -203,4 +206,5 @@ class Row:
             idempotency_key=self.idempotency_key,
             concurrency_key=self.concurrency_key,
             waiting_for=self.waiting_for,
+            progress=stored.progress_of(self.progress, self.progress_at),
         )

@@ -26,6 +26,7 @@ from conveyor.backends.params import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    ProgressParams,
 )
 from conveyor.backends.postgres.messages import applied, has_effects, record_with_effects, spawning
 from conveyor.backends.postgres.pools import Pools
@@ -188,6 +189,23 @@ class Attempts(Pools):
             cancel_requested=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][4]),
             registered=len(by_token) == len(rows),
         )
+
+    async def report_progress(self, params: ProgressParams) -> frozenset[LeaseToken]:
+        reports = list(params.reports)
+        if not reports:
+            return frozenset()
+        rows = await self._fetchall(
+            "report_progress",
+            {
+                "now": params.now,
+                "worker_id": params.worker_id,
+                "ids": [r.token.task_id for r in reports],
+                "attempts": [r.token.attempt for r in reports],
+                "progress": [r.text for r in reports],
+            },
+        )
+        stored = {(int(r[0]), int(r[1])) for r in rows}
+        return frozenset(r.token for r in reports if (r.token.task_id, r.token.attempt) in stored)
 
     async def cancel_requested(
         self, worker_id: str, tokens: Sequence[LeaseToken]

@@ -22,6 +22,7 @@ from conveyor.backends.stored import (
     check_bucket_seconds,
     dependency_record,
     filter_args,
+    progress_of,
     summary_row,
     task_row,
 )
@@ -104,8 +105,9 @@ class Listings(Pools):
             if with_attempts:
                 cursor = await conn.execute(self.sql["get_attempts"], {"id": task_id})
                 attempts = tuple(attempt_row(r) for r in await cursor.fetchall())
-        task = task_row(row[:-1], attempts)
-        return task if row[-1] is None else replace(task, waiting_for=row[-1])
+        *columns, waiting_for, progress, progress_at = row
+        task = task_row(tuple(columns), attempts)
+        return replace(task, waiting_for=waiting_for, progress=progress_of(progress, progress_at))
 
     async def dependencies(self, task_id: int) -> list[DependencyRecord]:
         rows = await self._fetchall("dependencies", {"id": task_id})

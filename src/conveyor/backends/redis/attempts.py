@@ -25,6 +25,7 @@ from conveyor.backends.params import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    ProgressParams,
 )
 from conveyor.backends.redis import keys, rows
 from conveyor.backends.redis.enqueue import check_new
@@ -110,6 +111,18 @@ class Attempts(RedisStore):
         renewed = frozenset(t for t, flag in zip(tokens, flags, strict=True) if flag)
         cancel = frozenset(t for t, flag in zip(tokens, flags, strict=True) if flag == 2)
         return HeartbeatResult(renewed, frozenset(tokens) - renewed, cancel, registered == 1)
+
+    async def report_progress(self, params: ProgressParams) -> frozenset[LeaseToken]:
+        """One script for the batch, fenced as a heartbeat (its nonce too)."""
+        reports = list(params.reports)
+        if not reports:
+            return frozenset()
+        args: list[Any] = [rows.now_arg(params.now), params.worker_id]
+        for report in reports:
+            token = report.token
+            args += [token.task_id, token.attempt, token.nonce, report.text]
+        flags = await self._run("progress", args)
+        return frozenset(r.token for r, flag in zip(reports, flags, strict=True) if flag)
 
     async def cancel_requested(
         self, worker_id: str, tokens: Sequence[LeaseToken]

@@ -53,6 +53,7 @@ from conveyor.backends.stored import (
     Unread,
     claimed_rows,
     dependency_record,
+    progress_of,
     retry_json,
     stored_retry_policy,
 )
@@ -65,6 +66,7 @@ from conveyor.model import (
     Outcome,
     Pause,
     PauseKind,
+    Progress,
     Task,
     TaskState,
 )
@@ -383,6 +385,15 @@ _EARLIEST_MS = ms(datetime.min.replace(tzinfo=UTC))
 _LATEST_MS = ms(datetime.max.replace(tzinfo=UTC))
 
 
+def _progress(fields: Mapping[str, str]) -> Progress | None:
+    """The task's progress report; None when it has none, or when either of
+    its fields does not read (a corrupt report hides nothing else)."""
+    text, at = fields.get("progress"), fields.get("progress_at")
+    if text is None or at is None or not at.isdigit() or len(at) > 15:
+        return None
+    return progress_of(text, moment(int(at)))
+
+
 def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...]) -> Task:
     """The task stored in ``fields`` (its hash), with ``attempts``.
 
@@ -423,6 +434,7 @@ def task(task_id: int, fields: Mapping[str, str], attempts: tuple[Attempt, ...])
         idempotency_key=f.optional_text("idempotency_key"),
         concurrency_key=f.optional_text("concurrency_key"),
         waiting_for=f.integer("waiting_for", 0, 2**31 - 2) if "waiting_for" in fields else None,
+        progress=_progress(fields),
     )
     if not f.unread:
         return listed

@@ -51,6 +51,7 @@ OPERATIONS = (
     "enqueue",
     "claim",
     "heartbeat",
+    "progress",
     "finish",
     "cancel",
     "retry",

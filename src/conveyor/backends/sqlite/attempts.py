@@ -26,6 +26,7 @@ from conveyor.backends.params import (
     FinishResult,
     HeartbeatParams,
     HeartbeatResult,
+    ProgressParams,
 )
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
@@ -206,6 +207,20 @@ class Attempts:
             cancel_requested=frozenset(t for t in renewed if found[(t.task_id, t.attempt)]),
             registered=registered,
         )
+
+    async def report_progress(self, params: ProgressParams) -> frozenset[LeaseToken]:
+        reports = list(params.reports)
+        if not reports:
+            return frozenset()
+        given = json.dumps([[r.token.task_id, r.token.attempt, r.text] for r in reports])
+
+        def store(conn: sqlite3.Connection) -> list[Any]:
+            now = clock(conn, params.now)
+            args = {"now": now, "worker_id": params.worker_id, "reports": given}
+            return conn.execute(SQL["report_progress"], args).fetchall()
+
+        stored = {(int(r[0]), int(r[1])) for r in await self._db.write(store)}
+        return frozenset(r.token for r in reports if (r.token.task_id, r.token.attempt) in stored)
 
     async def finish(self, params: FinishParams) -> FinishResult:
         completions = list(params.completions)

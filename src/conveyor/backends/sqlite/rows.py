@@ -136,11 +136,19 @@ def claimed_task(row: Sequence[Any], worker_id: str) -> ClaimedTask:
 
 
 def task(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> Task:
-    """A task's row: the columns :func:`stored.task_row` reads, then ``waiting_for``."""
-    values = list(_with_times(row[:-1], _TASK_TIMES))
+    """A task's row: the columns :func:`stored.task_row` reads, then
+    ``waiting_for``, ``progress`` and ``progress_at``."""
+    *columns, waiting_for, progress, progress_at = row
+    values = list(_with_times(columns, _TASK_TIMES))
     values[17] = bool(values[17])  # cancel_requested
     found = task_row(tuple(values), attempts)
-    return replace(found, waiting_for=row[-1]) if row[-1] is not None else found
+    if waiting_for is None and progress is None:
+        return found
+    return replace(
+        found,
+        waiting_for=waiting_for,
+        progress=stored.progress_of(progress, moment(progress_at)),
+    )
 
 
 def summary(row: Sequence[Any]) -> TaskSummary:

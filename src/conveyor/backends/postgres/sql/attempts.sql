@@ -364,6 +364,39 @@ union all
 select null, null, false, false, false
 where not exists (select from seen);
 
+-- name: report_progress
+-- Store each progress report on its task where the report's lease is live
+-- (the heartbeat's fence: this attempt, this worker, not expired), with the
+-- store's clock as its time. A row locked by a commit in flight (its attempt
+-- is ending) is skipped, not waited for: a report is a hint. Returns the
+-- lease tokens whose report was stored. For the planner, the fence is
+-- written as join conditions of the input, as in heartbeat.
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now,
+           %(worker_id)s::text as worker_id
+),
+reports as materialized (
+    select r.id, r.attempt, r.progress, clock.now, clock.worker_id
+    from unnest(%(ids)s::bigint[], %(attempts)s::int[], %(progress)s::text[])
+             as r(id, attempt, progress), clock
+),
+free as materialized (
+    select t.id
+    from {schema}.tasks t
+    join reports r on t.id = r.id
+    where t.id = any(%(ids)s::bigint[])
+      and t.attempt = r.attempt
+      and t.worker_id = r.worker_id
+      and t.lease_expires_at > r.now
+    for no key update of t skip locked
+)
+update {schema}.tasks t
+set progress = r.progress, progress_at = r.now
+from free f
+join reports r on r.id = f.id
+where t.id = f.id
+returning t.id, t.attempt;
+
 -- name: part_finish_fence
 -- Part of both finishes: each completion's fence, its lease token and a live
 -- lease, written as join conditions of the input (`i`) with the tasks (`t`)

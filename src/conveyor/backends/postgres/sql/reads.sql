@@ -9,12 +9,14 @@ select state from {schema}.tasks where id = %(id)s;
 
 -- name: get_task
 -- A task's columns (as part_listed's), then how many of its dependencies
--- have not ended (null: it has none).
+-- have not ended (null: it has none), and its latest progress report and
+-- when it was stored.
 select id, name, queue, payload::text as payload, state, priority, run_at, attempt,
        max_attempts, retry_policy::text as retry_policy, timeout_seconds, lease_seconds,
        result::text as result, created_at, finished_at,
        case when state = 'in_progress' then worker_id end as worker_id, lease_expires_at,
-       cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key, waiting_for
+       cancel_requested, step, parent_id, inbox, idempotency_key, concurrency_key, waiting_for,
+       progress, progress_at
 from {schema}.tasks
 where id = %(id)s::bigint;
 

@@ -122,6 +122,21 @@ where conveyor_tasks.id = l.id
   and conveyor_tasks.lease_expires_at > :now
 returning conveyor_tasks.id, conveyor_tasks.attempt, conveyor_tasks.cancel_requested;
 
+-- name: report_progress
+-- Store each progress report on its task where the report's lease is live
+-- (the heartbeat's fence), with the write's clock as its time.
+-- :reports is a JSON array of [id, attempt, progress] triples.
+update conveyor_tasks
+set progress = r.progress, progress_at = :now
+from (select json_extract(value, '$[0]') as id, json_extract(value, '$[1]') as attempt,
+             json_extract(value, '$[2]') as progress
+      from json_each(:reports)) as r
+where conveyor_tasks.id = r.id
+  and conveyor_tasks.attempt = r.attempt
+  and conveyor_tasks.worker_id = :worker_id
+  and conveyor_tasks.lease_expires_at > :now
+returning conveyor_tasks.id, conveyor_tasks.attempt;
+
 -- name: finish
 -- Record many attempt completions, each fenced by its lease token and a live
 -- lease; a late write from a lost lease changes nothing and is missing from

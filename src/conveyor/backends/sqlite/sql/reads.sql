@@ -11,7 +11,7 @@ select state from conveyor_tasks where id = :id;
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
        worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key,
-       concurrency_key, waiting_for
+       concurrency_key, waiting_for, progress, progress_at
 from conveyor_tasks
 where id = :id;
 
@@ -40,7 +40,7 @@ order by number;
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
        worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key,
-       concurrency_key, waiting_for
+       concurrency_key, waiting_for, progress, progress_at
 from conveyor_tasks
 where (:state is null or state = :state)
   and (:name is null or name = :name)
@@ -54,7 +54,7 @@ limit :limit;
 select id, name, queue, payload, state, priority, run_at, attempt, max_attempts,
        retry_policy, timeout_seconds, lease_seconds, result, created_at, finished_at,
        worker_id, lease_expires_at, cancel_requested, step, parent_id, inbox, idempotency_key,
-       concurrency_key, waiting_for
+       concurrency_key, waiting_for, progress, progress_at
 from conveyor_tasks indexed by conveyor_tasks_parent
 where parent_id = :parent
   and (:state is null or state = :state)
