@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 import conveyor
-from conveyor import Progress, TaskContext, TaskState
+from conveyor import Progress, TaskContext, TaskState, testing
 from conveyor.backends.params import (
     ClaimParams,
     EnqueueParams,
@@ -187,3 +188,24 @@ def test_show_and_explain_print_the_stored_report_as_text(cli: Cli) -> None:
     explained = cli.json("explain", str(task_id))
     assert explained["facts"]["progress"]["total"] == 9
     assert "It reported progress 7 of 9 (77%)" in explained["sentence"]
+
+
+def test_drain_and_inline_mode_store_the_last_report() -> None:
+    app = conveyor.App("memory://progress-drain")
+
+    @app.task()
+    def resize(ctx: TaskContext, images: int) -> None:
+        for i in range(images):
+            ctx.progress(i + 1, images, f"image {i + 1}")
+
+    with testing.in_memory(app):
+        handle = resize.enqueue(images=3)
+        assert testing.drain(app) == 1
+        assert (handle.progress() or PLACEHOLDER).summary() == "3 of 3 (100%): image 3"
+    with testing.in_memory(app, inline=True):
+        handle = resize.enqueue(images=4)
+        assert (handle.progress() or PLACEHOLDER).summary() == "4 of 4 (100%): image 4"
+    app.close()
+
+
+PLACEHOLDER = Progress(0, None, "none reported", 0, datetime(2000, 1, 1, tzinfo=UTC))
