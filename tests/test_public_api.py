@@ -58,6 +58,7 @@ EXPECTED = [
     "TaskExistsError",
     "TaskFailedError",
     "TaskFinishedError",
+    "TaskGraph",
     "TaskHandle",
     "TaskNotFoundError",
     "TaskOutcome",
