@@ -59,6 +59,7 @@ EXPECTED = [
     "TaskExistsError",
     "TaskFailedError",
     "TaskFinishedError",
+    "TaskGraph",
     "TaskHandle",
     "TaskNotFoundError",
     "TaskOutcome",

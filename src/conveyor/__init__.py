@@ -51,6 +51,7 @@ from conveyor.errors import (
     WorkerShutdown,
 )
 from conveyor.explain import Explanation
+from conveyor.graph import TaskGraph
 from conveyor.handle import TaskHandle
 from conveyor.model import (
     Attempt,
@@ -125,6 +126,7 @@ __all__ = [
     "TaskExistsError",
     "TaskFailedError",
     "TaskFinishedError",
+    "TaskGraph",
     "TaskHandle",
     "TaskNotFoundError",
     "TaskOutcome",

@@ -1,7 +1,8 @@
 """The store's views, read through a client: its clock, an overview (counts,
 backlogs, live workers), the last hour's activity, the attempts running per
 worker, and the migrations a store still lacks; and its tasks: one with its
-attempt log, why it is where it is, listings, counts, and the workers.
+attempt log, why it is where it is, the graph of dependencies around it,
+listings, counts, and the workers.
 
 :class:`Reads` is a base of :class:`conveyor.Client` (and so of
 :class:`conveyor.App`): every read has a sync form and an ``_async`` form,
@@ -12,6 +13,7 @@ line read the store only through these and the client's own methods.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,11 +23,13 @@ from conveyor.backends.capabilities import Inspector, capability_of
 from conveyor.backends.protocol import Capability
 from conveyor.errors import StoreNotReadyError
 from conveyor.explain import Explanation, explain
+from conveyor.graph import DEFAULT_LIMIT, TaskGraph, task_graph
 from conveyor.model import Task, TaskState, findable
 from conveyor.overview import Overview, read_overview
 from conveyor.portal import Portal
 from conveyor.records import (
     ActivityBucket,
+    DependencyEdge,
     DependencyRecord,
     Migration,
     QueueBacklog,
@@ -182,6 +186,29 @@ class Reads:
     def dependencies(self, task_id: int) -> list[DependencyRecord]:
         """Sync form of :meth:`dependencies_async`."""
         return self.portal.run(self.dependencies_async(task_id))
+
+    async def edges_async(self, ids: Sequence[int]) -> list[DependencyEdge]:
+        """Every edge of dependencies whose dependent or dependency is among
+        ``ids`` (each once, by dependent then position), in one read: at
+        most :data:`~conveyor.backends.params.MAX_READ_IDS` ids (else
+        ConfigurationError; read more in chunks). See
+        :meth:`~conveyor.backends.protocol.Backend.edges`."""
+        return await (await self.backend()).edges(ids)
+
+    def edges(self, ids: Sequence[int]) -> list[DependencyEdge]:
+        """Sync form of :meth:`edges_async`."""
+        return self.portal.run(self.edges_async(ids))
+
+    async def graph_async(self, task_id: int, limit: int = DEFAULT_LIMIT) -> TaskGraph:
+        """The graph of dependencies around task ``task_id`` (a chord's
+        members and callback, a chain's links, ...), at most ``limit``
+        nodes: see :func:`conveyor.graph.task_graph` for what it reads and
+        its limits. Raises TaskNotFoundError for a task not stored."""
+        return await task_graph(await self.backend(), task_id, limit)
+
+    def graph(self, task_id: int, limit: int = DEFAULT_LIMIT) -> TaskGraph:
+        """Sync form of :meth:`graph_async`."""
+        return self.portal.run(self.graph_async(task_id, limit))
 
     async def explain_async(self, task_id: int) -> Explanation:
         """Why task ``task_id`` is not running, or what it is doing: one

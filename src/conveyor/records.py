@@ -112,6 +112,21 @@ class DependencyRecord:
     settled: bool
 
 
+@dataclass(frozen=True, slots=True)
+class DependencyEdge:
+    """One edge of the graph of dependencies, as ``Backend.edges`` reads it:
+    task ``dependent`` waits for task ``dependency``, entry ``position``
+    (from 0) of its ``after``; ``settled``: the dependency's end was counted
+    (once: a manual retry of it afterwards moves no dependent again). A
+    group's or chord's members and a chain's links are such edges (see
+    :mod:`conveyor.composition`)."""
+
+    dependent: int
+    position: int
+    dependency: int
+    settled: bool
+
+
 def last_error_of(
     state: TaskState, outcome: str | None, error_type: str | None, error_message: str | None
 ) -> LastError | None:

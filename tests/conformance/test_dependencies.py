@@ -183,6 +183,17 @@ async def test_an_unknown_policy_is_refused(backend: Backend) -> None:
         await enqueue(backend, after(a, policy="ignore"))
 
 
+async def test_a_bulk_cancel_cancels_a_dependent_its_batch_released(backend: Backend) -> None:
+    """A dependent under ``run`` that a cancel of its last dependency makes
+    pending, in the same batch that selected it waiting, is cancelled as it
+    is then; and one that cancel ended by its policy is cancelled too."""
+    [a, b] = await enqueue(backend, new(), new())
+    [runs, ends] = await enqueue(backend, after(a, policy="run"), after(b))
+    done = await backend.cancel_many(CancelMany(ids=[a, b, runs, ends], now=later(1)))
+    assert [(await state(backend, i))[0] for i in (a, b, runs, ends)] == [S.CANCELLED] * 4
+    assert {a, b, runs} <= set(done) <= {a, b, runs, ends}
+
+
 async def test_every_way_a_dependency_ends_settles_it(backend: Backend) -> None:
     [cancelled, bulk, crashed, worker_cancelled] = await enqueue(
         backend, new(), new(), new(max_attempts=1), new()

@@ -123,3 +123,31 @@ def test_refusals(browser: Any, served: tuple[conveyor.App, Seeded, str]) -> Non
         assert app.get(s.failed_more[1]).state is TaskState.FAILED  # type: ignore[union-attr]
     finally:
         context.close()
+
+
+def test_a_task_graph_is_drawn_linked_and_acted_on(
+    page: Any, served: tuple[conveyor.App, Seeded, str], shots: Path
+) -> None:
+    app, _, base = served
+
+    @app.task(name="graph_job")
+    def graph_job() -> None:
+        return None
+
+    members = [graph_job.enqueue().id for _ in range(2)]
+    callback = graph_job.options(after=members).enqueue().id
+    page.goto(f"{base}/tasks/{members[0]}")
+    page.get_by_role("link", name="The graph of its dependencies").click()
+    page.wait_for_url(f"**/tasks/{members[0]}/graph")
+    boxes = page.locator("svg.graph a")
+    assert boxes.count() == 3 and page.locator("svg.graph line").count() == 2
+    assert page.locator("svg.graph").bounding_box()["width"] > 300
+    page.screenshot(path=str(shots / "task-graph.png"), full_page=True)
+    page.locator(f'svg.graph a[href$="/tasks/{callback}"]').click()
+    page.wait_for_url(f"**/tasks/{callback}")
+    page.goto(f"{base}/tasks/{callback}/graph")
+    page.get_by_role("button", name="Cancel not ended (3)").click()
+    page.wait_for_url(f"**/tasks/{callback}/graph?notice=graph_cancelled*")
+    assert "of the graph are cancelled" in page.content()
+    for task_id in (*members, callback):
+        assert app.get(task_id).state is TaskState.CANCELLED  # type: ignore[union-attr]

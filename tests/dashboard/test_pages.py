@@ -109,6 +109,75 @@ def test_a_task_page_lists_its_dependencies_counted_by_state(store: Store) -> No
         assert "Dependencies <small>" not in client.get(f"/tasks/{plain.id}").text
 
 
+def test_a_task_graph_page_draws_its_tasks_and_acts_on_them(store: Store) -> None:
+    app, s = store
+
+    @app.task(name="job")
+    def job() -> None:
+        return None
+
+    members = [job.enqueue().id for _ in range(2)]
+    callback = job.options(after=[*members, s.failed], on_dependency_failure="run").enqueue().id
+    nodes = [*members, s.failed, callback]
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
+        member_page = client.get(f"/tasks/{members[0]}").text
+        assert "1 task(s) wait for this one" in member_page
+        assert f'href="http://testserver/tasks/{members[0]}/graph"' in member_page
+        callback_page = client.get(f"/tasks/{callback}").text
+        assert f'href="http://testserver/tasks/{callback}/graph"' in callback_page
+        assert "/graph" not in client.get(f"/tasks/{s.pending}").text  # no edge, no graph
+
+        page = client.get(f"/tasks/{members[1]}/graph")
+        assert page.status_code == 200
+        text = page.text
+        assert "4 task(s), 3 edge(s)" in text and '<svg class="graph"' in text
+        for task_id in nodes:
+            assert f'<a href="http://testserver/tasks/{task_id}"><g class="state-' in text
+        assert f'<g class="state-pending current"><title>task {members[1]} job: pending' in text
+        assert 'state-failed">failed</span> 1' in text and 'state-waiting">waiting</span> 1' in text
+        assert text.count("<line") == 3
+        assert "Retry failed (1)" in text and "Cancel not ended (3)" in text
+
+        token = csrf_of(client, f"/tasks/{callback}/graph")
+        retried = client.post(f"/tasks/{callback}/graph/retry-failed", data={"csrf_token": token})
+        assert (
+            retried.is_success and "1 failed task(s) of the graph are pending again" in retried.text
+        )
+        assert state_of(app, s.failed) is TaskState.PENDING
+        cancelled = client.post(f"/tasks/{members[0]}/graph/cancel", data={"csrf_token": token})
+        assert cancelled.is_success and "task(s) of the graph are cancelled" in cancelled.text
+        assert {state_of(app, i) for i in nodes} == {TaskState.CANCELLED}
+        assert "Cancel not ended" not in cancelled.text and "<button" not in cancelled.text
+
+        assert client.post(f"/tasks/{callback}/graph/cancel").status_code == 403
+        assert (
+            client.post(f"/tasks/{callback}/graph/x", data={"csrf_token": token}).status_code == 404
+        )
+        assert (
+            client.post("/tasks/999999/graph/cancel", data={"csrf_token": token}).status_code == 404
+        )
+        missing = client.get("/tasks/999999/graph")
+        assert missing.status_code == 404 and "No task has id 999999" in missing.text
+    with TestClient(create_app(app, read_only=True, allowed_hosts=HOSTS)) as client:
+        assert "<button" not in client.get(f"/tasks/{callback}/graph").text
+
+
+def test_a_wide_graph_draws_the_first_tasks_of_a_layer_and_one_more_box(store: Store) -> None:
+    app, _ = store
+
+    @app.task(name="job")
+    def job() -> None:
+        return None
+
+    members = [h.id for h in conveyor.group(job.s() for _ in range(30)).enqueue()]
+    callback = job.options(after=members).enqueue().id
+    with TestClient(create_app(app, allowed_hosts=HOSTS)) as client:
+        text = client.get(f"/tasks/{callback}/graph").text
+    assert "31 task(s), 30 edge(s)" in text and "+6 more" in text
+    assert f'/tasks/{members[23]}"' in text and f'/tasks/{members[24]}"' not in text
+    assert text.count("<line") == 24 and "6 task(s) not drawn" in text
+
+
 @pytest.mark.parametrize(
     ("path", "status", "says"),
     [

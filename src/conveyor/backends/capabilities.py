@@ -120,6 +120,15 @@ class Inspector(Protocol):
         key; Redis reads the named fields of each task's hash and the last
         row of its attempt log; memory copies no payload."""
 
+    async def summaries(self, ids: Sequence[int]) -> list[TaskSummary]:
+        """The stored tasks among ``ids``, as summaries (as
+        :meth:`list_summaries` gives them: no payload or result is read),
+        highest id first, read in one round trip (Redis: two pipelined ones);
+        an id no task has is left out. At most
+        :data:`~conveyor.backends.params.MAX_READ_IDS` ids per call (a
+        caller reads more in chunks); ConfigurationError beyond, or for
+        what is not a task id."""
+
     async def running_by_worker(self) -> dict[str, int]:
         """How many tasks each worker runs now (workers running none left
         out): counted off the index of running tasks, no task read whole."""

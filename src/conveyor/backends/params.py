@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import TypeAlias
 
 from conveyor.errors import ConfigurationError
-from conveyor.model import LeaseToken, Message, Outcome, RetryPolicy, TaskState
+from conveyor.model import LeaseToken, Message, Outcome, RetryPolicy, TaskState, findable
 from conveyor.records import StoredSchedule
 
 
@@ -124,6 +124,26 @@ def check_after(batch: Sequence[NewTask]) -> None:
                     "a task can wait only for stored tasks and earlier tasks of its enqueue "
                     "(no cycles)"
                 )
+
+
+MAX_READ_IDS = 10_000
+"""The most task ids one batched read by ids takes (``Backend.edges``,
+``Inspector.summaries``): a caller with more reads them in chunks."""
+
+
+def read_ids(ids: Sequence[int]) -> list[int]:
+    """The ids a batched read by ids looks up: each once, in the order
+    given, those no task can have (0, negative, past the largest id) left
+    out, so that no store is handed a number it cannot take. Raises
+    ConfigurationError, before any I/O, for what is not a task id, or for
+    more than :data:`MAX_READ_IDS` ids (a caller reads more in chunks)."""
+    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+        raise ConfigurationError("ids must be a sequence of task ids")
+    if len(ids) > MAX_READ_IDS:
+        raise ConfigurationError(
+            f"at most {MAX_READ_IDS:,} ids per read, not {len(ids):,}: read them in chunks"
+        )
+    return [task_id for task_id in dict.fromkeys(ids) if findable(task_id)]
 
 
 @dataclass(frozen=True, slots=True)

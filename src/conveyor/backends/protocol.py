@@ -78,6 +78,7 @@ from conveyor.model import LeaseToken, Message, Pause, PauseKind, Task, TaskStat
 from conveyor.records import (
     CancelMany,
     DeleteMany,
+    DependencyEdge,
     DependencyRecord,
     PruneParams,
     PruneResult,
@@ -253,6 +254,18 @@ class Backend(Protocol):
     async def dependencies(self, task_id: int) -> list[DependencyRecord]:
         """The task's dependencies (its ``after``), in the order they were
         given; [] for a task without any, or not stored."""
+
+    async def edges(self, ids: Sequence[int]) -> list[DependencyEdge]:
+        """Every edge whose dependent or dependency is among ``ids``, each
+        once, by dependent then position, read in one round trip (PostgreSQL
+        and SQLite: one statement, off the edges' key and the index on the
+        task waited for; Redis: one script; memory: under its lock): what a
+        walk of a task's graph reads per level (:mod:`conveyor.graph`). An
+        id no task has gives nothing; the edges of a dependency that is no
+        longer stored are found from their dependents' side only. At most
+        :data:`~conveyor.backends.params.MAX_READ_IDS` ids per call (a
+        caller reads more in chunks); ConfigurationError beyond, or for
+        what is not a task id (see :func:`~conveyor.backends.params.read_ids`)."""
 
     async def count_unfinished(self, work: WorkFilter) -> int:
         """Due pending plus in-progress tasks matching ``work``."""

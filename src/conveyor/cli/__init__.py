@@ -1,7 +1,7 @@
 """The ``conveyor`` command: rich output for people, ``--json`` for scripts.
 
 Commands: ``migrate`` (``--sql`` to review first), ``worker``, ``enqueue``,
-``send``, ``tasks``, ``counts``, ``show``, ``explain``, ``workers``, ``cancel``,
+``send``, ``tasks``, ``counts``, ``show``, ``explain``, ``graph``, ``workers``, ``cancel``,
 ``retry`` (by id or by filter, ``--dry-run``), ``run-now``, ``delete``,
 ``pause``, ``resume``,
 ``pauses``, ``keys``, ``schedules``, ``prune``, ``health``, ``top``, ``exporter``,
@@ -28,6 +28,7 @@ from conveyor.cli.control import cancel, delete, enqueue, retry, run_now, send
 from conveyor.cli.dashboard import dashboard
 from conveyor.cli.exporter import exporter
 from conveyor.cli.flow import keys, pause, pauses, prune, resume, schedules
+from conveyor.cli.graph import graph
 from conveyor.cli.reads import counts, explain, health, show, tasks, workers
 from conveyor.cli.serve import demo, migrate, worker
 from conveyor.cli.top import top
@@ -43,6 +44,7 @@ for command in (migrate, worker, enqueue, send, tasks, counts, show, cancel, ret
     main.add_command(command)
 main.add_command(health)
 main.add_command(explain)
+main.add_command(graph)
 main.add_command(top)
 main.add_command(exporter)
 main.add_command(dashboard)

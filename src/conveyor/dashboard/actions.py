@@ -1,5 +1,6 @@
 """The dashboard's actions (POST): retry, cancel, run now and delete a
-task; pause and resume a queue; retry failed tasks in bulk.
+task; pause and resume a queue; retry failed tasks in bulk; cancel the
+tasks not ended of a task's graph, or retry its failed ones.
 
 Each reaches here only from the dashboard's own origin, signed in, with a
 bounded body (:mod:`conveyor.dashboard.guard`). It is refused with 403
@@ -17,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from conveyor.controls import CANCELLABLE
 from conveyor.dashboard.hosts import local_redirect
 from conveyor.dashboard.security import CSRF_FIELD, IDENTITY
 from conveyor.dashboard.state import dashboard_of
@@ -72,6 +74,40 @@ async def on_task(request: Request) -> Response:
         raise HTTPException(409, f"Task {task_id}: {exc}") from None
     target = request.url_for("task", task_id=task_id).include_query_params(
         notice=notice, task=str(task_id)
+    )
+    return local_redirect(target)
+
+
+GRAPH_ACTIONS = ("cancel", "retry-failed")
+"""The actions on a task's graph."""
+
+
+async def on_graph(request: Request) -> Response:
+    """``cancel`` every task not ended of a task's graph, or ``retry-failed``
+    its failed ones: the graph read again now (so the tasks acted on are
+    those of the graph as it is, at most
+    :data:`~conveyor.graph.DEFAULT_LIMIT`), then the bulk action among their
+    ids, :data:`MOST_SELECTED` a call, each batch reading each task's state
+    in the same write as the action."""
+    await checked_form(request)
+    client = dashboard_of(request).client
+    task_id: int = request.path_params["task_id"]
+    action = request.path_params["action"]
+    if action not in GRAPH_ACTIONS:
+        raise HTTPException(404, f"No action {action!r} on a graph: cancel or retry-failed.")
+    try:
+        graph = await client.graph_async(task_id)
+    except TaskNotFoundError:
+        raise HTTPException(404, f"No task has id {task_id}.") from None
+    if action == "cancel":
+        ids, act, notice = graph.ids(*CANCELLABLE), client.cancel_many_async, "graph_cancelled"
+    else:
+        ids, act, notice = graph.ids(TaskState.FAILED), client.retry_many_async, "graph_retried"
+    done: list[int] = []
+    for start in range(0, len(ids), MOST_SELECTED):
+        done += await act(ids=ids[start : start + MOST_SELECTED])
+    target = request.url_for("task_graph", task_id=task_id).include_query_params(
+        notice=notice, n=str(len(done))
     )
     return local_redirect(target)
 

@@ -143,6 +143,13 @@ def create_app(
         Route("/queues/resume", actions.resume, methods=["POST"], name="resume"),
         Route("/tasks", pages.tasks, name="tasks"),
         Route("/tasks/{task_id:int}", pages.task, name="task"),
+        Route("/tasks/{task_id:int}/graph", pages.task_graph, name="task_graph"),
+        Route(
+            "/tasks/{task_id:int}/graph/{action}",
+            actions.on_graph,
+            methods=["POST"],
+            name="graph_act",
+        ),
         Route("/tasks/{task_id:int}/{action}", actions.on_task, methods=["POST"], name="act"),
         Route("/failed", pages.failed, name="failed"),
         Route("/failed/retry", actions.retry_selected, methods=["POST"], name="retry_selected"),

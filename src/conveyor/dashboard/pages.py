@@ -12,10 +12,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from conveyor.dashboard import format
+from conveyor.controls import CANCELLABLE
+from conveyor.dashboard import drawing, format
 from conveyor.dashboard.hosts import local_redirect
 from conveyor.dashboard.state import dashboard_of
-from conveyor.errors import ConfigurationError
+from conveyor.errors import ConfigurationError, TaskNotFoundError
+from conveyor.graph import DEFAULT_LIMIT
 from conveyor.model import PauseKind, Task, TaskState, parse_task_id
 from conveyor.overview import Overview
 from conveyor.records import DependencyRecord, TaskFilter, TaskSummary
@@ -190,7 +192,8 @@ async def tasks(request: Request) -> Response:
 async def task(request: Request) -> Response:
     """One task: its payload, result, attempts, explanation, inbox, parent,
     (a coroutine's) newest children, and the tasks it depends on, counted by
-    state (the first ``DEPENDENCIES_SHOWN`` listed)."""
+    state (the first ``DEPENDENCIES_SHOWN`` listed), how many depend on it,
+    and a link to its graph when it has either."""
     dashboard = dashboard_of(request)
     task_id: int = request.path_params["task_id"]
     found = await dashboard.client.get_async(task_id)
@@ -206,6 +209,8 @@ async def task(request: Request) -> Response:
     dependencies: list[DependencyRecord] = []
     if found.waiting_for is not None:
         dependencies = await dashboard.client.dependencies_async(task_id)
+    edges = await dashboard.client.edges_async([task_id])
+    dependents = len({e.dependent for e in edges if e.dependency == task_id})
     by_state = Counter(d.state.value if d.state is not None else "deleted" for d in dependencies)
     now = await dashboard.client.now_async()
     return dashboard.render(
@@ -225,7 +230,37 @@ async def task(request: Request) -> Response:
             "dependencies": dependencies[:DEPENDENCIES_SHOWN],
             "dependency_count": len(dependencies),
             "dependency_states": sorted(by_state.items()),
+            "dependents": dependents,
             "actions": _actions(found),
+        },
+    )
+
+
+async def task_graph(request: Request) -> Response:
+    """The graph of dependencies around one task (at most
+    :data:`~conveyor.graph.DEFAULT_LIMIT` tasks read): its tasks counted by
+    state, and its drawing (:mod:`conveyor.dashboard.drawing`), with the
+    actions on its tasks not ended and its failed ones."""
+    dashboard = dashboard_of(request)
+    task_id: int = request.path_params["task_id"]
+    try:
+        found = await dashboard.client.graph_async(task_id)
+    except TaskNotFoundError:
+        raise HTTPException(
+            404, f"No task has id {task_id}: it never existed, or was deleted."
+        ) from None
+    now = await dashboard.client.now_async()
+    return dashboard.render(
+        request,
+        "task_graph.html",
+        {
+            "page": "tasks",
+            "now": now,
+            "graph": found,
+            "drawing": drawing.draw(found),
+            "limit": DEFAULT_LIMIT,
+            "not_ended": len(found.ids(*CANCELLABLE)),
+            "failed": len(found.ids(TaskState.FAILED)),
         },
     )
 

@@ -44,6 +44,9 @@ NOTICES = {
     "paused": "Queue {queue} is paused: workers start none of its tasks until it is resumed.",
     "resumed": "Queue {queue} is resumed.",
     "retried_many": "{count} failed task(s) are pending again.",
+    "graph_cancelled": "{count} task(s) of the graph are cancelled (a running one: its cancel "
+    "is requested).",
+    "graph_retried": "{count} failed task(s) of the graph are pending again.",
 }
 
 

@@ -60,6 +60,7 @@ from conveyor.records import (
     ActivityBucket,
     CancelMany,
     DeleteMany,
+    DependencyEdge,
     DependencyRecord,
     KeyInfo,
     Migration,
@@ -284,11 +285,17 @@ class MemoryBackend:
     async def dependencies(self, task_id: int) -> list[DependencyRecord]:
         return reads.dependencies(self._store, task_id)
 
+    async def edges(self, ids: Sequence[int]) -> list[DependencyEdge]:
+        return reads.edges(self._store, ids)
+
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         return reads.list_tasks(self._store, task_filter)
 
     async def list_summaries(self, task_filter: TaskFilter) -> list[TaskSummary]:
         return reads.list_summaries(self._store, task_filter)
+
+    async def summaries(self, ids: Sequence[int]) -> list[TaskSummary]:
+        return reads.summaries(self._store, ids)
 
     async def running_by_worker(self) -> dict[str, int]:
         return reads.running_by_worker(self._store)

@@ -12,11 +12,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from conveyor.backends.memory.rows import Row
-from conveyor.backends.params import WorkFilter
+from conveyor.backends.params import WorkFilter, read_ids
 from conveyor.backends.stored import activity_buckets, dependency_record
 from conveyor.model import Message, Task, TaskState
 from conveyor.records import (
     ActivityBucket,
+    DependencyEdge,
     DependencyRecord,
     QueueBacklog,
     TaskCount,
@@ -61,6 +62,26 @@ def dependencies(store: Store, task_id: int) -> list[DependencyRecord]:
         return records
 
 
+def edges(store: Store, ids: Sequence[int]) -> list[DependencyEdge]:
+    """Both sides of the edges of ``ids``, by dependent then position: each
+    id's own edges, and those to it off the reverse index (which a delete
+    of the task empties, as the stores' reads pass by the edges to a task
+    no longer stored)."""
+    wanted = read_ids(ids)
+    with store.lock:
+        found: set[tuple[int, int]] = set()
+        for task_id in wanted:
+            own = store.dependencies.edges.get(task_id, ())
+            found.update((task_id, position) for position in range(len(own)))
+            if task_id in store.tasks:
+                found.update(store.dependencies.dependents.get(task_id, ()))
+        shown = []
+        for dependent, position in sorted(found):
+            edge = store.dependencies.edges[dependent][position]
+            shown.append(DependencyEdge(dependent, position, edge.task_id, edge.settled))
+        return shown
+
+
 def list_tasks(store: Store, task_filter: TaskFilter) -> list[Task]:
     """Newest first, each filter optional, at most ``limit``; no attempt logs."""
     with store.lock:
@@ -75,6 +96,14 @@ def list_summaries(store: Store, task_filter: TaskFilter) -> list[TaskSummary]:
         return [
             _summary(r) for r in itertools.islice(_listed(store, task_filter), task_filter.limit)
         ]
+
+
+def summaries(store: Store, ids: Sequence[int]) -> list[TaskSummary]:
+    """The stored tasks among ``ids``, as summaries, highest id first."""
+    wanted = read_ids(ids)
+    with store.lock:
+        found = (store.tasks.get(task_id) for task_id in sorted(wanted, reverse=True))
+        return [_summary(r) for r in found if r is not None]
 
 
 def _listed(store: Store, task_filter: TaskFilter) -> Iterator[Row]:

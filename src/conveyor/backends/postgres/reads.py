@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from conveyor.backends.params import WorkFilter
+from conveyor.backends.params import WorkFilter, read_ids
 from conveyor.backends.postgres.pools import Pools
 from conveyor.backends.stored import (
     activity_buckets,
@@ -31,6 +31,7 @@ from conveyor.records import (
     ACTIVITY_SCAN,
     SUMMARY_ERROR_CHARS,
     ActivityBucket,
+    DependencyEdge,
     DependencyRecord,
     KeyInfo,
     QueueBacklog,
@@ -90,6 +91,17 @@ class Listings(Pools):
                 rows = await cursor.fetchall()
         return [summary_row(row) for row in rows]
 
+    async def summaries(self, ids: Sequence[int]) -> list[TaskSummary]:
+        """Each id off the primary key, then the columns and latest attempt
+        :meth:`list_summaries` reads."""
+        wanted = read_ids(ids)
+        if not wanted:
+            return []
+        rows = await self._fetchall(
+            "summaries", {"ids": wanted, "error_chars": SUMMARY_ERROR_CHARS}
+        )
+        return [summary_row(row) for row in rows]
+
     async def running_by_worker(self) -> dict[str, int]:
         """Counted off the lease index, which holds only running tasks."""
         rows = await self._fetchall("running_by_worker", {})
@@ -112,6 +124,14 @@ class Listings(Pools):
     async def dependencies(self, task_id: int) -> list[DependencyRecord]:
         rows = await self._fetchall("dependencies", {"id": task_id})
         return [dependency_record(int(r[0]), bool(r[1]), *r[2:]) for r in rows]
+
+    async def edges(self, ids: Sequence[int]) -> list[DependencyEdge]:
+        """One statement: both sides of the edges of ``ids``, off their indexes."""
+        wanted = read_ids(ids)
+        if not wanted:
+            return []
+        rows = await self._fetchall("edges", {"ids": wanted})
+        return [DependencyEdge(int(r[0]), int(r[1]), int(r[2]), bool(r[3])) for r in rows]
 
     async def count_tasks(self) -> list[TaskCount]:
         rows = await self._fetchall_scanning("count_tasks", {})

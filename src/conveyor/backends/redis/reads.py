@@ -19,7 +19,7 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from conveyor.backends.params import WorkFilter
+from conveyor.backends.params import WorkFilter, read_ids
 from conveyor.backends.redis import keys, rows
 from conveyor.backends.redis.flow import listed_keys
 from conveyor.backends.redis.store import RedisStore, translated
@@ -27,6 +27,7 @@ from conveyor.backends.stored import activity_buckets, check_bucket_seconds
 from conveyor.model import Attempt, Task, TaskState
 from conveyor.records import (
     ActivityBucket,
+    DependencyEdge,
     DependencyRecord,
     KeyInfo,
     QueueBacklog,
@@ -86,6 +87,31 @@ async def list_summaries(
     (LINDEX), pipelined. That row holds its traceback, as conveyor's worker
     cut it (32,000 characters at most)."""
     found = await _listed(client, prefix, task_filter, SUMMARY_FIELDS)
+    return await _summarized(client, prefix, found)
+
+
+async def summaries(client: aioredis.Redis, prefix: str, ids: Sequence[int]) -> list[TaskSummary]:
+    """The stored tasks among ``ids`` (checked, each once), as summaries,
+    highest id first: ``SUMMARY_FIELDS`` of each hash (HMGET, pipelined),
+    then the last rows of attempt logs as :func:`list_summaries` reads them."""
+    wanted = sorted(ids, reverse=True)
+    async with client.pipeline(transaction=False) as pipe:
+        for task_id in wanted:
+            pipe.hmget(keys.task(prefix, task_id), *SUMMARY_FIELDS)
+        hashes = await pipe.execute()
+    found = [
+        (task_id, _named(SUMMARY_FIELDS, stored))
+        for task_id, stored in zip(wanted, hashes, strict=True)
+    ]
+    return await _summarized(client, prefix, [(i, f) for i, f in found if f])
+
+
+async def _summarized(
+    client: aioredis.Redis, prefix: str, found: list[tuple[int, dict[str, str]]]
+) -> list[TaskSummary]:
+    """Summaries of tasks read with their ``SUMMARY_FIELDS``: the last row
+    of the attempt log of each one not running that did not succeed
+    (LINDEX, pipelined), then each summary."""
     ended = [task_id for task_id, fields in found if fields.get("state") in _MAY_HAVE_FAILED]
     last: dict[int, str | None] = {}
     if ended:
@@ -328,6 +354,16 @@ class Listings(RedisStore):
         found = await self._run("dependencies", [task_id])
         return [rows.dependency(row) for row in found]
 
+    async def edges(self, ids: Sequence[int]) -> list[DependencyEdge]:
+        """Both sides of the edges of ``ids``, read at one moment
+        (``edges.lua``: each id's after list and settled set, and its set of
+        edges to it, with each one's settled mark), sorted here."""
+        wanted = read_ids(ids)
+        if not wanted:
+            return []
+        found = await self._run("edges", [str(task_id) for task_id in wanted])
+        return sorted((rows.edge(row) for row in found), key=lambda e: (e.dependent, e.position))
+
     async def list_tasks(self, task_filter: TaskFilter) -> list[Task]:
         """Tasks newest first, filtered and paged as :class:`TaskFilter`
         says, without attempt logs: served by the per-state index when the
@@ -343,6 +379,16 @@ class Listings(RedisStore):
         payload or a result (see :func:`.list_summaries`)."""
         with translated():
             return await list_summaries(self._redis, self.prefix, task_filter)
+
+    async def summaries(self, ids: Sequence[int]) -> list[TaskSummary]:
+        """``SUMMARY_FIELDS`` of each id's hash, then the last row of the
+        attempt log of each one not running that did not succeed: two
+        pipelined round trips (see :func:`.summaries`)."""
+        wanted = read_ids(ids)
+        if not wanted:
+            return []
+        with translated():
+            return await summaries(self._redis, self.prefix, wanted)
 
     async def running_by_worker(self) -> dict[str, int]:
         """Running tasks by owner, off the index of running tasks (see

@@ -71,6 +71,7 @@ from conveyor.model import (
     TaskState,
 )
 from conveyor.records import (
+    DependencyEdge,
     DependencyRecord,
     PruneParams,
     TaskSummary,
@@ -499,6 +500,12 @@ def attempts(task_id: int, fields: Mapping[str, str], log: Sequence[str]) -> tup
     if f.unread:
         return tuple(ended)
     return (*ended, running)
+
+
+def edge(row: Sequence[str]) -> DependencyEdge:
+    """One edge as ``edges.lua`` returns it: the dependent's id, the
+    position, the dependency's id, ``1`` when settled."""
+    return DependencyEdge(int(row[0]), int(row[1]), int(row[2]), row[3] == "1")
 
 
 def dependency(row: Sequence[str]) -> DependencyRecord:

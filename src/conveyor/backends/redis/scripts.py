@@ -58,6 +58,7 @@ OPERATIONS = (
     "send",
     "count_unfinished",
     "dependencies",
+    "edges",
     "register_worker",
     "stop_worker",
     "pause",

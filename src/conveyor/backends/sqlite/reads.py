@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from conveyor.backends.params import WorkFilter
+from conveyor.backends.params import WorkFilter, read_ids
 from conveyor.backends.sqlite import rows
 from conveyor.backends.sqlite.database import Database
 from conveyor.backends.sqlite.statements import SQL, clock
@@ -30,6 +30,7 @@ from conveyor.records import (
     ACTIVITY_SCAN,
     SUMMARY_ERROR_CHARS,
     ActivityBucket,
+    DependencyEdge,
     DependencyRecord,
     KeyInfo,
     QueueBacklog,
@@ -48,9 +49,9 @@ def _summaries_statement(task_filter: TaskFilter) -> str:
 
 
 class Listings:
-    """``get_task``, ``dependencies``, ``count_unfinished``, ``next_due_at`` and
+    """``get_task``, ``dependencies``, ``edges``, ``count_unfinished``, ``next_due_at`` and
     ``store_clock`` (see :class:`~conveyor.backends.protocol.Backend`);
-    ``list_tasks``, ``list_summaries``, ``running_by_worker``,
+    ``list_tasks``, ``list_summaries``, ``summaries``, ``running_by_worker``,
     ``count_tasks``, ``list_keys``, ``key_holders``, ``queue_backlogs`` and
     ``activity`` (see :class:`~conveyor.backends.capabilities.Inspector`)."""
 
@@ -69,6 +70,16 @@ class Listings:
         args = {**filter_args(task_filter), "error_chars": SUMMARY_ERROR_CHARS}
         name = _summaries_statement(task_filter)
         found = await self._db.read(lambda conn: conn.execute(SQL[name], args).fetchall())
+        return [rows.summary(row) for row in found]
+
+    async def summaries(self, ids: Sequence[int]) -> list[TaskSummary]:
+        """Each id off the rowids, then the columns and latest attempt
+        :meth:`list_summaries` reads."""
+        wanted = read_ids(ids)
+        if not wanted:
+            return []
+        args = {"ids": json.dumps(wanted), "error_chars": SUMMARY_ERROR_CHARS}
+        found = await self._db.read(lambda conn: conn.execute(SQL["summaries"], args).fetchall())
         return [rows.summary(row) for row in found]
 
     async def running_by_worker(self) -> dict[str, int]:
@@ -96,6 +107,15 @@ class Listings:
             lambda conn: conn.execute(SQL["dependencies"], {"id": task_id}).fetchall()
         )
         return [dependency_record(row[0], bool(row[1]), *row[2:]) for row in found]
+
+    async def edges(self, ids: Sequence[int]) -> list[DependencyEdge]:
+        """One statement: both sides of the edges of ``ids``, off their indexes."""
+        wanted = read_ids(ids)
+        if not wanted:
+            return []
+        args = {"ids": json.dumps(wanted)}
+        found = await self._db.read(lambda conn: conn.execute(SQL["edges"], args).fetchall())
+        return [DependencyEdge(int(r[0]), int(r[1]), int(r[2]), bool(r[3])) for r in found]
 
     async def count_tasks(self) -> list[TaskCount]:
         found = await self._db.read(lambda conn: conn.execute(SQL["count_tasks"]).fetchall())

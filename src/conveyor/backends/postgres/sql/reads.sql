@@ -39,6 +39,22 @@ left join lateral (
 where e.task_id = %(id)s::bigint
 order by e.position;
 
+-- name: edges
+-- Every edge whose dependent or dependency is among %(ids)s, each once, by
+-- dependent then position: the dependents' side off the edges' primary key,
+-- the dependencies' side off dependencies_depends_on. An edge to a task no
+-- longer stored (depends_on has no foreign key) is found from its
+-- dependent's side only, as the stores without such rows find it.
+select e.task_id, e.position, e.depends_on, e.settled
+from {schema}.dependencies e
+where e.task_id = any(%(ids)s::bigint[])
+union
+select e.task_id, e.position, e.depends_on, e.settled
+from {schema}.dependencies e
+where e.depends_on = any(%(ids)s::bigint[])
+  and exists (select 1 from {schema}.tasks t where t.id = e.depends_on)
+order by 1, 2;
+
 -- name: get_attempts
 -- The ended attempts (attempt_log), and the running one, which its task row
 -- holds.
@@ -161,6 +177,14 @@ with page as materialized (
       and {part_summary_filter}
     order by id desc
     limit %(limit)s::integer
+)
+{part_summarized};
+
+-- name: summaries
+-- The stored tasks among %(ids)s, as summaries, highest id first: each id
+-- off the primary key.
+with page as materialized (
+    select id from {schema}.tasks where id = any(%(ids)s::bigint[])
 )
 {part_summarized};
 

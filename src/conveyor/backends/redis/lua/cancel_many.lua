@@ -7,9 +7,12 @@
 local now = clock(ARGV[1])
 local cancelled = {}
 for _, task in ipairs(selection_args(ARGV, 2)) do
-  local id, state = task[1], task[2]
-  -- A child cancelled with its parent earlier in this batch counts too.
-  if redis.call('HGET', key_task(id), 'state') ~= state or cancel_task(id, now) then
+  local id = task[1]
+  -- A task that a cancel earlier in this batch moved is judged as it is now:
+  -- one it cancelled (a child with its parent, a dependent by its policy)
+  -- counts too; one it made pending (a dependent under `run` whose last
+  -- dependency that was) is cancelled as well.
+  if redis.call('HGET', key_task(id), 'state') == 'cancelled' or cancel_task(id, now) then
     cancelled[#cancelled + 1] = id
   end
 end

@@ -28,6 +28,22 @@ left join conveyor_attempts a on a.task_id = e.task_id and a.number = (
 where e.dependent_id = :id
 order by e.position;
 
+-- name: edges
+-- Every edge whose dependent or dependency is among :ids (a JSON array),
+-- each once, by dependent then position: the dependents' side off the
+-- edges' primary key, the dependencies' side off conveyor_dependencies_task.
+-- An edge to a task no longer stored (task_id has no foreign key) is found
+-- from its dependent's side only, as the stores without such rows find it.
+select e.dependent_id, e.position, e.task_id, e.settled_at is not null
+from conveyor_dependencies e
+where e.dependent_id in (select value from json_each(:ids))
+union
+select e.dependent_id, e.position, e.task_id, e.settled_at is not null
+from conveyor_dependencies e
+where e.task_id in (select value from json_each(:ids))
+  and exists (select 1 from conveyor_tasks t where t.id = e.task_id)
+order by 1, 2;
+
 -- name: get_attempts
 select task_id, number, worker_id, outcome, started_at, finished_at, error_type,
        error_message, traceback, step
@@ -118,6 +134,14 @@ with page as materialized (
       and {part_summary_filter}
     order by id desc
     limit :limit
+)
+{part_summarized};
+
+-- name: summaries
+-- The stored tasks among :ids (a JSON array), as summaries, highest id
+-- first: each id off the rowids.
+with page as materialized (
+    select id from conveyor_tasks where id in (select value from json_each(:ids))
 )
 {part_summarized};
 
