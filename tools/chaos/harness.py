@@ -103,7 +103,7 @@ loaded 2-core machine) before the harness records it as hung."""
 class Profile:
     """How big and how long a run is."""
 
-    tasks: int = 2000
+    tasks: int = 1200
     workers: int = 4
     concurrency: int = 4
     lease: float = 2.0
@@ -114,7 +114,7 @@ class Profile:
     min_sleep_ms: int = 20
     max_sleep_ms: int = 200
     long_every: int = 50
-    flows: int = 100
+    flows: int = 60
     hops: int = 3
     gathers: int = 20
     children: int = 5
