@@ -25,7 +25,12 @@ if [ "$#" -gt 0 ]; then
     echo "== pytest";   python3 -m pytest "$@"
 else
     echo "== pytest (two processes)"
-    python3 -m pytest -n 2 -p no:benchmark --ignore=tests/chaos
+    python3 -m pytest -n 2 -p no:benchmark --ignore=tests/chaos \
+        --ignore=tests/conformance/test_state_machine.py
+    # The state machines on their own: their derandomized draws were seen to
+    # differ when they ran among the rest of the suite.
+    echo "== pytest (state machines)"
+    python3 -m pytest -p no:benchmark tests/conformance/test_state_machine.py
     echo "== pytest (chaos smoke)"
     python3 -m pytest tests/chaos
 fi

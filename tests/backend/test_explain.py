@@ -257,9 +257,11 @@ async def _generic_plan(
             )
             row = await cursor.fetchone()
         finally:
+            # Before the rollback: psycopg answers a ROLLBACK on a connection
+            # holding statements it prepared itself with DEALLOCATE ALL.
+            await conn.execute("deallocate probe")
             if setting:
                 await conn.execute("rollback")
-            await conn.execute("deallocate probe")
             await conn.execute("reset plan_cache_mode")
     assert row is not None
     document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
