@@ -6,11 +6,17 @@ cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 # The dashboard's browser tests drive a system Chromium through Playwright
 # (whose own browser download needs the internet): Debian's, where apt can
-# install it. Without it those tests are skipped, and the rest runs.
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
-        || echo "warning: could not install chromium: the dashboard's browser tests will skip"
+# install it. Without it those tests are skipped, and the rest runs. The
+# suites' PgBouncer cases start Debian's pgbouncer themselves: here it must
+# be there (CONVEYOR_REQUIRE_PGBOUNCER turns their skip into a failure).
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
+if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; } \
+        || echo "warning: could not install ${missing[*]}: their tests will skip or fail"
 fi
+export CONVEYOR_REQUIRE_PGBOUNCER=1
 bash scripts/services.sh
 
 echo "== ruff";         python3 -m ruff check src tests benchmarks examples tools

@@ -4,6 +4,7 @@ fresh key prefix per test, its keys deleted after)."""
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import uuid
@@ -17,6 +18,7 @@ import pytest
 import conveyor
 from conveyor.backends.postgres import PostgresBackend
 from tests.cli_harness import Cli
+from tools import bouncer as pgbouncer
 from tools.proxy import Proxy
 
 PG_URL = os.environ.get("CONVEYOR_TEST_URL", "postgresql://127.0.0.1:5432/test")
@@ -51,18 +53,40 @@ def drop_schema(name: str) -> None:
 
 
 BACKENDS = ["postgres", "sqlite", "memory"]
-APP_BACKENDS = [*BACKENDS, "redis"]
-"""Every backend: what ``any_app`` runs on."""
+APP_BACKENDS = [*BACKENDS, "redis", "pgbouncer"]
+"""Every backend: what ``any_app`` runs on (PostgreSQL twice: directly, and
+through PgBouncer in transaction mode)."""
 CONFORMANCE_BACKENDS = [*APP_BACKENDS, "redis-scripts"]
 """What the conformance suite runs on: every backend, and Redis once more
 with its operations run as scripts rather than functions."""
+POSTGRES_KINDS = frozenset({"postgres", "pgbouncer"})
+
+_bouncer: pgbouncer.Bouncer | None = None
+
+
+def bouncer_url() -> str:
+    """The URL of this test process's PgBouncer in transaction mode (with
+    conveyor's ``pool_mode`` and ``listen``), started at the first call and
+    stopped when the process ends. Without a ``pgbouncer`` executable the
+    test is skipped, unless ``CONVEYOR_REQUIRE_PGBOUNCER`` is set (CI)."""
+    global _bouncer
+    if _bouncer is None:
+        if not pgbouncer.available():
+            if os.environ.get("CONVEYOR_REQUIRE_PGBOUNCER"):
+                pytest.fail("pgbouncer is not installed (CONVEYOR_REQUIRE_PGBOUNCER is set)")
+            pytest.skip("pgbouncer is not installed")
+        instance = pgbouncer.Bouncer(PG_URL)
+        instance.start()
+        atexit.register(instance.close)
+        _bouncer = instance
+    return _bouncer.url
 
 
 def schema_for(kind: str, request: pytest.FixtureRequest) -> str:
     """The test's ``schema`` (dropped after it) for a PostgreSQL store; for a
     SQLite or memory store, which ignore it, a fresh name nothing creates, so
     those cases never connect to PostgreSQL."""
-    if kind == "postgres":
+    if kind in POSTGRES_KINDS:
         return str(request.getfixturevalue("schema"))
     return new_schema_name()
 
@@ -76,6 +100,8 @@ def backend_url(kind: str, schema: str, tmp_path: Path) -> tuple[str, dict[str, 
         return REDIS_URL, {"schema": schema, "functions": False}
     if kind == "postgres":
         return PG_URL, {"schema": schema}
+    if kind == "pgbouncer":
+        return bouncer_url(), {"schema": schema}
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'conveyor.db'}", {}
     return f"memory://{uuid.uuid4().hex}", {}

@@ -1,4 +1,5 @@
-"""The dashboard on a seeded store of each kind (memory, SQLite, PostgreSQL, Redis),
+"""The dashboard on a seeded store of each kind (memory, SQLite, PostgreSQL directly
+and through PgBouncer in transaction mode, Redis),
 driven by Starlette's TestClient."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ HOSTS = ["testserver"]
 """The host name of Starlette's TestClient, for a dashboard with no auth hook."""
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "redis", "pgbouncer"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[conveyor.App, Seeded]]:
     """An App on a fresh store of each kind, with a task in every state."""
     url, options = backend_url(request.param, schema_for(request.param, request), tmp_path)

@@ -16,6 +16,7 @@ capabilities and the wake-ups (:mod:`.listen`, :mod:`.turns`).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import psycopg
@@ -37,10 +38,16 @@ from conveyor.backends.postgres.workers import Workers
 from conveyor.backends.protocol import Capability
 from conveyor.backends.refusals import one_line
 from conveyor.backends.sweep import DEFAULT_SWEEP_INTERVAL, Sweep
-from conveyor.errors import BackendUnavailableError
+from conveyor.errors import BackendUnavailableError, ConfigurationError
 from conveyor.redaction import redact_message, redact_url
 
 __all__ = ["DEFAULT_POOL_SIZE", "DEFAULT_SCHEMA", "PostgresBackend"]
+
+log = logging.getLogger("conveyor.postgres")
+
+LISTENING = frozenset({Capability.NOTIFICATIONS, Capability.TURNS, Capability.HANDOFF})
+"""What needs a session of its own (LISTEN, a session advisory lock): not
+declared by a backend in transaction pooling with no ``listen`` address."""
 
 
 class PostgresBackend(
@@ -61,7 +68,12 @@ class PostgresBackend(
     refuses a schema that is missing or behind (StoreNotReadyError), None
     only connects. Either check is one read of the migrations table; DDL
     runs only for a pending migration, so a role with the grants of
-    docs/operations.md and no DDL right opens a current schema."""
+    docs/operations.md and no DDL right opens a current schema.
+
+    The URL's ``pool_mode`` and ``listen`` (:mod:`.urls`) say whether it goes
+    through a pooler in transaction mode and where wake-ups are heard; with
+    no place to listen, the backend declares neither notifications, turns
+    nor hand-offs, and its workers poll."""
 
     capabilities = frozenset(
         {
@@ -85,6 +97,8 @@ class PostgresBackend(
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
     ) -> None:
         super().__init__(url, schema=schema, pool_size=pool_size)
+        if self.target.listen_url is None:
+            self.capabilities = self.capabilities - LISTENING
         self._auto_migrate = migrate
         self._sweep = Sweep(sweep_interval)
         self._keyed_first = False
@@ -109,7 +123,10 @@ class PostgresBackend(
         # pool would retry quietly until its timeout).
         try:
             probe = await AsyncConnection.connect(
-                self.url, autocommit=True, connect_timeout=self._connect_timeout
+                self.target.url,
+                autocommit=True,
+                connect_timeout=self._connect_timeout,
+                prepare_threshold=None,
             )
         except psycopg.Error as exc:
             raise self._unreachable(exc) from exc
@@ -123,9 +140,11 @@ class PostgresBackend(
                 raise self._unreachable(exc) from exc
             raise
         self._pool = pool
-        if self._auto_migrate is None:
-            return
         try:
+            if self.target.transaction_pooling:
+                await self._check_settings()
+            if self._auto_migrate is None:
+                return
             if self._auto_migrate:
                 await self.migrate()
             else:
@@ -133,6 +152,18 @@ class PostgresBackend(
         except BaseException:
             await self.close()
             raise
+
+    async def _check_settings(self) -> None:
+        """Warn, through a pooler in transaction mode, of each setting of
+        conveyor's sessions that the server's side does not give."""
+        missing = await self.missing_settings()
+        if missing:
+            log.warning(
+                "through a pooler in transaction mode conveyor sets nothing on a session, "
+                "and the server's sessions lack: %s (set them in the pooler's connect_query "
+                "or with ALTER ROLE ... SET; see docs/scaling.md)",
+                ", ".join(missing),
+            )
 
     def _unreachable(self, exc: BaseException) -> BackendUnavailableError:
         reason = redact_message(one_line(str(exc)), self.url)
@@ -148,10 +179,19 @@ class PostgresBackend(
         if sync_pool is not None:
             await asyncio.to_thread(sync_pool.close)
 
+    def _listen_url(self) -> str:
+        if self.target.listen_url is None:
+            raise ConfigurationError(
+                "this URL goes through a pooler in transaction mode with no listen address: "
+                "add listen=HOST:PORT to listen past it"
+            )
+        return self.target.listen_url
+
     def turn_lock(self, kind: str) -> turns.PostgresTurnLock:
-        """The wake-up turn of the workers of ``kind`` (see :mod:`.turns`)."""
+        """The wake-up turn of the workers of ``kind`` (see :mod:`.turns`),
+        on the listen address."""
         return turns.PostgresTurnLock(
-            self.url, self.sql["turn_take"], self.sql["turn_give"], turns.kind_key(kind)
+            self._listen_url(), self.sql["turn_take"], self.sql["turn_give"], turns.kind_key(kind)
         )
 
     def wakeups(
@@ -161,4 +201,4 @@ class PostgresBackend(
         the cancel channel, hand-offs to ``handoffs_for`` from its own (see
         :mod:`.listen`)."""
         cancels = statements.cancel_channel(self.schema)
-        return listen.wakeups(self.url, self.channel, cancels, queues, handoffs_for)
+        return listen.wakeups(self._listen_url(), self.channel, cancels, queues, handoffs_for)

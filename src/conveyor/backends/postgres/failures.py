@@ -24,6 +24,11 @@ limit), syntax or access (42), a trigger's ``raise exception`` (P0001) and
 internal errors (XX); and psycopg's own refusals without a SQLSTATE (a
 value it cannot send or read).
 
+A refusal of psycopg's own prepared statements (``_pg3_N`` already
+exists, or does not) is the mark of a pooler in transaction mode that
+conveyor was not told of: its message says to add ``pool_mode=transaction``
+to the URL.
+
 The message is one line: the primary message, the constraint or column if
 the server named one, and the SQLSTATE; never the ``DETAIL`` (PostgreSQL
 puts the whole failing row there) nor the ``CONTEXT`` (a trigger's SQL).
@@ -45,6 +50,12 @@ UNAVAILABLE_STATES = frozenset(
 """Single SQLSTATEs of a store that cannot serve now."""
 ROLLED_BACK = frozenset({"40001", "40P01"})
 """Serialization failure and deadlock: the transaction was rolled back."""
+PREPARED = frozenset({"42P05", "26000"})
+"""A prepared statement that already exists, or does not."""
+POOLER_HINT = (
+    "; the URL may go through a pooler in transaction mode (PgBouncer's"
+    " pool_mode = transaction): add pool_mode=transaction to it (docs/scaling.md)"
+)
 
 
 def unavailable(exc: BaseException) -> bool:
@@ -73,7 +84,8 @@ def translated(exc: BaseException) -> BackendError:
     if unavailable(exc):
         return BackendUnavailableError(f"PostgreSQL is unavailable: {one_line(str(exc))}")
     if isinstance(exc, psycopg.Error) and exc.sqlstate is not None:
-        return BackendError(f"PostgreSQL refused the statement: {refusal(exc)}")
+        hint = POOLER_HINT if exc.sqlstate in PREPARED and "_pg3_" in str(exc) else ""
+        return BackendError(f"PostgreSQL refused the statement: {refusal(exc)}{hint}")
     if isinstance(exc, psycopg.errors.PipelineAborted):
         return BackendError("PostgreSQL refused a statement of the batch")
     return BackendError(f"PostgreSQL cannot take or read a value: {one_line(str(exc))}")

@@ -7,6 +7,14 @@ use, serves thread handlers' attempt transactions. Every connection reads
 timestamps with conveyor's bounded loaders (:mod:`.loaders`) and runs with
 the settings of :data:`SESSION`. psycopg's errors on a connection of
 :meth:`Pools._connection` come out as conveyor's (:mod:`.failures`).
+
+Through a pooler in transaction mode (``pool_mode=transaction``, see
+:mod:`.urls`) a connection's session is not conveyor's: it sets nothing
+on it and prepares nothing (psycopg's ``prepare_threshold`` is None, and
+claims are planned at each call). The settings of :data:`SESSION` then
+come from the server's side, where the operator puts them (PgBouncer's
+``connect_query``, or ``ALTER ROLE ... SET``): :meth:`Pools.missing_settings`
+names those a server session lacks, and the backend warns at open.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from conveyor.backends.postgres import failures, statements
 from conveyor.backends.postgres.loaders import ADAPTERS
-from conveyor.backends.postgres.urls import connect_timeout
+from conveyor.backends.postgres.urls import connect_timeout, target
 from conveyor.errors import BackendError, ConfigurationError
 
 DEFAULT_SCHEMA = "conveyor"
@@ -61,6 +69,13 @@ SCANNING = "set local enable_seqscan to default"
 """For a statement that reads (nearly) every task (see _fetchall_scanning)."""
 SESSION = "; ".join((READ_COMMITTED, BOUND_IDLE_TRANSACTIONS, NO_JIT, NO_SEQSCAN))
 """Every setting of a conveyor connection, in one round trip."""
+SETTINGS = {
+    "default_transaction_isolation": "read committed",
+    "idle_in_transaction_session_timeout": "1s",
+    "jit": "off",
+    "enable_seqscan": "off",
+}
+"""The settings of :data:`SESSION` by name, as ``SHOW`` prints them."""
 SYNC_SESSION = "; ".join((READ_COMMITTED, NO_JIT, NO_SEQSCAN))
 # Claims run on connections of their own, each statement planned once per
 # connection: see Attempts.claim.
@@ -101,7 +116,8 @@ class Pools:
         pool_size: int = DEFAULT_POOL_SIZE,
     ) -> None:
         self.url = url
-        self._connect_timeout = connect_timeout(url)
+        self.target = target(url)
+        self._connect_timeout = connect_timeout(self.target.url)
         self.schema = statements.validate_schema(schema)
         self.sql: Mapping[str, bytes] = statements.load(self.schema)
         self.channel = statements.channel(self.schema)
@@ -122,13 +138,30 @@ class Pools:
         return self._pool
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
-        await conn.execute(SESSION)
+        if not self.target.transaction_pooling:
+            await conn.execute(SESSION)
         self._connections.add(conn)
 
     async def _configure_claims(self, conn: AsyncConnection[Any]) -> None:
         await self._configure(conn)
-        await conn.execute(CLAIM_PLANS)
-        conn.prepare_threshold = 0  # prepared at once: the plan is kept from the first claim
+        if not self.target.transaction_pooling:
+            await conn.execute(CLAIM_PLANS)
+            conn.prepare_threshold = 0  # prepared at once: the plan is kept from the first claim
+
+    async def missing_settings(self) -> list[str]:
+        """The settings of :data:`SESSION` that a session of the main pool
+        does not have, as ``name = value`` (wanted): through a pooler in
+        transaction mode, those the server's side does not set."""
+        names = list(SETTINGS)
+        query = "select " + ", ".join(f"current_setting('{name}')" for name in names)
+        async with self._connection() as conn:
+            cursor = await conn.execute(query)
+            found = await cursor.fetchone()
+        return [
+            f"{name} = {SETTINGS[name]}"
+            for name, value in zip(names, found or (), strict=False)
+            if str(value).lower() != SETTINGS[name]
+        ]
 
     async def claim_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         """The claims' own pool, opened at the first claim (a backend that only
@@ -153,11 +186,11 @@ class Pools:
         with self._sync_lock:
             if self._sync_pool is None:
                 pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-                    self.url,
+                    self.target.url,
                     min_size=0,
                     max_size=self._pool_size,
                     kwargs=self._connection_options(),
-                    configure=_configure_sync,
+                    configure=None if self.target.transaction_pooling else _configure_sync,
                     open=False,
                     name=f"conveyor-{self.schema}-sync",
                 )
@@ -167,12 +200,16 @@ class Pools:
 
     def _connection_options(self) -> dict[str, Any]:
         """Every pooled connection's: autocommit, conveyor's adapters, the
-        URL's connect timeout."""
-        return {
+        URL's connect timeout; and, through a pooler in transaction mode, no
+        prepared statements."""
+        options: dict[str, Any] = {
             "autocommit": True,
             "context": ADAPTERS,
             "connect_timeout": self._connect_timeout,
         }
+        if self.target.transaction_pooling:
+            options["prepare_threshold"] = None
+        return options
 
     def _async_pool(
         self,
@@ -182,7 +219,7 @@ class Pools:
     ) -> AsyncConnectionPool[AsyncConnection[Any]]:
         """An unopened pool of autocommit connections, up to ``pool_size``."""
         return AsyncConnectionPool(
-            self.url,
+            self.target.url,
             min_size=min_size,
             max_size=self._pool_size,
             kwargs=self._connection_options(),
