@@ -21,6 +21,15 @@ each way), wake-up turns on and off (``--turns``) and hand-offs on and off
 3. **drain**: enqueue ``--drain-tasks`` at once; the rate is by the database
    clock, from their enqueue to the last one's end.
 
+4. with ``--bouncer N``, the fleet connects through a PgBouncer in
+   transaction mode (``tools/bouncer.py``) of N server connections, with
+   ``pool_mode=transaction`` and, with ``--listen on``, ``listen`` naming
+   the server (LISTEN and turns past it); with ``--listen off`` the workers
+   poll only (every ``--poll-interval``). **server conns** is the most
+   sessions of the database seen while the fleet was idle (every client's,
+   the benchmark's own included), **db cpu/worker** the server's CPU time
+   (every ``postgres`` process) over 10 idle seconds, per idle worker.
+
 The benchmark's own connections use the unix socket, never the proxy.
 ``rtt`` is a ``select 1`` round trip through the proxy, measured (the
 proxy's event loop rounds a delay up to about a millisecond).
@@ -28,6 +37,8 @@ proxy's event loop rounds a delay up to about a millisecond).
     python benchmarks/fleet.py
     python benchmarks/fleet.py --workers 1,16 --delays 0,0.5,1,2 --turns on,off --json
     python benchmarks/fleet.py --workers 16 --turns on --handoffs on,off
+    python benchmarks/fleet.py --workers 200 --concurrency 2 --bouncer 20 --listen off \
+        --poll-interval 1 --turns off --handoffs off
 
 Every run checks that each task succeeded once.
 """
@@ -64,7 +75,8 @@ from benchmarks.throughput import drop_schema, log  # noqa: E402
 
 TCP_URL = "postgresql://127.0.0.1:5432/test"
 SOCKET_URL = "postgresql:///test?host=/var/run/postgresql"
-READY_TIMEOUT = 60.0
+READY_TIMEOUT = 600.0
+IDLE_WINDOW = 10.0
 COUNTS = re.compile(
     r"worker (\S+) \(\w+, \d+ running; (\d+) claims returned, (\d+) tasks started, "
     r"(\d+) of them handed off"
@@ -95,6 +107,8 @@ class FleetResult:
     start_p99_ms: float
     drain_tasks: int
     drain_per_second: float
+    server_conns: int
+    db_cpu_ms_per_worker_s: float
     ok: bool
 
 
@@ -232,6 +246,36 @@ async def wait_count(
         await asyncio.sleep(0.05)
 
 
+def postgres_cpu_seconds() -> float:
+    """CPU time (user and system) of every ``postgres`` process now running."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if name.startswith("postgres"):
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+@contextlib.contextmanager
+def through_bouncer(url: str, pool_size: int, listen: bool) -> Iterator[str]:
+    """``url``, or (``pool_size`` > 0) a PgBouncer's in front of it."""
+    if pool_size <= 0:
+        yield url
+        return
+    from tools.bouncer import Bouncer
+
+    with Bouncer(url, pool_size=pool_size, max_client_conn=10_000) as bouncer:
+        yield bouncer.url if listen else bouncer.url.partition("&listen=")[0]
+
+
 async def run_case(
     args: argparse.Namespace, workers: int, delay_ms: float, turns: bool, handoffs: bool
 ) -> FleetResult:
@@ -244,8 +288,11 @@ async def run_case(
         f"hand-offs {'on' if handoffs else 'off'}]"
     )
     try:
-        with delay_proxy(delay_ms) as url:
-            rtt = round_trip_ms(url)
+        with (
+            delay_proxy(delay_ms) as direct,
+            through_bouncer(direct, args.bouncer, args.listen == "on") as url,
+        ):
+            rtt = round_trip_ms(direct)
             fleet = Fleet(case, url, schema, turns, handoffs)
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -258,10 +305,25 @@ async def run_case(
                     listening = sql.SQL(
                         "select count(*) from pg_stat_activity where query like {}"
                     ).format(sql.Literal(f'listen "conveyor_{schema}"%'))
+                    if args.bouncer > 0 and args.listen == "off":
+                        listening = sql.SQL("select count(*) from {}").format(
+                            sql.Identifier(schema, "workers")
+                        )
                     await wait_count(conn, listening, workers, fleet)
                     await app.enqueue_async(TASK_NAME, {"i": -1})  # warm-up
                     await wait_count(conn, done, 1, fleet)
                     await asyncio.sleep(args.settle)
+                    sessions = sql.SQL(
+                        "select count(*) from pg_stat_activity"
+                        " where backend_type = 'client backend'"
+                    )
+                    cpu_before, idle_start = postgres_cpu_seconds(), time.monotonic()
+                    server_conns = 0
+                    while time.monotonic() - idle_start < IDLE_WINDOW:
+                        server_conns = max(server_conns, int(await scalar(conn, sessions)))
+                        await asyncio.sleep(0.5)
+                    idle_cpu = postgres_cpu_seconds() - cpu_before
+                    idle_seconds = time.monotonic() - idle_start
                     claims_before, handed_before = await fleet.counts()
                     total = max(1, round(args.rate * args.duration))
                     log(f"{label} {total} tasks at {args.rate:g}/s")
@@ -313,6 +375,8 @@ async def run_case(
         start_p99_ms=1000 * p99,
         drain_tasks=args.drain_tasks,
         drain_per_second=args.drain_tasks / seconds,
+        server_conns=server_conns,
+        db_cpu_ms_per_worker_s=1000 * idle_cpu / idle_seconds / workers,
         ok=attempts == drained,
     )
 
@@ -325,15 +389,17 @@ def quantile(ordered: Sequence[float], q: float) -> float:
 def table(results: Sequence[FleetResult]) -> str:
     lines = [
         "| workers | delay ms | rtt ms | turns | hand-offs | claims/task | handed off "
-        "| start p50 ms | start p99 ms | drain tasks/s | check |",
-        "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---|",
+        "| start p50 ms | start p99 ms | drain tasks/s | server conns | db cpu ms/worker/s "
+        "| check |",
+        "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.workers} | {r.delay_ms:g} | {r.rtt_ms:.2f} | {'on' if r.turns else 'off'} "
             f"| {'on' if r.handoffs else 'off'} | {r.claims_per_task:.2f} "
             f"| {r.handed_off}/{r.tasks} | {r.start_p50_ms:.1f} | {r.start_p99_ms:.1f} "
-            f"| {r.drain_per_second:,.0f} | {'ok' if r.ok else 'FAILED'} |"
+            f"| {r.drain_per_second:,.0f} | {r.server_conns} | {r.db_cpu_ms_per_worker_s:.3f} "
+            f"| {'ok' if r.ok else 'FAILED'} |"
         )
     return "\n".join(lines)
 
@@ -354,6 +420,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--drain-tasks", type=int, default=10_000)
     parser.add_argument("--settle", type=float, default=1.5, help="seconds idle before counting")
+    parser.add_argument("--bouncer", type=int, default=0, help="PgBouncer server connections")
+    parser.add_argument("--listen", choices=("on", "off"), default="on")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = []
