@@ -26,8 +26,9 @@ each way), wake-up turns on and off (``--turns``) and hand-offs on and off
    ``pool_mode=transaction`` and, with ``--listen on``, ``listen`` naming
    the server (LISTEN and turns past it); with ``--listen off`` the workers
    poll only (every ``--poll-interval``). **server conns** is the most
-   sessions of the database seen while the fleet was idle (every client's,
-   the benchmark's own included), **db cpu/worker** the server's CPU time
+   sessions of the database the fleet used while it was idle (found
+   by their ``application_name``: direct, and a bouncer's, which takes the
+   name of its clients), **db cpu/worker** the server's CPU time
    (every ``postgres`` process) over 10 idle seconds, per idle worker.
 
 The benchmark's own connections use the unix socket, never the proxy.
@@ -162,6 +163,7 @@ class Fleet:
             **os.environ,
             "CONVEYOR_URL": url,
             "CONVEYOR_SCHEMA": schema,
+            "PGAPPNAME": f"fleet-{schema}",
             STAMP_ENV: str(self.dir / "stamps"),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
@@ -314,9 +316,8 @@ async def run_case(
                     await wait_count(conn, done, 1, fleet)
                     await asyncio.sleep(args.settle)
                     sessions = sql.SQL(
-                        "select count(*) from pg_stat_activity"
-                        " where backend_type = 'client backend'"
-                    )
+                        "select count(*) from pg_stat_activity where application_name = {}"
+                    ).format(sql.Literal(f"fleet-{schema}"))
                     cpu_before, idle_start = postgres_cpu_seconds(), time.monotonic()
                     server_conns = 0
                     while time.monotonic() - idle_start < IDLE_WINDOW:

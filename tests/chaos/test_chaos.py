@@ -46,7 +46,7 @@ def _store(backend: str, tmp_path: Path) -> tuple[str, str | None, RedisServer |
 
 
 DEFAULT = {
-    "postgres": {"kill", "stop", "net", "restart"},
+    "postgres": {"kill", "stop", "net", "restart", "bouncer"},
     "sqlite": {"kill", "stop", "gil"},
     "redis": {"kill", "stop", "net", "restart"},
 }
@@ -125,6 +125,9 @@ async def test_smoke(backend: str, scenario: str, tmp_path: Path) -> None:
         assert report.stale_writes_rejected > 0
     if scenario == "restart":
         restarts = (tmp_path / "run" / "database.jsonl").read_text().count('"restart"')
+        assert restarts >= 1
+    if scenario == "bouncer":
+        restarts = (tmp_path / "run" / "bouncer.jsonl").read_text().count('"restart"')
         assert restarts >= 1
     if scenario == "gil":
         # A thread handler holding the GIL for three leases freezes its worker:

@@ -30,7 +30,9 @@ packet for twice the lease; PostgreSQL and Redis), ``restart`` (PostgreSQL:
 the local cluster's immediate shutdown, which kills every server process
 without a checkpoint, and a start with crash recovery; Redis: the run's own
 server, with ``appendfsync always``, SIGKILLed and started again on its
-files), ``gil`` (no signal: the
+files), ``bouncer`` (PostgreSQL: the workers connect through a PgBouncer
+in transaction mode, ``pool_mode=transaction``, listening past it, and the
+bouncer is restarted, cutting every connection through it), ``gil`` (no signal: the
 workload gains handlers that hold the GIL for three leases, in a thread in
 their first attempt, which freezes their worker and costs its leases, and
 in a process executor, which must keep its lease).
@@ -69,6 +71,7 @@ from urllib.parse import urlsplit
 from conveyor import App, Task, TaskState, chord
 from conveyor.errors import BackendUnavailableError, TaskFinishedError
 from conveyor.worker.config import DEFAULT_STOP_TIMEOUT
+from tools.bouncer import Bouncer
 from tools.chaos.app import (
     CPU_PROCESS_NAME,
     CPU_THREAD_NAME,
@@ -168,6 +171,8 @@ class Workers:
         """The local PostgreSQL cluster (version, name) a scenario restarts."""
         self.redis: RedisServer | None = None
         """The run's own Redis server, which a scenario restarts."""
+        self.bouncer: Bouncer | None = None
+        """The PgBouncer the workers go through, which a scenario restarts."""
 
     def record(self, event: str, pid: int) -> None:
         with self.faults.open("a") as out:
@@ -386,6 +391,18 @@ async def restart_database(workers: Workers, rng: random.Random) -> None:
     await asyncio.sleep(2 * workers.profile.lease)
 
 
+async def restart_bouncer(workers: Workers, rng: random.Random) -> None:
+    """Restart the PgBouncer the workers go through (every connection through
+    it cut, new ones refused until it is up), then let them work for a lease."""
+    bouncer = workers.bouncer
+    assert bouncer is not None
+    log = workers.workdir / "bouncer.jsonl"
+    _note(log, {"event": "restart", "at": time.time()})
+    await asyncio.to_thread(bouncer.restart)
+    _note(log, {"event": "up", "at": time.time()})
+    await asyncio.sleep(workers.profile.lease)
+
+
 def _note(path: Path, record: dict[str, object]) -> None:
     with path.open("a") as out:
         out.write(json.dumps(record) + "\n")
@@ -402,6 +419,8 @@ class Scenario:
     """The workers reach the server through a :class:`Proxy`."""
     cpu: bool = False
     """The workload gains the GIL-holding handlers."""
+    bouncer: bool = False
+    """The workers reach PostgreSQL through a :class:`Bouncer`."""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -411,6 +430,7 @@ SCENARIOS: dict[str, Scenario] = {
     "term": Scenario(term_one),
     "net": Scenario(cut_network, server=True, proxy=True),
     "restart": Scenario(restart_database, server=True),
+    "bouncer": Scenario(restart_bouncer, server=True, bouncer=True),
     "gil": Scenario(None, cpu=True),
 }
 SERVER_ONLY = frozenset(name for name, s in SCENARIOS.items() if s.server)
@@ -635,16 +655,26 @@ async def run(
     env = {**os.environ, "CONVEYOR_URL": url, LEDGER_ENV: str(ledger), "PYTHONPATH": path}
     if schema is not None:
         env["CONVEYOR_SCHEMA"] = schema
-    proxy = None
+    if SCENARIOS[scenario].bouncer and not url.startswith("postgres"):
+        raise ValueError(f"the {scenario!r} scenario needs PostgreSQL")
+    proxy = bouncer = None
     if SCENARIOS[scenario].proxy:
         proxy = Proxy(url)
         proxy.start()
         env["CONVEYOR_URL"] = proxy.url
+    if SCENARIOS[scenario].bouncer:
+        bouncer = Bouncer(url)
+        bouncer.start()
+        env["CONVEYOR_URL"] = bouncer.url
     try:
-        return await _run(url, scenario, workdir, profile, schema, rng, env, proxy, log, redis)
+        return await _run(
+            url, scenario, workdir, profile, schema, rng, env, proxy, log, redis, bouncer
+        )
     finally:
         if proxy is not None:
             proxy.stop()
+        if bouncer is not None:
+            bouncer.close()
 
 
 async def _fault_window(
@@ -683,6 +713,7 @@ async def _run(
     proxy: Proxy | None,
     log: Callable[[str], None],
     redis: RedisServer | None,
+    bouncer: Bouncer | None = None,
 ) -> Report:
     chosen = SCENARIOS[scenario]
     fault = chosen.fault
@@ -693,6 +724,7 @@ async def _run(
         log(f"{scenario}: {len(work.ids)} tasks enqueued; {profile.workers} workers")
         workers = Workers(env, profile, workdir, proxy)
         workers.redis = redis
+        workers.bouncer = bouncer
         if fault is restart_database and redis is None:
             workers.cluster = local_cluster(url)
         for _ in range(profile.workers):
