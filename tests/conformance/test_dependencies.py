@@ -373,3 +373,21 @@ async def test_a_key_repeated_after_a_task_its_dependency_ends_at_once(backend: 
     # Both met the key before the first task's dependency ended it.
     assert ids[0] == ids[1]
     assert (await state(backend, ids[0]))[0] is S.CANCELLED
+
+
+async def test_a_dependent_still_waiting_keeps_its_pending_key(backend: Backend) -> None:
+    """A dependent holds a key scoped ``pending`` until a worker starts it:
+    the ends it counts while it still waits for others, at its enqueue or
+    later, leave the key with it (PostgreSQL's trigger gave it up at every
+    write of the dependent's state, a count that left it waiting too)."""
+    [a, b, c] = await enqueue(backend, new(), new(), new())
+    assert await backend.cancel(a, now=later(1)) is S.CANCELLED
+    keyed = replace(after(a, b, c, policy="run"), idempotency_key="k", unique_scope="pending")
+    [d] = await backend.enqueue(EnqueueParams(tasks=[keyed], now=later(2)))
+    assert await state(backend, d) == (S.WAITING, 2)
+    assert await backend.cancel(b, now=later(3)) is S.CANCELLED
+    assert await state(backend, d) == (S.WAITING, 1)
+    task = await backend.get_task(d, with_attempts=False)
+    assert task is not None and task.idempotency_key == "k"
+    again = replace(new(), idempotency_key="k", unique_scope="pending")
+    assert await enqueue(backend, again) == [d]
