@@ -134,6 +134,22 @@ async def test_claim_uses_the_partial_indexes(
         assert indexes & {"tasks_in_progress_lease", "tasks_state_id"}
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+async def test_the_end_of_spent_leases_reads_only_running_tasks(
+    history: PostgresBackend, generic: bool
+) -> None:
+    """It runs before every claim that takes back expired leases: it reads
+    the in-progress rows through an index, never the backlog or the history."""
+    nodes = await (
+        _generic_plan(history, "end_expired", CLAIM_ARGS)
+        if generic
+        else _plan(history, "end_expired", CLAIM_ARGS)
+    )
+    assert not {"tasks", "attempts"} & _scanned_tables(nodes)
+    indexes = {n.get("Index Name") for n in nodes}
+    assert indexes & {"tasks_in_progress_lease", "tasks_state_id"}
+
+
 async def test_claims_are_planned_once_per_connection(backend: PostgresBackend) -> None:
     """PostgreSQL's own choice re-planned the claim at every execution (its
     generic plan looks costlier than one for a known limit and one queue),
@@ -716,7 +732,9 @@ def _rows_read_from_tasks(nodes: list[dict[str, Any]]) -> int:
     )
 
 
-@pytest.mark.parametrize("name", ["claim", "claim_reclaim", "quarantine", "claim_keyed"])
+@pytest.mark.parametrize(
+    "name", ["claim", "claim_reclaim", "end_expired", "quarantine", "claim_keyed"]
+)
 async def test_a_claim_takes_its_rows_by_key_from_an_analyzed_backlog(
     backend: PostgresBackend, name: str
 ) -> None:

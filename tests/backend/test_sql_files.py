@@ -28,7 +28,7 @@ STATEMENTS = {
         activity applied_migrations cancel cancel_many cancel_requested claim
         claim_keyed claim_reclaim consume count_prunable count_prunable_workers
         count_tasks count_unfinished delete_blocker delete_many delete_task
-        deliver drop_schedules drop_unused_keys enqueue enqueue_handoff
+        deliver drop_schedules drop_unused_keys end_expired enqueue enqueue_handoff
         enqueue_keyed enqueue_one enqueue_uniform ensure_keys fence_check finish
         finish_succeeded fire_schedule fired_task first_messages get_attempts
         get_task guard_endings guard_send heartbeat inbox keep_keys key_holders

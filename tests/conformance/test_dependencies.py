@@ -208,7 +208,7 @@ async def test_every_way_a_dependency_ends_settles_it(backend: Backend) -> None:
     stopped = Completion(claimed[worker_cancelled], Outcome.CANCELLED, TaskState.CANCELLED)
     assert (await backend.finish(FinishParams("w1", [stopped], now=later(3)))).applied
     # The crash budget of `crashed` is spent: its end releases its dependent,
-    # which this claim (memory, SQLite, Redis) or the next hands out.
+    # which this claim hands out.
     await claim(backend, "w2", at=later(LEASE + 5))
     assert (await state(backend, crashed))[0] is S.FAILED
     await claim(backend, "w3", at=later(LEASE + 6))
@@ -373,3 +373,34 @@ async def test_a_key_repeated_after_a_task_its_dependency_ends_at_once(backend: 
     # Both met the key before the first task's dependency ended it.
     assert ids[0] == ids[1]
     assert (await state(backend, ids[0]))[0] is S.CANCELLED
+
+
+async def test_a_dependent_still_waiting_keeps_its_pending_key(backend: Backend) -> None:
+    """A dependent holds a key scoped ``pending`` until a worker starts it:
+    the ends it counts while it still waits for others, at its enqueue or
+    later, leave the key with it (PostgreSQL's trigger gave it up at every
+    write of the dependent's state, a count that left it waiting too)."""
+    [a, b, c] = await enqueue(backend, new(), new(), new())
+    assert await backend.cancel(a, now=later(1)) is S.CANCELLED
+    keyed = replace(after(a, b, c, policy="run"), idempotency_key="k", unique_scope="pending")
+    [d] = await backend.enqueue(EnqueueParams(tasks=[keyed], now=later(2)))
+    assert await state(backend, d) == (S.WAITING, 2)
+    assert await backend.cancel(b, now=later(3)) is S.CANCELLED
+    assert await state(backend, d) == (S.WAITING, 1)
+    task = await backend.get_task(d, with_attempts=False)
+    assert task is not None and task.idempotency_key == "k"
+    again = replace(new(), idempotency_key="k", unique_scope="pending")
+    assert await enqueue(backend, again) == [d]
+
+
+async def test_a_claim_hands_out_the_dependent_its_own_sweep_released(backend: Backend) -> None:
+    """A claim that ends an expired lease whose crash budget is spent hands
+    out, within its limit, the dependent that end released (PostgreSQL's
+    claim once read the tasks as they stood before its own ends, and took
+    one fewer: none here)."""
+    [crashed] = await enqueue(backend, new(max_attempts=1))
+    [d] = await enqueue(backend, after(crashed, policy="run"))
+    assert [t.token.task_id for t in await claim(backend, at=later(1))] == [crashed]
+    handed = await claim(backend, "w2", limit=1, at=later(1 + LEASE))
+    assert [t.token.task_id for t in handed] == [d]
+    assert (await state(backend, crashed))[0] is S.FAILED

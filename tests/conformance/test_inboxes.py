@@ -442,3 +442,19 @@ async def test_a_child_ending_beside_its_parent_in_one_finish(
     else:
         assert ends == []
         assert task.state is TaskState.SUCCEEDED
+
+
+async def test_a_claim_hands_out_the_parent_its_own_sweep_woke(backend: Backend) -> None:
+    """A claim that ends a child's expired lease (its crash budget spent)
+    wakes the suspended parent with the child's end, and hands the parent
+    out within its limit (PostgreSQL's claim once read the tasks as they
+    stood before its own ends, and took one fewer: none here)."""
+    [parent] = await enqueue(backend, coroutine())
+    polled = await claim_one(backend, T0)
+    kid = replace(new("job", max_attempts=1), parent_id=parent)
+    await finish(backend, rest(polled, {}, spawns=(kid,)), later(1))
+    child = await claim_one(backend, later(2))
+    assert child.token.task_id != parent
+    woken = await claim(backend, "w2", at=later(2 + LEASE), names=NAMES, limit=1)
+    assert [t.token.task_id for t in woken] == [parent]
+    assert [m.body["state"] for m in await backend.inbox(parent)] == ["failed"]

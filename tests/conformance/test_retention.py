@@ -108,3 +108,25 @@ async def test_prune_takes_workers_stopped_or_silent_before_their_cutoff(
 def test_prune_params_refuse_what_cannot_be_pruned(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError):
         PruneParams(**{"before": {}, **bad})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("first", [SUCCEEDED, TaskState.CANCELLED])
+async def test_a_batch_takes_the_states_in_the_order_given(
+    backend: Backend, first: TaskState
+) -> None:
+    """One batch takes the states of ``before`` in the order given, each
+    oldest id first, so a limit that stops within the first state leaves
+    the next one whole, whatever their ids (PostgreSQL once took them in
+    the order of its grouping of the cutoffs)."""
+    cancelled = await enqueue(backend, new("gone"), new("gone"))
+    for at, task_id in enumerate(cancelled, start=1):
+        await backend.cancel(task_id, now=later(at))
+    succeeded = await finished(backend, 2, at=3)
+    second = TaskState.CANCELLED if first is SUCCEEDED else SUCCEEDED
+    by_state = {SUCCEEDED: succeeded, TaskState.CANCELLED: cancelled}
+    cutoffs = {first: later(100), second: later(100)}
+    assert (await backend.prune(PruneParams(cutoffs, limit=1))).tasks == 1
+    assert await present(backend, by_state[first]) == by_state[first][1:]
+    assert await present(backend, by_state[second]) == by_state[second]
+    assert (await backend.prune(PruneParams(cutoffs, limit=2))).tasks == 2
+    assert await present(backend, [*by_state[first], *by_state[second]]) == by_state[second][1:]

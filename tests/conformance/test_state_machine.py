@@ -108,8 +108,11 @@ schedules (a key that changes hands in a batch, a holder replaced twice, a
 pause holding back an expired lease's end, a fire meeting a held key).
 Redis replays them all (it passed each when it joined the machine), and one
 more replays the prune batch where it differs by design (finish order).
+A prune batch taking the states in the order given is replayed too.
 With dependencies, a chain whose middle link fails is replayed under each
-policy, and so is a coroutine's cancel reaching a child that a task waits for.
+policy, and so is a coroutine's cancel reaching a child that a task waits
+for, a claim handing out the dependent its own sweep released, and a
+dependent keeping its ``pending`` key while it still waits.
 
 ``CONVEYOR_MACHINE_DEPENDENCIES=0`` leaves dependencies out (no dependent is
 enqueued, so nothing reads ``dependencies``): the machine as it ran before,
@@ -2059,6 +2062,25 @@ def test_replay_a_prune_batch_where_finish_order_is_not_id_order(kind: str) -> N
     )
 
 
+@pytest.mark.parametrize("kind", REAL_BACKENDS)
+def test_replay_a_prune_batch_takes_the_states_in_the_order_given(kind: str) -> None:
+    """Task 1 is cancelled, then task 2 succeeds; a prune of one, the cutoff
+    of succeeded tasks given first, takes task 2 (PostgreSQL once took the
+    states in the order its grouping of the cutoffs came out in)."""
+    done = Completion(
+        LeaseToken(2, 1, "w1"), Outcome.SUCCEEDED, TaskState.SUCCEEDED, result=codec.encode(None)
+    )
+    replay(
+        kind,
+        lambda m: m.enqueue([Spec(), Spec()], uniform=False),
+        lambda m: m.cancel_task(1),
+        lambda m: m.claim("w1", limit=1, queues=QUEUES),
+        lambda m: m.send_finish("w1", [done]),
+        lambda m: m.advance(1.0),
+        lambda m: m.prune([(TaskState.SUCCEEDED, 1.0), (TaskState.CANCELLED, 1.0)], 1),
+    )
+
+
 # Dependencies.
 
 
@@ -2143,6 +2165,50 @@ def test_replay_a_cancel_reaching_a_child_moves_its_dependent(kind: str, policy:
         dependent,
         lambda m: m.advance(5.0),
         lambda m: m.cancel_task(1),
+    )
+
+
+@pytest.mark.skipif(not DEPENDENCIES, reason="CONVEYOR_MACHINE_DEPENDENCIES=0")
+@pytest.mark.parametrize("kind", REAL_BACKENDS)
+def test_replay_a_claim_takes_the_dependent_its_own_sweep_released(kind: str) -> None:
+    """Task 1 (a budget of one) runs and its worker crashes; task 2 waits
+    for it (``run``). A claim of one after the lease ends task 1 failed,
+    which makes task 2 pending, and hands task 2 out (PostgreSQL's claim
+    once read the tasks as they stood before its own ends: it took none)."""
+
+    def dependent(m: BackendAgreement) -> None:
+        task = replace(m.new_task(Spec()), after=(1,), after_policy="run")
+        m.enqueue_with_dependencies([task])
+
+    replay(
+        kind,
+        lambda m: m.enqueue([Spec(max_attempts=1)], uniform=False),
+        lambda m: m.claim("w1", limit=1, queues=QUEUES),
+        dependent,
+        lambda m: m.advance(LEASE),
+        lambda m: m.claim("w2", limit=1, queues=QUEUES),
+    )
+
+
+@pytest.mark.skipif(not DEPENDENCIES, reason="CONVEYOR_MACHINE_DEPENDENCIES=0")
+@pytest.mark.parametrize("kind", REAL_BACKENDS)
+def test_replay_a_dependent_that_still_waits_keeps_its_pending_key(kind: str) -> None:
+    """Task 1 is cancelled; one enqueue of task 3, waiting (``run``) for 1
+    and 2 with k1 scoped ``pending``, and of a task with k1 (the batch's
+    first with it answers): task 3 counts 1's end at once, still waits for
+    2, and keeps k1 (PostgreSQL's trigger once gave the key up at the count,
+    a write of the dependent's state that left it waiting)."""
+
+    def batch(m: BackendAgreement) -> None:
+        spec = Spec(key="k1", scope="pending", on_conflict="raise")
+        keyed = replace(m.new_task(spec), after=(1, 2), after_policy="run")
+        m.enqueue_with_dependencies([keyed, m.new_task(spec)])
+
+    replay(
+        kind,
+        lambda m: m.enqueue([Spec(), Spec()], uniform=False),
+        lambda m: m.cancel_task(1),
+        batch,
     )
 
 

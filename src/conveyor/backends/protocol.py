@@ -281,13 +281,15 @@ class Backend(Protocol):
 
     async def prune(self, params: PruneParams) -> PruneResult:
         """Delete one batch of finished tasks (with their attempts, messages
-        and idempotency keys) and old workers, as ``params`` allow; oldest
-        ids first. Never a task that is pending, in progress or waiting, nor
-        a finished one whose parent is alive (its end message may yet be
-        read). One transaction per batch, whose locks are held only as long
-        as it runs; rows locked by others (a claim, a completion) are passed
-        by. Stores that many processes share prune in one process at a time:
-        a batch that finds another one under way returns ``busy``."""
+        and idempotency keys) and old workers, as ``params`` allow: state
+        by state in the order ``params.before`` gives them, oldest ids first
+        within each (Redis: oldest finish first). Never a task that is
+        pending, in progress or waiting, nor a finished one whose parent is
+        alive (its end message may yet be read). One transaction per batch,
+        whose locks are held only as long as it runs; rows locked by others
+        (a claim, a completion) are passed by. Stores that many processes
+        share prune in one process at a time: a batch that finds another one
+        under way returns ``busy``."""
 
     async def sync_schedules(self, params: ScheduleSync) -> bool:
         """Store an app's schedules and drop those it removed, unless a

@@ -95,6 +95,10 @@ class Attempts(Pools):
                         len(quarantined),
                         ", ".join(str(r[0]) for r in quarantined),
                     )
+                # Expired leases that may not run again end first, in a
+                # statement of their own: the dependents and parents their
+                # ends make due are this claim's to take (see end_expired).
+                await conn.execute(self.sql["end_expired"], args)
             statement = self.sql["claim_reclaim" if sweep else "claim"]
             # While keyed tasks wait, plain and keyed tasks take turns at being
             # claimed first: neither kind can keep a busy worker from the other.

@@ -132,17 +132,78 @@ from (select exists (select 1 from {schema}.concurrency) as keys_waiting) as w
 left join claimed on true
 order by priority desc, run_at, id;
 
+-- name: end_expired
+-- The expired leases of the worker's queues and names that must not run
+-- again: the task's attempts are spent (the crash budget) or its
+-- cancellation was requested. Each task ends now (failed, cancelled: all of
+-- them, whatever the claim's limit), and the attempt its lease lost is
+-- logged as lease_lost, with the reason. The claims that take back expired
+-- leases (claim_reclaim, and the keyed claim beside it) run right after, in
+-- statements of their own: what these ends move by trigger (a dependent
+-- released, a parent woken by its child's end) is then due for them, as in
+-- every backend. Within the claim's own statement it was not (a statement
+-- reads the rows as they were when it began, not as its own writes left
+-- them), and the claim took a task fewer than it could.
+-- {text:crash_budget_spent} reads the columns spent and max_attempts (of
+-- exhausted, the only table where it is used).
+with clock as (
+    select coalesce(%(now)s::timestamptz, statement_timestamp()) as now
+),
+{part_served},
+exhausted as materialized (
+    select t.id, t.attempt, t.spent, t.max_attempts, t.cancel_requested, t.worker_id,
+           t.attempt_started_at, t.step
+    from {schema}.tasks t, clock, served s
+    where t.state = 'in_progress'
+      and t.lease_expires_at <= clock.now
+      and (t.cancel_requested or t.spent >= t.max_attempts)
+      and t.queue = any(s.queues)
+      and t.name = any(s.names)
+    for no key update of t skip locked
+),
+ended as (
+    update {schema}.tasks t
+    set state = case when x.cancel_requested then 'cancelled' else 'failed' end,
+        worker_id = null,
+        lease_expires_at = null,
+        finished_at = clock.now
+    from exhausted x, clock
+    where t.id = x.id
+    returning t.id
+),
+-- The conflict arm serves an attempt logged at its claim, as before
+-- migration 0005, whose row is still open.
+lost as (
+    insert into {schema}.attempts as a
+        (task_id, number, worker_id, outcome, started_at, finished_at, error_type,
+         error_message, step)
+    select x.id, x.attempt, x.worker_id, 'lease_lost',
+           coalesce(x.attempt_started_at, clock.now), clock.now, {text:lease_expired_error},
+           case when x.cancel_requested
+                then {text:cancelled_meanwhile}
+                else {text:crash_budget_spent}
+           end,
+           x.step
+    from exhausted x, clock
+    on conflict (task_id, number) do update
+    set outcome = excluded.outcome,
+        finished_at = excluded.finished_at,
+        error_type = excluded.error_type,
+        error_message = excluded.error_message
+    where a.outcome = 'in_progress'
+)
+select count(*) from ended;
+
 -- name: claim_reclaim
 -- claim, and take back expired leases: up to %(limit)s::int tasks in one
 -- statement, due pending tasks of the worker's queues and names plus
--- in-progress tasks whose lease expired,
+-- in-progress tasks whose lease expired and that may run again (those that
+-- may not were ended by end_expired, just before),
 -- merged in claim order (priority, run_at, id). Every candidate set sits
 -- behind a MATERIALIZED CTE: an optimisation fence, without which the
--- planner may lock more rows than the LIMIT asks for. An expired task whose
--- attempts are spent (the crash budget) or whose cancellation was requested
--- is finished here instead of being run again (all of them, not counted
--- against the limit); the attempt each expired lease lost is logged as
--- lease_lost in the same statement. The running attempt is not logged at
+-- planner may lock more rows than the LIMIT asks for. The attempt each
+-- reclaimed lease lost is logged as lease_lost in the same statement. The
+-- running attempt is not logged at
 -- its claim: the task row holds it (attempt, worker_id, attempt_started_at,
 -- step) until its completion writes its one row to the attempt log.
 with clock as (
@@ -166,28 +227,6 @@ expired as materialized (
     limit %(limit)s::int
     for no key update of t skip locked
 ),
--- Expired leases that must not run again: every one of them ends now.
-exhausted as materialized (
-    select t.id, t.attempt, t.spent, t.max_attempts, t.cancel_requested, t.worker_id,
-           t.attempt_started_at, t.step
-    from {schema}.tasks t, clock, served s
-    where t.state = 'in_progress'
-      and t.lease_expires_at <= clock.now
-      and (t.cancel_requested or t.spent >= t.max_attempts)
-      and t.queue = any(s.queues)
-      and t.name = any(s.names)
-    for no key update of t skip locked
-),
-ended as (
-    update {schema}.tasks t
-    set state = case when x.cancel_requested then 'cancelled' else 'failed' end,
-        worker_id = null,
-        lease_expires_at = null,
-        finished_at = clock.now
-    from exhausted x, clock
-    where t.id = x.id
-    returning t.id
-),
 chosen as (
     select id from (
         select id, priority, run_at from due
@@ -198,31 +237,18 @@ chosen as (
     limit %(limit)s::int
 ),
 {part_claimed},
--- The attempts those expired leases lost: each ended task's, and each
--- reclaimed task's previous one. {text:crash_budget_spent} reads the
--- columns spent and max_attempts (of exhausted, the only table here).
-lost_leases as (
-    select x.id, x.attempt, x.worker_id, x.attempt_started_at, x.step,
-           case when x.cancel_requested
-                then {text:cancelled_meanwhile}
-                else {text:crash_budget_spent}
-           end as message
-    from exhausted x
-    union all
-    select e.id, e.attempt, e.worker_id, e.attempt_started_at, e.step, {text:lease_expired}
-    from expired e
-    where e.id in (select id from claimed)
-),
--- The conflict arm serves an attempt logged at its claim, as before
--- migration 0005, whose row is still open.
+-- The attempt each reclaimed task's expired lease lost. The conflict arm
+-- serves an attempt logged at its claim, as before migration 0005, whose
+-- row is still open.
 lost as (
     insert into {schema}.attempts as a
         (task_id, number, worker_id, outcome, started_at, finished_at, error_type,
          error_message, step)
-    select l.id, l.attempt, l.worker_id, 'lease_lost',
-           coalesce(l.attempt_started_at, clock.now), clock.now, {text:lease_expired_error},
-           l.message, l.step
-    from lost_leases l, clock
+    select e.id, e.attempt, e.worker_id, 'lease_lost',
+           coalesce(e.attempt_started_at, clock.now), clock.now, {text:lease_expired_error},
+           {text:lease_expired}, e.step
+    from expired e, clock
+    where e.id in (select id from claimed)
     on conflict (task_id, number) do update
     set outcome = excluded.outcome,
         finished_at = excluded.finished_at,

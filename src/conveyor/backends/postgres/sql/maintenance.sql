@@ -5,8 +5,9 @@
 -- said once, in conveyor.backends.postgres.statements.
 
 -- name: prune
--- Delete up to %(limit)s::int finished tasks, oldest ids first, of each
--- state whose cutoff is given: finished before it, no parent still alive
+-- Delete up to %(limit)s::int finished tasks of the states whose cutoffs
+-- are given, state by state in the order given (as every backend takes
+-- them), oldest ids first within each: finished before it, no parent still alive
 -- (its end message may yet be read), and no unfinished task depending on it
 -- (its outcome may yet be read: part_awaited). Their attempts (attempts_gone), messages
 -- and keys (foreign keys, on delete cascade) go with them; a child left behind keeps
@@ -45,12 +46,13 @@
 with recursive guard as (
     select pg_try_advisory_xact_lock({lock_space}, -1) as held
 ),
-search (state, before, lo, hi) as (
-    select c.state, c.before, coalesce(e.lo, 0), coalesce(e.hi, 0)
-    from unnest(%(states)s::text[], %(befores)s::timestamptz[]) as c(state, before),
+search (state, before, ord, lo, hi) as (
+    select c.state, c.before, c.ord, coalesce(e.lo, 0), coalesce(e.hi, 0)
+    from unnest(%(states)s::text[], %(befores)s::timestamptz[])
+             with ordinality as c(state, before, ord),
          (select min(id) as lo, max(id) + 1 as hi from {schema}.tasks) as e
     union all
-    select s.state, s.before,
+    select s.state, s.before, s.ord,
            case when m.created_at < s.before then least(m.id + 1, s.hi) else s.lo end,
            case when m.created_at < s.before then s.hi else s.lo + (s.hi - s.lo) / 2 end
     from search s
@@ -63,7 +65,7 @@ search (state, before, lo, hi) as (
     where s.lo < s.hi
 ),
 bounds as (
-    select state, before, min(hi) as bound from search group by state, before
+    select state, before, ord, min(hi) as bound from search group by state, before, ord
 ),
 doomed as materialized (
     select d.id
@@ -81,6 +83,9 @@ doomed as materialized (
         for update of t skip locked
     ) as d
     where guard.held
+    -- The states in the order given (the walks hand over at most
+    -- %(limit)s::int rows each: a sort of those few).
+    order by c.ord, d.id
     limit %(limit)s::int
 ),
 gone as (
