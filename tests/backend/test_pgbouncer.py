@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -239,3 +240,36 @@ async def _terminal_across_cuts(app: conveyor.App, ids: list[int]) -> list[Task]
         except (AssertionError, BackendUnavailableError):
             await asyncio.sleep(0.1)
     raise AssertionError("the tasks did not all end in time")
+
+
+async def test_a_thread_handlers_transaction_may_idle_past_the_sessions_limit(
+    schema: str,
+) -> None:
+    """The bouncer gives each server session conveyor's 1 s limit on idle
+    transactions; an attempt transaction lifts it for itself, as it does on
+    a direct connection, so a handler may pause between its statements."""
+    app = conveyor.App(bouncer_url(), schema=schema)
+    effects = psycopg.sql.Identifier(schema, "effects")
+    insert = psycopg.sql.SQL("insert into {} values (%s)").format(effects)
+
+    @app.task()
+    def slow_writes(ctx: conveyor.TaskContext) -> int:
+        conn = ctx.transaction_sync()
+        conn.execute(insert, (1,))
+        time.sleep(1.5)
+        conn.execute(insert, (2,))
+        return 2
+
+    try:
+        await app.migrate_async()
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("create table {} (id int)").format(effects))
+        handle = await slow_writes.enqueue_async()
+        async with RunningWorker(app):
+            [task] = await wait_terminal(app, [handle.id])
+        assert task.state is conveyor.TaskState.SUCCEEDED, task.attempts
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            rows = conn.execute(psycopg.sql.SQL("select id from {} order by id").format(effects))
+            assert rows.fetchall() == [(1,), (2,)]
+    finally:
+        await app.aclose()

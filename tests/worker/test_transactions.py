@@ -6,7 +6,8 @@ concurrent calls share one transaction; a slow COMMIT holds back no other
 lease; an abandoned thread handler commits nothing. An enqueue on the
 caller's connection exists only if the caller commits. Transactional
 enqueue on every backend that offers it is in
-tests/conformance/test_transactional_enqueue.py.
+tests/conformance/test_transactional_enqueue.py. Each case runs on
+PostgreSQL directly and through PgBouncer in transaction mode.
 """
 
 from __future__ import annotations
@@ -14,15 +15,27 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
+import pytest
 
 import conveyor
 from conveyor import Outcome, RetryPolicy, TaskContext, TaskState
+from tests.conftest import PG_URL, bouncer_url
 from tests.worker.helpers import RunningWorker, listening, run_all, steal, wait_for, wait_terminal
 
 FAST = RetryPolicy(max_attempts=3, initial_interval=0.01, max_interval=0.01, jitter=0)
+
+
+@pytest.fixture(params=["postgres", "pgbouncer"])
+def app(request: pytest.FixtureRequest, schema: str) -> Iterator[conveyor.App]:
+    """An App on PostgreSQL, directly or through PgBouncer in transaction mode."""
+    url = PG_URL if request.param == "postgres" else bouncer_url()
+    application = conveyor.App(url, schema=schema)
+    yield application
+    application.close()
 
 
 def _table(schema: str, name: str) -> psycopg.sql.Composed:

@@ -283,10 +283,22 @@ class Attempts(Pools):
         return PostgresTransaction(self, conn, worker_id)
 
     def begin_attempt_transaction_sync(self, worker_id: str) -> PostgresSyncTransaction:
+        """Through a pooler in transaction mode, the server session's limit on
+        idle transactions (the pooler's ``connect_query`` gives every session
+        conveyor's) is lifted for the attempt, as the async attempt's is, and
+        the session's process id is asked of the server: the one the pooler
+        gave the client is its own, and ending that process would end another
+        client's session, or none."""
         conn = self.sync_pool.getconn()
         try:
-            conn.execute(BEGIN_ATTEMPT)
+            if self.target.transaction_pooling:
+                conn.execute(BEGIN_UNBOUND_ATTEMPT)
+                found = conn.execute("select pg_backend_pid()").fetchone()
+                pid = int(found[0]) if found else conn.info.backend_pid
+            else:
+                conn.execute(BEGIN_ATTEMPT)
+                pid = conn.info.backend_pid
         except BaseException:
             self.sync_pool.putconn(conn)
             raise
-        return PostgresSyncTransaction(self, conn, worker_id)
+        return PostgresSyncTransaction(self, conn, worker_id, pid)

@@ -112,11 +112,14 @@ class PostgresTransaction:
 class PostgresSyncTransaction:
     """An attempt's transaction on a synchronous connection (thread handlers)."""
 
-    def __init__(self, backend: Pools, conn: psycopg.Connection[Any], worker_id: str) -> None:
+    def __init__(
+        self, backend: Pools, conn: psycopg.Connection[Any], worker_id: str, pid: int
+    ) -> None:
         self._backend = backend
         self._conn = conn
         self._worker_id = worker_id
-        self._pid = conn.info.backend_pid
+        self._pid = pid
+        """The server process of the transaction's session (see ``abandon``)."""
         self._done = False
 
     @property
