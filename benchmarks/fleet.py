@@ -275,7 +275,7 @@ def through_bouncer(url: str, pool_size: int, listen: bool) -> Iterator[str]:
     from tools.bouncer import Bouncer
 
     with Bouncer(url, pool_size=pool_size, max_client_conn=10_000) as bouncer:
-        yield bouncer.url if listen else bouncer.url.partition("&listen=")[0]
+        yield bouncer.url if listen else bouncer.polling_url
 
 
 async def run_case(

@@ -11,6 +11,7 @@ import conveyor
 from conveyor.backends.postgres.urls import DEFAULT_CONNECT_TIMEOUT, connect_timeout
 from conveyor.redaction import redact_url
 from tests.cli_harness import Cli
+from tests.conftest import PG_URL
 from tools.proxy import Proxy
 
 EXIT_UNAVAILABLE = 2
@@ -118,12 +119,35 @@ async def test_unix_socket_urls_reach_the_server(url: str, schema: str) -> None:
         await app.aclose()
 
 
-def test_only_the_query_of_a_url_is_rewritten() -> None:
-    from conveyor.backends.urlquery import with_query
+def test_only_the_named_query_items_are_taken_out_and_the_rest_kept_as_written() -> None:
+    from conveyor.backends.urlquery import without
 
-    assert with_query("postgresql:///db?schema=x&sslmode=", {"sslmode": ""}) == (
-        "postgresql:///db?sslmode="
+    assert without("postgresql:///db?schema=x&sslmode=", ("schema",)) == (
+        "postgresql:///db?sslmode=",
+        {"schema": "x"},
     )
-    assert with_query("postgresql:///db?schema=x", {}) == "postgresql:///db"
-    assert with_query("redis:///0?prefix=p#frag", {"a": "b c"}) == "redis:///0?a=b+c#frag"
-    assert with_query("postgresql://u:p%40@h:1/db", {}) == "postgresql://u:p%40@h:1/db"
+    only = without("postgresql:///db?schema=x", ("schema",))
+    assert only == ("postgresql:///db", {"schema": "x"})
+    assert without("redis:///0?prefix=p&a=b+c#frag", ("prefix",)) == (
+        "redis:///0?a=b+c#frag",
+        {"prefix": "p"},
+    )
+    assert without("postgresql://u:p%40@h:1/db", ("schema",)) == ("postgresql://u:p%40@h:1/db", {})
+    # libpq does not decode "+": a space must stay %20 for it.
+    spaced = "postgresql:///db?options=-c%20statement_timeout%3D5s&schema=s"
+    assert without(spaced, ("schema",))[0] == "postgresql:///db?options=-c%20statement_timeout%3D5s"
+
+
+async def test_libpq_options_in_the_url_reach_the_server() -> None:
+    """A URL's ``options`` (spaces written %20) survives ``schema`` being
+    taken out: the server runs with the setting it names."""
+    query = "options=-c%20statement_timeout%3D4321&schema=public"
+    url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}{query}"
+    backend = conveyor.backends.backend_from_url(url)
+    await backend.open()
+    try:
+        with backend.sync_pool.connection() as conn:  # type: ignore[attr-defined]
+            found = conn.execute("show statement_timeout").fetchone()
+        assert found == ("4321ms",)
+    finally:
+        await backend.close()

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from conveyor.backends.urlquery import without
+
 DEFAULT_UPSTREAM = "postgresql://127.0.0.1:5432/test"
 START_TIMEOUT = 10.0
 SETTINGS = (
@@ -81,8 +83,13 @@ class Bouncer:
 
     @property
     def url(self) -> str:
-        listen = f"{self.upstream_host}:{self.upstream_port}"
-        return f"{self.plain_url}?pool_mode=transaction&listen={listen}"
+        host = f"[{self.upstream_host}]" if ":" in self.upstream_host else self.upstream_host
+        return f"{self.polling_url}&listen={host}:{self.upstream_port}"
+
+    @property
+    def polling_url(self) -> str:
+        """Through it in transaction mode, listening nowhere (workers poll)."""
+        return f"{self.plain_url}?pool_mode=transaction"
 
     def _write_config(self) -> Path:
         (self._dir / "users.txt").write_text(f'"{self.user}" ""\n')
@@ -169,3 +176,8 @@ class Bouncer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def polling(url: str) -> str:
+    """``url`` (a bouncer's, in transaction mode) without its ``listen`` item."""
+    return without(url, ("listen",))[0]

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from conveyor.backends.protocol import Backend, Capability
-from conveyor.backends.urlquery import with_query
+from conveyor.backends.urlquery import without
 from conveyor.errors import ConfigurationError
 from conveyor.redaction import redact_message, redact_url
 
@@ -65,11 +65,10 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     if scheme in ("postgresql", "postgres"):
         from conveyor.backends.postgres import PostgresBackend
 
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        schema = query.pop("schema", None)
-        if schema is not None:
-            options.setdefault("schema", schema)
-        return PostgresBackend(with_query(url, query), **options)
+        rest, taken = without(url, ("schema",))
+        if "schema" in taken:
+            options.setdefault("schema", taken["schema"])
+        return PostgresBackend(rest, **options)
     if scheme == "sqlite":
         from conveyor.backends.sqlite import SQLiteBackend
 

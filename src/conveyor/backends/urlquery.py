@@ -1,21 +1,35 @@
-"""Backend URLs with some query parameters taken out (``schema``, ``prefix``).
+"""Backend URLs with some query items taken out (``schema``, ``prefix``,
+``pool_mode``, ``listen``).
 
-``urllib.parse.urlunsplit`` drops the ``//`` of an empty authority: it would
-turn ``postgresql:///db`` (the default unix socket) into ``postgresql:/db``,
-which libpq rejects. So the query is replaced in the text as written, and
-everything before it is kept byte for byte.
+The items left are kept as they were written, byte for byte: libpq does
+not decode ``+`` as a space, so decoding and encoding them again would
+change what it reads (``options=-c%20statement_timeout%3D5s``). And
+``urllib.parse.urlunsplit`` would drop the ``//`` of an empty authority
+(``postgresql:///db``, the default unix socket), so the query is cut out
+of the text rather than rebuilt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from urllib.parse import urlencode
+from collections.abc import Collection
+from urllib.parse import unquote
 
 
-def with_query(url: str, query: Mapping[str, str]) -> str:
-    """``url`` with its query (``?...``) replaced by ``query`` (none if
-    empty); its fragment, if any, kept."""
+def without(url: str, names: Collection[str]) -> tuple[str, dict[str, str]]:
+    """``url`` without the query items named ``names``, and those items'
+    values (percent-decoded; the last one wins where a name repeats). The
+    fragment, if any, is kept."""
     base, hash_mark, fragment = url.partition("#")
-    head = base.partition("?")[0]
-    text = urlencode(query)
-    return head + ("?" + text if text else "") + hash_mark + fragment
+    head, question, query = base.partition("?")
+    if not question:
+        return url, {}
+    taken: dict[str, str] = {}
+    kept: list[str] = []
+    for item in query.split("&"):
+        name, _, value = item.partition("=")
+        if unquote(name) in names:
+            taken[unquote(name)] = unquote(value)
+        elif item:
+            kept.append(item)
+    rest = "&".join(kept)
+    return head + ("?" + rest if rest else "") + hash_mark + fragment, taken

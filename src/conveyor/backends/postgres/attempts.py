@@ -31,7 +31,11 @@ from conveyor.backends.params import (
 from conveyor.backends.postgres.messages import applied, has_effects, record_with_effects, spawning
 from conveyor.backends.postgres.pools import Pools
 from conveyor.backends.postgres.rows import finish_statement
-from conveyor.backends.postgres.transactions import PostgresSyncTransaction, PostgresTransaction
+from conveyor.backends.postgres.transactions import (
+    PostgresSyncTransaction,
+    PostgresTransaction,
+    Session,
+)
 from conveyor.backends.stored import CLAIM_COLUMNS, Unread, claimed_rows, claimed_task, key_scan
 from conveyor.backends.sweep import Sweep
 from conveyor.model import LeaseToken
@@ -292,13 +296,16 @@ class Attempts(Pools):
         conn = self.sync_pool.getconn()
         try:
             if self.target.transaction_pooling:
+                # The pid the client knows is the bouncer's: ask the server,
+                # and for when the transaction began (see ``abandon``).
                 conn.execute(BEGIN_UNBOUND_ATTEMPT)
-                found = conn.execute("select pg_backend_pid()").fetchone()
-                pid = int(found[0]) if found else conn.info.backend_pid
+                found = conn.execute("select pg_backend_pid(), now()").fetchone()
+                assert found is not None
+                session = Session(int(found[0]), found[1])
             else:
                 conn.execute(BEGIN_ATTEMPT)
-                pid = conn.info.backend_pid
+                session = Session(conn.info.backend_pid, None)
         except BaseException:
             self.sync_pool.putconn(conn)
             raise
-        return PostgresSyncTransaction(self, conn, worker_id, pid)
+        return PostgresSyncTransaction(self, conn, worker_id, session)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, LiteralString
 
 import psycopg
@@ -25,6 +27,23 @@ ATTEMPT_END = "set local enable_seqscan to off"
 """Before conveyor's own statements end an attempt transaction: the
 session's planner settings again, which its handler ran without (see
 ``NO_SEQSCAN`` in the backend)."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """The server session of a thread handler's attempt transaction: its
+    process id, and (through a pooler in transaction mode, where the
+    session serves other clients once the transaction ends) when the
+    transaction began."""
+
+    pid: int
+    began: datetime.datetime | None
+
+
+TERMINATE = "select pg_terminate_backend(%s)"
+TERMINATE_IF_STILL_IN = (
+    "select pg_terminate_backend(pid) from pg_stat_activity where pid = %s and xact_start = %s"
+)
 
 
 @contextlib.contextmanager
@@ -113,12 +132,12 @@ class PostgresSyncTransaction:
     """An attempt's transaction on a synchronous connection (thread handlers)."""
 
     def __init__(
-        self, backend: Pools, conn: psycopg.Connection[Any], worker_id: str, pid: int
+        self, backend: Pools, conn: psycopg.Connection[Any], worker_id: str, session: Session
     ) -> None:
         self._backend = backend
         self._conn = conn
         self._worker_id = worker_id
-        self._pid = pid
+        self._session = session
         """The server process of the transaction's session (see ``abandon``)."""
         self._done = False
 
@@ -137,12 +156,18 @@ class PostgresSyncTransaction:
         # The handler's thread may be inside a statement on this connection: a
         # rollback from here would race it, and leave its next statement to
         # autocommit. End the session on the server instead; the connection is
-        # never returned to the pool.
+        # never returned to the pool. Through a pooler, only while that
+        # session is still in this transaction: once it ended (the handler
+        # committed it itself), the session may be serving another client.
         if self._done:
             return
         self._done = True
+        pid, began = self._session.pid, self._session.began
         async with self._backend.pool.connection() as conn:
-            await conn.execute("select pg_terminate_backend(%s)", (self._pid,))
+            if began is None:
+                await conn.execute(TERMINATE, (pid,))
+            else:
+                await conn.execute(TERMINATE_IF_STILL_IN, (pid, began))
 
     def _commit_success(self, completion: Completion) -> bool:
         if self._done:

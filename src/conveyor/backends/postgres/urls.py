@@ -12,7 +12,8 @@ know):
   :mod:`.pools` for where they come from instead), no session advisory
   lock, no LISTEN through the pooler. ``pool_mode=session`` (the default)
   is a direct connection or a pooler in session mode.
-- ``listen=HOST:PORT`` (or ``HOST:PORT/DBNAME``) names where the LISTEN
+- ``listen=HOST:PORT`` (or ``HOST:PORT/DBNAME``; HOST may be a name, an
+  IPv6 address in brackets or a unix socket directory) names where the LISTEN
   connection and the wake-up turns connect, with the URL's user, password
   and other parameters: the server itself, past the pooler. Without it,
   a URL in transaction mode listens nowhere: workers find work by polling
@@ -31,11 +32,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from conveyor.backends.urlquery import without
 from conveyor.errors import ConfigurationError
 from conveyor.redaction import redact_message
 
@@ -45,11 +47,17 @@ DEFAULT_CONNECT_TIMEOUT = 5
 POOL_MODES = ("session", "transaction")
 """The values of ``pool_mode``."""
 
-_OWN = frozenset({"pool_mode", "listen"})
+_OWN = ("pool_mode", "listen")
 _ADDRESS = re.compile(
-    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}))"
+    # A host name (underscores too: container and service names), an IPv6
+    # address in brackets (with a zone id), or a unix socket directory.
+    r"(?P<host>\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]{1,64})?\]"
+    r"|[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|/[A-Za-z0-9_./-]{0,250})"
     r":(?P<port>[0-9]{1,5})(?:/(?P<dbname>[A-Za-z0-9_.$-]{1,63}))?"
 )
+_SHOWN = re.compile(r"[A-Za-z0-9_.:/\[\]%$-]{0,80}")
+"""What a refused value may hold to be quoted in the error: no ``@``, no
+``=``, nothing that could be (or end) a password written in the wrong place."""
 
 
 @dataclass(frozen=True)
@@ -65,25 +73,16 @@ class Target:
 
 def target(url: str) -> Target:
     """The :class:`Target` of a PostgreSQL URL (see the module's docstring)."""
-    parts = urlsplit(url) if url.startswith(("postgresql://", "postgres://")) else None
-    if parts is None or not parts.query:
+    if not url.startswith(("postgresql://", "postgres://")):
         return Target(url, url, transaction_pooling=False)
     # The other items go to libpq as they were written (it decodes them).
-    items = parts.query.split("&")
-    own = {
-        name: unquote(value)
-        for name, _, value in (item.partition("=") for item in items)
-        if name in _OWN
-    }
+    libpq, own = without(url, _OWN)
     if not own:
         return Target(url, url, transaction_pooling=False)
-    rest = "&".join(item for item in items if item.partition("=")[0] not in _OWN)
-    # Cut by hand: urlunsplit drops an empty host (postgresql:///db).
-    libpq = url.partition("?")[0] + (f"?{rest}" if rest else "")
     mode = own.get("pool_mode", "session")
     if mode not in POOL_MODES:
         raise ConfigurationError(
-            f"pool_mode must be one of {', '.join(POOL_MODES)}, not {mode[:40]!r}"
+            f"pool_mode must be one of {', '.join(POOL_MODES)}, not {_shown(mode)}"
         )
     pooled = mode == "transaction"
     address = own.get("listen")
@@ -92,24 +91,36 @@ def target(url: str) -> Target:
     return Target(libpq, _elsewhere(libpq, address), transaction_pooling=pooled)
 
 
+def _shown(value: str) -> str:
+    """``value`` quoted for an error, or only its length where it might
+    hold a secret (a password put in the wrong option)."""
+    if _SHOWN.fullmatch(value):
+        return repr(value)
+    return f"a value of {len(value)} characters"
+
+
 def _elsewhere(url: str, address: str) -> str:
     """``url`` with its host and port (and database, if ``address`` names
     one) replaced by ``address``'s."""
     found = _ADDRESS.fullmatch(address)
     if found is None or not 0 < int(found["port"]) < 65536:
         raise ConfigurationError(
-            f"listen must be HOST:PORT or HOST:PORT/DBNAME, not {address[:80]!r}"
+            f"listen must be HOST:PORT or HOST:PORT/DBNAME, not {_shown(address)}"
         )
     parts = urlsplit(url)
     userinfo, at, _ = parts.netloc.rpartition("@")
-    netloc = f"{userinfo}{at}{found['host']}:{found['port']}"
+    # A socket directory and a zone id's "%" go percent-encoded in the host.
+    host = (
+        quote(found["host"], safe="[]:")
+        if not found["host"].startswith("[")
+        else (found["host"].replace("%", "%25"))
+    )
+    netloc = f"{userinfo}{at}{host}:{found['port']}"
     path = f"/{found['dbname']}" if found["dbname"] else parts.path
     # Query items that would name another server (or database) go too.
     replaced = {"host", "hostaddr", "port"} | ({"dbname"} if found["dbname"] else set())
-    query = "&".join(
-        item for item in parts.query.split("&") if item and item.partition("=")[0] not in replaced
-    )
-    return urlunsplit(parts._replace(netloc=netloc, path=path, query=query))
+    elsewhere, _ = without(urlunsplit(parts._replace(netloc=netloc, path=path)), replaced)
+    return elsewhere
 
 
 def connect_timeout(url: str) -> int:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -24,7 +24,7 @@ from conveyor.backends.redis import (
 )
 from conveyor.backends.redis.scripts import Scripts
 from conveyor.backends.refusals import one_line
-from conveyor.backends.urlquery import with_query
+from conveyor.backends.urlquery import without
 from conveyor.errors import (
     BackendError,
     BackendUnavailableError,
@@ -125,15 +125,15 @@ class RedisStore:
             raise ConfigurationError(
                 f"a Redis URL starts with redis:// or rediss://, not {redact_url(url)!r}"
             )
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        in_url = query.pop("prefix", None)
+        rest, taken = without(url, ("prefix",))
+        in_url = taken.get("prefix")
         if prefix is not None and in_url is not None and prefix != in_url:
             raise ConfigurationError(
                 f"two key prefixes: {in_url!r} in the URL and {prefix!r} as an option"
             )
         self.prefix = keys.check_prefix(prefix or in_url or keys.DEFAULT_PREFIX)
         self._base = keys.base(self.prefix)
-        self._url = with_query(url, query)
+        self._url = rest
         # Where the store is, read from the URL with its secrets hidden: a
         # password holding a raw "/" or "?" would otherwise spill into the
         # host, the port or the path.
