@@ -23,9 +23,11 @@ store (:class:`~conveyor.backends.capabilities.TurnLock`):
 - **Fail open**: while its turn lock cannot be reached, a worker answers
   every wake-up, as without turns.
 
-Limits: a turn lock is a session, one more connection per worker. Only
-PostgreSQL has turns (``Capability.TURNS``); on SQLite, Redis and memory
-every idle worker answers each wake-up.
+Limits: a turn lock is held by a session (on PostgreSQL, the session
+connection that also listens: :mod:`conveyor.backends.postgres.session`),
+and its waiters race for a turn given back. Only PostgreSQL has turns
+(``Capability.TURNS``); on SQLite, Redis and memory every idle worker
+answers each wake-up.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ This module wires the sections, each a mixin over the shared pools
 (:mod:`.pools`): :mod:`.enqueue`, :mod:`.attempts`, :mod:`.messages`,
 :mod:`.controls`, :mod:`.flow`, :mod:`.workers`, :mod:`.maintenance`,
 :mod:`.reads` and :mod:`.schema`; here are only opening, closing, the
-capabilities and the wake-ups (:mod:`.listen`, :mod:`.turns`).
+capabilities and the wake-ups (:mod:`.session`, :mod:`.turns`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import PoolTimeout
 
 from conveyor.backends.params import Wakeup
-from conveyor.backends.postgres import listen, statements, turns
+from conveyor.backends.postgres import statements, turns
 from conveyor.backends.postgres.attempts import Attempts
 from conveyor.backends.postgres.controls import Controls
 from conveyor.backends.postgres.enqueue import Enqueue
@@ -34,6 +34,7 @@ from conveyor.backends.postgres.messages import Messages
 from conveyor.backends.postgres.pools import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
 from conveyor.backends.postgres.reads import Listings
 from conveyor.backends.postgres.schema import Migrations
+from conveyor.backends.postgres.session import Session, SessionTurnLock
 from conveyor.backends.postgres.workers import Workers
 from conveyor.backends.protocol import Capability
 from conveyor.backends.refusals import one_line
@@ -103,6 +104,7 @@ class PostgresBackend(
         self._sweep = Sweep(sweep_interval)
         self._keyed_first = False
         self._keyed_active = False
+        self._session_connection: Session | None = None
 
     @property
     def location(self) -> str:
@@ -170,6 +172,9 @@ class PostgresBackend(
         return BackendUnavailableError(f"cannot connect to {redact_url(self.url)}: {reason}")
 
     async def close(self) -> None:
+        session, self._session_connection = self._session_connection, None
+        if session is not None:
+            await session.close()
         pools = [p for p in (self._claim_pool, self._pool) if p is not None]
         self._claim_pool = self._pool = None
         for pool in pools:
@@ -179,26 +184,34 @@ class PostgresBackend(
         if sync_pool is not None:
             await asyncio.to_thread(sync_pool.close)
 
-    def _listen_url(self) -> str:
+    def _session(self) -> Session:
+        """The session connection (see :mod:`.session`), made at first use
+        on the listen address."""
         if self.target.listen_url is None:
             raise ConfigurationError(
                 "this URL goes through a pooler in transaction mode with no listen address: "
                 "add listen=HOST:PORT to listen past it"
             )
-        return self.target.listen_url
+        if self._session_connection is None:
+            self._session_connection = Session(
+                self.target.listen_url,
+                self.channel,
+                statements.cancel_channel(self.schema),
+                statements.turn_channel(self.schema),
+            )
+        return self._session_connection
 
-    def turn_lock(self, kind: str) -> turns.PostgresTurnLock:
+    def turn_lock(self, kind: str) -> SessionTurnLock:
         """The wake-up turn of the workers of ``kind`` (see :mod:`.turns`),
-        on the listen address."""
-        return turns.PostgresTurnLock(
-            self._listen_url(), self.sql["turn_take"], self.sql["turn_give"], turns.kind_key(kind)
+        on the session connection."""
+        return self._session().turn_lock(
+            self.sql["turn_take"], self.sql["turn_give"], turns.kind_key(kind)
         )
 
     def wakeups(
         self, queues: Sequence[str], handoffs_for: tuple[str, str] | None = None
     ) -> AsyncIterator[Wakeup]:
         """Queue names from the wake-up channel, cancel hints (task ids) from
-        the cancel channel, hand-offs to ``handoffs_for`` from its own (see
-        :mod:`.listen`)."""
-        cancels = statements.cancel_channel(self.schema)
-        return listen.wakeups(self._listen_url(), self.channel, cancels, queues, handoffs_for)
+        the cancel channel, hand-offs to ``handoffs_for`` from its own, on
+        the session connection (see :mod:`.session`)."""
+        return self._session().wakeups(queues, handoffs_for)

@@ -12,7 +12,8 @@ What the blocks say:
 
 - ``{schema}`` is the validated schema identifier, composed in once at load,
   ``{channel}`` the schema's wake-up channel for pg_notify (a string
-  literal), ``{cancel_channel}`` the one for cancels of running tasks, and
+  literal), ``{cancel_channel}`` the one for cancels of running tasks,
+  ``{turn_channel}`` the one a wake-up turn given back is told on, and
   ``{lock_space}`` the first key of the schema's advisory locks (an integer).
 - A block named ``part_*`` is not a statement: it is composed in once at
   load where a statement of any file says ``{part_...}``, for text that
@@ -74,6 +75,12 @@ def cancel_channel(schema: str) -> str:
     return f"{channel(schema)}_cancel"
 
 
+def turn_channel(schema: str) -> str:
+    """The channel that tells waiting workers a wake-up turn was given
+    back: each payload is the turn's key (see :mod:`.session`)."""
+    return f"{channel(schema)}_turn"
+
+
 def lock_space(schema: str) -> int:
     """The first key of ``schema``'s two-key advisory locks: a signed 32-bit
     integer drawn from the schema name, the same in every process."""
@@ -88,6 +95,7 @@ def load(schema: str) -> Mapping[str, bytes]:
         "schema": sql.Identifier(validate_schema(schema)),
         "channel": sql.Literal(channel(schema)),
         "cancel_channel": sql.Literal(cancel_channel(schema)),
+        "turn_channel": sql.Literal(turn_channel(schema)),
         "lock_space": sql.Literal(lock_space(schema)),
     }
     return {
