@@ -18,6 +18,8 @@ from conveyor.backends.params import (
     Completion,
     EnqueueParams,
     HandOff,
+    HeartbeatParams,
+    HeartbeatResult,
     Offered,
     OfferParams,
     SendParams,
@@ -248,6 +250,28 @@ class Turns(Protocol):
     def turn_lock(self, kind: str) -> TurnLock:
         """The turn lock of the workers of ``kind`` (their queues and task
         names), on a session of its own, opened at the first ``take``."""
+
+
+class Renewer(Protocol):
+    """What a worker's heartbeat thread renews leases with: a backend of
+    its own, or a store's :class:`SharedHeartbeats`."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult: ...
+
+
+@runtime_checkable
+class SharedHeartbeats(Protocol):
+    """A backend whose heartbeats may run on a connection it already keeps
+    for its worker, on a thread of their own (PostgreSQL's session
+    connection), instead of on a backend of the heartbeat's own."""
+
+    def session_heartbeats(self) -> Renewer | None:
+        """The renewer to use from the heartbeat's thread (a new one at each
+        call), or None where the backend keeps no such connection."""
 
 
 PROTOCOLS: Mapping[Capability, type] = {

@@ -69,6 +69,13 @@ class WorkerConfig:
     handle_signals: bool = True
     worker_id: str | None = None
     pool_size: int | None = None
+    work_connections: int = 2
+    """Server connections for the worker's own statements (claims,
+    completions, progress, maintenance) on PostgreSQL; handlers' attempt
+    transactions borrow others only while they run, and LISTEN, turns and
+    heartbeats share one more (see :mod:`conveyor.backends.postgres.pools`).
+    With 1, claims wait for completions and the other way round: a drain
+    of no-op tasks ran at 0.7x the rate of 2."""
     log_attempts: bool = True
     """Log each finished attempt at INFO with its duration (else at DEBUG)."""
     retention: Retention | None = DEFAULT_RETENTION
@@ -115,6 +122,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ConfigurationError("concurrency must be at least 1")
+        if self.work_connections < 1:
+            raise ConfigurationError("work_connections must be at least 1")
         if self.queues is not None:
             if isinstance(self.queues, str):
                 raise ConfigurationError("queues must be a sequence of queue names, not a string")

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from conveyor.backends.capabilities import Renewer
 from conveyor.backends.params import HeartbeatParams, HeartbeatResult
-from conveyor.backends.protocol import Backend
 from conveyor.errors import BackendUnavailableError
 from conveyor.events import EventBus, LeaseLost, LeaseRenewed
 from conveyor.model import LeaseToken
@@ -64,7 +64,7 @@ class Heartbeat:
     def __init__(
         self,
         config: HeartbeatConfig,
-        make_backend: Callable[[], Backend],
+        make_backend: Callable[[], Renewer],
         on_result: Callable[[HeartbeatResult], None],
         outage: Outage | None = None,
     ) -> None:
@@ -110,7 +110,7 @@ class Heartbeat:
 
     # -- one beat --------------------------------------------------------------
 
-    async def run_once(self, backend: Backend) -> HeartbeatResult | None:
+    async def run_once(self, backend: Renewer) -> HeartbeatResult | None:
         """Renew every held lease; report the result (or the self-fenced leases)."""
         with self._lock:
             tokens = list(self._leases)
@@ -139,7 +139,7 @@ class Heartbeat:
             self._report(result)  # renewals too: the worker's events tell of them
         return result
 
-    async def _renew(self, backend: Backend, params: HeartbeatParams) -> HeartbeatResult:
+    async def _renew(self, backend: Renewer, params: HeartbeatParams) -> HeartbeatResult:
         """One beat. A batch the store refuses (an error that does not say
         the store is away: a task's stored fields a script cannot use, say)
         is split in halves, each renewed on its own, so that one lease the
@@ -224,7 +224,7 @@ class Heartbeat:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        backend: Backend | None = None
+        backend: Renewer | None = None
         try:
             while not self._stopping.is_set():
                 if backend is None:
@@ -252,7 +252,7 @@ class Heartbeat:
             async with asyncio.timeout(seconds):
                 await self._wake.wait()
 
-    async def _connect(self) -> Backend | None:
+    async def _connect(self) -> Renewer | None:
         backend = self._make_backend()
         try:
             async with asyncio.timeout(self.interval()):

@@ -29,7 +29,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
-from conveyor.backends.capabilities import AttemptTransaction, capability_of
+from conveyor.backends.capabilities import (
+    AttemptTransaction,
+    Renewer,
+    SharedHeartbeats,
+    capability_of,
+)
 from conveyor.backends.params import (
     ClaimedTask,
     Completion,
@@ -230,6 +235,7 @@ class Worker:
         self.loop, self._loop_thread = loop, threading.get_ident()
         backend = self.backend = self.client.make_backend(
             pool_size=self.config.connections(),
+            work_pool_size=self.config.work_connections,
             sweep_interval=self.config.poll_interval,
             # Migrated in _enter, which waits out a store lost after this
             # connect; a client that must not migrate refuses a store missing
@@ -251,6 +257,19 @@ class Worker:
             await shut_down(self, backend, listener)
             self._remove_signals(loop)
 
+    def _renewers(self, backend: Backend) -> Callable[[], Renewer]:
+        """What the heartbeat thread renews leases with: the backend's
+        session connection where it keeps one for the worker, else a
+        backend of the heartbeat's own (one connection more)."""
+
+        def own() -> Renewer:
+            return self.client.make_backend(pool_size=1, migrate=None)
+
+        if not isinstance(backend, SharedHeartbeats) or backend.session_heartbeats() is None:
+            return own
+        shared = backend
+        return lambda: shared.session_heartbeats() or own()
+
     def _start_parts(
         self, backend: Backend, loop: asyncio.AbstractEventLoop
     ) -> asyncio.Task[None] | None:
@@ -259,7 +278,7 @@ class Worker:
         backend has no notifications)."""
         self.heartbeat = Heartbeat(
             HeartbeatConfig(self.id, self.config.lease, self.config.heartbeat_interval),
-            lambda: self.client.make_backend(pool_size=1, migrate=None),
+            self._renewers(backend),
             lambda result: self._post(loop, result),
             self.outage,
         )

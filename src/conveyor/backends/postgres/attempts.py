@@ -177,26 +177,7 @@ class Attempts(Pools):
             return await claimed.fetchall()
 
     async def heartbeat(self, params: HeartbeatParams) -> HeartbeatResult:
-        tokens = list(params.tokens)
-        rows = await self._fetchall(
-            "heartbeat",
-            {
-                "now": params.now,
-                "worker_id": params.worker_id,
-                "ids": [t.task_id for t in tokens],
-                "attempts": [t.attempt for t in tokens],
-                "lease": params.lease,
-            },
-        )
-        # A row without a task is there only when the worker is not registered.
-        by_token = {(int(r[0]), int(r[1])): r for r in rows if r[0] is not None}
-        live = {t for t in tokens if by_token[(t.task_id, t.attempt)][2]}
-        return HeartbeatResult(
-            renewed=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][3]),
-            lost=frozenset(tokens) - live,
-            cancel_requested=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][4]),
-            registered=len(by_token) == len(rows),
-        )
+        return heartbeat_result(params, await self._fetchall("heartbeat", heartbeat_args(params)))
 
     async def report_progress(self, params: ProgressParams) -> frozenset[LeaseToken]:
         reports = list(params.reports)
@@ -278,13 +259,14 @@ class Attempts(Pools):
             raise
 
     async def begin_attempt_transaction(self, worker_id: str) -> PostgresTransaction:
-        conn = await self.pool.getconn()
+        pool = await self.transaction_pool()
+        conn = await pool.getconn()
         try:
             await conn.execute(BEGIN_UNBOUND_ATTEMPT)
         except BaseException:
-            await self.pool.putconn(conn)
+            await pool.putconn(conn)
             raise
-        return PostgresTransaction(self, conn, worker_id)
+        return PostgresTransaction(self, pool, conn, worker_id)
 
     def begin_attempt_transaction_sync(self, worker_id: str) -> PostgresSyncTransaction:
         """Through a pooler in transaction mode, the server session's limit on
@@ -309,3 +291,29 @@ class Attempts(Pools):
             self.sync_pool.putconn(conn)
             raise
         return PostgresSyncTransaction(self, conn, worker_id, session)
+
+
+def heartbeat_args(params: HeartbeatParams) -> dict[str, Any]:
+    """The arguments of the ``heartbeat`` statement."""
+    tokens = list(params.tokens)
+    return {
+        "now": params.now,
+        "worker_id": params.worker_id,
+        "ids": [t.task_id for t in tokens],
+        "attempts": [t.attempt for t in tokens],
+        "lease": params.lease,
+    }
+
+
+def heartbeat_result(params: HeartbeatParams, rows: Sequence[Sequence[Any]]) -> HeartbeatResult:
+    """What the ``heartbeat`` statement's rows say of ``params.tokens``."""
+    tokens = list(params.tokens)
+    # A row without a task is there only when the worker is not registered.
+    by_token = {(int(r[0]), int(r[1])): r for r in rows if r[0] is not None}
+    live = {t for t in tokens if by_token[(t.task_id, t.attempt)][2]}
+    return HeartbeatResult(
+        renewed=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][3]),
+        lost=frozenset(tokens) - live,
+        cancel_requested=frozenset(t for t in live if by_token[(t.task_id, t.attempt)][4]),
+        registered=len(by_token) == len(rows),
+    )

@@ -25,16 +25,16 @@ from psycopg_pool import PoolTimeout
 
 from conveyor.backends.params import Wakeup
 from conveyor.backends.postgres import statements, turns
-from conveyor.backends.postgres.attempts import Attempts
+from conveyor.backends.postgres.attempts import Attempts, heartbeat_args, heartbeat_result
 from conveyor.backends.postgres.controls import Controls
 from conveyor.backends.postgres.enqueue import Enqueue
 from conveyor.backends.postgres.flow import FlowControl
 from conveyor.backends.postgres.maintenance import Maintenance
 from conveyor.backends.postgres.messages import Messages
-from conveyor.backends.postgres.pools import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
+from conveyor.backends.postgres.pools import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, SESSION
 from conveyor.backends.postgres.reads import Listings
 from conveyor.backends.postgres.schema import Migrations
-from conveyor.backends.postgres.session import Session, SessionTurnLock
+from conveyor.backends.postgres.session import Session, SessionHeartbeats, SessionTurnLock
 from conveyor.backends.postgres.workers import Workers
 from conveyor.backends.protocol import Capability
 from conveyor.backends.refusals import one_line
@@ -94,10 +94,11 @@ class PostgresBackend(
         *,
         schema: str = DEFAULT_SCHEMA,
         pool_size: int = DEFAULT_POOL_SIZE,
+        work_pool_size: int | None = None,
         migrate: bool | None = True,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
     ) -> None:
-        super().__init__(url, schema=schema, pool_size=pool_size)
+        super().__init__(url, schema=schema, pool_size=pool_size, work_pool_size=work_pool_size)
         if self.target.listen_url is None:
             self.capabilities = self.capabilities - LISTENING
         self._auto_migrate = migrate
@@ -133,7 +134,7 @@ class PostgresBackend(
         except psycopg.Error as exc:
             raise self._unreachable(exc) from exc
         await probe.close()
-        pool = self._async_pool(1, self._configure)
+        pool = self._async_pool(1, self._configure_main, max_size=self._work_pool_size)
         try:
             await pool.open(wait=True, timeout=self._connect_timeout)
         except BaseException as exc:
@@ -175,8 +176,8 @@ class PostgresBackend(
         session, self._session_connection = self._session_connection, None
         if session is not None:
             await session.close()
-        pools = [p for p in (self._claim_pool, self._pool) if p is not None]
-        self._claim_pool = self._pool = None
+        pools = [p for p in (self._claim_pool, self._transaction_pool, self._pool) if p is not None]
+        self._claim_pool = self._transaction_pool = self._pool = None
         for pool in pools:
             await self._close_pool(pool)
         with self._sync_lock:
@@ -195,11 +196,23 @@ class PostgresBackend(
         if self._session_connection is None:
             self._session_connection = Session(
                 self.target.listen_url,
+                SESSION.encode(),
                 self.channel,
                 statements.cancel_channel(self.schema),
                 statements.turn_channel(self.schema),
             )
         return self._session_connection
+
+    def session_heartbeats(self) -> SessionHeartbeats | None:
+        """The heartbeats on the session connection, for the worker's
+        heartbeat thread (see :mod:`.session`); None where the backend has
+        no session connection (a pooler in transaction mode with no listen
+        address: heartbeats go through the pooler, on a backend of their own)."""
+        if self.target.listen_url is None:
+            return None
+        return SessionHeartbeats(
+            self._session(), self.sql["heartbeat"], heartbeat_args, heartbeat_result
+        )
 
     def turn_lock(self, kind: str) -> SessionTurnLock:
         """The wake-up turn of the workers of ``kind`` (see :mod:`.turns`),

@@ -1,9 +1,19 @@
-"""The PostgreSQL backend's connections: three pools and their session settings.
+"""The PostgreSQL backend's connections: its pools and their session settings.
 
 The main pool (autocommit, at least one connection while open) serves every
 statement but the claims; the claims' pool, opened at the first claim,
 plans each claim once per connection; the synchronous pool, opened at first
-use, serves thread handlers' attempt transactions. Every connection reads
+use, serves thread handlers' attempt transactions.
+
+A worker's backend (``work_pool_size`` set) keeps fewer: its main pool, of
+at most ``work_pool_size`` connections, serves the claims too (each planned
+once per connection, as on the claims' pool), and attempt transactions
+borrow from pools of their own that open a connection only while a handler
+runs in one and close it ``TRANSACTION_IDLE`` seconds after (async and
+sync, up to ``pool_size`` each). With the session connection of
+:mod:`.session` (LISTEN, turns, heartbeats), a worker process then holds
+``work_pool_size + 1`` server sessions while no handler is inside its own
+transaction. Every connection reads
 timestamps with conveyor's bounded loaders (:mod:`.loaders`) and runs with
 the settings of :data:`SESSION`. psycopg's errors on a connection of
 :meth:`Pools._connection` come out as conveyor's (:mod:`.failures`).
@@ -37,6 +47,9 @@ from conveyor.errors import BackendError, ConfigurationError
 
 DEFAULT_SCHEMA = "conveyor"
 DEFAULT_POOL_SIZE = 10
+TRANSACTION_IDLE = 5.0
+"""Seconds an attempt-transaction connection of a worker's backend stays
+open unused before it closes."""
 # Every fence relies on READ COMMITTED re-checking a row after a concurrent
 # update; a server whose default is stricter would fail those statements.
 READ_COMMITTED = "set default_transaction_isolation to 'read committed'"
@@ -114,6 +127,7 @@ class Pools:
         *,
         schema: str = DEFAULT_SCHEMA,
         pool_size: int = DEFAULT_POOL_SIZE,
+        work_pool_size: int | None = None,
     ) -> None:
         self.url = url
         self.target = target(url)
@@ -123,8 +137,13 @@ class Pools:
         self.channel = statements.channel(self.schema)
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
+        if work_pool_size is not None and work_pool_size < 1:
+            raise ConfigurationError("work_pool_size must be at least 1")
         self._pool_size = pool_size
+        self._work_pool_size = work_pool_size
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._transaction_pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._transaction_pool_lock = asyncio.Lock()
         self._sync_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._sync_lock = threading.Lock()
         self._claim_pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
@@ -141,6 +160,13 @@ class Pools:
         if not self.target.transaction_pooling:
             await conn.execute(SESSION)
         self._connections.add(conn)
+
+    async def _configure_main(self, conn: AsyncConnection[Any]) -> None:
+        """A worker's main pool serves its claims: configured as the claims' pool."""
+        if self._work_pool_size is None:
+            await self._configure(conn)
+        else:
+            await self._configure_claims(conn)
 
     async def _configure_claims(self, conn: AsyncConnection[Any]) -> None:
         await self._configure(conn)
@@ -166,7 +192,10 @@ class Pools:
     async def claim_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         """The claims' own pool, opened at the first claim (a backend that only
         enqueues never opens it). It starts empty and grows to the claims in
-        flight at once, two for a worker."""
+        flight at once, two for a worker. A worker's backend claims on its
+        main pool."""
+        if self._work_pool_size is not None:
+            return self.pool
         if self._claim_pool is not None:
             return self._claim_pool
         self.pool  # noqa: B018 - raises if the backend is not open
@@ -180,6 +209,24 @@ class Pools:
                 self._claim_pool = claims
             return self._claim_pool
 
+    async def transaction_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        """Where async attempt transactions borrow their connection: the main
+        pool, or a worker's pool of its own (see the module's docstring)."""
+        if self._work_pool_size is None:
+            return self.pool
+        if self._transaction_pool is not None:
+            return self._transaction_pool
+        self.pool  # noqa: B018 - raises if the backend is not open
+        async with self._transaction_pool_lock:
+            if self._transaction_pool is None:
+                pool = self._async_pool(0, self._configure, "-transactions", TRANSACTION_IDLE)
+                await pool.open()
+                if self._pool is None:  # closed meanwhile
+                    await pool.close()
+                    raise BackendError("the backend is not open")
+                self._transaction_pool = pool
+            return self._transaction_pool
+
     @property
     def sync_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
         """A synchronous pool, opened on first use (thread handlers' transactions)."""
@@ -189,6 +236,7 @@ class Pools:
                     self.target.url,
                     min_size=0,
                     max_size=self._pool_size,
+                    max_idle=600.0 if self._work_pool_size is None else TRANSACTION_IDLE,
                     kwargs=self._connection_options(),
                     configure=None if self.target.transaction_pooling else _configure_sync,
                     open=False,
@@ -216,12 +264,16 @@ class Pools:
         min_size: int,
         configure: Callable[[AsyncConnection[Any]], Awaitable[None]],
         suffix: str = "",
+        max_idle: float = 600.0,
+        max_size: int | None = None,
     ) -> AsyncConnectionPool[AsyncConnection[Any]]:
-        """An unopened pool of autocommit connections, up to ``pool_size``."""
+        """An unopened pool of autocommit connections, up to ``max_size``
+        (``pool_size`` by default)."""
         return AsyncConnectionPool(
             self.target.url,
             min_size=min_size,
-            max_size=self._pool_size,
+            max_size=max_size or self._pool_size,
+            max_idle=max_idle,
             kwargs=self._connection_options(),
             configure=configure,
             open=False,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, LiteralString
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 from conveyor.backends.params import Completion
 from conveyor.backends.postgres import failures
@@ -69,8 +70,16 @@ if TYPE_CHECKING:
 class PostgresTransaction:
     """An attempt's own transaction on a pooled connection (see protocol)."""
 
-    def __init__(self, backend: Pools, conn: AsyncConnection[Any], worker_id: str) -> None:
+    def __init__(
+        self,
+        backend: Pools,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        conn: AsyncConnection[Any],
+        worker_id: str,
+    ) -> None:
         self._backend = backend
+        self._pool = pool
+        """Where ``conn`` came from, and goes back to."""
         self._conn = conn
         self._worker_id = worker_id
         self._done = False
@@ -125,7 +134,7 @@ class PostgresTransaction:
     async def _release(self) -> None:
         if not self._done:
             self._done = True
-            await self._backend.pool.putconn(self._conn)
+            await self._pool.putconn(self._conn)
 
 
 class PostgresSyncTransaction:
