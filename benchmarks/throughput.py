@@ -238,6 +238,8 @@ class WorkerSpec:
     lease: float | None = None
     metrics: bool = False
     """Count the worker's events into Prometheus metrics (``--metrics-port 0``)."""
+    work_connections: int | None = None
+    """The worker's ``--work-connections`` (None: its default)."""
 
 
 def worker_command(spec: WorkerSpec) -> list[str]:
@@ -260,6 +262,8 @@ def worker_command(spec: WorkerSpec) -> list[str]:
         command += ["--lease", str(spec.lease)]
     if spec.metrics:
         command += ["--metrics-port", "0", "--metrics-addr", "127.0.0.1"]
+    if spec.work_connections is not None:
+        command += ["--work-connections", str(spec.work_connections)]
     if spec.profile is not None:
         py_spy = shutil.which("py-spy")
         if py_spy is None:
@@ -425,6 +429,7 @@ async def run_throughput(
         args.worker_log_level,
         profile,
         metrics=metrics,
+        work_connections=args.work_connections,
     )
     run = await drain(spec, schema, args.timeout)
     usage = run.usage
@@ -771,6 +776,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="ANALYZE the tasks table after enqueueing, before the worker starts",
     )
     parser.add_argument("--timeout", type=positive_float, default=600.0, help="seconds per run")
+    parser.add_argument(
+        "--work-connections",
+        type=positive_int,
+        help="the worker's --work-connections (default: its own default)",
+    )
     parser.add_argument("--worker-log-level", default="WARNING", help="the worker's --log-level")
     parser.add_argument(
         "--profile",

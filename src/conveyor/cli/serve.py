@@ -102,6 +102,14 @@ def migrate(url: str | None, schema: str | None, print_sql: bool) -> None:
     help="Offer no idle slots for enqueues to fill directly; claim every task (PostgreSQL).",
 )
 @click.option(
+    "--work-connections",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="PostgreSQL connections for the worker's own statements; it holds one more "
+    "(LISTEN, turns, heartbeats and, with 1, its claims).",
+)
+@click.option(
     "--process-pool",
     type=click.IntRange(min=0),
     help="Idle handler processes kept for process=True tasks (default: the CPU count; "
@@ -155,6 +163,7 @@ def worker(
     no_schedules: bool,
     no_wakeup_turns: bool,
     no_handoffs: bool,
+    work_connections: int,
     process_pool: int | None,
     url: str | None,
     schema: str | None,
@@ -187,6 +196,7 @@ def worker(
             log_attempts=not quiet,
             schedules=not no_schedules,
             process_pool=process_pool,
+            work_connections=work_connections,
             wakeup_turns=not no_wakeup_turns,
             handoffs=not no_handoffs,
             **({"retention": None} if no_prune else {}),

@@ -69,13 +69,14 @@ class WorkerConfig:
     handle_signals: bool = True
     worker_id: str | None = None
     pool_size: int | None = None
-    work_connections: int = 2
-    """Server connections for the worker's own statements (claims,
-    completions, progress, maintenance) on PostgreSQL; handlers' attempt
-    transactions borrow others only while they run, and LISTEN, turns and
-    heartbeats share one more (see :mod:`conveyor.backends.postgres.pools`).
-    With 1, claims wait for completions and the other way round: a drain
-    of no-op tasks ran at 0.7x the rate of 2."""
+    work_connections: int = 1
+    """PostgreSQL server connections for the worker's own statements
+    (completions, progress, maintenance); LISTEN, wake-up turns and
+    heartbeats share one more, the session connection, on a thread of its
+    own, which with 1 carries the claims too. Handlers' own transactions
+    borrow others only while they run. So a worker process holds
+    ``work_connections + 1`` (see :mod:`conveyor.backends.postgres.pools`
+    and docs/scaling.md for what 2 or more buys)."""
     log_attempts: bool = True
     """Log each finished attempt at INFO with its duration (else at DEBUG)."""
     retention: Retention | None = DEFAULT_RETENTION

@@ -28,6 +28,7 @@ from conveyor.backends.params import (
     HeartbeatResult,
     ProgressParams,
 )
+from conveyor.backends.postgres.failures import translated
 from conveyor.backends.postgres.messages import applied, has_effects, record_with_effects, spawning
 from conveyor.backends.postgres.pools import Pools
 from conveyor.backends.postgres.rows import finish_statement
@@ -90,47 +91,65 @@ class Attempts(Pools):
     async def _claim(
         self, params: ClaimParams, args: Mapping[str, Any], sweep: bool
     ) -> list[ClaimedTask]:
-        async with self._connection(await self.claim_pool()) as conn:
-            if sweep:
-                quarantined = await (await conn.execute(self.sql["quarantine"], args)).fetchall()
-                if quarantined:
-                    log.error(
-                        "failed %d tasks whose attempt counters stand at their limit: %s",
-                        len(quarantined),
-                        ", ".join(str(r[0]) for r in quarantined),
-                    )
-                # Expired leases that may not run again end first, in a
-                # statement of their own: the dependents and parents their
-                # ends make due are this claim's to take (see end_expired).
-                await conn.execute(self.sql["end_expired"], args)
-            statement = self.sql["claim_reclaim" if sweep else "claim"]
-            # While keyed tasks wait, plain and keyed tasks take turns at being
-            # claimed first: neither kind can keep a busy worker from the other.
-            self._keyed_first = keyed_first = self._keyed_active and not self._keyed_first
-            rows = await self._claim_keyed(conn, args, params.limit) if keyed_first else []
-            if len(rows) < params.limit:
-                left = {**args, "limit": params.limit - len(rows)}
-                # Rows in binary: their timestamps load without text parsing.
-                plain = await (await conn.execute(statement, left, binary=True)).fetchall()
-                # claim says whether keys wait in its last column; claim_reclaim does not.
-                waiting: bool | None = None
-                if not sweep:
-                    waiting = bool(plain[0][-1])
-                    plain = [row[:-1] for row in plain if row[0] is not None]
-                else:  # the claimed rows whole: a claim's columns, then three more
-                    plain = [row[:CLAIM_COLUMNS] for row in plain]
-                # Keys are looked for when they were seen last time, when the
-                # plain claim comes back short, and at each sweep: a keyed
-                # task waits at most a poll interval behind a plain backlog.
-                look = self._keyed_active or sweep or len(plain) < left["limit"]
-                rows += plain
-                if not keyed_first and look and len(rows) < params.limit:
-                    rows += await self._claim_keyed(conn, args, params.limit - len(rows), waiting)
+        session = self._claim_session()
+        if session is not None:
+            try:
+                rows = await session.run(lambda conn: self._claim_rows(conn, params, args, sweep))
+            except psycopg.Error as exc:
+                raise translated(exc) from exc
+        else:
+            async with self._connection(await self.claim_pool()) as conn:
+                rows = await self._claim_rows(conn, params, args, sweep)
         worker = params.worker_id
         claimed, unread = claimed_rows(rows, lambda row: claimed_task(row, worker), worker)
         if unread:
             await self._set_aside(worker, unread)
         return claimed
+
+    async def _claim_rows(
+        self,
+        conn: AsyncConnection[Any],
+        params: ClaimParams,
+        args: Mapping[str, Any],
+        sweep: bool,
+    ) -> list[tuple[Any, ...]]:
+        """The rows one claim takes, on ``conn``."""
+        if sweep:
+            quarantined = await (await conn.execute(self.sql["quarantine"], args)).fetchall()
+            if quarantined:
+                log.error(
+                    "failed %d tasks whose attempt counters stand at their limit: %s",
+                    len(quarantined),
+                    ", ".join(str(r[0]) for r in quarantined),
+                )
+            # Expired leases that may not run again end first, in a
+            # statement of their own: the dependents and parents their
+            # ends make due are this claim's to take (see end_expired).
+            await conn.execute(self.sql["end_expired"], args)
+        statement = self.sql["claim_reclaim" if sweep else "claim"]
+        # While keyed tasks wait, plain and keyed tasks take turns at being
+        # claimed first: neither kind can keep a busy worker from the other.
+        self._keyed_first = keyed_first = self._keyed_active and not self._keyed_first
+        rows = await self._claim_keyed(conn, args, params.limit) if keyed_first else []
+        if len(rows) < params.limit:
+            left = {**args, "limit": params.limit - len(rows)}
+            # Rows in binary: their timestamps load without text parsing.
+            plain = await (await conn.execute(statement, left, binary=True)).fetchall()
+            # claim says whether keys wait in its last column; claim_reclaim does not.
+            waiting: bool | None = None
+            if not sweep:
+                waiting = bool(plain[0][-1])
+                plain = [row[:-1] for row in plain if row[0] is not None]
+            else:  # the claimed rows whole: a claim's columns, then three more
+                plain = [row[:CLAIM_COLUMNS] for row in plain]
+            # Keys are looked for when they were seen last time, when the
+            # plain claim comes back short, and at each sweep: a keyed
+            # task waits at most a poll interval behind a plain backlog.
+            look = self._keyed_active or sweep or len(plain) < left["limit"]
+            rows += plain
+            if not keyed_first and look and len(rows) < params.limit:
+                rows += await self._claim_keyed(conn, args, params.limit - len(rows), waiting)
+        return rows
 
     async def _set_aside(self, worker_id: str, unread: Sequence[Unread]) -> None:
         """Claimed rows that do not read end ``failed`` (``CorruptTask``),
@@ -213,25 +232,31 @@ class Attempts(Pools):
         completions = list(params.completions)
         if not completions:
             return FinishResult(frozenset(), frozenset())
-        if has_effects(completions):
-            async with self._connection() as conn:
-                if spawning(completions):
-                    async with conn.transaction():
-                        finished = await record_with_effects(
-                            conn, self.sql, params.worker_id, completions, params.now
-                        )
-                else:
-                    finished = await self._record_piped(conn, params)
-                done = await applied(finished)
-        else:
-            name, args = finish_statement(params.worker_id, completions, params.now)
-            rows = await self._fetchall(name, args)
-            done = {(int(r[0]), int(r[1])) for r in rows}
+        async with self._connection() as conn:
+            done = await self._finish_on(conn, params)
         tokens = [c.token for c in completions]
         return FinishResult(
             applied=frozenset(t for t in tokens if (t.task_id, t.attempt) in done),
             rejected=frozenset(t for t in tokens if (t.task_id, t.attempt) not in done),
         )
+
+    async def _finish_on(
+        self, conn: AsyncConnection[Any], params: FinishParams
+    ) -> set[tuple[int, int]]:
+        """The (task, attempt) pairs whose completions ``conn`` recorded."""
+        completions = list(params.completions)
+        if has_effects(completions):
+            if spawning(completions):
+                async with conn.transaction():
+                    finished = await record_with_effects(
+                        conn, self.sql, params.worker_id, completions, params.now
+                    )
+            else:
+                finished = await self._record_piped(conn, params)
+            return await applied(finished)
+        name, args = finish_statement(params.worker_id, completions, params.now)
+        rows = await (await conn.execute(self.sql[name], args)).fetchall()
+        return {(int(r[0]), int(r[1])) for r in rows}
 
     async def _record_piped(
         self,

@@ -31,7 +31,12 @@ from conveyor.backends.postgres.enqueue import Enqueue
 from conveyor.backends.postgres.flow import FlowControl
 from conveyor.backends.postgres.maintenance import Maintenance
 from conveyor.backends.postgres.messages import Messages
-from conveyor.backends.postgres.pools import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, SESSION
+from conveyor.backends.postgres.pools import (
+    CLAIM_PLANS,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_SCHEMA,
+    SESSION,
+)
 from conveyor.backends.postgres.reads import Listings
 from conveyor.backends.postgres.schema import Migrations
 from conveyor.backends.postgres.session import Session, SessionHeartbeats, SessionTurnLock
@@ -106,6 +111,7 @@ class PostgresBackend(
         self._keyed_first = False
         self._keyed_active = False
         self._session_connection: Session | None = None
+        self._claiming = False
 
     @property
     def location(self) -> str:
@@ -174,6 +180,7 @@ class PostgresBackend(
 
     async def close(self) -> None:
         session, self._session_connection = self._session_connection, None
+        self._claiming = False
         if session is not None:
             await session.close()
         pools = [p for p in (self._claim_pool, self._transaction_pool, self._pool) if p is not None]
@@ -196,12 +203,24 @@ class PostgresBackend(
         if self._session_connection is None:
             self._session_connection = Session(
                 self.target.listen_url,
-                SESSION.encode(),
+                f"{SESSION}; {CLAIM_PLANS}".encode(),
                 self.channel,
                 statements.cancel_channel(self.schema),
                 statements.turn_channel(self.schema),
             )
         return self._session_connection
+
+    def _claim_session(self) -> Session | None:
+        """A worker's backend of one work connection claims on its session
+        connection, where there is one: claims and completions then never
+        wait for each other (see :mod:`.pools`)."""
+        if self._work_pool_size != 1 or self.target.listen_url is None:
+            return None
+        session = self._session()
+        if not self._claiming:
+            self._claiming = True
+            session.acquire()  # until the backend closes
+        return session
 
     def session_heartbeats(self) -> SessionHeartbeats | None:
         """The heartbeats on the session connection, for the worker's

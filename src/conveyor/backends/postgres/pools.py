@@ -6,14 +6,15 @@ plans each claim once per connection; the synchronous pool, opened at first
 use, serves thread handlers' attempt transactions.
 
 A worker's backend (``work_pool_size`` set) keeps fewer: its main pool, of
-at most ``work_pool_size`` connections, serves the claims too (each planned
-once per connection, as on the claims' pool), and attempt transactions
-borrow from pools of their own that open a connection only while a handler
-runs in one and close it ``TRANSACTION_IDLE`` seconds after (async and
-sync, up to ``pool_size`` each). With the session connection of
-:mod:`.session` (LISTEN, turns, heartbeats), a worker process then holds
-``work_pool_size + 1`` server sessions while no handler is inside its own
-transaction. Every connection reads
+at most ``work_pool_size`` connections, serves its completions and the rest
+and, with more than one, its claims (each planned once per connection, as
+on the claims' pool); with one, the claims run on the session connection of
+:mod:`.session` (LISTEN, turns, heartbeats), so that claims and completions
+never wait for each other. Attempt transactions borrow from pools of their
+own that open a connection only while a handler runs in one and close it
+``TRANSACTION_IDLE`` seconds after (async and sync, up to ``pool_size``
+each). A worker process then holds ``work_pool_size + 1`` server sessions
+(two by default) while no handler is inside its own transaction. Every connection reads
 timestamps with conveyor's bounded loaders (:mod:`.loaders`) and runs with
 the settings of :data:`SESSION`. psycopg's errors on a connection of
 :meth:`Pools._connection` come out as conveyor's (:mod:`.failures`).
@@ -34,7 +35,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import AsyncConnection
@@ -44,6 +45,9 @@ from conveyor.backends.postgres import failures, statements
 from conveyor.backends.postgres.loaders import ADAPTERS
 from conveyor.backends.postgres.urls import connect_timeout, target
 from conveyor.errors import BackendError, ConfigurationError
+
+if TYPE_CHECKING:
+    from conveyor.backends.postgres.session import Session
 
 DEFAULT_SCHEMA = "conveyor"
 DEFAULT_POOL_SIZE = 10
@@ -162,17 +166,24 @@ class Pools:
         self._connections.add(conn)
 
     async def _configure_main(self, conn: AsyncConnection[Any]) -> None:
-        """A worker's main pool serves its claims: configured as the claims' pool."""
-        if self._work_pool_size is None:
-            await self._configure(conn)
-        else:
-            await self._configure_claims(conn)
+        """A worker's main pool may serve its claims: their plans are made
+        once per connection there too (prepared after psycopg's usual few
+        executions: the same connection runs the migrations, which no
+        statement can prepare)."""
+        await self._configure(conn)
+        if self._work_pool_size is not None and not self.target.transaction_pooling:
+            await conn.execute(CLAIM_PLANS)
 
     async def _configure_claims(self, conn: AsyncConnection[Any]) -> None:
         await self._configure(conn)
         if not self.target.transaction_pooling:
             await conn.execute(CLAIM_PLANS)
             conn.prepare_threshold = 0  # prepared at once: the plan is kept from the first claim
+
+    def _claim_session(self) -> Session | None:
+        """Where a worker's claims run, if not on a pool: the backend's
+        session connection (see :mod:`.session`)."""
+        return None
 
     async def missing_settings(self) -> list[str]:
         """The settings of :data:`SESSION` that a session of the main pool

@@ -11,10 +11,9 @@ worker's loop reaches it across threads. It opens at its first user and
 closes with its last; it connects to the listen address (past a pooler in
 transaction mode, see :mod:`.urls`), with conveyor's session settings.
 
-One reader holds the connection while it waits for notices, in slices of
-``READ_SLICE`` seconds; a statement (a heartbeat, a turn's) runs between
-two slices (psycopg's connection lock grants waiters in turn), and notices
-that arrive during it are kept by psycopg and read in the next slice.
+One reader holds the connection while it waits for notices; a statement
+(a heartbeat, a turn's, a worker's claim) stops it, runs, and lets it read
+again (notices that arrive meanwhile are kept by psycopg and read then).
 
 - **Listeners** (:meth:`Session.wakeups`) get what they asked for, each in
   a buffer of its own on its own loop (a queue already waiting there is not
@@ -58,6 +57,7 @@ from conveyor.backends.params import (
     Wakeup,
 )
 from conveyor.backends.postgres import handoffs
+from conveyor.backends.postgres.loaders import ADAPTERS
 from conveyor.backends.reconnect import Outage
 from conveyor.errors import BackendUnavailableError
 
@@ -65,8 +65,6 @@ log = logging.getLogger("conveyor.postgres")
 
 T = TypeVar("T")
 
-READ_SLICE = 0.05
-"""Seconds the reader waits for notices before it lets a statement run."""
 TURN_RETRY = 1.0
 """Seconds a worker that did not get its turn waits before trying again,
 unless a turn is given back before (a notice on the turn channel)."""
@@ -147,6 +145,10 @@ class Session:
         self._listening: set[str] = set()
         self._conn: AsyncConnection[Any] | None = None
         self._connected: asyncio.Event | None = None
+        self._free: asyncio.Event | None = None
+        """Set while no statement wants the connection: the reader may read."""
+        self._using = 0
+        self._reading: asyncio.Task[None] | None = None
         self.generation = 0
         """Connections made so far: a turn taken on an earlier one is gone."""
         self._given: dict[int, asyncio.Event] = {}
@@ -225,6 +227,11 @@ class Session:
         """Run ``statement`` on the session connection (see the module's docstring)."""
         return await self._call(lambda: self._fetchall(statement, params))
 
+    async def run(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """``work(connection)`` on the session's loop, with the connection
+        to itself (see the module's docstring)."""
+        return await self._call(lambda: self._with(work))
+
     async def given(self, key: int, timeout: float) -> None:
         """Wait for a notice that the turn ``key`` was given back, or ``timeout``."""
         await self._call(lambda: self._wait_given(key, timeout))
@@ -260,6 +267,10 @@ class Session:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self._connected = asyncio.Event()
+            self._free = asyncio.Event()
+            self._free.set()
+            self._using = 0
+            self._reading = None
             self._listeners = set()
             self._channels = {self._turns}
             self._given = {}
@@ -280,17 +291,22 @@ class Session:
     async def _add(self, listener: _Listener, wanted: set[str]) -> None:
         self._listeners.add(listener)
         self._channels |= wanted
-        conn = self._conn
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                await self._listen(conn)
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error, BackendUnavailableError):
+                async with self._use() as conn:
+                    await self._listen(conn)
             listener.connected()
 
     async def _remove(self, listener: _Listener) -> None:
         self._listeners.discard(listener)
 
-    async def _fetchall(self, statement: bytes, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    @contextlib.asynccontextmanager
+    async def _use(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """The connection, once connected, with the reader stopped until
+        the last statement that wants it is done. A psycopg error ends the
+        connection, which the reader makes again."""
         assert self._connected is not None
+        assert self._free is not None
         try:
             async with asyncio.timeout(CONNECTED_WAIT):
                 await self._connected.wait()
@@ -298,14 +314,30 @@ class Session:
             raise BackendUnavailableError("the session connection is not connected") from None
         conn = self._conn
         assert conn is not None
+        self._using += 1
+        self._free.clear()
+        if self._reading is not None:
+            self._reading.cancel()
         try:
-            cursor = await conn.execute(statement, params)
-            return await cursor.fetchall() if cursor.description else []
+            yield conn
         except psycopg.Error:
-            if self._conn is conn:  # the reader ends it and reconnects
+            if self._conn is conn:
                 self._connected.clear()
                 self._conn = None
             raise
+        finally:
+            self._using -= 1
+            if self._using == 0:
+                self._free.set()
+
+    async def _fetchall(self, statement: bytes, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        async with self._use() as conn:
+            cursor = await conn.execute(statement, params)
+            return await cursor.fetchall() if cursor.description else []
+
+    async def _with(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+        async with self._use() as conn:
+            return await work(conn)
 
     async def _wait_given(self, key: int, timeout: float) -> None:
         event = self._given.setdefault(key, asyncio.Event())
@@ -318,7 +350,8 @@ class Session:
         new = sorted(self._channels - self._listening)
         if new:
             await conn.execute(
-                sql.SQL("; ").join(sql.SQL("listen {}").format(sql.Identifier(c)) for c in new)
+                sql.SQL("; ").join(sql.SQL("listen {}").format(sql.Identifier(c)) for c in new),
+                prepare=False,
             )
             self._listening.update(new)
 
@@ -328,8 +361,10 @@ class Session:
         while True:
             conn: AsyncConnection[Any] | None = None
             try:
-                conn = await AsyncConnection.connect(self._url, autocommit=True)
-                await conn.execute(self._configure)
+                conn = await AsyncConnection.connect(
+                    self._url, autocommit=True, context=ADAPTERS, prepare_threshold=0
+                )
+                await conn.execute(self._configure, prepare=False)
                 self._listening = set()
                 await self._listen(conn)
                 self._conn = conn
@@ -341,9 +376,7 @@ class Session:
                 for event in self._given.values():
                     event.set()  # a turn held on a lost session is free now
                 while self._conn is conn:
-                    async for note in conn.notifies(timeout=READ_SLICE):
-                        self._dispatch(note)
-                    await self._listen(conn)  # channels of listeners added meanwhile
+                    await self._read(conn)
                 # A statement failed on it: end it, and connect again.
                 for listener in list(self._listeners):
                     listener.lost()
@@ -364,6 +397,32 @@ class Session:
                     with contextlib.suppress(BaseException):
                         await asyncio.shield(conn.close())
                 raise
+
+    async def _read(self, conn: AsyncConnection[Any]) -> None:
+        """Read notices until a statement wants the connection (or it fails)."""
+        assert self._free is not None
+        await self._free.wait()
+        if self._conn is not conn:
+            return
+        await self._listen(conn)  # channels of listeners added meanwhile
+        # Checked again with no await before the reader starts: a statement
+        # that came meanwhile (even between the wait and here) saw no reader
+        # to stop, and must not find one holding the connection.
+        if not self._free.is_set() or self._conn is not conn:
+            return
+        self._reading = asyncio.get_running_loop().create_task(self._notices(conn))
+        try:
+            await self._reading
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+        finally:
+            self._reading = None
+
+    async def _notices(self, conn: AsyncConnection[Any]) -> None:
+        async for note in conn.notifies():
+            self._dispatch(note)
 
     def _dispatch(self, note: psycopg.Notify) -> None:
         if note.channel == self._turns:
