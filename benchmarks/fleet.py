@@ -304,13 +304,12 @@ async def run_case(
                     done = sql.SQL("select count(*) from {} where state = 'succeeded'").format(
                         tasks_table
                     )
+                    # A heartbeat landed: on the session connection, once it
+                    # listens (polling through a bouncer: once it started).
                     listening = sql.SQL(
-                        "select count(*) from pg_stat_activity where query like {}"
-                    ).format(sql.Literal(f'listen "conveyor_{schema}"%'))
-                    if args.bouncer > 0 and args.listen == "off":
-                        listening = sql.SQL("select count(*) from {}").format(
-                            sql.Identifier(schema, "workers")
-                        )
+                        "select count(*) from {} where stopped_at is null"
+                        " and last_seen_at > started_at"
+                    ).format(sql.Identifier(schema, "workers"))
                     await wait_count(conn, listening, workers, fleet)
                     await app.enqueue_async(TASK_NAME, {"i": -1})  # warm-up
                     await wait_count(conn, done, 1, fleet)

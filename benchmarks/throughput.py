@@ -543,9 +543,10 @@ where t.id >= {first}
 """
 
 LISTENING = """
-select count(*) from pg_stat_activity
-where datname = current_database() and starts_with(query, {listen})
+select count(*) from {workers} where stopped_at is null and last_seen_at > started_at
 """
+"""Workers whose heartbeat landed: on PostgreSQL it goes through the session
+connection once that listens (see conveyor.backends.postgres.session)."""
 
 
 async def paced(total: int, rate: float, send: Callable[[int], Awaitable[object]]) -> float:
@@ -597,12 +598,12 @@ async def run_latency(args: argparse.Namespace, prefix: str, concurrency: int) -
         async with connect(url) as conn:
             table = sql.Identifier(schema, "tasks")
             done = sql.SQL("select count(*) from {} where state = 'succeeded'").format(table)
-            listen = sql.Literal(f'listen "conveyor_{schema}"')
+            workers = sql.Identifier(schema, "workers")
             # Ready = the worker ran a warm-up task and its wake-up listener is connected.
             await app.enqueue_async(TASK_NAME, {"i": -1})
             ready = await wait_for(conn, done, 1, READY_TIMEOUT, process)
             ready = ready and await wait_for(
-                conn, sql.SQL(LISTENING).format(listen=listen), 1, READY_TIMEOUT, process
+                conn, sql.SQL(LISTENING).format(workers=workers), 1, READY_TIMEOUT, process
             )
             if not ready:
                 raise SystemExit(f"[latency c={concurrency}] the worker did not become ready")
